@@ -1,0 +1,1 @@
+"""The ``skrull`` command line."""

@@ -1,0 +1,241 @@
+"""``skrull``: plan, compare, build requests, validate plans, list and derive profiles.
+
+User mistakes end with one line on stderr (``skrull: error: <field>: <value>: <reason>``) and exit
+status 2; never a traceback or a partial plan.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from solver.compare import compare, format_table
+from solver.datasets import distribution_names, synthesize_request
+from solver.derive import GPUS, MODELS, derive_profile
+from solver.errors import RequestError, SkrullError
+from solver.io import (
+    DEFAULT_PROFILE,
+    dumps,
+    parse_profile,
+    plan_from_dict,
+    plan_to_dict,
+    read_json,
+    request_from_dict,
+    request_to_dict,
+)
+from solver.planners.registry import get_planner, planner_names
+from solver.planning import solve
+from solver.profile import bundled_profile_names, profile_file_name, profiles_dir
+from solver.types import Parallel, Request
+from solver.validate import validate_plan
+
+EXIT_USER_ERROR = 2
+
+
+def _add_source(p: argparse.ArgumentParser) -> None:
+    src = p.add_argument_group("input: a request file, or a request synthesized from a bundled dataset")
+    src.add_argument("--request", "-r", metavar="FILE", help="request JSON (CONTRACT.md format)")
+    src.add_argument("--dataset", metavar="NAME", help=f"length distribution: {', '.join(distribution_names())}")
+    src.add_argument("--dp", type=int, default=4, help="data-parallel degree (with --dataset; default 4)")
+    src.add_argument("--cp", type=int, default=8, help="context-parallel degree (with --dataset; default 8)")
+    src.add_argument("--per-rank", type=int, default=64, help="sequences per DP rank per batch (default 64)")
+    src.add_argument("--batches", type=int, default=1, help="global batches (iterations) to plan (default 1)")
+    src.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    src.add_argument(
+        "--profile", default=None, help=f"bundled profile name or profile JSON file (default {DEFAULT_PROFILE})"
+    )
+    src.add_argument("--bucket-tokens", type=int, default=None, help="override the profile's memory bucket")
+
+
+def _load_request(args: argparse.Namespace, *, solver: str | None) -> Request:
+    if args.request and args.dataset:
+        raise RequestError("--dataset", args.dataset, "give either --request or --dataset, not both")
+    if args.request:
+        doc = read_json(args.request, field="--request")
+        if isinstance(doc, dict):
+            if solver is not None:
+                doc["solver"] = solver
+            if args.profile is not None:
+                doc["profile"] = _profile_arg(args.profile)
+            if args.bucket_tokens is not None:
+                doc["bucket_tokens"] = args.bucket_tokens
+        return request_from_dict(doc)
+    if not args.dataset:
+        raise RequestError("--request", None, "give a request file (--request FILE) or a dataset (--dataset NAME)")
+    for flag, value in (
+        ("--dp", args.dp),
+        ("--cp", args.cp),
+        ("--per-rank", args.per_rank),
+        ("--batches", args.batches),
+    ):
+        if value < 1:
+            raise RequestError(flag, value, "must be an integer >= 1")
+    if args.bucket_tokens is not None and args.bucket_tokens < 1:
+        raise RequestError("--bucket-tokens", args.bucket_tokens, "must be an integer >= 1")
+    profile = parse_profile(_profile_arg(args.profile or DEFAULT_PROFILE), field="--profile")
+    request = synthesize_request(
+        dataset=args.dataset,
+        parallel=Parallel(dp=args.dp, cp=args.cp),
+        profile=profile,
+        sequences_per_rank=args.per_rank,
+        num_batches=args.batches,
+        seed=args.seed,
+        bucket_tokens=args.bucket_tokens,
+    )
+    if solver is not None:
+        get_planner(solver)
+        request = dataclasses.replace(request, solver=solver)
+    return request
+
+
+def _profile_arg(value: str) -> Any:
+    """A bundled name stays a name; a path to a JSON file is read as an inline profile."""
+    if value.endswith(".json") or Path(value).is_file():
+        return read_json(value, field="--profile")
+    return value
+
+
+def _write(text: str, output: str | None) -> None:
+    if output:
+        Path(output).write_text(text + "\n", encoding="utf-8")
+    else:
+        sys.stdout.write(text + "\n")
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    request = _load_request(args, solver=args.solver)
+    plan = solve(request)
+    _write(dumps(plan_to_dict(plan), compact=args.compact), args.output)
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    request = _load_request(args, solver=None)
+    solvers = args.solvers.split(",") if args.solvers else None
+    for name in solvers or ():
+        get_planner(name)
+    rows, _ = compare(request, solvers)
+    if args.json:
+        _write(dumps([dataclasses.asdict(r) for r in rows]), args.output)
+        return 0
+    n = request.num_sequences
+    par = request.parallel
+    title = (
+        f"{n} sequences in {len(request.batches)} batch(es), DP{par.dp} x CP{par.cp}, profile {request.profile.name}, "
+        f"bucket {request.bucket_tokens} tokens"
+    )
+    _write(title + "\n\n" + format_table(rows), args.output)
+    return 0
+
+
+def cmd_request(args: argparse.Namespace) -> int:
+    if not args.dataset:
+        raise RequestError("--dataset", None, f"required; one of {', '.join(distribution_names())}")
+    request = _load_request(args, solver=args.solver)
+    _write(dumps(request_to_dict(request), compact=True), args.output)
+    return 0
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    request = request_from_dict(read_json(args.request, field="--request"))
+    plan = plan_from_dict(read_json(args.plan, field="--plan"))
+    validate_plan(plan, request)
+    print(
+        f"valid: {sum(len(it.microbatches) for it in plan.iterations)} microbatches, "
+        f"{plan.estimated_ms:.3f} ms estimated"
+    )
+    return 0
+
+
+def cmd_profiles(args: argparse.Namespace) -> int:
+    if args.name:
+        print(dumps(parse_profile(_profile_arg(args.name)).to_dict()))
+        return 0
+    for name in bundled_profile_names():
+        print(name)
+    return 0
+
+
+def cmd_derive_profile(args: argparse.Namespace) -> int:
+    models = list(MODELS) if args.all else [args.model]
+    if args.gpu not in GPUS:
+        raise RequestError("--gpu", args.gpu, f"unknown GPU; known: {', '.join(GPUS)}")
+    for name in models:
+        if name not in MODELS:
+            raise RequestError("--model", name, f"unknown model; known: {', '.join(MODELS)}")
+        profile = derive_profile(MODELS[name], GPUS[args.gpu])
+        text = dumps(profile.to_dict())
+        if args.write_bundled:
+            path = profiles_dir() / profile_file_name(profile.name)
+            path.write_text(text + "\n", encoding="utf-8")
+            print(f"wrote {path}")
+        else:
+            _write(text, args.output)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="skrull", description="Skrull: data scheduling for long-context SFT (DP x CP)."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("plan", help="plan a request and print the plan JSON")
+    _add_source(p)
+    p.add_argument(
+        "--solver", "-s", default=None, help=f"planner: {', '.join(planner_names())} (default: the request's)"
+    )
+    p.add_argument("--output", "-o", metavar="FILE")
+    p.add_argument("--compact", action="store_true", help="one-line JSON")
+    p.set_defaults(func=cmd_plan)
+
+    p = sub.add_parser("compare", help="plan a request with several planners and print one table")
+    _add_source(p)
+    p.add_argument("--solvers", default=None, help="comma-separated planners (default: all)")
+    p.add_argument("--json", action="store_true", help="rows as JSON")
+    p.add_argument("--output", "-o", metavar="FILE")
+    p.set_defaults(func=cmd_compare)
+
+    p = sub.add_parser("request", help="write a request sampled from a bundled length distribution")
+    _add_source(p)
+    p.add_argument("--solver", "-s", default=None)
+    p.add_argument("--output", "-o", metavar="FILE")
+    p.set_defaults(func=cmd_request)
+
+    p = sub.add_parser("validate", help="check a plan against its request and the contract")
+    p.add_argument("--request", "-r", required=True, metavar="FILE")
+    p.add_argument("--plan", "-p", required=True, metavar="FILE")
+    p.set_defaults(func=cmd_validate)
+
+    p = sub.add_parser("profiles", help="list bundled profiles, or print one")
+    p.add_argument("name", nargs="?")
+    p.set_defaults(func=cmd_profiles)
+
+    p = sub.add_parser("derive-profile", help="derive a profile from a model config and GPU figures")
+    p.add_argument("--model", default="qwen2.5-0.5b", help=f"one of {', '.join(MODELS)}")
+    p.add_argument("--gpu", default="h100-80g", help=f"one of {', '.join(GPUS)}")
+    p.add_argument("--all", action="store_true", help="every known model")
+    p.add_argument("--write-bundled", action="store_true", help="(re)write the files under profiles/")
+    p.add_argument("--output", "-o", metavar="FILE")
+    p.set_defaults(func=cmd_derive_profile)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args))
+    except SkrullError as exc:
+        print(f"skrull: error: {exc}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except BrokenPipeError:  # e.g. `skrull plan ... | head`
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

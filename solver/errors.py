@@ -1,0 +1,66 @@
+"""Errors for user mistakes (bad requests, impossible placements).
+
+Every user-facing error is a ``ValueError`` subclass that names the offending field and value, so the
+CLI can print one clear line and the service can map it to one problem+json answer. ``assert`` is kept
+for internal invariants only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class SkrullError(ValueError):
+    """Base of every user-facing error of the planning library."""
+
+
+class RequestError(SkrullError):
+    """A request, profile or plan document is malformed: names the field (a JSON path) and the value."""
+
+    def __init__(self, field: str, value: Any, reason: str) -> None:
+        self.field = field
+        self.value = value
+        self.reason = reason
+        super().__init__(f"{field}: {_short(value)}: {reason}")
+
+
+class SequenceTooLongError(RequestError):
+    """A sequence cannot be placed by any planner: longer than ``cp * bucket_tokens``."""
+
+    def __init__(self, *, field: str, seq_id: int, num_tokens: int, limit_tokens: int) -> None:
+        self.seq_id = seq_id
+        self.num_tokens = num_tokens
+        self.limit_tokens = limit_tokens
+        super().__init__(
+            field,
+            num_tokens,
+            f"sequence {seq_id} has {num_tokens} tokens, more than cp * bucket_tokens = {limit_tokens}; "
+            "no plan can hold it (raise cp or bucket_tokens)",
+        )
+
+
+class UnknownSolverError(RequestError):
+    """The solver name is not in the registry."""
+
+
+class UnknownProfileError(RequestError):
+    """The profile name is not bundled."""
+
+
+class InfeasibleError(SkrullError):
+    """A planner could not place a request that passed validation (a planner limitation, not a user error)."""
+
+
+class InvalidPlanError(SkrullError):
+    """A plan broke the contract; ``problems`` lists every violation found."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = problems
+        head = "; ".join(problems[:5])
+        more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
+        super().__init__(f"invalid plan: {head}{more}")
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -1,0 +1,1 @@
+"""Planners: one Protocol (``base.Planner``), one registry (``registry``)."""

@@ -1,0 +1,69 @@
+"""The one Protocol every planner implements, and helpers shared by the per-iteration planners."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from solver.types import MicrobatchSpec, Problem
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlannerOutput:
+    """A planner's answer: microbatches per iteration (one entry per batch), ids deferred past the last.
+
+    ``status`` and ``bound_ms`` feed the plan's ``solve`` block: heuristics report ``heuristic`` and no
+    bound; exact planners report ``optimal`` / ``feasible`` / ``timeout`` with their dual bound.
+    """
+
+    iterations: tuple[tuple[MicrobatchSpec, ...], ...]
+    pending: tuple[int, ...] = ()
+    status: str = "heuristic"
+    bound_ms: float | None = None
+
+
+class Planner(Protocol):
+    """Turns a problem into microbatch placements. Must never place more than a bucket holds."""
+
+    name: str
+
+    def plan(self, problem: Problem) -> PlannerOutput: ...
+
+
+def plan_each_iteration(
+    problem: Problem, plan_batch: Callable[[Problem, int, tuple[int, ...]], Sequence[MicrobatchSpec]]
+) -> PlannerOutput:
+    """Run ``plan_batch(problem, iteration_index, ids)`` for every batch independently."""
+    return PlannerOutput(
+        iterations=tuple(tuple(plan_batch(problem, index, ids)) for index, ids in enumerate(problem.batch_ids))
+    )
+
+
+def make_spec(
+    *, step: int, ranks: tuple[int, ...], local: Sequence[Sequence[int]], sharded: Sequence[int]
+) -> MicrobatchSpec:
+    """Build a microbatch; on a one-GPU group "sharded" means "whole on that GPU" (no communication)."""
+    local_t = tuple(tuple(sorted(ids)) for ids in local)
+    if len(ranks) == 1 and sharded:
+        local_t = (tuple(sorted(local_t[0] + tuple(sharded))),)
+        sharded = ()
+    return MicrobatchSpec(step=step, ranks=ranks, local=local_t, sharded=tuple(sorted(sharded)))
+
+
+def all_sharded(*, step: int, ranks: tuple[int, ...], ids: Sequence[int]) -> MicrobatchSpec:
+    """A microbatch whose every sequence is split over the whole group (plain context parallelism)."""
+    return make_spec(step=step, ranks=ranks, local=[() for _ in ranks], sharded=ids)
+
+
+def contiguous_shares(ids: Sequence[int], parts: int) -> list[list[int]]:
+    """Split ``ids`` in order into ``parts`` contiguous shares whose sizes differ by at most one
+    (the first ``len % parts`` shares get one more), as a distributed sampler hands out a batch."""
+    base, extra = divmod(len(ids), parts)
+    out: list[list[int]] = []
+    start = 0
+    for r in range(parts):
+        size = base + (1 if r < extra else 0)
+        out.append(list(ids[start : start + size]))
+        start += size
+    return out

@@ -1,0 +1,81 @@
+"""Baselines every user already runs: every sequence sharded over its DP rank's whole CP group.
+
+* ``deepspeed``: DeepSpeed Ulysses / ZeRO-2 SFT with micro-batch size 1: the global batch in loader
+  order, a contiguous equal share per DP rank (as a distributed sampler splits it), one sequence per
+  microbatch.
+* ``packed``: the same shares, packed in loader order into microbatches of at most ``cp * bucket_tokens``
+  tokens (a new microbatch starts when the next sequence would overflow).
+* ``sorted``: LongAlign's sorted batching (Bai et al. 2024, section 3.2): sort the global batch by length,
+  cut it into groups of ``dp`` consecutive sequences (one microbatch step: DP rank r takes the r-th
+  sequence of the group, so ranks of a step get similar lengths), shuffle the groups with the request's
+  seed (and the iteration index), micro-batch size 1 as in the DeepSpeed runs it was compared in.
+"""
+
+from __future__ import annotations
+
+import random
+
+from solver.planners.base import PlannerOutput, all_sharded, contiguous_shares, plan_each_iteration
+from solver.types import MicrobatchSpec, Problem
+
+
+def _deepspeed_batch(problem: Problem, _index: int, ids: tuple[int, ...]) -> list[MicrobatchSpec]:
+    par = problem.parallel
+    specs: list[MicrobatchSpec] = []
+    for dp_rank, share in enumerate(contiguous_shares(ids, par.dp)):
+        ranks = par.cp_group(dp_rank)
+        specs.extend(all_sharded(step=step, ranks=ranks, ids=[i]) for step, i in enumerate(share))
+    return specs
+
+
+def _packed_batch(problem: Problem, _index: int, ids: tuple[int, ...]) -> list[MicrobatchSpec]:
+    par = problem.parallel
+    capacity = problem.group_capacity_tokens
+    lengths = problem.lengths
+    specs: list[MicrobatchSpec] = []
+    for dp_rank, share in enumerate(contiguous_shares(ids, par.dp)):
+        ranks = par.cp_group(dp_rank)
+        packs: list[list[int]] = []
+        tokens = capacity + 1  # forces a first pack
+        for i in share:
+            if tokens + lengths[i] > capacity:
+                packs.append([])
+                tokens = 0
+            packs[-1].append(i)
+            tokens += lengths[i]
+        specs.extend(all_sharded(step=step, ranks=ranks, ids=pack) for step, pack in enumerate(packs))
+    return specs
+
+
+def _sorted_batch(problem: Problem, index: int, ids: tuple[int, ...]) -> list[MicrobatchSpec]:
+    par = problem.parallel
+    lengths = problem.lengths
+    ordered = sorted(ids, key=lambda i: (lengths[i], i))
+    groups = [ordered[k : k + par.dp] for k in range(0, len(ordered), par.dp)]
+    random.Random(problem.seed * 1_000_003 + index).shuffle(groups)
+    specs: list[MicrobatchSpec] = []
+    for step, group in enumerate(groups):
+        for dp_rank, i in enumerate(group):
+            specs.append(all_sharded(step=step, ranks=par.cp_group(dp_rank), ids=[i]))
+    return specs
+
+
+class DeepSpeedPlanner:
+    name = "deepspeed"
+
+    def plan(self, problem: Problem) -> PlannerOutput:
+        return plan_each_iteration(problem, _deepspeed_batch)
+
+
+class PackedPlanner:
+    name = "packed"
+
+    def plan(self, problem: Problem) -> PlannerOutput:
+        return plan_each_iteration(problem, _packed_batch)
+
+
+class SortedPlanner:
+    name = "sorted"
+
+    def plan(self, problem: Problem) -> PlannerOutput:
+        return plan_each_iteration(problem, _sorted_batch)

@@ -1,0 +1,37 @@
+"""The one registry of planners, by the names requests use (CONTRACT.md "Solver names")."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from solver.errors import UnknownSolverError
+from solver.planners.base import Planner
+from solver.planners.baselines import DeepSpeedPlanner, PackedPlanner, SortedPlanner
+from solver.planners.skrull import RoundRobinPlanner, SkrullPlanner
+
+_REGISTRY: dict[str, Callable[[], Planner]] = {
+    "skrull": SkrullPlanner,
+    "deepspeed": DeepSpeedPlanner,
+    "packed": PackedPlanner,
+    "sorted": SortedPlanner,
+    "round-robin": RoundRobinPlanner,
+}
+
+#: Planners that place every sequence with plain CP; ``compare`` reports speedups over the first.
+BASELINES: tuple[str, ...] = ("deepspeed", "packed", "sorted", "round-robin")
+
+
+def register(name: str, factory: Callable[[], Planner]) -> None:
+    """Add a planner (used by optional planners that need extra packages)."""
+    _REGISTRY[name] = factory
+
+
+def planner_names() -> tuple[str, ...]:
+    return tuple(_REGISTRY)
+
+
+def get_planner(name: str) -> Planner:
+    factory = _REGISTRY.get(name)
+    if factory is None:
+        raise UnknownSolverError("solver", name, f"unknown solver; known: {', '.join(_REGISTRY)}")
+    return factory()

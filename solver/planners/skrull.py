@@ -1,0 +1,79 @@
+"""The ``skrull`` planner: GDS (Alg. 2) feeding DACP (Alg. 1 with RollBack, Alg. 3), per iteration.
+
+Also the ``round-robin`` planner of Skrull appendix B.2 (same GDS, memory-only in-group placement),
+which the paper's case study (Table 3) compares against. Both never exceed a memory bucket: every
+microbatch passes eq. 7 by construction (integer bookkeeping in ``dacp``) and GDS falls back to more
+microbatches when placement fails.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from solver.cost import CostModel
+from solver.planners.base import PlannerOutput, make_spec, plan_each_iteration
+from solver.planners.dacp import SHARDED, dacp_place, round_robin_place
+from solver.planners.gds import Placer, balance_dp, split_rank
+from solver.types import MicrobatchSpec, Problem
+
+
+def gds_dacp_batch(
+    problem: Problem, ids: tuple[int, ...], *, place: Placer, rollback: bool = True
+) -> list[MicrobatchSpec]:
+    """Plan one global batch: LPT over DP ranks by FLOPs, then each rank's microbatches and placement."""
+    model = CostModel(problem.profile, bucket_tokens=problem.bucket_tokens)
+    lengths = problem.lengths
+    par = problem.parallel
+    flops_cache: dict[int, float] = {}
+
+    def flops(s: int) -> float:
+        f = flops_cache.get(s)
+        if f is None:
+            f = flops_cache[s] = model.flops(s)
+        return f
+
+    bins = balance_dp(ids, [flops(lengths[i]) for i in ids], par.dp)
+    specs: list[MicrobatchSpec] = []
+    for dp_rank, rank_ids in enumerate(bins):
+        ranks = par.cp_group(dp_rank)
+        microbatches = split_rank(
+            rank_ids,
+            lengths,
+            group_size=par.cp,
+            bucket_tokens=problem.bucket_tokens,
+            place=place,
+            flops=flops,
+            rollback=rollback,
+        )
+        for step, (mb_ids, placement) in enumerate(microbatches):
+            specs.append(_spec(step, ranks, mb_ids, placement))
+    return specs
+
+
+def _spec(step: int, ranks: tuple[int, ...], ids: Sequence[int], placement: Sequence[int]) -> MicrobatchSpec:
+    local: list[list[int]] = [[] for _ in ranks]
+    sharded: list[int] = []
+    for i, where in zip(ids, placement, strict=True):
+        if where == SHARDED:
+            sharded.append(i)
+        else:
+            local[where].append(i)
+    return make_spec(step=step, ranks=ranks, local=local, sharded=sharded)
+
+
+class SkrullPlanner:
+    """GDS + DACP heuristic (Skrull section 4.3), faithful to Algs. 1-3; see ``dacp`` and ``gds``."""
+
+    name = "skrull"
+
+    def plan(self, problem: Problem) -> PlannerOutput:
+        return plan_each_iteration(problem, lambda p, _i, ids: gds_dacp_batch(p, ids, place=dacp_place))
+
+
+class RoundRobinPlanner:
+    """GDS microbatches with Skrull appendix B.2's round-robin in-group placement (with rollback)."""
+
+    name = "round-robin"
+
+    def plan(self, problem: Problem) -> PlannerOutput:
+        return plan_each_iteration(problem, lambda p, _i, ids: gds_dacp_batch(p, ids, place=round_robin_place))

@@ -1,0 +1,148 @@
+"""Hardware/model profiles: the coefficients of the reference cost model (CONTRACT.md, "Profile").
+
+A profile is read from a bundled JSON file under ``profiles/`` (named ``<gpu>/<model>``, stored as
+``profiles/<gpu>__<model>.json``) or given inline in a request. Only the contract's fields drive the
+cost model; any extra fields (sources, model config, derivation) are kept verbatim in ``extra``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from solver.errors import RequestError, UnknownProfileError
+
+PROFILES_DIR_ENV = "SKRULL_PROFILES_DIR"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ComputeCoeffs:
+    """``FLOPs(S) = flops_per_token*S + flops_per_token_sq*S^2``; ``T_comp(F) = ms_per_tflop*F/1e12 + fixed_ms``."""
+
+    flops_per_token: float
+    flops_per_token_sq: float
+    ms_per_tflop: float
+    fixed_ms: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CommCoeffs:
+    """``T_comm(T) = ms_per_mib * T * bytes_per_token / 2^20 + fixed_ms`` for T sharded tokens."""
+
+    bytes_per_token: float
+    ms_per_mib: float
+    fixed_ms: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Profile:
+    name: str
+    compute: ComputeCoeffs
+    comm: CommCoeffs
+    bucket_tokens: int
+    microbatch_ms: float
+    extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The contract's document: the original extra fields, with the core coefficients on top."""
+        out = copy.deepcopy(self.extra)
+        out["name"] = self.name
+        out["compute"] = {
+            **out.get("compute", {}),
+            "flops_per_token": self.compute.flops_per_token,
+            "flops_per_token_sq": self.compute.flops_per_token_sq,
+            "ms_per_tflop": self.compute.ms_per_tflop,
+            "fixed_ms": self.compute.fixed_ms,
+        }
+        out["comm"] = {
+            **out.get("comm", {}),
+            "bytes_per_token": self.comm.bytes_per_token,
+            "ms_per_mib": self.comm.ms_per_mib,
+            "fixed_ms": self.comm.fixed_ms,
+        }
+        out["memory"] = {**out.get("memory", {}), "bucket_tokens": self.bucket_tokens}
+        out["microbatch_ms"] = self.microbatch_ms
+        return out
+
+
+def _number(doc: dict[str, Any], key: str, path: str, *, positive: bool = False) -> float:
+    if key not in doc:
+        raise RequestError(f"{path}.{key}", None, "required number is missing")
+    value = doc[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise RequestError(f"{path}.{key}", value, "must be a finite number")
+    if value < 0 or (positive and value == 0):
+        raise RequestError(f"{path}.{key}", value, "must be > 0" if positive else "must be >= 0")
+    return float(value)
+
+
+def _section(doc: dict[str, Any], key: str, path: str) -> dict[str, Any]:
+    value = doc.get(key)
+    if not isinstance(value, dict):
+        raise RequestError(f"{path}.{key}", value, "must be an object")
+    return value
+
+
+def profile_from_dict(doc: Any, *, path: str = "profile") -> Profile:
+    """Parse a profile document (contract format), naming the field of any error."""
+    if not isinstance(doc, dict):
+        raise RequestError(path, doc, "must be a profile name or an object")
+    name = doc.get("name", "inline")
+    if not isinstance(name, str) or not name:
+        raise RequestError(f"{path}.name", name, "must be a non-empty string")
+    compute = _section(doc, "compute", path)
+    comm = _section(doc, "comm", path)
+    memory = _section(doc, "memory", path)
+    bucket = memory.get("bucket_tokens")
+    if isinstance(bucket, bool) or not isinstance(bucket, int) or bucket < 1:
+        raise RequestError(f"{path}.memory.bucket_tokens", bucket, "must be an integer >= 1")
+    return Profile(
+        name=name,
+        compute=ComputeCoeffs(
+            flops_per_token=_number(compute, "flops_per_token", f"{path}.compute"),
+            flops_per_token_sq=_number(compute, "flops_per_token_sq", f"{path}.compute"),
+            ms_per_tflop=_number(compute, "ms_per_tflop", f"{path}.compute", positive=True),
+            fixed_ms=_number(compute, "fixed_ms", f"{path}.compute"),
+        ),
+        comm=CommCoeffs(
+            bytes_per_token=_number(comm, "bytes_per_token", f"{path}.comm"),
+            ms_per_mib=_number(comm, "ms_per_mib", f"{path}.comm"),
+            fixed_ms=_number(comm, "fixed_ms", f"{path}.comm"),
+        ),
+        bucket_tokens=bucket,
+        microbatch_ms=_number(doc, "microbatch_ms", path),
+        extra=copy.deepcopy(doc),
+    )
+
+
+def profiles_dir() -> Path:
+    """Bundled profiles: ``$SKRULL_PROFILES_DIR`` or ``profiles/`` at the project root."""
+    env = os.environ.get(PROFILES_DIR_ENV)
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parent.parent / "profiles"
+
+
+def profile_file_name(name: str) -> str:
+    return name.replace("/", "__") + ".json"
+
+
+def bundled_profile_names() -> tuple[str, ...]:
+    folder = profiles_dir()
+    if not folder.is_dir():
+        return ()
+    return tuple(sorted(p.stem.replace("__", "/") for p in folder.glob("*.json")))
+
+
+def load_profile(name: str, *, path: str = "profile") -> Profile:
+    """Load a bundled profile by name (``h100-80g/qwen2.5-0.5b``)."""
+    names = bundled_profile_names()
+    if name not in names:
+        raise UnknownProfileError(path, name, f"unknown profile; bundled: {', '.join(names) or 'none'}")
+    with open(profiles_dir() / profile_file_name(name), encoding="utf-8") as fh:
+        return profile_from_dict(json.load(fh), path=path)

@@ -1,0 +1,165 @@
+"""Problems and plans as frozen values (CONTRACT.md, "Request" and "Plan").
+
+Plans name GPUs by logical rank (``g = dp_rank * cp + cp_rank`` in the static layout) and sequences by
+global id (the index over the concatenation of all batches), so a plan serializes, compares and tests
+on a CPU with no process group around.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from solver.profile import Profile
+
+PLAN_SCHEMA = "skrull.plan/v1"
+SolveStatus = Literal["heuristic", "optimal", "feasible", "timeout"]
+SOLVE_STATUSES: tuple[str, ...] = ("heuristic", "optimal", "feasible", "timeout")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Parallel:
+    """DP x CP layout: ``dp * cp`` GPUs; DP rank ``i`` owns GPUs ``i*cp .. i*cp+cp-1`` (its CP group)."""
+
+    dp: int
+    cp: int
+
+    @property
+    def num_gpus(self) -> int:
+        return self.dp * self.cp
+
+    def cp_group(self, dp_rank: int) -> tuple[int, ...]:
+        """Global ranks of DP rank ``dp_rank``'s CP group."""
+        return tuple(range(dp_rank * self.cp, (dp_rank + 1) * self.cp))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Request:
+    """A planning request: the lengths of one or more global batches, a layout and a profile."""
+
+    batches: tuple[tuple[int, ...], ...]
+    parallel: Parallel
+    profile: Profile
+    solver: str = "skrull"
+    time_budget_s: float = 1.0
+    bucket_tokens_override: int | None = None
+    backend: str | None = None
+    seed: int = 0
+
+    @property
+    def bucket_tokens(self) -> int:
+        """The memory bucket in force: the request's override, else the profile's."""
+        if self.bucket_tokens_override is not None:
+            return self.bucket_tokens_override
+        return self.profile.bucket_tokens
+
+    @property
+    def num_sequences(self) -> int:
+        return sum(len(b) for b in self.batches)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Problem:
+    """What a planner sees: every sequence's length by global id, and which ids each batch holds."""
+
+    lengths: tuple[int, ...]
+    batch_ids: tuple[tuple[int, ...], ...]
+    parallel: Parallel
+    profile: Profile
+    bucket_tokens: int
+    time_budget_s: float = 1.0
+    seed: int = 0
+    backend: str | None = None
+
+    @classmethod
+    def from_request(cls, request: Request) -> Problem:
+        lengths: list[int] = []
+        batch_ids: list[tuple[int, ...]] = []
+        for batch in request.batches:
+            start = len(lengths)
+            lengths.extend(batch)
+            batch_ids.append(tuple(range(start, len(lengths))))
+        return cls(
+            lengths=tuple(lengths),
+            batch_ids=tuple(batch_ids),
+            parallel=request.parallel,
+            profile=request.profile,
+            bucket_tokens=request.bucket_tokens,
+            time_budget_s=request.time_budget_s,
+            seed=request.seed,
+            backend=request.backend,
+        )
+
+    @property
+    def group_capacity_tokens(self) -> int:
+        """Tokens one CP group holds in one microbatch: ``cp * bucket_tokens`` (Skrull eq. 10)."""
+        return self.parallel.cp * self.bucket_tokens
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MicrobatchSpec:
+    """A planner's placement of one microbatch, before estimating its time.
+
+    ``local[j]`` stays whole on ``ranks[j]``; ``sharded`` is split evenly over all of ``ranks``.
+    """
+
+    step: int
+    ranks: tuple[int, ...]
+    local: tuple[tuple[int, ...], ...]
+    sharded: tuple[int, ...]
+
+    @property
+    def seq_ids(self) -> tuple[int, ...]:
+        return tuple(i for ids in self.local for i in ids) + self.sharded
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Microbatch:
+    step: int
+    ranks: tuple[int, ...]
+    local: tuple[tuple[int, ...], ...]
+    sharded: tuple[int, ...]
+    estimated_ms: float
+
+    @property
+    def seq_ids(self) -> tuple[int, ...]:
+        return tuple(i for ids in self.local for i in ids) + self.sharded
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Iteration:
+    index: int
+    microbatches: tuple[Microbatch, ...]
+    estimated_ms: float
+    lower_bound_ms: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SolveInfo:
+    """How the plan was found. ``gap = (objective - bound) / objective`` when a bound is known."""
+
+    wall_ms: float
+    status: str
+    objective_ms: float
+    bound_ms: float | None = None
+    gap: float | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Plan:
+    solver: str
+    parallel: Parallel
+    bucket_tokens: int
+    iterations: tuple[Iteration, ...]
+    pending: tuple[int, ...]
+    solve: SolveInfo
+    schema: str = PLAN_SCHEMA
+
+    @property
+    def estimated_ms(self) -> float:
+        """Total estimated time over all iterations."""
+        return sum(it.estimated_ms for it in self.iterations)
+
+    @property
+    def lower_bound_ms(self) -> float:
+        return sum(it.lower_bound_ms for it in self.iterations)

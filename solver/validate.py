@@ -1,0 +1,143 @@
+"""The independent plan validator: every plan passes it before anyone sees it.
+
+It knows nothing of how planners work; it checks a plan against the request and the contract:
+
+* layout: the plan's ``parallel`` and ``bucket_tokens`` are the request's; iterations are numbered
+  0..n-1, one per batch;
+* completeness: every sequence id appears exactly once over all iterations (``local`` or ``sharded``) or
+  in ``pending``, never in an iteration before its own batch, and no unknown id appears;
+* microbatches: ``ranks`` distinct and in ``0..dp*cp-1``; one ``local`` list per rank; nothing sharded on
+  a one-GPU group; not empty; every GPU executes its microbatches at distinct steps;
+* memory (eq. 7): every GPU within ``bucket_tokens`` in every microbatch;
+* estimates: every ``estimated_ms`` and ``lower_bound_ms`` equals the reference model, the iteration
+  estimate is never below its bound; ``solve`` is consistent (objective = summed iteration estimates,
+  bound <= objective, gap = (objective - bound) / objective).
+"""
+
+from __future__ import annotations
+
+import math
+
+from solver.cost import CostModel
+from solver.errors import InvalidPlanError
+from solver.types import PLAN_SCHEMA, SOLVE_STATUSES, Plan, Request
+
+#: Plans in JSON carry 6 decimals; estimates must match the reference model to this (ms).
+TOLERANCE_MS = 1e-5
+
+
+def _close(a: float, b: float) -> bool:
+    return math.isclose(a, b, rel_tol=1e-9, abs_tol=TOLERANCE_MS)
+
+
+def plan_problems(plan: Plan, request: Request) -> list[str]:
+    """Every contract violation of ``plan`` for ``request`` (empty when the plan is valid)."""
+    problems: list[str] = []
+    par = request.parallel
+    bucket = request.bucket_tokens
+    if plan.schema != PLAN_SCHEMA:
+        problems.append(f"schema is {plan.schema!r}, not {PLAN_SCHEMA!r}")
+    if plan.parallel != par:
+        problems.append(f"parallel is dp={plan.parallel.dp} cp={plan.parallel.cp}, request has dp={par.dp} cp={par.cp}")
+        return problems
+    if plan.bucket_tokens != bucket:
+        problems.append(f"bucket_tokens is {plan.bucket_tokens}, request has {bucket}")
+    if [it.index for it in plan.iterations] != list(range(len(request.batches))):
+        problems.append(f"iterations must be numbered 0..{len(request.batches) - 1}, one per batch")
+        return problems
+
+    lengths: list[int] = []
+    batch_of: list[int] = []
+    for b, batch in enumerate(request.batches):
+        lengths.extend(batch)
+        batch_of.extend([b] * len(batch))
+    seen = [0] * len(lengths)
+    model = CostModel(request.profile, bucket_tokens=bucket)
+    num_gpus = par.num_gpus
+
+    def count(seq_id: int, where: str, iteration: int | None) -> bool:
+        if not 0 <= seq_id < len(lengths):
+            problems.append(f"{where}: unknown sequence id {seq_id}")
+            return False
+        seen[seq_id] += 1
+        if iteration is not None and iteration < batch_of[seq_id]:
+            problems.append(
+                f"{where}: sequence {seq_id} of batch {batch_of[seq_id]} runs early, in iteration {iteration}"
+            )
+        return True
+
+    for it in plan.iterations:
+        steps_of_gpu: list[set[int]] = [set() for _ in range(num_gpus)]
+        ids_in_iteration: list[int] = []
+        well_formed: list[tuple[tuple[int, ...], float]] = []
+        for m, mb in enumerate(it.microbatches):
+            where = f"iterations[{it.index}].microbatches[{m}]"
+            if not mb.ranks or len(set(mb.ranks)) != len(mb.ranks) or any(not 0 <= g < num_gpus for g in mb.ranks):
+                problems.append(f"{where}: ranks {list(mb.ranks)} must be distinct GPUs in 0..{num_gpus - 1}")
+                continue
+            if len(mb.local) != len(mb.ranks):
+                problems.append(f"{where}: {len(mb.local)} local lists for {len(mb.ranks)} ranks")
+                continue
+            well_formed.append((mb.ranks, mb.estimated_ms))
+            if len(mb.ranks) == 1 and mb.sharded:
+                problems.append(f"{where}: sequences sharded over a one-GPU group")
+            for g in mb.ranks:
+                if mb.step in steps_of_gpu[g]:
+                    problems.append(f"{where}: GPU {g} has two microbatches at step {mb.step}")
+                steps_of_gpu[g].add(mb.step)
+            ok = all(count(i, where, it.index) for i in mb.seq_ids)
+            if not mb.seq_ids:
+                problems.append(f"{where}: holds no sequence")
+            if not ok:
+                continue
+            ids_in_iteration.extend(mb.seq_ids)
+            local_lengths = [[lengths[i] for i in ids] for ids in mb.local]
+            sharded_lengths = [lengths[i] for i in mb.sharded]
+            if not model.fits(local_lengths, sharded_lengths):
+                use = max(model.bucket_use_tokens(local_lengths, sharded_lengths))
+                problems.append(f"{where}: a GPU holds {use:.1f} tokens, over bucket_tokens={bucket}")
+            expected = model.microbatch_time_ms(local_lengths, sharded_lengths)
+            if not _close(mb.estimated_ms, expected):
+                problems.append(f"{where}: estimated_ms {mb.estimated_ms} != reference {expected:.6f}")
+        expected_it = model.iteration_time_ms(well_formed, num_gpus)
+        if not _close(it.estimated_ms, expected_it):
+            problems.append(f"iterations[{it.index}]: estimated_ms {it.estimated_ms} != reference {expected_it:.6f}")
+        bound = model.lower_bound_ms([lengths[i] for i in ids_in_iteration], par)
+        if not _close(it.lower_bound_ms, bound):
+            problems.append(f"iterations[{it.index}]: lower_bound_ms {it.lower_bound_ms} != reference {bound:.6f}")
+        if it.estimated_ms < bound - TOLERANCE_MS and all(
+            mb.ranks == par.cp_group(mb.ranks[0] // par.cp) for mb in it.microbatches if mb.ranks
+        ):
+            problems.append(f"iterations[{it.index}]: estimated_ms {it.estimated_ms} beats the lower bound {bound}")
+
+    for i in plan.pending:
+        count(i, "pending", None)
+    missing = [i for i, n in enumerate(seen) if n == 0]
+    repeated = [i for i, n in enumerate(seen) if n > 1]
+    if missing:
+        problems.append(f"sequences never scheduled: {missing[:10]}{' ...' if len(missing) > 10 else ''}")
+    if repeated:
+        problems.append(f"sequences scheduled more than once: {repeated[:10]}{' ...' if len(repeated) > 10 else ''}")
+
+    solve = plan.solve
+    if solve.status not in SOLVE_STATUSES:
+        problems.append(f"solve.status {solve.status!r} is not one of {', '.join(SOLVE_STATUSES)}")
+    objective = sum(it.estimated_ms for it in plan.iterations)
+    if not _close(solve.objective_ms, objective):
+        problems.append(f"solve.objective_ms {solve.objective_ms} != summed iteration estimates {objective:.6f}")
+    if solve.bound_ms is not None:
+        if solve.bound_ms > solve.objective_ms + TOLERANCE_MS:
+            problems.append(f"solve.bound_ms {solve.bound_ms} is above the objective {solve.objective_ms}")
+        if solve.gap is None or (
+            solve.objective_ms > 0
+            and not math.isclose(solve.gap, (solve.objective_ms - solve.bound_ms) / solve.objective_ms, abs_tol=1e-6)
+        ):
+            problems.append(f"solve.gap {solve.gap} != (objective - bound) / objective")
+    return problems
+
+
+def validate_plan(plan: Plan, request: Request) -> None:
+    """Raise ``InvalidPlanError`` listing every violation, or return quietly."""
+    problems = plan_problems(plan, request)
+    if problems:
+        raise InvalidPlanError(problems)

@@ -1,0 +1,131 @@
+"""The installed ``skrull`` command: plans, tables, and one clear line for every user mistake."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from solver.io import plan_from_dict, read_json, request_from_dict
+from solver.validate import plan_problems
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples" / "requests"
+
+
+def skrull(*args: str) -> subprocess.CompletedProcess[str]:
+    exe = shutil.which("skrull", path=str(Path(sys.executable).parent))
+    cmd = [exe] if exe else [sys.executable, "-m", "cli.main"]
+    return subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=120, cwd=ROOT)
+
+
+def test_plan_prints_a_valid_contract_plan() -> None:
+    out = skrull("plan", "--request", str(EXAMPLES / "contract-example.json"))
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["schema"] == "skrull.plan/v1" and doc["solver"] == "skrull"
+    request = request_from_dict(read_json(EXAMPLES / "contract-example.json"))
+    assert plan_problems(plan_from_dict(doc), request) == []
+
+
+def test_plan_writes_file_with_chosen_solver_and_validate_accepts_it(tmp_path: Path) -> None:
+    target = tmp_path / "plan.json"
+    out = skrull("plan", "-r", str(EXAMPLES / "default.json"), "--solver", "packed", "-o", str(target))
+    assert out.returncode == 0, out.stderr
+    assert json.loads(target.read_text())["solver"] == "packed"
+    check = skrull("validate", "--request", str(EXAMPLES / "default.json"), "--plan", str(target))
+    assert check.returncode == 0 and check.stdout.startswith("valid:")
+
+
+def test_validate_rejects_a_tampered_plan(tmp_path: Path) -> None:
+    out = skrull("plan", "-r", str(EXAMPLES / "contract-example.json"))
+    doc = json.loads(out.stdout)
+    doc["iterations"][0]["microbatches"][0]["estimated_ms"] += 1.0
+    target = tmp_path / "bad.json"
+    target.write_text(json.dumps(doc))
+    check = skrull("validate", "-r", str(EXAMPLES / "contract-example.json"), "-p", str(target))
+    assert check.returncode == 2
+    assert "invalid plan" in check.stderr and "estimated_ms" in check.stderr
+
+
+def test_compare_prints_one_row_per_planner() -> None:
+    out = skrull("compare", "--request", str(EXAMPLES / "default.json"))
+    assert out.returncode == 0, out.stderr
+    rows = [line for line in out.stdout.splitlines() if line.startswith("| ") and "solver" not in line]
+    assert [r.split("|")[1].strip() for r in rows] == ["skrull", "deepspeed", "packed", "sorted", "round-robin"]
+    deepspeed = next(r for r in rows if "deepspeed" in r)
+    assert "1.00x" in deepspeed
+
+
+def test_compare_from_a_dataset_as_json() -> None:
+    out = skrull("compare", "--dataset", "sharegpt", "--dp", "2", "--cp", "4", "--per-rank", "16", "--json")
+    assert out.returncode == 0, out.stderr
+    rows = json.loads(out.stdout)
+    skrull_row = next(r for r in rows if r["solver"] == "skrull")
+    assert skrull_row["speedup"] > 1.0 and skrull_row["ratio_to_bound"] >= 1.0
+
+
+def test_request_command_writes_a_loadable_request(tmp_path: Path) -> None:
+    target = tmp_path / "req.json"
+    out = skrull(
+        "request",
+        "--dataset",
+        "llama3-sft-mix",
+        "--dp",
+        "2",
+        "--cp",
+        "2",
+        "--per-rank",
+        "8",
+        "--batches",
+        "3",
+        "-o",
+        str(target),
+    )
+    assert out.returncode == 0, out.stderr
+    request = request_from_dict(json.loads(target.read_text()))
+    assert [len(b) for b in request.batches] == [16, 16, 16]
+
+
+@pytest.mark.parametrize(
+    ("doc", "needle"),
+    [
+        ({"batches": [], "parallel": {"dp": 1, "cp": 1}}, "batches: []"),
+        ({"batches": [[3, 0]], "parallel": {"dp": 1, "cp": 1}}, "batches[0][1]: 0"),
+        ({"batches": [[3, -4]], "parallel": {"dp": 1, "cp": 1}}, "batches[0][1]: -4"),
+        ({"batches": [[3, 1.5]], "parallel": {"dp": 1, "cp": 1}}, "batches[0][1]: 1.5"),
+        ({"batches": [[3]], "parallel": {"dp": 0, "cp": 1}}, "parallel.dp: 0"),
+        ({"batches": [[3]], "parallel": {"dp": 1, "cp": 0}}, "parallel.cp: 0"),
+        ({"batches": [[3]], "parallel": {"dp": 1, "cp": 1}, "profile": "tpu/x"}, "profile: 'tpu/x'"),
+        ({"batches": [[3]], "parallel": {"dp": 1, "cp": 1}, "solver": "magic"}, "solver: 'magic'"),
+        ({"batches": [[3, 60000]], "parallel": {"dp": 1, "cp": 2}}, "sequence 1 has 60000 tokens"),
+    ],
+)
+def test_bad_request_gives_one_clear_line(tmp_path: Path, doc: dict, needle: str) -> None:
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(doc))
+    out = skrull("plan", "--request", str(path))
+    assert out.returncode == 2
+    assert out.stdout == ""
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("skrull: error: ") and needle in lines[0], out.stderr
+
+
+def test_malformed_json_and_missing_file_give_one_clear_line(tmp_path: Path) -> None:
+    path = tmp_path / "r.json"
+    path.write_text("{not json")
+    out = skrull("plan", "--request", str(path))
+    assert out.returncode == 2 and "malformed JSON at line 1" in out.stderr and len(out.stderr.splitlines()) == 1
+    out = skrull("plan", "--request", str(tmp_path / "missing.json"))
+    assert out.returncode == 2 and "no such file" in out.stderr
+
+
+def test_profiles_lists_bundled_and_shows_one() -> None:
+    out = skrull("profiles")
+    assert "h100-80g/qwen2.5-0.5b" in out.stdout.split()
+    shown = json.loads(skrull("profiles", "h100-80g/qwen2.5-7b").stdout)
+    assert shown["memory"]["bucket_tokens"] == 13000

@@ -1,0 +1,126 @@
+"""Requests are validated up front: each bad input gives one error naming the field and the value."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from solver.errors import RequestError, SequenceTooLongError, UnknownProfileError, UnknownSolverError
+from solver.io import plan_from_dict, plan_to_dict, read_json, request_from_dict, request_to_dict
+from solver.planning import solve
+from tests.conftest import HAND_PROFILE
+
+GOOD: dict[str, Any] = {
+    "batches": [[1024, 530, 31000], [77, 12000]],
+    "parallel": {"dp": 4, "cp": 8},
+    "profile": "h100-80g/qwen2.5-0.5b",
+    "solver": "skrull",
+    "time_budget_s": 1.0,
+    "bucket_tokens": 26000,
+}
+
+
+def with_(**changes: Any) -> dict[str, Any]:
+    doc = copy.deepcopy(GOOD)
+    doc.update(changes)
+    return doc
+
+
+def test_contract_example_parses_with_global_ids() -> None:
+    request = request_from_dict(GOOD)
+    assert request.batches == ((1024, 530, 31000), (77, 12000))
+    assert request.bucket_tokens == 26000
+    assert request.parallel.num_gpus == 32
+    plan = solve(request)
+    ids = sorted(i for it in plan.iterations for mb in it.microbatches for i in mb.seq_ids)
+    assert ids == [0, 1, 2, 3, 4]
+    assert {i for mb in plan.iterations[1].microbatches for i in mb.seq_ids} == {3, 4}
+
+
+@pytest.mark.parametrize(
+    ("doc", "field", "value"),
+    [
+        (with_(batches=[]), "batches", []),
+        (with_(batches=[[]]), "batches[0]", []),
+        (with_(batches=[[5, 0]]), "batches[0][1]", 0),
+        (with_(batches=[[5], [3, -2]]), "batches[1][1]", -2),
+        (with_(batches=[[5, 2.5]]), "batches[0][1]", 2.5),
+        (with_(batches=[[5, "7"]]), "batches[0][1]", "7"),
+        (with_(batches=[[True]]), "batches[0][0]", True),
+        (with_(batches="1,2"), "batches", "1,2"),
+        (with_(parallel={"dp": 0, "cp": 8}), "parallel.dp", 0),
+        (with_(parallel={"dp": 2, "cp": -1}), "parallel.cp", -1),
+        (with_(parallel={"dp": 2}), "parallel.cp", None),
+        (with_(time_budget_s=0), "time_budget_s", 0),
+        (with_(bucket_tokens=0), "bucket_tokens", 0),
+        (with_(backend="gurobi"), "backend", "gurobi"),
+    ],
+)
+def test_rejects_bad_field_naming_it(doc: dict[str, Any], field: str, value: Any) -> None:
+    with pytest.raises(RequestError) as err:
+        request_from_dict(doc)
+    assert err.value.field == field
+    assert err.value.value == value
+    assert field in str(err.value)
+
+
+def test_rejects_sequence_longer_than_group() -> None:
+    doc = with_(batches=[[10], [5, 208_001]], bucket_tokens=26000)
+    with pytest.raises(SequenceTooLongError) as err:
+        request_from_dict(doc)
+    assert err.value.seq_id == 2
+    assert err.value.num_tokens == 208_001
+    assert err.value.limit_tokens == 8 * 26000
+    assert "sequence 2" in str(err.value) and "208001" in str(err.value) and "208000" in str(err.value)
+
+
+def test_accepts_sequence_exactly_group_capacity() -> None:
+    request = request_from_dict(with_(batches=[[208_000]]))
+    assert solve(request).iterations[0].microbatches[0].sharded == (0,)
+
+
+def test_rejects_unknown_profile_and_solver() -> None:
+    with pytest.raises(UnknownProfileError) as err:
+        request_from_dict(with_(profile="a100/nope"))
+    assert err.value.field == "profile" and "h100-80g/qwen2.5-0.5b" in str(err.value)
+    with pytest.raises(UnknownSolverError) as err2:
+        request_from_dict(with_(solver="magic"))
+    assert err2.value.field == "solver" and "skrull" in str(err2.value)
+
+
+def test_rejects_bad_inline_profile_field() -> None:
+    bad = copy.deepcopy(HAND_PROFILE)
+    bad["compute"]["ms_per_tflop"] = -1
+    with pytest.raises(RequestError) as err:
+        request_from_dict(with_(profile=bad))
+    assert err.value.field == "profile.compute.ms_per_tflop"
+
+
+def test_bucket_override_applies_over_profile() -> None:
+    request = request_from_dict(
+        with_(profile=HAND_PROFILE, bucket_tokens=7, batches=[[3]], parallel={"dp": 1, "cp": 1})
+    )
+    assert request.profile.bucket_tokens == 100
+    assert request.bucket_tokens == 7
+    assert solve(request).bucket_tokens == 7
+
+
+def test_malformed_json_names_the_position(tmp_path: Path) -> None:
+    path = tmp_path / "r.json"
+    path.write_text('{"batches": [[1, 2]', encoding="utf-8")
+    with pytest.raises(RequestError) as err:
+        read_json(path, field="--request")
+    assert "line 1" in str(err.value) and err.value.field == "--request"
+
+
+def test_plan_round_trips_through_json() -> None:
+    request = request_from_dict(GOOD)
+    plan = solve(request)
+    doc = json.loads(json.dumps(plan_to_dict(plan)))
+    back = plan_from_dict(doc)
+    assert plan_to_dict(back) == doc
+    assert request_from_dict(request_to_dict(request)) == request

@@ -1,0 +1,77 @@
+"""Invariants over random requests (hypothesis): every planner's plan is valid, every sequence is
+placed exactly once, no bucket is ever exceeded, and estimates equal the reference model."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from solver.cost import CostModel
+from solver.planners.registry import planner_names
+from solver.planning import solve
+from solver.types import Request
+from solver.validate import plan_problems
+from tests.conftest import make_request
+
+
+@st.composite
+def requests(draw: st.DrawFn) -> Request:
+    dp = draw(st.integers(1, 4))
+    cp = draw(st.integers(1, 8))
+    bucket = draw(st.integers(4, 300))
+    limit = cp * bucket
+    # mix short sequences with ones near the group's limit, where placement is hardest
+    length = st.one_of(
+        st.integers(1, max(1, bucket // 2)), st.integers(1, limit), st.integers(max(1, limit - 3), limit)
+    )
+    batches = draw(st.lists(st.lists(length, min_size=1, max_size=40), min_size=1, max_size=3))
+    return make_request(batches, dp=dp, cp=cp, bucket=bucket)
+
+
+SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@SETTINGS
+@given(requests(), st.sampled_from(planner_names()))
+def test_every_planner_returns_a_valid_plan(request: Request, solver: str) -> None:
+    plan = solve(dataclasses.replace(request, solver=solver))  # solve() validates; check again explicitly
+    assert plan_problems(plan, request) == []
+
+
+@SETTINGS
+@given(requests())
+def test_skrull_places_every_sequence_once_within_the_bucket(request: Request) -> None:
+    plan = solve(request)
+    lengths = [s for b in request.batches for s in b]
+    placed = sorted(i for it in plan.iterations for mb in it.microbatches for i in mb.seq_ids)
+    assert placed == list(range(len(lengths)))
+    cp = request.parallel.cp
+    for it in plan.iterations:
+        for mb in it.microbatches:
+            assert mb.ranks == request.parallel.cp_group(mb.ranks[0] // cp)
+            shard = sum(lengths[i] for i in mb.sharded)
+            for ids in mb.local:
+                assert len(mb.ranks) * sum(lengths[i] for i in ids) + shard <= len(mb.ranks) * request.bucket_tokens
+
+
+@SETTINGS
+@given(requests(), st.sampled_from(planner_names()))
+def test_estimates_equal_the_reference_model(request: Request, solver: str) -> None:
+    plan = solve(dataclasses.replace(request, solver=solver))
+    model = CostModel(request.profile, bucket_tokens=request.bucket_tokens)
+    lengths = [s for b in request.batches for s in b]
+    for it, batch in zip(plan.iterations, request.batches, strict=True):
+        per_gpu = [0.0] * request.parallel.num_gpus
+        for mb in it.microbatches:
+            expected = model.microbatch_time_ms(
+                [[lengths[i] for i in ids] for ids in mb.local], [lengths[i] for i in mb.sharded]
+            )
+            assert mb.estimated_ms == expected
+            for g in mb.ranks:
+                per_gpu[g] += expected
+        assert it.estimated_ms == max(per_gpu)
+        assert it.lower_bound_ms == pytest.approx(model.lower_bound_ms(list(batch), request.parallel), rel=1e-12)
+        assert it.estimated_ms >= it.lower_bound_ms - 1e-9
