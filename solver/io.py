@@ -256,7 +256,30 @@ def read_json(path: str | Path, *, field: str = "file") -> Any:
         ) from None
 
 
-def dumps(doc: Any, *, compact: bool = False) -> str:
+def dumps(doc: Any, *, compact: bool = False, width: int = 100) -> str:
+    """JSON text: one line with ``compact``, else indented with every value that fits in ``width``
+    characters kept on one line (so id lists and ``local`` stay readable)."""
     if compact:
         return json.dumps(doc, separators=(",", ":"))
-    return json.dumps(doc, indent=2)
+    return _pretty(doc, 0, width)
+
+
+def _pretty(doc: Any, indent: int, width: int) -> str:
+    flat = json.dumps(doc, separators=(", ", ": "))
+    if len(flat) + indent <= width or not isinstance(doc, (dict, list)) or not doc:
+        return flat
+    pad = " " * (indent + 2)
+    if isinstance(doc, dict):
+        items = [f"{pad}{json.dumps(k)}: {_pretty(v, indent + 2, width)}" for k, v in doc.items()]
+        return "{\n" + ",\n".join(items) + "\n" + " " * indent + "}"
+    if all(not isinstance(v, (dict, list)) for v in doc):  # long scalar lists: wrapped, not one per line
+        lines, line = [], ""
+        for text in (json.dumps(v) for v in doc):
+            if line and len(pad) + len(line) + len(text) + 2 > width:
+                lines.append(pad + line.rstrip())
+                line = ""
+            line += text + ", "
+        lines.append(pad + line[:-2])
+        return "[\n" + "\n".join(lines) + "\n" + " " * indent + "]"
+    items = [pad + _pretty(v, indent + 2, width) for v in doc]
+    return "[\n" + ",\n".join(items) + "\n" + " " * indent + "]"
