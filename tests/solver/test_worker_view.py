@@ -1,0 +1,74 @@
+"""Worker views: zigzag ranges cover every sharded token exactly once; buffers are laid out as stated."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from solver.errors import RequestError
+from solver.planning import solve
+from solver.worker_view import rank_view, zigzag_chunks, zigzag_ranges
+from tests.conftest import make_request
+
+
+def test_contract_example_ranges() -> None:
+    # 31000 tokens over 8 GPUs: 16 chunks of 1937 or 1938 (31000 = 16*1937 + 8)
+    chunks = zigzag_chunks(31000, 8)
+    assert [e - s for s, e in chunks] == [1938] * 8 + [1937] * 8
+    assert zigzag_ranges(31000, 8, 5) == (chunks[5], chunks[10])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 5000), st.integers(1, 16))
+def test_zigzag_covers_each_token_once_and_balances(num_tokens: int, group: int) -> None:
+    covered = []
+    sizes = []
+    for p in range(group):
+        ranges = zigzag_ranges(num_tokens, group, p)
+        sizes.append(sum(e - s for s, e in ranges))
+        for s, e in ranges:
+            covered.extend(range(s, e))
+    assert sorted(covered) == list(range(num_tokens))
+    assert max(sizes) - min(sizes) <= 2
+
+
+def test_rank_views_cover_every_token_of_the_iteration_once() -> None:
+    request = make_request([[30, 45, 7, 90, 12, 3, 60]], dp=2, cp=3, bucket=40)
+    plan = solve(request)
+    lengths = [s for b in request.batches for s in b]
+    tokens: dict[int, list[int]] = {i: [] for i in range(len(lengths))}
+    for rank in range(6):
+        view = rank_view(plan, lengths, iteration=0, rank=rank)
+        assert view.num_tokens_in_iteration == sum(lengths)
+        assert [mb.step for mb in view.microbatches] == sorted(mb.step for mb in view.microbatches)
+        for mb in view.microbatches:
+            assert mb.ranks[mb.position] == rank
+            pieces = [lengths[i] for i in mb.local] + [e - s for sh in mb.shards for s, e in sh.ranges]
+            assert list(mb.cu_seqlens) == [sum(pieces[:k]) for k in range(len(pieces) + 1)]
+            assert mb.max_seqlen == max(pieces, default=0)
+            for i in mb.local:
+                tokens[i].extend(range(lengths[i]))
+            for sh in mb.shards:
+                for s, e in sh.ranges:
+                    tokens[sh.seq_id].extend(range(s, e))
+    assert all(sorted(t) == list(range(lengths[i])) for i, t in tokens.items())
+
+
+def test_unknown_iteration_or_rank_names_the_valid_range() -> None:
+    request = make_request([[10, 20]], dp=1, cp=2)
+    plan = solve(request)
+    with pytest.raises(RequestError, match=r"0\.\.0"):
+        rank_view(plan, [10, 20], iteration=1, rank=0)
+    with pytest.raises(RequestError, match=r"0\.\.1"):
+        rank_view(plan, [10, 20], iteration=0, rank=2)
+
+
+def test_view_serializes_in_the_contract_shape() -> None:
+    request = make_request([[10, 150]], dp=1, cp=2, bucket=100)
+    plan = solve(request)
+    doc = rank_view(plan, [10, 150], iteration=0, rank=1).to_dict(plan_id="p1")
+    assert set(doc) == {"plan_id", "iteration", "rank", "num_tokens_in_iteration", "microbatches"}
+    mb = doc["microbatches"][0]
+    assert set(mb) == {"step", "ranks", "position", "local", "shards", "cu_seqlens", "max_seqlen"}
+    assert mb["shards"][0]["id"] == 1 and mb["shards"][0]["length"] == 150
