@@ -13,11 +13,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from solver.compare import compare, format_table
+from solver.compare import compare, format_table, parse_solver_spec
 from solver.datasets import distribution_names, synthesize_request
 from solver.derive import GPUS, MODELS, derive_profile
 from solver.errors import RequestError, SkrullError
 from solver.io import (
+    BACKENDS,
     DEFAULT_PROFILE,
     dumps,
     parse_profile,
@@ -49,6 +50,9 @@ def _add_source(p: argparse.ArgumentParser) -> None:
         "--profile", default=None, help=f"bundled profile name or profile JSON file (default {DEFAULT_PROFILE})"
     )
     src.add_argument("--bucket-tokens", type=int, default=None, help="override the profile's memory bucket")
+    src.add_argument("--time-budget-s", type=float, default=None, help="wall-clock budget of ilp/auto solves")
+    src.add_argument("--backend", default=None, help=f"exact solver backend: {', '.join(BACKENDS)} (ilp, auto)")
+    src.add_argument("--deterministic", action="store_true", help="same plan for the same request (ilp, auto)")
 
 
 def _load_request(args: argparse.Namespace, *, solver: str | None) -> Request:
@@ -63,6 +67,12 @@ def _load_request(args: argparse.Namespace, *, solver: str | None) -> Request:
                 doc["profile"] = _profile_arg(args.profile)
             if args.bucket_tokens is not None:
                 doc["bucket_tokens"] = args.bucket_tokens
+            if args.time_budget_s is not None:
+                doc["time_budget_s"] = args.time_budget_s
+            if args.backend is not None:
+                doc["backend"] = args.backend
+            if args.deterministic:
+                doc["deterministic"] = True
         return request_from_dict(doc)
     if not args.dataset:
         raise RequestError("--request", None, "give a request file (--request FILE) or a dataset (--dataset NAME)")
@@ -89,7 +99,15 @@ def _load_request(args: argparse.Namespace, *, solver: str | None) -> Request:
     if solver is not None:
         get_planner(solver)
         request = dataclasses.replace(request, solver=solver)
-    return request
+    if args.time_budget_s is not None:
+        if not args.time_budget_s > 0:
+            raise RequestError("--time-budget-s", args.time_budget_s, "must be a number of seconds > 0")
+        request = dataclasses.replace(request, time_budget_s=args.time_budget_s)
+    if args.backend is not None:
+        if args.backend not in BACKENDS:
+            raise RequestError("--backend", args.backend, f"must be one of {', '.join(BACKENDS)}")
+        request = dataclasses.replace(request, backend=args.backend)
+    return dataclasses.replace(request, deterministic=args.deterministic)
 
 
 def _profile_arg(value: str) -> Any:
@@ -116,8 +134,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def cmd_compare(args: argparse.Namespace) -> int:
     request = _load_request(args, solver=None)
     solvers = args.solvers.split(",") if args.solvers else None
-    for name in solvers or ():
+    for spec in solvers or ():
+        name, backend = parse_solver_spec(spec)
         get_planner(name)
+        if backend is not None and backend not in BACKENDS:
+            raise RequestError("--solvers", spec, f"unknown backend; one of {', '.join(BACKENDS)}")
     rows, _ = compare(request, solvers)
     if args.json:
         _write(dumps([dataclasses.asdict(r) for r in rows]), args.output)

@@ -12,6 +12,21 @@ from solver.planning import solve
 from solver.types import Plan, Request
 
 REFERENCE_SOLVER = "deepspeed"
+#: What ``compare`` runs by default: the heuristic, both exact backends, auto, then the baselines.
+DEFAULT_SOLVERS: tuple[str, ...] = ("skrull", "ilp(scip)", "ilp(cpsat)", "auto")
+
+
+def default_solvers() -> list[str]:
+    rest = [n for n in planner_names() if n not in ("skrull", "ilp", "auto")]
+    return [*DEFAULT_SOLVERS, *rest]
+
+
+def parse_solver_spec(spec: str) -> tuple[str, str | None]:
+    """``"ilp(scip)"`` -> ``("ilp", "scip")``; ``"skrull"`` -> ``("skrull", None)``."""
+    if spec.endswith(")") and "(" in spec:
+        name, backend = spec[:-1].split("(", 1)
+        return name, backend
+    return spec, None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -20,6 +35,8 @@ class CompareRow:
     iteration_ms: float | None
     lower_bound_ms: float | None
     ratio_to_bound: float | None
+    bound_ms: float | None
+    gap: float | None
     speedup: float | None
     planning_ms: float | None
     num_microbatches: int | None
@@ -32,12 +49,13 @@ def compare(request: Request, solvers: Sequence[str] | None = None) -> tuple[lis
 
     ``iteration_ms`` is the plan's total over all iterations (one per batch).
     """
-    names = list(solvers) if solvers is not None else list(planner_names())
+    names = list(solvers) if solvers is not None else default_solvers()
     plans: dict[str, Plan] = {}
     errors: dict[str, str] = {}
     for name in dict.fromkeys([*names, REFERENCE_SOLVER]):
+        solver, backend = parse_solver_spec(name)
         try:
-            plans[name] = solve(dataclasses.replace(request, solver=name))
+            plans[name] = solve(dataclasses.replace(request, solver=solver, backend=backend or request.backend))
         except SkrullError as exc:
             errors[name] = str(exc)
     reference = plans.get(REFERENCE_SOLVER)
@@ -51,6 +69,8 @@ def compare(request: Request, solvers: Sequence[str] | None = None) -> tuple[lis
                     iteration_ms=None,
                     lower_bound_ms=None,
                     ratio_to_bound=None,
+                    bound_ms=None,
+                    gap=None,
                     speedup=None,
                     planning_ms=None,
                     num_microbatches=None,
@@ -67,6 +87,8 @@ def compare(request: Request, solvers: Sequence[str] | None = None) -> tuple[lis
                 iteration_ms=total,
                 lower_bound_ms=bound,
                 ratio_to_bound=total / bound if bound > 0 else None,
+                bound_ms=plan.solve.bound_ms,
+                gap=plan.solve.gap,
                 speedup=reference.estimated_ms / total if reference is not None and total > 0 else None,
                 planning_ms=plan.solve.wall_ms,
                 num_microbatches=sum(len(it.microbatches) for it in plan.iterations),
@@ -78,17 +100,29 @@ def compare(request: Request, solvers: Sequence[str] | None = None) -> tuple[lis
 
 def format_table(rows: Sequence[CompareRow]) -> str:
     """A fixed-width text table (Markdown-compatible)."""
-    header = ["solver", "iteration ms", "x bound", "speedup vs deepspeed", "planning ms", "microbatches", "status"]
+    header = [
+        "solver",
+        "iteration ms",
+        "x bound",
+        "solver bound ms",
+        "gap",
+        "speedup vs deepspeed",
+        "planning ms",
+        "microbatches",
+        "status",
+    ]
     lines = []
     for r in rows:
         if r.error is not None:
-            lines.append([r.solver, "-", "-", "-", "-", "-", f"error: {r.error}"])
+            lines.append([r.solver, "-", "-", "-", "-", "-", "-", "-", f"error: {r.error}"])
             continue
         lines.append(
             [
                 r.solver,
                 f"{r.iteration_ms:.1f}",
                 "-" if r.ratio_to_bound is None else f"{r.ratio_to_bound:.3f}",
+                "-" if r.bound_ms is None else f"{r.bound_ms:.1f}",
+                "-" if r.gap is None else f"{100 * r.gap:.2f}%",
                 "-" if r.speedup is None else f"{r.speedup:.2f}x",
                 f"{r.planning_ms:.1f}",
                 str(r.num_microbatches),

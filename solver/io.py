@@ -91,6 +91,9 @@ def request_from_dict(doc: Any, *, known_solvers: tuple[str, ...] | None = None)
         raise RequestError("backend", backend, f"must be one of {', '.join(BACKENDS)}")
 
     seed = _int(doc.get("seed", 0), "seed", minimum=0)
+    deterministic = doc.get("deterministic", False)
+    if not isinstance(deterministic, bool):
+        raise RequestError("deterministic", deterministic, "must be true or false")
 
     request = Request(
         batches=tuple(batches),
@@ -101,6 +104,7 @@ def request_from_dict(doc: Any, *, known_solvers: tuple[str, ...] | None = None)
         bucket_tokens_override=bucket,
         backend=backend,
         seed=seed,
+        deterministic=deterministic,
     )
     check_placeable(request)
     return request
@@ -133,6 +137,8 @@ def request_to_dict(request: Request, *, inline_profile: bool = False) -> dict[s
         doc["backend"] = request.backend
     if request.seed:
         doc["seed"] = request.seed
+    if request.deterministic:
+        doc["deterministic"] = True
     return doc
 
 

@@ -45,6 +45,7 @@ class Request:
     bucket_tokens_override: int | None = None
     backend: str | None = None
     seed: int = 0
+    deterministic: bool = False
 
     @property
     def bucket_tokens(self) -> int:
@@ -70,6 +71,7 @@ class Problem:
     time_budget_s: float = 1.0
     seed: int = 0
     backend: str | None = None
+    deterministic: bool = False
 
     @classmethod
     def from_request(cls, request: Request) -> Problem:
@@ -88,6 +90,7 @@ class Problem:
             time_budget_s=request.time_budget_s,
             seed=request.seed,
             backend=request.backend,
+            deterministic=request.deterministic,
         )
 
     @property

@@ -7,10 +7,13 @@ from collections.abc import Callable
 from solver.errors import UnknownSolverError
 from solver.planners.base import Planner
 from solver.planners.baselines import DeepSpeedPlanner, PackedPlanner, SortedPlanner
+from solver.planners.exact import AutoPlanner, IlpPlanner
 from solver.planners.skrull import RoundRobinPlanner, SkrullPlanner
 
 _REGISTRY: dict[str, Callable[[], Planner]] = {
     "skrull": SkrullPlanner,
+    "ilp": IlpPlanner,
+    "auto": AutoPlanner,
     "deepspeed": DeepSpeedPlanner,
     "packed": PackedPlanner,
     "sorted": SortedPlanner,

@@ -53,10 +53,19 @@ def test_validate_rejects_a_tampered_plan(tmp_path: Path) -> None:
 
 
 def test_compare_prints_one_row_per_planner() -> None:
-    out = skrull("compare", "--request", str(EXAMPLES / "default.json"))
+    out = skrull("compare", "--request", str(EXAMPLES / "default.json"), "--time-budget-s", "0.5")
     assert out.returncode == 0, out.stderr
     rows = [line for line in out.stdout.splitlines() if line.startswith("| ") and "solver" not in line]
-    assert [r.split("|")[1].strip() for r in rows] == ["skrull", "deepspeed", "packed", "sorted", "round-robin"]
+    assert [r.split("|")[1].strip() for r in rows] == [
+        "skrull",
+        "ilp(scip)",
+        "ilp(cpsat)",
+        "auto",
+        "deepspeed",
+        "packed",
+        "sorted",
+        "round-robin",
+    ]
     deepspeed = next(r for r in rows if "deepspeed" in r)
     assert "1.00x" in deepspeed
 

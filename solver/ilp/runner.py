@@ -1,0 +1,82 @@
+"""Keep a wall-clock budget: run a solve in a child process, collect its incumbents, kill it if late.
+
+Solvers honour their own time limits only approximately (model translation, presolve and a final LP can
+overrun them). The child reports every improving solution over a pipe as it finds it; the parent waits
+until the deadline plus a small grace, then kills the child and keeps the last report. So a request's
+``time_budget_s`` holds for the whole solve and the answer is always the best incumbent seen.
+
+Inside a daemonic process (which may not start children) the work runs in this process instead and
+only the solver's own time limit applies.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import multiprocessing.connection
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+#: Seconds allowed past the deadline before the child is killed.
+GRACE_S = 0.25
+
+Report = Callable[[Any], None]
+Work = Callable[[Report, float], Any]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunOutcome:
+    """``payload``: the final answer, or the last incumbent when ``killed``; None if nothing came."""
+
+    payload: Any
+    killed: bool
+    error: str | None = None
+
+
+def _child(work: Work, deadline: float, conn: multiprocessing.connection.Connection) -> None:
+    def report(payload: Any) -> None:
+        conn.send(("incumbent", payload))
+
+    try:
+        conn.send(("final", work(report, deadline)))
+    except Exception as exc:  # sent to the parent, which decides what to do
+        conn.send(("error", f"{type(exc).__name__}: {exc}"))
+    finally:
+        conn.close()
+
+
+def run_with_deadline(work: Work, *, deadline: float, grace_s: float = GRACE_S) -> RunOutcome:
+    """Run ``work(report, deadline)`` in a forked child; ``deadline`` is a ``time.monotonic()`` value."""
+    if multiprocessing.current_process().daemon:
+        last: list[Any] = [None]
+        try:
+            return RunOutcome(payload=work(lambda p: last.__setitem__(0, p), deadline), killed=False)
+        except Exception as exc:
+            return RunOutcome(payload=last[0], killed=False, error=f"{type(exc).__name__}: {exc}")
+    ctx = multiprocessing.get_context("fork")
+    receiver, sender = ctx.Pipe(duplex=False)
+    child = ctx.Process(target=_child, args=(work, deadline, sender), daemon=True)
+    child.start()
+    sender.close()
+    payload: Any = None
+    try:
+        while True:
+            remaining = deadline + grace_s - time.monotonic()
+            if remaining <= 0 or not receiver.poll(remaining):
+                return RunOutcome(payload=payload, killed=True)
+            try:
+                kind, value = receiver.recv()
+            except EOFError:
+                return RunOutcome(payload=payload, killed=False, error="solver process ended without an answer")
+            if kind == "incumbent":
+                payload = value
+            elif kind == "final":
+                return RunOutcome(payload=value, killed=False)
+            else:
+                return RunOutcome(payload=payload, killed=False, error=str(value))
+    finally:
+        receiver.close()
+        if child.is_alive():
+            child.kill()
+        child.join(timeout=5)

@@ -1,0 +1,183 @@
+"""The ``ilp`` and ``auto`` planners: the exact joint model (solver/ilp) within the request's budget.
+
+* ``ilp``: warm-started from the ``skrull`` heuristic (so never worse than it), solved with SCIP or
+  CP-SAT (``backend``), exactly when the model fits ``EXACT_MAX_BINARIES``, else by LNS.
+* ``auto``: the best plan found within the budget: the best of the cheap heuristics (``skrull``,
+  ``packed``, ``round-robin``), improved by local search, then by the exact model or LNS.
+
+The budget ``time_budget_s`` covers the whole request: each iteration gets an equal share of what is
+left, and its solve runs in a child process killed at its deadline (``solver.ilp.runner``). Reported
+bounds are the larger of the contract's lower bound and the solver's dual bound (which is valid: the
+model floors every time coefficient); ``gap = (objective - bound) / objective``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from solver.cost import CostModel
+from solver.ilp.builder import GroupMicrobatch
+from solver.ilp.runner import run_with_deadline
+from solver.ilp.search import EXACT_MAX_BINARIES, improve_lns, model_size, plan_time_ms, solve_exact
+from solver.planners.base import PlannerOutput, make_spec
+from solver.planners.dacp import dacp_place, round_robin_place
+from solver.planners.local_search import improve
+from solver.planners.skrull import gds_dacp_batch
+from solver.types import MicrobatchSpec, Parallel, Problem
+
+Groups = list[list[GroupMicrobatch]]
+DEFAULT_BACKEND = "cpsat"
+#: Relative gap under which a solver's "optimal" survives the re-evaluation with exact coefficients.
+OPTIMAL_TOLERANCE = 1e-4
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class IterationResult:
+    groups: Groups
+    bound_ms: float
+    status: str
+
+
+def specs_to_groups(specs: Sequence[MicrobatchSpec], parallel: Parallel) -> Groups:
+    """Static-layout microbatches per DP rank, in step order."""
+    groups: Groups = [[] for _ in range(parallel.dp)]
+    for spec in sorted(specs, key=lambda s: s.step):
+        assert spec.ranks == parallel.cp_group(spec.ranks[0] // parallel.cp), "static layout expected"
+        groups[spec.ranks[0] // parallel.cp].append((spec.local, spec.sharded))
+    return groups
+
+
+def groups_to_specs(groups: Groups, parallel: Parallel) -> list[MicrobatchSpec]:
+    return [
+        make_spec(step=step, ranks=parallel.cp_group(g), local=local, sharded=sharded)
+        for g, group in enumerate(groups)
+        for step, (local, sharded) in enumerate(group)
+    ]
+
+
+def optimize_iteration(
+    problem: Problem, ids: tuple[int, ...], hint: Groups, *, backend: str, deadline: float
+) -> IterationResult:
+    """Improve ``hint`` for one batch until ``deadline`` (monotonic); never returns a worse plan."""
+    cost = CostModel(problem.profile, bucket_tokens=problem.bucket_tokens)
+    lengths = problem.lengths
+    n = problem.parallel.cp
+    lower = cost.lower_bound_ms([lengths[i] for i in ids], problem.parallel)
+    if model_size(seq_ids=ids, lengths=lengths, group_size=n, cost=cost, hint=hint) <= EXACT_MAX_BINARIES:
+
+        def work(report, dl):  # type: ignore[no-untyped-def]
+            return solve_exact(
+                seq_ids=ids,
+                lengths=lengths,
+                group_size=n,
+                cost=cost,
+                hint=hint,
+                lower_bound_ms=lower,
+                backend=backend,
+                deadline=dl,
+                seed=problem.seed,
+                deterministic=problem.deterministic,
+                report=report,
+            )
+    else:
+
+        def work(report, dl):  # type: ignore[no-untyped-def]
+            return improve_lns(
+                groups=hint,
+                lengths=lengths,
+                group_size=n,
+                cost=cost,
+                backend=backend,
+                deadline=dl,
+                seed=problem.seed,
+                report=report,
+            )
+
+    outcome = run_with_deadline(work, deadline=deadline)
+    payload = outcome.payload or {}
+    groups: Groups = payload.get("groups") or hint
+    if plan_time_ms(groups, lengths, cost) > plan_time_ms(hint, lengths, cost):
+        groups = hint
+    bound = max(lower, payload.get("bound_ms") or 0.0)
+    objective = plan_time_ms(groups, lengths, cost)
+    bound = min(bound, objective)
+    if outcome.killed:
+        status = "timeout"
+    elif payload.get("status") == "optimal" and objective - bound <= OPTIMAL_TOLERANCE * max(objective, 1e-9):
+        status = "optimal"
+    else:
+        status = "feasible"
+    return IterationResult(groups=groups, bound_ms=bound, status=status)
+
+
+def _combine(statuses: list[str]) -> str:
+    if "timeout" in statuses:
+        return "timeout"
+    return "optimal" if statuses and all(s == "optimal" for s in statuses) else "feasible"
+
+
+def _skrull_groups(problem: Problem, ids: tuple[int, ...]) -> Groups:
+    return specs_to_groups(gds_dacp_batch(problem, ids, place=dacp_place), problem.parallel)
+
+
+class _BudgetedPlanner:
+    """Shared loop: split the budget over iterations, optimise each from its starting plan."""
+
+    name = "ilp"
+
+    def __init__(self, backend: str | None = None) -> None:
+        self.backend = backend
+
+    def start(self, problem: Problem, ids: tuple[int, ...], deadline: float) -> Groups:
+        raise NotImplementedError
+
+    def plan(self, problem: Problem) -> PlannerOutput:
+        begin = time.monotonic()
+        end = begin + problem.time_budget_s
+        backend = problem.backend or self.backend or DEFAULT_BACKEND
+        iterations = []
+        bounds = []
+        statuses = []
+        for k, ids in enumerate(problem.batch_ids):
+            share = (end - time.monotonic()) / (len(problem.batch_ids) - k)
+            deadline = time.monotonic() + max(share, 0.0)
+            hint = self.start(problem, ids, deadline)
+            result = optimize_iteration(problem, ids, hint, backend=backend, deadline=deadline)
+            iterations.append(tuple(groups_to_specs(result.groups, problem.parallel)))
+            bounds.append(result.bound_ms)
+            statuses.append(result.status)
+        return PlannerOutput(iterations=tuple(iterations), status=_combine(statuses), bound_ms=sum(bounds))
+
+
+class IlpPlanner(_BudgetedPlanner):
+    """The exact joint model warm-started from the ``skrull`` heuristic."""
+
+    name = "ilp"
+
+    def start(self, problem: Problem, ids: tuple[int, ...], deadline: float) -> Groups:
+        return _skrull_groups(problem, ids)
+
+
+class AutoPlanner(_BudgetedPlanner):
+    """Best heuristic, then local search (up to a quarter of the iteration's budget), then the exact
+    model or LNS for the rest."""
+
+    name = "auto"
+
+    def start(self, problem: Problem, ids: tuple[int, ...], deadline: float) -> Groups:
+        cost = CostModel(problem.profile, bucket_tokens=problem.bucket_tokens)
+        lengths = problem.lengths
+        candidates = [
+            _skrull_groups(problem, ids),
+            specs_to_groups(gds_dacp_batch(problem, ids, place=round_robin_place), problem.parallel),
+        ]
+        from solver.planners.baselines import _packed_batch  # the packed baseline's own layout
+
+        candidates.append(specs_to_groups(_packed_batch(problem, 0, ids), problem.parallel))
+        best = min(candidates, key=lambda g: plan_time_ms(g, lengths, cost))
+        now = time.monotonic()
+        return improve(
+            best, lengths=lengths, cost=cost, group_size=problem.parallel.cp, deadline=now + (deadline - now) / 4
+        )

@@ -1,0 +1,113 @@
+"""The exact planners: optimal on tiny instances, truthful bounds, never worse than the heuristic,
+the budget kept, deterministic when asked."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from solver.cost import CostModel
+from solver.errors import SequenceTooLongError
+from solver.planning import solve
+from solver.types import Request
+from tests.conftest import make_request
+from tests.solver.ilp.brute_force import optimum_ms
+
+BACKENDS = ["cpsat", "scip"]
+
+
+@st.composite
+def tiny(draw: st.DrawFn) -> Request:
+    dp = draw(st.integers(1, 2))
+    cp = draw(st.integers(1, 2))
+    bucket = draw(st.integers(20, 60))
+    lengths = draw(st.lists(st.integers(1, cp * bucket), min_size=1, max_size=5))
+    return make_request([lengths], dp=dp, cp=cp, bucket=bucket, time_budget_s=5.0)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(tiny(), st.sampled_from(BACKENDS))
+def test_ilp_optimum_equals_exhaustive_enumeration(request: Request, backend: str) -> None:
+    plan = solve(dataclasses.replace(request, solver="ilp", backend=backend))
+    cost = CostModel(request.profile, bucket_tokens=request.bucket_tokens)
+    best = optimum_ms(list(request.batches[0]), cost, dp=request.parallel.dp, cp=request.parallel.cp)
+    assert plan.solve.status == "optimal"
+    assert plan.estimated_ms == pytest.approx(best, rel=1e-6, abs=1e-6)
+    assert plan.solve.bound_ms is not None and plan.solve.bound_ms <= best + 1e-9
+
+
+def test_exhaustive_reference_agrees_with_a_hand_case() -> None:
+    # two sequences of 10 on one 2-GPU group (hand profile): both local in one microbatch beats all else
+    request = make_request([[10, 10]], dp=1, cp=2, bucket=100)
+    cost = CostModel(request.profile)
+    both_local = cost.microbatch_time_ms([[10], [10]], [])
+    assert optimum_ms([10, 10], cost, dp=1, cp=2) == pytest.approx(both_local)
+
+
+@pytest.mark.parametrize("solver", ["ilp", "auto"])
+@pytest.mark.parametrize("dataset_seed", [0, 1, 2])
+def test_never_worse_than_skrull_and_bound_below_objective(solver: str, dataset_seed: int) -> None:
+    import random
+
+    rng = random.Random(dataset_seed)
+    lengths = [rng.choice([rng.randint(1, 30), rng.randint(100, 390)]) for _ in range(24)]
+    request = make_request([lengths], dp=2, cp=4, bucket=100, time_budget_s=1.0)
+    heuristic = solve(request)
+    plan = solve(dataclasses.replace(request, solver=solver))
+    assert plan.estimated_ms <= heuristic.estimated_ms + 1e-9
+    assert plan.solve.bound_ms is not None
+    assert plan.solve.bound_ms <= plan.estimated_ms + 1e-9
+    assert plan.solve.bound_ms >= plan.lower_bound_ms - 1e-9
+    assert plan.solve.status in ("optimal", "feasible", "timeout")
+
+
+def test_auto_beats_skrull_when_skrull_is_above_the_bound() -> None:
+    # the contract's example: skrull keeps the 12,000-token sequence whole on one GPU
+    request = make_request([[1024, 530, 31000], [77, 12000]], dp=4, cp=8, bucket=26000, time_budget_s=2.0)
+    skrull = solve(request)
+    auto = solve(dataclasses.replace(request, solver="auto"))
+    assert skrull.estimated_ms > skrull.lower_bound_ms * 1.01
+    assert auto.estimated_ms < skrull.estimated_ms * 0.9
+
+
+@pytest.mark.parametrize("solver", ["ilp", "auto"])
+def test_time_budget_is_kept_for_the_whole_request(solver: str) -> None:
+    import random
+
+    rng = random.Random(7)
+    batches = [[rng.randint(1, 400) for _ in range(96)] for _ in range(2)]
+    request = make_request(batches, dp=4, cp=4, bucket=100, solver=solver, time_budget_s=1.5)
+    start = time.monotonic()
+    plan = solve(request)
+    elapsed = time.monotonic() - start
+    assert elapsed <= 1.5 * 1.2
+    assert plan.solve.wall_ms <= 1.5 * 1.2 * 1e3
+
+
+def test_deterministic_requests_give_the_same_plan() -> None:
+    import random
+
+    rng = random.Random(3)
+    request = make_request(
+        [[rng.randint(1, 300) for _ in range(12)]],
+        dp=2,
+        cp=2,
+        bucket=150,
+        solver="ilp",
+        time_budget_s=2.0,
+        deterministic=True,
+    )
+    first = solve(request)
+    second = solve(request)
+    assert [mb.seq_ids for mb in first.iterations[0].microbatches] == [
+        mb.seq_ids for mb in second.iterations[0].microbatches
+    ]
+
+
+def test_infeasible_request_is_refused_before_solving() -> None:
+    with pytest.raises(SequenceTooLongError, match="sequence 1 has 201 tokens"):
+        make_request([[5, 201]], dp=1, cp=2, bucket=100, solver="ilp")

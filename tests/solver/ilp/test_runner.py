@@ -1,0 +1,42 @@
+"""The budget keeper: a late solve is killed at its deadline and its last incumbent is kept."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from solver.ilp.runner import run_with_deadline
+
+
+def _slow(report: Any, deadline: float) -> str:
+    report("first")
+    report("second")
+    time.sleep(30)
+    return "never"
+
+
+def _quick(report: Any, deadline: float) -> str:
+    report("draft")
+    return "final"
+
+
+def _broken(report: Any, deadline: float) -> str:
+    report("partial")
+    raise RuntimeError("solver crashed")
+
+
+def test_kills_a_late_child_and_keeps_the_last_incumbent() -> None:
+    start = time.monotonic()
+    outcome = run_with_deadline(_slow, deadline=start + 0.5, grace_s=0.1)
+    assert outcome.killed and outcome.payload == "second"
+    assert time.monotonic() - start < 2.0
+
+
+def test_returns_the_final_answer_when_in_time() -> None:
+    outcome = run_with_deadline(_quick, deadline=time.monotonic() + 5)
+    assert not outcome.killed and outcome.payload == "final"
+
+
+def test_reports_a_crash_with_the_last_incumbent() -> None:
+    outcome = run_with_deadline(_broken, deadline=time.monotonic() + 5)
+    assert outcome.payload == "partial" and outcome.error is not None and "solver crashed" in outcome.error
