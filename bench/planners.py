@@ -1,13 +1,16 @@
 """Iteration time per planner on every bundled distribution, on the reference cost model.
 
 Two setups from Skrull section 5.1: Qwen2.5-0.5B at <DP4, CP8, 64 sequences per rank> and Qwen2.5-7B at
-<DP2, CP16, 40 per rank>. Each cell averages BATCHES global batches sampled with a fixed seed.
+<DP2, CP16, 40 per rank>. Each cell averages BATCHES global batches sampled with a fixed seed; ``auto``
+gets BUDGET seconds per batch. A cell reads: mean ms per batch (mean ratio to the lower bound,
+speedup over deepspeed).
 Prints Markdown tables; asserts nothing. Run: python bench/planners.py [--batches N]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import platform
 import statistics
 
@@ -27,8 +30,10 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--batches", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--budget", type=float, default=10.0, help="auto's budget per batch, seconds")
+    parser.add_argument("--solvers", default=None, help="comma-separated (default: all but ilp)")
     args = parser.parse_args()
-    solvers = list(planner_names())
+    solvers = args.solvers.split(",") if args.solvers else [n for n in planner_names() if n != "ilp"]
     print(f"machine: {platform.machine()} {platform.processor() or ''} python {platform.python_version()}")
     for profile_name, parallel, per_rank in SETUPS:
         profile = load_profile(profile_name)
@@ -48,6 +53,7 @@ def main() -> None:
                 num_batches=args.batches,
                 seed=args.seed,
             )
+            request = dataclasses.replace(request, time_budget_s=args.budget * args.batches)
             rows, plans = compare(request, solvers)
             cells = []
             for row in rows:

@@ -19,7 +19,7 @@ from solver.planners.base import PlannerOutput, all_sharded, contiguous_shares, 
 from solver.types import MicrobatchSpec, Problem
 
 
-def _deepspeed_batch(problem: Problem, _index: int, ids: tuple[int, ...]) -> list[MicrobatchSpec]:
+def deepspeed_batch(problem: Problem, _index: int, ids: tuple[int, ...]) -> list[MicrobatchSpec]:
     par = problem.parallel
     specs: list[MicrobatchSpec] = []
     for dp_rank, share in enumerate(contiguous_shares(ids, par.dp)):
@@ -28,7 +28,7 @@ def _deepspeed_batch(problem: Problem, _index: int, ids: tuple[int, ...]) -> lis
     return specs
 
 
-def _packed_batch(problem: Problem, _index: int, ids: tuple[int, ...]) -> list[MicrobatchSpec]:
+def packed_batch(problem: Problem, _index: int, ids: tuple[int, ...]) -> list[MicrobatchSpec]:
     par = problem.parallel
     capacity = problem.group_capacity_tokens
     lengths = problem.lengths
@@ -47,7 +47,7 @@ def _packed_batch(problem: Problem, _index: int, ids: tuple[int, ...]) -> list[M
     return specs
 
 
-def _sorted_batch(problem: Problem, index: int, ids: tuple[int, ...]) -> list[MicrobatchSpec]:
+def sorted_batch(problem: Problem, index: int, ids: tuple[int, ...]) -> list[MicrobatchSpec]:
     par = problem.parallel
     lengths = problem.lengths
     ordered = sorted(ids, key=lambda i: (lengths[i], i))
@@ -64,18 +64,18 @@ class DeepSpeedPlanner:
     name = "deepspeed"
 
     def plan(self, problem: Problem) -> PlannerOutput:
-        return plan_each_iteration(problem, _deepspeed_batch)
+        return plan_each_iteration(problem, deepspeed_batch)
 
 
 class PackedPlanner:
     name = "packed"
 
     def plan(self, problem: Problem) -> PlannerOutput:
-        return plan_each_iteration(problem, _packed_batch)
+        return plan_each_iteration(problem, packed_batch)
 
 
 class SortedPlanner:
     name = "sorted"
 
     def plan(self, problem: Problem) -> PlannerOutput:
-        return plan_each_iteration(problem, _sorted_batch)
+        return plan_each_iteration(problem, sorted_batch)

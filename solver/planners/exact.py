@@ -16,12 +16,14 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from solver.cost import CostModel
 from solver.ilp.builder import GroupMicrobatch
-from solver.ilp.runner import run_with_deadline
+from solver.ilp.runner import Report, run_with_deadline
 from solver.ilp.search import EXACT_MAX_BINARIES, improve_lns, model_size, plan_time_ms, solve_exact
 from solver.planners.base import PlannerOutput, make_spec
+from solver.planners.baselines import packed_batch
 from solver.planners.dacp import dacp_place, round_robin_place
 from solver.planners.local_search import improve
 from solver.planners.skrull import gds_dacp_batch
@@ -67,7 +69,7 @@ def optimize_iteration(
     lower = cost.lower_bound_ms([lengths[i] for i in ids], problem.parallel)
     if model_size(seq_ids=ids, lengths=lengths, group_size=n, cost=cost, hint=hint) <= EXACT_MAX_BINARIES:
 
-        def work(report, dl):  # type: ignore[no-untyped-def]
+        def work(report: Report, dl: float) -> dict[str, Any]:
             return solve_exact(
                 seq_ids=ids,
                 lengths=lengths,
@@ -83,7 +85,7 @@ def optimize_iteration(
             )
     else:
 
-        def work(report, dl):  # type: ignore[no-untyped-def]
+        def work(report: Report, dl: float) -> dict[str, Any]:
             return improve_lns(
                 groups=hint,
                 lengths=lengths,
@@ -173,9 +175,7 @@ class AutoPlanner(_BudgetedPlanner):
             _skrull_groups(problem, ids),
             specs_to_groups(gds_dacp_batch(problem, ids, place=round_robin_place), problem.parallel),
         ]
-        from solver.planners.baselines import _packed_batch  # the packed baseline's own layout
-
-        candidates.append(specs_to_groups(_packed_batch(problem, 0, ids), problem.parallel))
+        candidates.append(specs_to_groups(packed_batch(problem, 0, ids), problem.parallel))
         best = min(candidates, key=lambda g: plan_time_ms(g, lengths, cost))
         now = time.monotonic()
         return improve(
