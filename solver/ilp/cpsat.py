@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import time
+
 from ortools.sat.python import cp_model
 
 from solver.ilp.model import LinearModel
-from solver.ilp.result import BackendResult, IncumbentCallback
+from solver.ilp.result import STOP_MARGIN_S, BackendResult, IncumbentCallback
 
 
 class _Incumbents(cp_model.CpSolverSolutionCallback):
@@ -23,12 +25,14 @@ def solve_cpsat(
     model: LinearModel,
     *,
     time_limit_s: float,
+    deadline: float | None = None,
     seed: int = 0,
     deterministic: bool = False,
     num_workers: int = 2,
     on_incumbent: IncumbentCallback | None = None,
 ) -> BackendResult:
-    """Solve with CP-SAT. ``deterministic`` uses one worker and a deterministic time limit instead of
+    """Solve with CP-SAT within ``time_limit_s`` (and before ``deadline``, a ``time.monotonic()`` value,
+    counting the model's translation). ``deterministic`` uses one worker and a deterministic time limit instead of
     wall-clock (the same request then gives the same plan on any machine)."""
     cp = cp_model.CpModel()
     variables = [
@@ -49,6 +53,8 @@ def solve_cpsat(
     for v, value in model.hint.items():
         cp.add_hint(variables[v], value)
 
+    if deadline is not None:  # the translation above used part of the budget
+        time_limit_s = min(time_limit_s, deadline - time.monotonic() - STOP_MARGIN_S)
     solver = cp_model.CpSolver()
     params = solver.parameters
     params.random_seed = seed

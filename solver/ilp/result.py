@@ -5,6 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+#: Seconds a backend stops before its deadline, for decoding and returning its answer.
+STOP_MARGIN_S = 0.05
+
 #: Called with (variable values, objective, bound) whenever a backend finds a better solution.
 IncumbentCallback = Callable[[list[int], int, int | None], None]
 

@@ -18,8 +18,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-#: Seconds allowed past the deadline before the child is killed.
+#: Seconds allowed past the deadline before the child is killed: at most this, and at most
+#: ``GRACE_FRACTION`` of the time from the call to the deadline.
 GRACE_S = 0.25
+GRACE_FRACTION = 0.1
 
 Report = Callable[[Any], None]
 Work = Callable[[Report, float], Any]
@@ -46,8 +48,10 @@ def _child(work: Work, deadline: float, conn: multiprocessing.connection.Connect
         conn.close()
 
 
-def run_with_deadline(work: Work, *, deadline: float, grace_s: float = GRACE_S) -> RunOutcome:
+def run_with_deadline(work: Work, *, deadline: float, grace_s: float | None = None) -> RunOutcome:
     """Run ``work(report, deadline)`` in a forked child; ``deadline`` is a ``time.monotonic()`` value."""
+    if grace_s is None:
+        grace_s = min(GRACE_S, GRACE_FRACTION * max(0.0, deadline - time.monotonic()))
     if multiprocessing.current_process().daemon:
         last: list[Any] = [None]
         try:

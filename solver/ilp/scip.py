@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import math
+import time
 from typing import Any
 
 import pyscipopt
 from pyscipopt.scip import PY_SCIP_EVENTTYPE
 
 from solver.ilp.model import LinearModel
-from solver.ilp.result import BackendResult, IncumbentCallback
+from solver.ilp.result import STOP_MARGIN_S, BackendResult, IncumbentCallback
 
 
 class _Incumbents(pyscipopt.Eventhdlr):
@@ -39,12 +40,14 @@ def solve_scip(
     model: LinearModel,
     *,
     time_limit_s: float,
+    deadline: float | None = None,
     seed: int = 0,
     deterministic: bool = False,
     num_workers: int = 1,
     on_incumbent: IncumbentCallback | None = None,
 ) -> BackendResult:
-    """Solve with SCIP (single-threaded; deterministic for a given seed up to the wall-clock limit)."""
+    """Solve with SCIP within ``time_limit_s`` and before ``deadline`` (single-threaded; deterministic
+    for a given seed up to the wall-clock limit)."""
     scip = pyscipopt.Model()
     scip.hideOutput()
     variables = [
@@ -61,6 +64,8 @@ def solve_scip(
         if c.upper is not None:
             scip.addCons(expr <= c.upper)
     scip.setObjective(pyscipopt.quicksum(coef * variables[v] for v, coef in model.objective.items()), "minimize")
+    if deadline is not None:  # the translation above used part of the budget
+        time_limit_s = min(time_limit_s, deadline - time.monotonic() - STOP_MARGIN_S)
     scip.setParam("limits/time", max(0.05, time_limit_s))
     scip.setParam("randomization/randomseedshift", seed)
     # the objective is an integer: let SCIP use it to prune

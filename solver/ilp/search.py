@@ -82,7 +82,8 @@ def solve_exact(
 
     result = BACKENDS[backend](
         built.model,
-        time_limit_s=max(0.05, deadline - time.monotonic() - 0.05),
+        time_limit_s=max(0.05, deadline - time.monotonic()),
+        deadline=deadline,
         seed=seed,
         deterministic=deterministic,
         on_incumbent=on_incumbent,
@@ -271,7 +272,9 @@ def _run(model: LinearModel, backend: str, deadline: float, seed: int) -> Backen
     limit = min(LNS_STEP_S, deadline - time.monotonic() - 0.05)
     if limit <= 0.02:
         return BackendResult(status="unknown", values=None, objective=None, bound=None)
-    return BACKENDS[backend](model, time_limit_s=limit, seed=seed, deterministic=False, num_workers=1)
+    return BACKENDS[backend](
+        model, time_limit_s=limit, deadline=deadline, seed=seed, deterministic=False, num_workers=1
+    )
 
 
 __all__ = ["EXACT_MAX_BINARIES", "IncumbentCallback", "improve_lns", "model_size", "plan_time_ms", "solve_exact"]
