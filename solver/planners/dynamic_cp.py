@@ -18,9 +18,10 @@ Decision logic, as in the public scheduler:
    counting as load 0, so new blocks are opened before groups are stacked. A sequence that would push an
    already loaded group past the step's per-GPU quota (``total work / (G * m)`` times ``1 + delta``), or
    that finds no room, waits for the next step, in the same order.
-3. When a step closes, GPUs left idle are filled by widening the smallest groups: a group of size c
-   whose aligned buddy block of size 2c is otherwise free becomes that block (its sequences now
-   sharded over 2c GPUs), repeatedly, until no group can widen.
+3. When a step closes, GPUs left idle are filled by widening the smallest groups (least loaded first):
+   a group of size c becomes an aligned block of size 2c, its own buddy block if the rest of it is idle,
+   else the lowest wholly idle one (groups are rebuilt every step, so moving costs nothing), and its
+   sequences are then sharded over 2c GPUs; repeatedly, until no group can widen.
 4. The number of steps m (microbatches per GPU) is chosen by a small sweep, the blog's replacement for
    an exhaustive search: ``m0 = ceil(sum(S) / (G * bucket_tokens))`` (the fewest that memory allows)
    up to ``m0 + sweep - 1``; the plan with the lowest estimated iteration time under the reference model
@@ -139,22 +140,37 @@ def _fill_step(
 
 
 def _widen(groups: list[_Group], owner: list[_Group | None], num_gpus: int) -> None:
-    """Widen the smallest groups into idle GPUs (aligned buddy blocks) until none can widen."""
+    """Widen the smallest groups into idle GPUs until none can widen.
+
+    A group of size c grows to the next allowed size: into its aligned buddy block if the rest of that
+    block is idle, else into the lowest wholly idle aligned block of that size (groups are rebuilt every
+    step, so moving one costs nothing).
+    """
     sizes = allowed_sizes(num_gpus)
     while any(o is None for o in owner):
         for g in sorted(groups, key=lambda g: (g.size, g.load, g.start)):
             bigger = [c for c in sizes if c > g.size]
             if not bigger:
                 continue
-            start = block_start(g.start, bigger[0], num_gpus)
-            if start is None or start + bigger[0] < g.start + g.size:
+            size = bigger[0]
+            target = None
+            own = block_start(g.start, size, num_gpus)
+            if own is not None and all(owner[x] is None or owner[x] is g for x in range(own, own + size)):
+                target = own
+            else:
+                step = size if size != num_gpus else num_gpus
+                for start in range(0, num_gpus - size + 1, step):
+                    if all(owner[x] is None for x in range(start, start + size)):
+                        target = start
+                        break
+            if target is None:
                 continue
-            block = range(start, start + bigger[0])
-            if all(owner[x] is None or owner[x] is g for x in block):
-                g.start, g.size = start, bigger[0]
-                for x in block:
-                    owner[x] = g
-                break
+            for x in range(g.start, g.start + g.size):
+                owner[x] = None
+            g.start, g.size = target, size
+            for x in range(target, target + size):
+                owner[x] = g
+            break
         else:
             return
 

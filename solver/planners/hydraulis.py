@@ -13,10 +13,10 @@ model's, exactly: a microbatch of sharded sequences on d GPUs costs ``c_d + sum 
 ``d * bucket_tokens`` tokens (eq. 7).
 
 1. Distribution-aware strategy choice (Hydraulis's offline dynamic programming over the length
-   histogram): the lengths are sorted into at most ``histogram_bins`` equal-count bins; the DP splits
-   the bins, in length order, into contiguous ranges, each served by r replicas of one degree d (from the
-   powers of two up to ``dp*cp``, plus ``cp``) whose cap holds the range's longest sequence, using at most
-   ``dp*cp`` GPUs, minimizing the slowest range's time ``T(range, d) / r + c_d`` with
+   histogram): the lengths fall into power-of-two buckets; the DP splits the buckets, in length order,
+   into contiguous ranges, each served by r replicas of one degree d (from the powers of two up to
+   ``dp*cp``, plus ``cp``) whose cap holds the range's longest sequence, using at most ``dp*cp`` GPUs,
+   minimizing the slowest range's time ``max(T(range, d) / r, t_d(longest)) + c_d`` with
    ``T = sum t_d(s) + c_d * s / (d * bucket)`` (the per-microbatch cost spread over the tokens).
    GPUs the DP leaves unused become replicas of degree 1. Replicas are laid out largest first from rank
    0, so every power-of-two block is aligned.
@@ -33,13 +33,15 @@ model's, exactly: a microbatch of sharded sequences on d GPUs costs ``c_d + sum 
 3. Stage 2 (intra-replica): the replica's sequences are packed into m microbatches by a min-max ILP
    (``minimize T`` s.t. each sequence in one microbatch, ``sum s <= d * bucket`` per microbatch,
    ``T >= sum t_d(s)`` of every microbatch; loads ordered for symmetry), OR-Tools CP-SAT, one worker,
-   fixed seed, ``ilp_time_limit_s`` (0.5 s, as Hydraulis) and a greedy warm start. m is swept upward from
+   fixed seed, ``ilp_time_limit_s`` (0.5 s, as Hydraulis), a greedy warm start, and a stop once the
+   optimum is proven within 0.5%. m is swept upward from
    ``ceil(tokens / (d * bucket))``; the packing with the lowest reference-model time wins. Under this model
    a replica's time is ``(non-empty microbatches) * c_d + sum t_d(s)``, so the sweep stops as soon as a
    packing reaches the memory lower bound on the count (nothing larger can beat it); Hydraulis sweeps
    further because its pipeline time ``(m + pp - 1) * max`` can fall with m.
 
-The ILP limit is shared out of the request's ``time_budget_s`` when that is smaller; with
+The ILP limit is shared out of the request's ``time_budget_s`` (per iteration, per busy replica) when
+that is smaller; with
 ``deterministic=True`` CP-SAT's deterministic time limit replaces the wall clock (same plan on any
 machine, used by the tests). Hydraulis plans one step ahead, so its solver time is hidden in training.
 """
@@ -61,6 +63,8 @@ from solver.types import MicrobatchSpec, Problem
 
 SHUFFLES = 100
 SHUFFLE_WORK_LIMIT = 400_000
+#: Stage 2 stops once its microbatch max is proven within this fraction of optimal.
+RELATIVE_GAP = 0.005
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -121,42 +125,49 @@ def candidate_degrees(num_gpus: int, cp: int) -> tuple[int, ...]:
     return tuple(sorted(x for x in out if x <= num_gpus))
 
 
+def length_histogram(lengths: Sequence[int]) -> list[tuple[int, float, float, int]]:
+    """Power-of-two length buckets ``[2^k, 2^(k+1))``, ascending: (count, sum S, sum S^2, longest)."""
+    buckets: dict[int, list[int]] = {}
+    for s in lengths:
+        buckets.setdefault(int(s).bit_length(), []).append(int(s))
+    return [
+        (len(v), float(sum(v)), float(sum(x * x for x in v)), max(v)) for _, v in sorted(buckets.items())
+    ]
+
+
 def choose_degrees(
-    lengths: Sequence[int], *, num_gpus: int, degrees: Sequence[int], costs: StrategyCosts, histogram_bins: int = 16
+    lengths: Sequence[int], *, num_gpus: int, degrees: Sequence[int], costs: StrategyCosts
 ) -> tuple[int, ...]:
-    """Hydraulis's DP over the length histogram: replica degrees (descending) summing to ``num_gpus``."""
-    ordered = np.sort(np.asarray(lengths, dtype=np.float64))
-    n = len(ordered)
-    if n == 0:
+    """Hydraulis's DP over the length histogram: replica degrees (descending) summing to ``num_gpus``.
+
+    ``f[i][g]``: the least possible time of the slowest range when the first i buckets are served by
+    replicas on g GPUs. A range of buckets ``j..i-1`` on r replicas of degree d costs
+    ``max(T / r, t_d(longest)) + c_d``: its work split evenly, but never below its longest sequence.
+    """
+    hist = length_histogram(lengths)
+    num_bins = len(hist)
+    if num_bins == 0:
         return (1,) * num_gpus
-    num_bins = min(histogram_bins, n)
-    edges = np.linspace(0, n, num_bins + 1).round().astype(int)
-    s1 = np.concatenate([[0.0], np.cumsum(ordered)])
-    s2 = np.concatenate([[0.0], np.cumsum(ordered * ordered)])
-    bin_end = edges[1:]
-    bin_start = edges[:-1]
-    inf = math.inf
     g_count = num_gpus + 1
-    f = np.full((num_bins + 1, g_count), inf)
+    f = np.full((num_bins + 1, g_count), math.inf)
     f[0, 0] = 0.0
     choice: dict[tuple[int, int], tuple[int, int, int]] = {}
     for i in range(1, num_bins + 1):
-        longest = ordered[bin_end[i - 1] - 1]
+        longest = hist[i - 1][3]
         for j in range(i):
-            lo, hi = bin_start[j], bin_end[i - 1]
-            sum1 = s1[hi] - s1[lo]
-            sum2 = s2[hi] - s2[lo]
-            prev = f[j]
-            if not np.isfinite(prev).any():
+            if not np.isfinite(f[j]).any():
                 continue
+            sum1 = sum(h[1] for h in hist[j:i])
+            sum2 = sum(h[2] for h in hist[j:i])
             for d in degrees:
                 if longest > costs.cap(d):
                     continue
                 a, b, c = costs.coefficients(d)
                 total = a * sum2 + b * sum1 + c * sum1 / (d * costs.bucket_tokens)
+                floor = a * longest * longest + b * longest
                 for r in range(1, num_gpus // d + 1):
                     used = r * d
-                    cand = np.maximum(prev[: g_count - used], total / r + c)
+                    cand = np.maximum(f[j, : g_count - used], max(total / r, floor) + c)
                     target = f[i, used:]
                     better = np.nonzero(cand < target - 1e-12)[0]
                     if better.size:
@@ -165,7 +176,7 @@ def choose_degrees(
                             choice[(i, g)] = (j, d, r)
     best_g = int(np.argmin(f[num_bins]))
     if not math.isfinite(f[num_bins, best_g]):
-        raise InfeasibleError(f"no replica of at most {num_gpus} GPUs holds {int(ordered[-1])} tokens")
+        raise InfeasibleError(f"no replica of at most {num_gpus} GPUs holds {hist[-1][3]} tokens")
     out: list[int] = []
     i, g = num_bins, best_g
     while i > 0:
@@ -311,6 +322,7 @@ def minmax_pack(
     solver = cp_model.CpSolver()
     solver.parameters.num_workers = 1
     solver.parameters.random_seed = seed
+    solver.parameters.relative_gap_limit = RELATIVE_GAP
     if deterministic:
         solver.parameters.max_deterministic_time = time_limit_s
     else:
@@ -335,7 +347,6 @@ class HydraulisPlanner:
         shuffles: int = SHUFFLES,
         screen_shuffles: int = 8,
         ilp_time_limit_s: float = 0.5,
-        histogram_bins: int = 16,
         sweep: int = 3,
         heterogeneous: bool = True,
         deterministic: bool = False,
@@ -343,7 +354,6 @@ class HydraulisPlanner:
         self.shuffles = shuffles
         self.screen_shuffles = screen_shuffles
         self.ilp_time_limit_s = ilp_time_limit_s
-        self.histogram_bins = histogram_bins
         self.sweep = sweep
         self.heterogeneous = heterogeneous
         self.deterministic = deterministic
@@ -355,9 +365,7 @@ class HydraulisPlanner:
         degrees = candidate_degrees(par.num_gpus, par.cp)
         static = (par.cp,) * par.dp
         request_set = (
-            choose_degrees(
-                lengths, num_gpus=par.num_gpus, degrees=degrees, costs=costs, histogram_bins=self.histogram_bins
-            )
+            choose_degrees(lengths, num_gpus=par.num_gpus, degrees=degrees, costs=costs)
             if self.heterogeneous
             else static
         )
@@ -366,19 +374,14 @@ class HydraulisPlanner:
         ilp_nonoptimal = 0
         replicas_used = 0.0
         hetero_iterations = 0
+        replica_counts: list[int] = []
         for index, ids in enumerate(problem.batch_ids):
             rng_seed = problem.seed * 1_000_003 + index
             candidates = [static]
             if self.heterogeneous:
                 candidates += [
                     request_set,
-                    choose_degrees(
-                        [lengths[i] for i in ids],
-                        num_gpus=par.num_gpus,
-                        degrees=degrees,
-                        costs=costs,
-                        histogram_bins=self.histogram_bins,
-                    ),
+                    choose_degrees([lengths[i] for i in ids], num_gpus=par.num_gpus, degrees=degrees, costs=costs),
                 ]
             longest = max(lengths[i] for i in ids)
             feasible = [c for c in dict.fromkeys(candidates) if max(costs.cap(d) for d in c) >= longest]
@@ -394,11 +397,12 @@ class HydraulisPlanner:
             else:
                 chosen = feasible[0]
             hetero_iterations += len(set(chosen)) > 1
+            replica_counts.append(len(chosen))
             members, _ = assign_sequences(ids, lengths, chosen, costs, shuffles=shuffles, rng=random.Random(rng_seed))
             blocks = layout_replicas(chosen)
             replicas_used += sum(1 for m in members if m)
             busy = sum(1 for m in members if m) or 1
-            limit = min(self.ilp_time_limit_s, problem.time_budget_s / busy)
+            limit = min(self.ilp_time_limit_s, problem.time_budget_s / (len(problem.batch_ids) * busy))
             specs: list[MicrobatchSpec] = []
             for ranks, seq_ids in zip(blocks, members, strict=True):
                 parts, calls, nonoptimal = self._pack(seq_ids, lengths, len(ranks), costs, limit, problem.seed)
@@ -411,6 +415,7 @@ class HydraulisPlanner:
             iterations.append(tuple(specs))
         stats = (
             ("heterogeneous_iterations", float(hetero_iterations)),
+            ("mean_replicas", sum(replica_counts) / max(1, len(replica_counts))),
             ("mean_busy_replicas", replicas_used / max(1, len(problem.batch_ids))),
             ("ilp_calls", float(ilp_calls)),
             ("ilp_not_proven_optimal", float(ilp_nonoptimal)),

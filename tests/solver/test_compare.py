@@ -1,0 +1,51 @@
+"""``compare``: every planner's row carries the peers' metrics, and the speedup stays fair to deferral."""
+
+from __future__ import annotations
+
+import pytest
+
+from solver.compare import compare, format_table
+from solver.datasets import synthesize_request
+from solver.planners.registry import planner_names
+from solver.profile import load_profile
+from solver.types import Parallel
+
+
+def test_every_planner_gets_imbalance_peak_bucket_pending_and_planning_time() -> None:
+    request = synthesize_request(
+        dataset="mooncake",
+        parallel=Parallel(dp=2, cp=4),
+        profile=load_profile("h100-80g/qwen2.5-0.5b"),
+        sequences_per_rank=16,
+        num_batches=2,
+        seed=3,
+    )
+    rows, plans = compare(request)
+    assert [r.solver for r in rows] == list(planner_names())
+    for row in rows:
+        assert row.error is None
+        assert row.imbalance_degree is not None and row.imbalance_degree >= 1.0 - 1e-9
+        assert row.peak_bucket_use is not None and 0.0 < row.peak_bucket_use <= 1.0 + 1e-9
+        assert row.pending == len(plans[row.solver].pending)
+        assert row.planning_ms is not None and row.planning_ms > 0
+        assert row.makespan_ms is not None and row.makespan_ms >= row.iteration_ms - 1e-6
+    wlb = next(r for r in rows if r.solver == "wlb")
+    assert wlb.avg_delay_iterations is not None
+    table = format_table(rows)
+    assert "imbalance" in table and "peak bucket" in table and "delay it" in table
+
+
+def test_speedup_is_time_per_bound_so_deferring_work_does_not_count_as_speed() -> None:
+    request = synthesize_request(
+        dataset="llama3-sft-mix",
+        parallel=Parallel(dp=2, cp=2),
+        profile=load_profile("h100-80g/qwen2.5-0.5b"),
+        sequences_per_rank=8,
+        num_batches=1,
+    )
+    rows, plans = compare(request, ["skrull", "deepspeed"])
+    ref, own = plans["deepspeed"], plans["skrull"]
+    expected = (ref.estimated_ms / ref.lower_bound_ms) / (own.estimated_ms / own.lower_bound_ms)
+    assert rows[0].speedup == pytest.approx(expected)
+    # nothing is deferred here, so it is also the plain time ratio
+    assert rows[0].speedup == pytest.approx(ref.estimated_ms / own.estimated_ms)
