@@ -5,9 +5,9 @@ lower bound of the work the plan runs, speedup over ``deepspeed``, WLB-LLM's imb
 fullest GPU's share of its bucket, sequences left ``pending`` and their mean delay in iterations (WLB-LLM
 defers outliers), planning ms, microbatch count, solver status.
 
-The speedup is ``(deepspeed ms / deepspeed bound) / (ms / bound)``: time per unit of lower-bound work,
-which equals the plain time ratio whenever both plans run the same sequences in each iteration and
-stays fair when a planner defers sequences to later iterations or past the request.
+The speedup is ``(deepspeed ms / deepspeed work) / (ms / work)``, time per unit of work (``solver.metrics.
+work_ms``, additive over the sequences a plan runs): exactly the plain time ratio when both plans run
+every sequence, and fair when a planner defers sequences past the request (WLB-LLM's ``pending``).
 """
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from solver.cost import CostModel
 from solver.errors import SkrullError
-from solver.metrics import imbalance_degree, peak_bucket_use, synchronized_makespan_ms
+from solver.metrics import imbalance_degree, peak_bucket_use, synchronized_makespan_ms, work_ms
 from solver.planners.registry import planner_names
 from solver.planning import solve
 from solver.types import Plan, Request
@@ -59,6 +60,7 @@ def compare(request: Request, solvers: Sequence[str] | None = None) -> tuple[lis
             errors[name] = str(exc)
     reference = plans.get(REFERENCE_SOLVER)
     lengths = [s for batch in request.batches for s in batch]
+    model = CostModel(request.profile, bucket_tokens=request.bucket_tokens)
     rows = []
     for name in names:
         plan = plans.get(name)
@@ -86,7 +88,7 @@ def compare(request: Request, solvers: Sequence[str] | None = None) -> tuple[lis
                 iteration_ms=total,
                 lower_bound_ms=bound,
                 ratio_to_bound=total / bound if bound > 0 else None,
-                speedup=_speedup(reference, plan),
+                speedup=_speedup(reference, plan, lengths, model),
                 planning_ms=plan.solve.wall_ms,
                 num_microbatches=sum(len(it.microbatches) for it in plan.iterations),
                 status=plan.solve.status,
@@ -101,11 +103,14 @@ def compare(request: Request, solvers: Sequence[str] | None = None) -> tuple[lis
     return rows, plans
 
 
-def _speedup(reference: Plan | None, plan: Plan) -> float | None:
-    """Reference time per bound over this plan's time per bound (module docstring)."""
-    if reference is None or plan.estimated_ms <= 0 or reference.lower_bound_ms <= 0 or plan.lower_bound_ms <= 0:
+def _speedup(reference: Plan | None, plan: Plan, lengths: list[int], model: CostModel) -> float | None:
+    """Reference time per work over this plan's time per work (module docstring)."""
+    if reference is None or plan.estimated_ms <= 0 or reference.estimated_ms <= 0:
         return None
-    return (reference.estimated_ms / reference.lower_bound_ms) / (plan.estimated_ms / plan.lower_bound_ms)
+    ref_work, own_work = work_ms(reference, lengths, model), work_ms(plan, lengths, model)
+    if ref_work <= 0 or own_work <= 0:
+        return None
+    return (reference.estimated_ms / ref_work) / (plan.estimated_ms / own_work)
 
 
 def _opt(value: float | None, fmt: str) -> str:

@@ -11,12 +11,17 @@
   longer; this replays the plan in step order with that rule. It equals the contract's figure whenever
   groups never straddle (every static DP x CP plan).
 * Tokens run: tokens of the sequences placed in iterations (not ``pending``).
+* Work: the plan-independent cost of the sequences a plan runs, the average term of the contract's lower
+  bound summed per sequence, ``sum_S [ms_per_tflop * FLOPs(S) / 1e12 + microbatch_ms * S / bucket] / (dp*cp)``
+  (additive over sequences, unlike the bound's ``max`` with the longest sequence). Time per work compares
+  plans that run different sequences in an iteration, or defer some past the request, fairly.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from solver.cost import CostModel
 from solver.types import Iteration, Plan
 
 
@@ -64,3 +69,15 @@ def synchronized_makespan_ms(plan: Plan) -> float:
 
 def tokens_run(plan: Plan, lengths: Sequence[int]) -> int:
     return sum(lengths[i] for it in plan.iterations for mb in it.microbatches for i in mb.seq_ids)
+
+
+def work_ms(plan: Plan, lengths: Sequence[int], model: CostModel) -> float:
+    """Summed per-sequence work of everything the plan runs (module docstring)."""
+    ms_per_flop = model.profile.compute.ms_per_tflop / 1e12
+    per_token_mb = model.microbatch_overhead_ms / model.bucket_tokens
+    total = 0.0
+    for it in plan.iterations:
+        for mb in it.microbatches:
+            for i in mb.seq_ids:
+                total += ms_per_flop * model.flops(lengths[i]) + per_token_mb * lengths[i]
+    return total / plan.parallel.num_gpus

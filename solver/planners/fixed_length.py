@@ -75,12 +75,16 @@ def fixed_length_ilp(
         model.add(loads[j] >= loads[j + 1])
     model.minimize(top)
     greedy = fixed_length_greedy(lengths, m, max_tokens)
-    if greedy is not None:
+    if greedy is not None:  # a complete warm start: assignment, loads and objective
         order = sorted(range(m), key=lambda j: (-sum(weights[k] for k in greedy[j]), j))
         where = {k: pos for pos, j in enumerate(order) for k in greedy[j]}
         for k in range(n):
             for j in range(m):
                 model.add_hint(x[k][j], where[k] == j)
+        hinted = [sum(weights[k] for k in greedy[j]) for j in order]
+        for j in range(m):
+            model.add_hint(loads[j], hinted[j])
+        model.add_hint(top, max(hinted))
     solver = cp_model.CpSolver()
     solver.parameters.num_workers = 1
     solver.parameters.random_seed = seed

@@ -315,10 +315,14 @@ def minmax_pack(
         loads = [0] * m
         for k, j in enumerate(hint):
             loads[j] += weights[k]
-        rank = {j: pos for pos, j in enumerate(sorted(range(m), key=lambda j: (-loads[j], j)))}
+        order = sorted(range(m), key=lambda j: (-loads[j], j))
+        rank = {j: pos for pos, j in enumerate(order)}
         for k, j in enumerate(hint):
             for jj in range(m):
                 model.add_hint(x[k][jj], rank[j] == jj)
+        for pos, j in enumerate(order):  # a complete warm start: loads and objective too
+            model.add_hint(load_vars[pos], loads[j])
+        model.add_hint(top, max(loads))
     solver = cp_model.CpSolver()
     solver.parameters.num_workers = 1
     solver.parameters.random_seed = seed

@@ -26,6 +26,9 @@ _REGISTRY: dict[str, Callable[[], Planner]] = {
     "verl-kk": VerlKkPlanner,
 }
 
+#: The peer systems' planners (README "Peers"), e.g. for a best-of planner to take ideas from.
+PEERS: tuple[str, ...] = ("wlb", "dynamic-cp", "hydraulis", "verl-kk")
+
 #: Planners that place every sequence with plain CP; ``compare`` reports speedups over the first.
 BASELINES: tuple[str, ...] = ("deepspeed", "packed", "sorted", "round-robin")
 

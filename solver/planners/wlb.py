@@ -32,9 +32,9 @@ Choices where the paper leaves a knob to the user (written down, deterministic):
   workload reaches ``alpha`` times a balanced microbatch's workload (``mean batch workload / M``), for
   ``alpha`` in (0.25, 0.5, 1.0), and ``L_{i+1}`` doubles that workload; "no queues" is a candidate too.
   Among the (alpha, m) candidates whose token-weighted delay stays within ``max_token_delay`` (0.5, the
-  paper's figure), the one with the lowest estimated time relative to the lower bound of the work it
-  runs wins (efficiency: deferring work cannot win by itself); ties go to fewer queues, then fewer
-  microbatches. Explicit ``thresholds`` / ``microbatches_per_rank`` skip the search.
+  paper's figure), the one with the lowest estimated time per unit of the work it runs
+  (``solver.metrics.work_ms``: deferring work cannot win by itself) wins; ties go to fewer queues, then
+  fewer microbatches. Explicit ``thresholds`` / ``microbatches_per_rank`` skip the search.
 * Microbatch k runs on DP rank ``k mod dp`` at step ``k div dp`` (empty ones dropped): the microbatches
   are balanced, so any fixed assignment is.
 
@@ -299,13 +299,15 @@ def _to_specs(microbatches: Sequence[Sequence[int]], problem: Problem, m: int) -
 
 
 def _efficiency(packing: WlbPacking, problem: Problem, model: CostModel, m: int) -> float:
-    """Summed iteration estimates over summed lower bounds of the work each iteration runs."""
+    """Summed iteration estimates per unit of the work they run (``solver.metrics.work_ms``)."""
     lengths = problem.lengths
+    ms_per_flop = problem.profile.compute.ms_per_tflop / 1e12
+    per_token_mb = model.microbatch_overhead_ms / model.bucket_tokens
     total_ms = 0.0
-    total_bound = 0.0
+    work = 0.0
     for mbs in packing.iterations:
         specs = _to_specs(mbs, problem, m)
         times = ((s.ranks, model.spec_time_ms(s, lengths)) for s in specs)
         total_ms += model.iteration_time_ms(times, problem.parallel.num_gpus)
-        total_bound += model.lower_bound_ms([lengths[i] for s in specs for i in s.seq_ids], problem.parallel)
-    return total_ms / total_bound if total_bound > 0 else float("inf")
+        work += sum(ms_per_flop * model.flops(lengths[i]) + per_token_mb * lengths[i] for s in specs for i in s.seq_ids)
+    return total_ms / work if work > 0 else float("inf")
