@@ -413,7 +413,8 @@ def section_wlb(batches: int, ilp_seconds: float) -> None:
         " per-microbatch overhead and the linear GEMM share, so all methods sit closer to 1 than forward"
         " attention latencies would; WLB's thresholds are tuned on the request itself (the paper tunes them"
         " on a data sample) under a 0.5-iteration delay limit, and its packing time includes that tuning"
-        " (12 packings). CP-SAT is not the paper's commercial solver, and 2 shared cores are not its host.\n"
+        " (four candidate thresholds, each a full packing). CP-SAT is not the paper's commercial solver,"
+        " and 2 shared cores are not its host.\n"
     )
 
 
