@@ -31,16 +31,26 @@ def main() -> None:
     profile = load_profile("h100-80g/qwen2.5-0.5b")
     print(f"machine: {platform.machine()} python {platform.python_version()}; profile {profile.name}\n")
     cols = [f"{b}({s:g}s)" for s in budgets for b in ("cpsat", "scip")]
-    print("| dataset | layout | sequences | skrull ms | " + " | ".join(f"ilp {c}: ms / gap / status" for c in cols)
-          + " | skrull gap to best bound | " + " | ".join(f"auto({s:g}s) ms / gain" for s in budgets) + " |")
+    print(
+        "| dataset | layout | sequences | skrull ms | "
+        + " | ".join(f"ilp {c}: ms / gap / status" for c in cols)
+        + " | skrull gap to best bound | "
+        + " | ".join(f"auto({s:g}s) ms / gain" for s in budgets)
+        + " |"
+    )
     print("|" + "---|" * (4 + len(cols) + 1 + len(budgets)))
     for dataset in args.datasets.split(","):
         for parallel in LAYOUTS:
             for n in (int(x) for x in args.sizes.split(",")):
                 if n % parallel.dp:
                     continue
-                request = synthesize_request(dataset=dataset, parallel=parallel, profile=profile,
-                                             sequences_per_rank=n // parallel.dp, seed=args.seed)
+                request = synthesize_request(
+                    dataset=dataset,
+                    parallel=parallel,
+                    profile=profile,
+                    sequences_per_rank=n // parallel.dp,
+                    seed=args.seed,
+                )
                 skrull = solve(request)
                 cells = []
                 best_bound = skrull.lower_bound_ms
@@ -48,16 +58,24 @@ def main() -> None:
                     for backend in ("cpsat", "scip"):
                         plan = solve(dataclasses.replace(request, solver="ilp", backend=backend, time_budget_s=budget))
                         best_bound = max(best_bound, plan.solve.bound_ms or 0.0)
-                        cells.append(f"{plan.estimated_ms:.1f} / {100 * (plan.solve.gap or 0):.2f}% / "
-                                     f"{plan.solve.status} ({plan.solve.wall_ms / 1e3:.1f}s)")
+                        cells.append(
+                            f"{plan.estimated_ms:.1f} / {100 * (plan.solve.gap or 0):.2f}% / "
+                            f"{plan.solve.status} ({plan.solve.wall_ms / 1e3:.1f}s)"
+                        )
                 autos = []
                 for budget in budgets:
                     plan = solve(dataclasses.replace(request, solver="auto", time_budget_s=budget))
                     best_bound = max(best_bound, plan.solve.bound_ms or 0.0)
                     autos.append(f"{plan.estimated_ms:.1f} / {skrull.estimated_ms / plan.estimated_ms:.2f}x")
                 skrull_gap = (skrull.estimated_ms - best_bound) / skrull.estimated_ms
-                print(f"| {dataset} | DP{parallel.dp} x CP{parallel.cp} | {n} | {skrull.estimated_ms:.1f} | "
-                      + " | ".join(cells) + f" | {100 * skrull_gap:.1f}% | " + " | ".join(autos) + " |", flush=True)
+                print(
+                    f"| {dataset} | DP{parallel.dp} x CP{parallel.cp} | {n} | {skrull.estimated_ms:.1f} | "
+                    + " | ".join(cells)
+                    + f" | {100 * skrull_gap:.1f}% | "
+                    + " | ".join(autos)
+                    + " |",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

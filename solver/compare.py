@@ -1,4 +1,14 @@
-"""Run one request through several planners and tabulate them on the reference cost model."""
+"""Run one request through several planners and tabulate them on the reference cost model.
+
+Columns (``solver.metrics`` defines the figures): iteration ms (summed over iterations), ratio to the
+lower bound of the work the plan runs, speedup over ``deepspeed``, WLB-LLM's imbalance degree, the
+fullest GPU's share of its bucket, sequences left ``pending`` and their mean delay in iterations (WLB-LLM
+defers outliers), planning ms, microbatch count, solver status.
+
+The speedup is ``(deepspeed ms / deepspeed work) / (ms / work)``, time per unit of work (``solver.metrics.
+work_ms``, additive over the sequences a plan runs): exactly the plain time ratio when both plans run
+every sequence, and fair when a planner defers sequences past the request (WLB-LLM's ``pending``).
+"""
 
 from __future__ import annotations
 
@@ -6,7 +16,9 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from solver.cost import CostModel
 from solver.errors import SkrullError
+from solver.metrics import imbalance_degree, peak_bucket_use, synchronized_makespan_ms, work_ms
 from solver.planners.registry import planner_names
 from solver.planning import solve
 from solver.types import Plan, Request
@@ -42,6 +54,12 @@ class CompareRow:
     num_microbatches: int | None
     status: str
     error: str | None = None
+    imbalance_degree: float | None = None
+    peak_bucket_use: float | None = None
+    pending: int | None = None
+    avg_delay_iterations: float | None = None
+    makespan_ms: float | None = None
+    stats: dict[str, float] | None = None
 
 
 def compare(request: Request, solvers: Sequence[str] | None = None) -> tuple[list[CompareRow], dict[str, Plan]]:
@@ -59,6 +77,8 @@ def compare(request: Request, solvers: Sequence[str] | None = None) -> tuple[lis
         except SkrullError as exc:
             errors[name] = str(exc)
     reference = plans.get(REFERENCE_SOLVER)
+    lengths = [s for batch in request.batches for s in batch]
+    model = CostModel(request.profile, bucket_tokens=request.bucket_tokens)
     rows = []
     for name in names:
         plan = plans.get(name)
@@ -81,6 +101,7 @@ def compare(request: Request, solvers: Sequence[str] | None = None) -> tuple[lis
             continue
         total = plan.estimated_ms
         bound = plan.lower_bound_ms
+        stats = plan.solve.stats_dict
         rows.append(
             CompareRow(
                 solver=name,
@@ -89,13 +110,33 @@ def compare(request: Request, solvers: Sequence[str] | None = None) -> tuple[lis
                 ratio_to_bound=total / bound if bound > 0 else None,
                 bound_ms=plan.solve.bound_ms,
                 gap=plan.solve.gap,
-                speedup=reference.estimated_ms / total if reference is not None and total > 0 else None,
+                speedup=_speedup(reference, plan, lengths, model),
                 planning_ms=plan.solve.wall_ms,
                 num_microbatches=sum(len(it.microbatches) for it in plan.iterations),
                 status=plan.solve.status,
+                imbalance_degree=imbalance_degree(plan),
+                peak_bucket_use=peak_bucket_use(plan, lengths),
+                pending=len(plan.pending),
+                avg_delay_iterations=stats.get("avg_delay_iterations"),
+                makespan_ms=synchronized_makespan_ms(plan),
+                stats=stats or None,
             )
         )
     return rows, plans
+
+
+def _speedup(reference: Plan | None, plan: Plan, lengths: list[int], model: CostModel) -> float | None:
+    """Reference time per work over this plan's time per work (module docstring)."""
+    if reference is None or plan.estimated_ms <= 0 or reference.estimated_ms <= 0:
+        return None
+    ref_work, own_work = work_ms(reference, lengths, model), work_ms(plan, lengths, model)
+    if ref_work <= 0 or own_work <= 0:
+        return None
+    return (reference.estimated_ms / ref_work) / (plan.estimated_ms / own_work)
+
+
+def _opt(value: float | None, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
 
 
 def format_table(rows: Sequence[CompareRow]) -> str:
@@ -107,6 +148,10 @@ def format_table(rows: Sequence[CompareRow]) -> str:
         "solver bound ms",
         "gap",
         "speedup vs deepspeed",
+        "imbalance",
+        "peak bucket",
+        "pending",
+        "delay it",
         "planning ms",
         "microbatches",
         "status",
@@ -114,16 +159,20 @@ def format_table(rows: Sequence[CompareRow]) -> str:
     lines = []
     for r in rows:
         if r.error is not None:
-            lines.append([r.solver, "-", "-", "-", "-", "-", "-", "-", f"error: {r.error}"])
+            lines.append([r.solver, *(["-"] * (len(header) - 2)), f"error: {r.error}"])
             continue
         lines.append(
             [
                 r.solver,
                 f"{r.iteration_ms:.1f}",
-                "-" if r.ratio_to_bound is None else f"{r.ratio_to_bound:.3f}",
-                "-" if r.bound_ms is None else f"{r.bound_ms:.1f}",
+                _opt(r.ratio_to_bound, ".3f"),
+                _opt(r.bound_ms, ".1f"),
                 "-" if r.gap is None else f"{100 * r.gap:.2f}%",
                 "-" if r.speedup is None else f"{r.speedup:.2f}x",
+                _opt(r.imbalance_degree, ".3f"),
+                "-" if r.peak_bucket_use is None else f"{100 * r.peak_bucket_use:.0f}%",
+                str(r.pending),
+                _opt(r.avg_delay_iterations, ".2f"),
                 f"{r.planning_ms:.1f}",
                 str(r.num_microbatches),
                 r.status,

@@ -14,7 +14,9 @@ from typing import Any
 from solver.errors import RequestError, SequenceTooLongError, UnknownSolverError
 from solver.profile import Profile, load_profile, profile_from_dict
 from solver.types import (
+    DEFAULT_SHARDING,
     PLAN_SCHEMA,
+    SHARDING_MODES,
     SOLVE_STATUSES,
     Iteration,
     Microbatch,
@@ -146,6 +148,33 @@ def _round(x: float) -> float:
     return round(x, 6)
 
 
+def _microbatch_to_dict(mb: Microbatch) -> dict[str, Any]:
+    """A microbatch in the contract's shape; ``sharding`` appears only when it is not the default."""
+    doc: dict[str, Any] = {
+        "step": mb.step,
+        "ranks": list(mb.ranks),
+        "local": [list(ids) for ids in mb.local],
+        "sharded": list(mb.sharded),
+        "estimated_ms": _round(mb.estimated_ms),
+    }
+    if mb.sharding != DEFAULT_SHARDING:
+        doc["sharding"] = mb.sharding
+    return doc
+
+
+def _solve_to_dict(solve: SolveInfo) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "wall_ms": _round(solve.wall_ms),
+        "status": solve.status,
+        "objective_ms": _round(solve.objective_ms),
+        "bound_ms": None if solve.bound_ms is None else _round(solve.bound_ms),
+        "gap": None if solve.gap is None else _round(solve.gap),
+    }
+    if solve.stats:
+        doc["stats"] = {name: _round(value) for name, value in solve.stats}
+    return doc
+
+
 def plan_to_dict(plan: Plan) -> dict[str, Any]:
     return {
         "schema": plan.schema,
@@ -155,29 +184,14 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
         "iterations": [
             {
                 "index": it.index,
-                "microbatches": [
-                    {
-                        "step": mb.step,
-                        "ranks": list(mb.ranks),
-                        "local": [list(ids) for ids in mb.local],
-                        "sharded": list(mb.sharded),
-                        "estimated_ms": _round(mb.estimated_ms),
-                    }
-                    for mb in it.microbatches
-                ],
+                "microbatches": [_microbatch_to_dict(mb) for mb in it.microbatches],
                 "estimated_ms": _round(it.estimated_ms),
                 "lower_bound_ms": _round(it.lower_bound_ms),
             }
             for it in plan.iterations
         ],
         "pending": list(plan.pending),
-        "solve": {
-            "wall_ms": _round(plan.solve.wall_ms),
-            "status": plan.solve.status,
-            "objective_ms": _round(plan.solve.objective_ms),
-            "bound_ms": None if plan.solve.bound_ms is None else _round(plan.solve.bound_ms),
-            "gap": None if plan.solve.gap is None else _round(plan.solve.gap),
-        },
+        "solve": _solve_to_dict(plan.solve),
     }
 
 
@@ -210,6 +224,9 @@ def plan_from_dict(doc: Any) -> Plan:
             local = mb.get("local")
             if not isinstance(local, list):
                 raise RequestError(f"{mpath}.local", local, "must be a list of id lists")
+            sharding = mb.get("sharding", DEFAULT_SHARDING)
+            if sharding not in SHARDING_MODES:
+                raise RequestError(f"{mpath}.sharding", sharding, f"must be one of {', '.join(SHARDING_MODES)}")
             mbs.append(
                 Microbatch(
                     step=_int(mb.get("step"), f"{mpath}.step", minimum=0),
@@ -217,6 +234,7 @@ def plan_from_dict(doc: Any) -> Plan:
                     local=tuple(_ids(ids, f"{mpath}.local[{j}]") for j, ids in enumerate(local)),
                     sharded=_ids(mb.get("sharded"), f"{mpath}.sharded"),
                     estimated_ms=_float(mb.get("estimated_ms"), f"{mpath}.estimated_ms"),
+                    sharding=sharding,
                 )
             )
         iterations.append(
@@ -233,6 +251,10 @@ def plan_from_dict(doc: Any) -> Plan:
         raise RequestError("solve.status", status, f"must be one of {', '.join(SOLVE_STATUSES)}")
     bound = solve.get("bound_ms")
     gap = solve.get("gap")
+    stats = solve.get("stats", {})
+    if not isinstance(stats, dict):
+        raise RequestError("solve.stats", stats, "must be an object of named numbers")
+    stats_t = tuple((str(k), _float(v, f"solve.stats.{k}")) for k, v in stats.items())
     return Plan(
         solver=str(doc.get("solver")),
         parallel=parse_parallel(doc.get("parallel")),
@@ -245,6 +267,7 @@ def plan_from_dict(doc: Any) -> Plan:
             objective_ms=_float(solve.get("objective_ms"), "solve.objective_ms"),
             bound_ms=None if bound is None else _float(bound, "solve.bound_ms"),
             gap=None if gap is None else _float(gap, "solve.gap"),
+            stats=stats_t,
         ),
     )
 

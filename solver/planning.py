@@ -29,6 +29,7 @@ def assemble_plan(problem: Problem, output: PlannerOutput, *, solver: str, wall_
                 local=s.local,
                 sharded=s.sharded,
                 estimated_ms=model.spec_time_ms(s, lengths),
+                sharding=s.sharding,
             )
             for s in specs
         )
@@ -50,7 +51,14 @@ def assemble_plan(problem: Problem, output: PlannerOutput, *, solver: str, wall_
         bucket_tokens=problem.bucket_tokens,
         iterations=tuple(iterations),
         pending=output.pending,
-        solve=SolveInfo(wall_ms=wall_ms, status=output.status, objective_ms=objective, bound_ms=bound_ms, gap=gap),
+        solve=SolveInfo(
+            wall_ms=wall_ms,
+            status=output.status,
+            objective_ms=objective,
+            bound_ms=bound_ms,
+            gap=gap,
+            stats=output.stats,
+        ),
     )
 
 

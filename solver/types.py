@@ -15,6 +15,12 @@ from solver.profile import Profile
 PLAN_SCHEMA = "skrull.plan/v1"
 SolveStatus = Literal["heuristic", "optimal", "feasible", "timeout"]
 SOLVE_STATUSES: tuple[str, ...] = ("heuristic", "optimal", "feasible", "timeout")
+#: How a microbatch's sharded sequences are cut over its group (solver/worker_view.py, solver/sharding.py):
+#: ``zigzag`` (default: each sequence in 2N chunks, position p takes p and 2N-1-p), ``per-sequence`` (the
+#: sharded sequences packed into one buffer, that buffer cut zigzag: WLB-LLM's per-sequence sharding) and
+#: ``per-document`` (each sequence in 2N equal chunks, the remainder dealt round-robin: WLB-LLM sec. 5.1).
+SHARDING_MODES: tuple[str, ...] = ("zigzag", "per-sequence", "per-document")
+DEFAULT_SHARDING = "zigzag"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -110,6 +116,7 @@ class MicrobatchSpec:
     ranks: tuple[int, ...]
     local: tuple[tuple[int, ...], ...]
     sharded: tuple[int, ...]
+    sharding: str = DEFAULT_SHARDING
 
     @property
     def seq_ids(self) -> tuple[int, ...]:
@@ -123,6 +130,7 @@ class Microbatch:
     local: tuple[tuple[int, ...], ...]
     sharded: tuple[int, ...]
     estimated_ms: float
+    sharding: str = DEFAULT_SHARDING
 
     @property
     def seq_ids(self) -> tuple[int, ...]:
@@ -139,13 +147,22 @@ class Iteration:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SolveInfo:
-    """How the plan was found. ``gap = (objective - bound) / objective`` when a bound is known."""
+    """How the plan was found. ``gap = (objective - bound) / objective`` when a bound is known.
+
+    ``stats`` are planner-specific figures as ``(name, value)`` pairs (e.g. WLB-LLM's average delay in
+    iterations); empty for most planners.
+    """
 
     wall_ms: float
     status: str
     objective_ms: float
     bound_ms: float | None = None
     gap: float | None = None
+    stats: tuple[tuple[str, float], ...] = ()
+
+    @property
+    def stats_dict(self) -> dict[str, float]:
+        return dict(self.stats)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -7,7 +7,8 @@ It knows nothing of how planners work; it checks a plan against the request and 
 * completeness: every sequence id appears exactly once over all iterations (``local`` or ``sharded``) or
   in ``pending``, never in an iteration before its own batch, and no unknown id appears;
 * microbatches: ``ranks`` distinct and in ``0..dp*cp-1``; one ``local`` list per rank; nothing sharded on
-  a one-GPU group; not empty; every GPU executes its microbatches at distinct steps;
+  a one-GPU group; a known ``sharding`` mode; not empty; every GPU executes its microbatches at distinct
+  steps;
 * memory (eq. 7): every GPU within ``bucket_tokens`` in every microbatch;
 * estimates: every ``estimated_ms`` and ``lower_bound_ms`` equals the reference model, the iteration
   estimate is never below its bound; ``solve`` is consistent (objective = summed iteration estimates,
@@ -20,7 +21,7 @@ import math
 
 from solver.cost import CostModel
 from solver.errors import InvalidPlanError
-from solver.types import PLAN_SCHEMA, SOLVE_STATUSES, Plan, Request
+from solver.types import PLAN_SCHEMA, SHARDING_MODES, SOLVE_STATUSES, Plan, Request
 
 #: Plans in JSON carry 6 decimals; estimates must match the reference model to this (ms).
 TOLERANCE_MS = 1e-5
@@ -81,6 +82,8 @@ def plan_problems(plan: Plan, request: Request) -> list[str]:
             well_formed.append((mb.ranks, mb.estimated_ms))
             if len(mb.ranks) == 1 and mb.sharded:
                 problems.append(f"{where}: sequences sharded over a one-GPU group")
+            if mb.sharding not in SHARDING_MODES:
+                problems.append(f"{where}: sharding {mb.sharding!r} is not one of {', '.join(SHARDING_MODES)}")
             for g in mb.ranks:
                 if mb.step in steps_of_gpu[g]:
                     problems.append(f"{where}: GPU {g} has two microbatches at step {mb.step}")

@@ -8,6 +8,10 @@ remainder goes to the leading chunks, no padding); positions then differ by at m
 sequence shorter than 2N tokens leaves some chunks, and possibly some positions, empty; empty ranges
 are omitted.
 
+A microbatch may name another ``sharding`` mode (``per-sequence`` or ``per-document``, WLB-LLM sec. 5;
+the cuts are defined in ``solver/sharding.py``); its view then carries ``"sharding"`` and the ranges of
+that mode. A sequence some position holds no token of still gets an entry there, with no ranges.
+
 The packed buffer of a GPU for one microbatch holds its local sequences (in the plan's order) and then
 its pieces of the sharded sequences (each piece in range order); ``cu_seqlens`` delimits every local
 sequence and every piece, flash-attention's spelling (int offsets starting at 0).
@@ -20,7 +24,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from solver.errors import RequestError
-from solver.types import Plan
+from solver.sharding import layout
+from solver.types import DEFAULT_SHARDING, Plan
 
 
 def zigzag_chunks(num_tokens: int, group_size: int) -> list[tuple[int, int]]:
@@ -65,6 +70,7 @@ class RankMicrobatch:
     shards: tuple[Shard, ...]
     cu_seqlens: tuple[int, ...]
     max_seqlen: int
+    sharding: str = DEFAULT_SHARDING
 
     @property
     def num_tokens(self) -> int:
@@ -96,6 +102,7 @@ class RankView:
                     ],
                     "cu_seqlens": list(mb.cu_seqlens),
                     "max_seqlen": mb.max_seqlen,
+                    **({} if mb.sharding == DEFAULT_SHARDING else {"sharding": mb.sharding}),
                 }
                 for mb in self.microbatches
             ],
@@ -119,10 +126,16 @@ def rank_view(plan: Plan, lengths: Sequence[int], *, iteration: int, rank: int) 
     for mb in sorted((mb for mb in it.microbatches if rank in mb.ranks), key=lambda m: m.step):
         position = mb.ranks.index(rank)
         local = mb.local[position]
-        shards = tuple(
-            Shard(seq_id=i, num_tokens=lengths[i], ranges=zigzag_ranges(lengths[i], len(mb.ranks), position))
-            for i in mb.sharded
-        )
+        if mb.sharding == DEFAULT_SHARDING:
+            shards = tuple(
+                Shard(seq_id=i, num_tokens=lengths[i], ranges=zigzag_ranges(lengths[i], len(mb.ranks), position))
+                for i in mb.sharded
+            )
+        else:
+            cuts = layout(mb.sharding, [lengths[i] for i in mb.sharded], len(mb.ranks))
+            shards = tuple(
+                Shard(seq_id=i, num_tokens=lengths[i], ranges=cuts[k][position]) for k, i in enumerate(mb.sharded)
+            )
         pieces = [lengths[i] for i in local] + [end - start for s in shards for start, end in s.ranges]
         cu = [0]
         for n in pieces:
@@ -136,6 +149,7 @@ def rank_view(plan: Plan, lengths: Sequence[int], *, iteration: int, rank: int) 
                 shards=shards,
                 cu_seqlens=tuple(cu),
                 max_seqlen=max(pieces, default=0),
+                sharding=mb.sharding,
             )
         )
     return RankView(iteration=iteration, rank=rank, num_tokens_in_iteration=total, microbatches=tuple(mine))

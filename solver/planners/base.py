@@ -6,7 +6,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from solver.types import MicrobatchSpec, Problem
+from solver.types import DEFAULT_SHARDING, MicrobatchSpec, Problem
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -15,12 +15,14 @@ class PlannerOutput:
 
     ``status`` and ``bound_ms`` feed the plan's ``solve`` block: heuristics report ``heuristic`` and no
     bound; exact planners report ``optimal`` / ``feasible`` / ``timeout`` with their dual bound.
+    ``stats`` are planner-specific figures carried into ``solve.stats`` (``(name, value)`` pairs).
     """
 
     iterations: tuple[tuple[MicrobatchSpec, ...], ...]
     pending: tuple[int, ...] = ()
     status: str = "heuristic"
     bound_ms: float | None = None
+    stats: tuple[tuple[str, float], ...] = ()
 
 
 class Planner(Protocol):
@@ -41,14 +43,25 @@ def plan_each_iteration(
 
 
 def make_spec(
-    *, step: int, ranks: tuple[int, ...], local: Sequence[Sequence[int]], sharded: Sequence[int]
+    *,
+    step: int,
+    ranks: tuple[int, ...],
+    local: Sequence[Sequence[int]],
+    sharded: Sequence[int],
+    sharding: str = DEFAULT_SHARDING,
 ) -> MicrobatchSpec:
-    """Build a microbatch; on a one-GPU group "sharded" means "whole on that GPU" (no communication)."""
+    """Build a microbatch; on a one-GPU group "sharded" means "whole on that GPU" (no communication).
+
+    ``sharding`` (how sharded sequences are cut, ``solver.types.SHARDING_MODES``) only matters when
+    something is sharded; otherwise the default is recorded.
+    """
     local_t = tuple(tuple(sorted(ids)) for ids in local)
     if len(ranks) == 1 and sharded:
         local_t = (tuple(sorted(local_t[0] + tuple(sharded))),)
         sharded = ()
-    return MicrobatchSpec(step=step, ranks=ranks, local=local_t, sharded=tuple(sorted(sharded)))
+    if not sharded:
+        sharding = DEFAULT_SHARDING
+    return MicrobatchSpec(step=step, ranks=ranks, local=local_t, sharded=tuple(sorted(sharded)), sharding=sharding)
 
 
 def all_sharded(*, step: int, ranks: tuple[int, ...], ids: Sequence[int]) -> MicrobatchSpec:

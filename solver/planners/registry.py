@@ -7,8 +7,12 @@ from collections.abc import Callable
 from solver.errors import UnknownSolverError
 from solver.planners.base import Planner
 from solver.planners.baselines import DeepSpeedPlanner, PackedPlanner, SortedPlanner
+from solver.planners.dynamic_cp import DynamicCpPlanner
 from solver.planners.exact import AutoPlanner, IlpPlanner
+from solver.planners.hydraulis import HydraulisPlanner
 from solver.planners.skrull import RoundRobinPlanner, SkrullPlanner
+from solver.planners.verl_kk import VerlKkPlanner
+from solver.planners.wlb import WlbPlanner
 
 _REGISTRY: dict[str, Callable[[], Planner]] = {
     "skrull": SkrullPlanner,
@@ -18,7 +22,15 @@ _REGISTRY: dict[str, Callable[[], Planner]] = {
     "packed": PackedPlanner,
     "sorted": SortedPlanner,
     "round-robin": RoundRobinPlanner,
+    # peers (README "Peers"): each one's decision logic on the reference cost model
+    "wlb": WlbPlanner,
+    "dynamic-cp": DynamicCpPlanner,
+    "hydraulis": HydraulisPlanner,
+    "verl-kk": VerlKkPlanner,
 }
+
+#: The peer systems' planners (README "Peers"), e.g. for a best-of planner to take ideas from.
+PEERS: tuple[str, ...] = ("wlb", "dynamic-cp", "hydraulis", "verl-kk")
 
 #: Planners that place every sequence with plain CP; ``compare`` reports speedups over the first.
 BASELINES: tuple[str, ...] = ("deepspeed", "packed", "sorted", "round-robin")

@@ -65,6 +65,10 @@ def test_compare_prints_one_row_per_planner() -> None:
         "packed",
         "sorted",
         "round-robin",
+        "wlb",
+        "dynamic-cp",
+        "hydraulis",
+        "verl-kk",
     ]
     deepspeed = next(r for r in rows if "deepspeed" in r)
     assert "1.00x" in deepspeed

@@ -124,3 +124,26 @@ def test_plan_round_trips_through_json() -> None:
     back = plan_from_dict(doc)
     assert plan_to_dict(back) == doc
     assert request_from_dict(request_to_dict(request)) == request
+
+
+def test_sharding_mode_and_solve_stats_round_trip_and_stay_optional() -> None:
+    plan = solve(request_from_dict({**GOOD, "solver": "wlb", "batches": [[30000] + [200] * 40]}))
+    doc = plan_to_dict(plan)
+    modes = {mb.get("sharding") for it in doc["iterations"] for mb in it["microbatches"]}
+    assert modes <= {"per-sequence", "per-document"} and modes
+    assert "avg_delay_iterations" in doc["solve"]["stats"]
+    back = plan_from_dict(json.loads(json.dumps(doc)))
+    assert [mb.sharding for it in back.iterations for mb in it.microbatches] == [
+        mb.sharding for it in plan.iterations for mb in it.microbatches
+    ]
+    assert back.solve.stats_dict == pytest.approx(plan.solve.stats_dict, abs=1e-6)
+    plain = plan_to_dict(solve(request_from_dict(GOOD)))
+    assert "stats" not in plain["solve"]
+    assert all("sharding" not in mb for it in plain["iterations"] for mb in it["microbatches"])
+
+
+def test_plan_with_unknown_sharding_mode_names_the_field() -> None:
+    doc = plan_to_dict(solve(request_from_dict(GOOD)))
+    doc["iterations"][0]["microbatches"][0]["sharding"] = "striped"
+    with pytest.raises(RequestError, match=r"iterations\[0\]\.microbatches\[0\]\.sharding: 'striped'"):
+        plan_from_dict(doc)

@@ -75,7 +75,7 @@ def test_estimates_equal_the_reference_model(request: Request, solver: str) -> N
     plan = solve(dataclasses.replace(request, solver=solver))
     model = CostModel(request.profile, bucket_tokens=request.bucket_tokens)
     lengths = [s for b in request.batches for s in b]
-    for it, batch in zip(plan.iterations, request.batches, strict=True):
+    for it in plan.iterations:
         per_gpu = [0.0] * request.parallel.num_gpus
         for mb in it.microbatches:
             expected = model.microbatch_time_ms(
@@ -85,5 +85,9 @@ def test_estimates_equal_the_reference_model(request: Request, solver: str) -> N
             for g in mb.ranks:
                 per_gpu[g] += expected
         assert it.estimated_ms == max(per_gpu)
-        assert it.lower_bound_ms == pytest.approx(model.lower_bound_ms(list(batch), request.parallel), rel=1e-12)
-        assert it.estimated_ms >= it.lower_bound_ms - 1e-9
+        ran = [lengths[i] for mb in it.microbatches for i in mb.seq_ids]  # planners may defer work (wlb)
+        assert it.lower_bound_ms == pytest.approx(model.lower_bound_ms(ran, request.parallel), rel=1e-12)
+        par = request.parallel
+        static = all(mb.ranks == par.cp_group(mb.ranks[0] // par.cp) for mb in it.microbatches)
+        if static:  # groups wider than cp (dynamic-cp, hydraulis) may spread the longest beyond the bound
+            assert it.estimated_ms >= it.lower_bound_ms - 1e-9

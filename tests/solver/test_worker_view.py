@@ -7,7 +7,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from solver.errors import RequestError
-from solver.planning import solve
+from solver.planners.base import PlannerOutput, make_spec
+from solver.planning import assemble_plan, solve
+from solver.types import Problem
+from solver.validate import validate_plan
 from solver.worker_view import rank_view, zigzag_chunks, zigzag_ranges
 from tests.conftest import make_request
 
@@ -72,3 +75,28 @@ def test_view_serializes_in_the_contract_shape() -> None:
     mb = doc["microbatches"][0]
     assert set(mb) == {"step", "ranks", "position", "local", "shards", "cu_seqlens", "max_seqlen"}
     assert mb["shards"][0]["id"] == 1 and mb["shards"][0]["length"] == 150
+
+
+@pytest.mark.parametrize("mode", ["per-sequence", "per-document"])
+def test_views_of_other_sharding_modes_cover_every_token_once(mode: str) -> None:
+    request = make_request([[37, 5, 120, 9]], dp=1, cp=3, bucket=100)
+    problem = Problem.from_request(request)
+    spec = make_spec(step=0, ranks=(0, 1, 2), local=[(), (), ()], sharded=[0, 1, 2, 3], sharding=mode)
+    plan = assemble_plan(problem, PlannerOutput(iterations=((spec,),)), solver="hand", wall_ms=0.0)
+    validate_plan(plan, request)
+    lengths = list(problem.lengths)
+    tokens: dict[int, list[int]] = {i: [] for i in range(4)}
+    held = []
+    for rank in range(3):
+        view = rank_view(plan, lengths, iteration=0, rank=rank)
+        (mb,) = view.microbatches
+        assert mb.sharding == mode and view.to_dict()["microbatches"][0]["sharding"] == mode
+        assert [s.seq_id for s in mb.shards] == [0, 1, 2, 3]  # an entry per sharded sequence, even if empty
+        pieces = [e - s for sh in mb.shards for s, e in sh.ranges]
+        assert list(mb.cu_seqlens) == [sum(pieces[:k]) for k in range(len(pieces) + 1)]
+        held.append(mb.num_tokens)
+        for sh in mb.shards:
+            for s, e in sh.ranges:
+                tokens[sh.seq_id].extend(range(s, e))
+    assert all(sorted(t) == list(range(lengths[i])) for i, t in tokens.items())
+    assert max(held) - min(held) <= (1 if mode == "per-document" else 2)

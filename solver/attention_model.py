@@ -1,0 +1,77 @@
+"""Predicted attention-kernel time of one CP position, with tile padding (WLB-LLM sec. 5.2-5.3).
+
+WLB-LLM chooses per microbatch between per-sequence and per-document CP sharding by predicting the
+attention kernel time of both layouts and taking the lower. Its predictor (sec. 5.3): the FLOPs of the
+attention, with every document chunk padded to whole kernel tiles, divided by the throughput the kernel
+achieves at that query length (measured offline; it rises sharply from 128 to 256 query rows on Hopper,
+where TMA multicast starts to share K/V loads, Fig. 10).
+
+Here, for one position holding pieces ``[a, b)`` of documents (causal masks, keys ``0..row`` of the
+same document, all-gathered):
+
+* the piece's query rows are cut into tiles of ``tile_rows`` (128, FlashAttention's forward tile); query
+  tile t covers rows ``a + t*tile .. a + (t+1)*tile - 1`` and needs keys ``0 .. min(b, a + (t+1)*tile)``,
+  rounded up to whole key tiles; every (query tile, key tile) pair is computed in full (the diagonal is
+  masked inside the tile, not skipped), so a 12-row piece costs as much as a 128-row one;
+* padded work = ``tile_rows^2 * (number of tile pairs)`` query-key pairs, each costing
+  ``flops_per_token_sq`` FLOPs (the reference model's quadratic term, Skrull eq. 13 x layers x 3);
+* time = ``ms_per_tflop * FLOPs / 1e12 / efficiency(query rows of the piece)``.
+
+The efficiency curve is ``profile.extra["attention_kernel"]["efficiency_by_q_rows"]`` (pairs of query
+rows and achieved fraction of the dense rate) when a measured profile provides it; otherwise the default
+below, an assumption shaped after WLB-LLM Fig. 10 (flat up to 128 rows, a step at 256, saturating by 512).
+It only ranks the two layouts of the same microbatch against each other; the plan's estimates stay the
+reference model's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from solver.profile import Profile
+
+TILE_ROWS = 128
+#: Achieved fraction of the dense attention rate by padded query rows of a piece (assumed, after WLB Fig. 10).
+DEFAULT_EFFICIENCY: tuple[tuple[int, float], ...] = ((128, 0.55), (256, 0.85), (512, 1.0))
+
+Piece = tuple[int, int]  # [start, end) rows of one document
+
+
+class AttentionKernelModel:
+    """Tile-padded attention time of the pieces one GPU holds."""
+
+    __slots__ = ("_eff_rows", "_eff_vals", "_ms_per_pair", "tile_rows")
+
+    def __init__(self, profile: Profile) -> None:
+        spec = profile.extra.get("attention_kernel", {}) if isinstance(profile.extra, dict) else {}
+        self.tile_rows = int(spec.get("tile_rows", TILE_ROWS))
+        table = spec.get("efficiency_by_q_rows", DEFAULT_EFFICIENCY)
+        self._eff_rows = np.array([float(r) for r, _ in table])
+        self._eff_vals = np.array([float(v) for _, v in table])
+        self._ms_per_pair = profile.compute.ms_per_tflop * profile.compute.flops_per_token_sq / 1e12
+
+    def efficiency(self, query_rows: int) -> float:
+        padded = -(-query_rows // self.tile_rows) * self.tile_rows
+        return float(np.interp(padded, self._eff_rows, self._eff_vals))
+
+    def padded_pairs(self, start: int, end: int) -> int:
+        """Query-key pairs computed for rows ``[start, end)`` of a causal document, whole tiles only."""
+        tile = self.tile_rows
+        pairs = 0
+        row = start
+        while row < end:
+            kv_end = min(end, row + tile)
+            pairs += tile * tile * (-(-kv_end // tile))
+            row += tile
+        return pairs
+
+    def piece_ms(self, start: int, end: int) -> float:
+        if end <= start:
+            return 0.0
+        return self._ms_per_pair * self.padded_pairs(start, end) / self.efficiency(end - start)
+
+    def position_ms(self, pieces: Sequence[Piece]) -> float:
+        """Predicted attention time of one GPU's pieces (summed: varlen kernels run them in one launch)."""
+        return sum(self.piece_ms(a, b) for a, b in pieces)

@@ -1,0 +1,275 @@
+"""``dynamic-cp``: Megatron-Core dynamic context parallelism (NVIDIA blog "Dynamic Context Parallelism",
+seeds/megatron-dynamic-cp.txt, and the public synchronous scheduler; facts only).
+
+Per global batch, every microbatch step partitions the ``G = dp * cp`` GPUs into CP groups whose sizes
+are powers of two up to G, each an *aligned contiguous block* (a group of size c starts at a multiple of
+c; such groups are pre-created at start-up, so no group is built at run time). A sequence listed on k
+ranks runs with CP = k; each GPU takes part in exactly one group per step.
+
+Decision logic, as in the public scheduler:
+
+1. Each sequence gets the CP size ``c(S) = 2^ceil(log2(S / bucket_tokens))`` (at least 1): the fewest
+   GPUs whose memory holds it. The blog adds the workload side ("if a sample's workload exceeds the
+   microbatch workload quota, it is given a larger CP size"): with ``workload_cp`` (the default) c is
+   doubled until ``work(S) / c`` is within the per-GPU quota of a step (or c is the whole cluster);
+   ``workload_cp=False`` is the public synchronous scheduler's memory-only rule.
+2. Sequences are taken in descending length. Each goes to the least-loaded group of its size that still
+   has room (``sum(S) <= c * bucket_tokens`` in the group, eq. 7), a fresh aligned block of free GPUs
+   counting as load 0, so new blocks are opened before groups are stacked. A sequence that would push an
+   already loaded group past the step's per-GPU quota (``total work / (G * m)`` times ``1 + delta``), or
+   that finds no room, waits for the next step, in the same order.
+3. When a step closes, GPUs left idle are filled by widening the smallest groups (least loaded first):
+   a group of size c becomes an aligned block of size 2c, its own buddy block if the rest of it is idle,
+   else the lowest wholly idle one (groups are rebuilt every step, so moving costs nothing), and its
+   sequences are then sharded over 2c GPUs; repeatedly, until no group can widen.
+4. The number of steps m (microbatches per GPU) is chosen by a small sweep, the blog's replacement for
+   an exhaustive search: ``m0 = ceil(sum(S) / (G * bucket_tokens))`` (the fewest that memory allows)
+   up to ``m0 + sweep - 1``; the plan with the lowest estimated iteration time under the reference model
+   wins (ties: fewer steps). The last step of a candidate takes no quota; sequences still left open
+   extra steps, so every candidate is complete.
+
+Work of a sequence on c GPUs: ``FLOPs(S) / c`` per GPU from the profile (``workload="flops"``). The
+public scheduler uses ``S^2 / c`` (``workload="l2"``), which is kept as an option: with it short
+sequences look free and pile onto few GPUs; the blog's own profiled cost model is not public.
+
+Choices where the sources are silent, written down: a layout whose G is not a power of two also has the
+whole-cluster group (size G), so a sequence needing more than the largest power of two can still run
+(Megatron itself requires powers of two); widening goes to the next allowed size; ties go to the lowest
+rank. ``solve.stats`` reports ``makespan_ms``: the critical path when each microbatch waits for every GPU
+of its group (``solver.metrics``), which the contract's per-GPU sum (eq. 8) does not see.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from solver.cost import CostModel
+from solver.metrics import synchronized_iteration_ms
+from solver.planners.base import PlannerOutput, make_spec
+from solver.types import Iteration, Microbatch, MicrobatchSpec, Problem
+
+
+def allowed_sizes(num_gpus: int) -> tuple[int, ...]:
+    """Powers of two up to ``num_gpus``, plus ``num_gpus`` itself when it is not one."""
+    sizes = []
+    c = 1
+    while c <= num_gpus:
+        sizes.append(c)
+        c *= 2
+    if sizes[-1] != num_gpus:
+        sizes.append(num_gpus)
+    return tuple(sizes)
+
+
+def block_start(gpu: int, size: int, num_gpus: int) -> int | None:
+    """Start of the aligned block of ``size`` holding ``gpu``, or None if it would run past the cluster."""
+    if size == num_gpus:
+        return 0
+    start = gpu - gpu % size
+    return start if start + size <= num_gpus else None
+
+
+def cp_size_for(num_tokens: int, bucket_tokens: int, sizes: Sequence[int]) -> int:
+    """Smallest allowed size c with ``num_tokens <= c * bucket_tokens`` (``2^ceil(log2(S / C))``)."""
+    for c in sizes:
+        if num_tokens <= c * bucket_tokens:
+            return c
+    raise ValueError(f"{num_tokens} tokens fit no group of at most {sizes[-1]} GPUs")
+
+
+@dataclass(slots=True)
+class _Group:
+    start: int
+    size: int
+    ids: list[int] = field(default_factory=list)
+    tokens: int = 0
+    work: float = 0.0  # summed work of its sequences (per-GPU load is work / size)
+
+    @property
+    def load(self) -> float:
+        return self.work / self.size
+
+
+def _fill_step(
+    pending: list[int],
+    *,
+    lengths: Sequence[int],
+    need: dict[int, int],
+    work: Callable[[int], float],
+    num_gpus: int,
+    bucket_tokens: int,
+    quota: float | None,
+) -> tuple[list[_Group], list[int]]:
+    """Place what fits into one step (``pending`` is in descending length); return groups and leftovers."""
+    owner: list[_Group | None] = [None] * num_gpus
+    groups: list[_Group] = []
+    left: list[int] = []
+    for i in pending:
+        s = lengths[i]
+        c = need[i]
+        best: _Group | None = None
+        best_load = float("inf")
+        for g in groups:
+            if g.size == c and g.tokens + s <= c * bucket_tokens and g.load < best_load:
+                best, best_load = g, g.load
+        fresh = None
+        if best_load > 0.0:
+            for start in range(0, num_gpus - c + 1, c if c != num_gpus else num_gpus):
+                if all(owner[x] is None for x in range(start, start + c)):
+                    fresh = start
+                    break
+        if fresh is not None:
+            best = _Group(start=fresh, size=c)
+            best_load = 0.0
+        if best is None:
+            left.append(i)
+            continue
+        if quota is not None and best_load > 0.0 and best_load + work(s) / c > quota:
+            left.append(i)
+            continue
+        if fresh is not None:
+            groups.append(best)
+            for x in range(best.start, best.start + c):
+                owner[x] = best
+        best.ids.append(i)
+        best.tokens += s
+        best.work += work(s)
+    _widen(groups, owner, num_gpus)
+    return groups, left
+
+
+def _widen(groups: list[_Group], owner: list[_Group | None], num_gpus: int) -> None:
+    """Widen the smallest groups into idle GPUs until none can widen.
+
+    A group of size c grows to the next allowed size: into its aligned buddy block if the rest of that
+    block is idle, else into the lowest wholly idle aligned block of that size (groups are rebuilt every
+    step, so moving one costs nothing).
+    """
+    sizes = allowed_sizes(num_gpus)
+    while any(o is None for o in owner):
+        for g in sorted(groups, key=lambda g: (g.size, g.load, g.start)):
+            bigger = [c for c in sizes if c > g.size]
+            if not bigger:
+                continue
+            size = bigger[0]
+            target = None
+            own = block_start(g.start, size, num_gpus)
+            if own is not None and all(owner[x] is None or owner[x] is g for x in range(own, own + size)):
+                target = own
+            else:
+                step = size if size != num_gpus else num_gpus
+                for start in range(0, num_gpus - size + 1, step):
+                    if all(owner[x] is None for x in range(start, start + size)):
+                        target = start
+                        break
+            if target is None:
+                continue
+            for x in range(g.start, g.start + g.size):
+                owner[x] = None
+            g.start, g.size = target, size
+            for x in range(target, target + size):
+                owner[x] = g
+            break
+        else:
+            return
+
+
+class DynamicCpPlanner:
+    """Megatron-Core dynamic CP: power-of-two aligned groups per step, widened to fill idle GPUs."""
+
+    name = "dynamic-cp"
+
+    def __init__(
+        self, *, sweep: int = 3, delta: float = 0.05, workload: str = "flops", workload_cp: bool = True
+    ) -> None:
+        if workload not in ("flops", "l2"):
+            raise ValueError(f"workload must be 'flops' or 'l2', got {workload!r}")
+        self.sweep = sweep
+        self.delta = delta
+        self.workload = workload
+        self.workload_cp = workload_cp
+
+    def plan(self, problem: Problem) -> PlannerOutput:
+        model = CostModel(problem.profile, bucket_tokens=problem.bucket_tokens)
+        iterations = []
+        makespan = 0.0
+        for ids in problem.batch_ids:
+            specs, sync_ms = self.plan_batch(problem, ids, model)
+            iterations.append(tuple(specs))
+            makespan += sync_ms
+        return PlannerOutput(iterations=tuple(iterations), stats=(("makespan_ms", makespan),))
+
+    def plan_batch(self, problem: Problem, ids: Sequence[int], model: CostModel) -> tuple[list[MicrobatchSpec], float]:
+        """The best of the swept step counts, with its synchronized makespan."""
+        lengths = problem.lengths
+        num_gpus = problem.parallel.num_gpus
+        bucket = problem.bucket_tokens
+        sizes = allowed_sizes(num_gpus)
+        memory_need = {i: cp_size_for(lengths[i], bucket, sizes) for i in ids}
+        if self.workload == "flops":
+            work: Callable[[int], float] = model.flops
+        else:
+
+            def work(s: int) -> float:
+                return float(s) * s
+
+        order = sorted(ids, key=lambda i: (-lengths[i], i))
+        total_work = sum(work(lengths[i]) for i in ids)
+        m0 = max(1, -(-sum(lengths[i] for i in ids) // (num_gpus * bucket)))
+        best: tuple[float, int, list[MicrobatchSpec], float] | None = None
+        for m in range(m0, m0 + max(1, self.sweep)):
+            quota = total_work / (num_gpus * m) * (1.0 + self.delta)
+            need = dict(memory_need)
+            if self.workload_cp:
+                for i in ids:
+                    while need[i] < num_gpus and work(lengths[i]) / need[i] > quota:
+                        need[i] = next(c for c in sizes if c > need[i])
+            steps: list[list[_Group]] = []
+            left = order
+            while left:
+                last = len(steps) >= m - 1
+                groups, left = _fill_step(
+                    left,
+                    lengths=lengths,
+                    need=need,
+                    work=work,
+                    num_gpus=num_gpus,
+                    bucket_tokens=bucket,
+                    quota=None if last else quota,
+                )
+                steps.append(groups)
+            specs = [
+                make_spec(
+                    step=step,
+                    ranks=tuple(range(g.start, g.start + g.size)),
+                    local=[() for _ in range(g.size)],
+                    sharded=g.ids,
+                )
+                for step, groups in enumerate(steps)
+                for g in groups
+            ]
+            estimated, sync_ms = _estimate(specs, lengths, model, num_gpus)
+            if best is None or estimated < best[0] - 1e-9:
+                best = (estimated, m, specs, sync_ms)
+        assert best is not None
+        return best[2], best[3]
+
+
+def _estimate(
+    specs: Sequence[MicrobatchSpec], lengths: Sequence[int], model: CostModel, num_gpus: int
+) -> tuple[float, float]:
+    """(contract iteration time, synchronized makespan) of one iteration's microbatches."""
+    mbs = tuple(
+        Microbatch(
+            step=s.step,
+            ranks=s.ranks,
+            local=s.local,
+            sharded=s.sharded,
+            estimated_ms=model.spec_time_ms(s, lengths),
+        )
+        for s in specs
+    )
+    contract = model.iteration_time_ms(((mb.ranks, mb.estimated_ms) for mb in mbs), num_gpus)
+    it = Iteration(index=0, microbatches=mbs, estimated_ms=contract, lower_bound_ms=0.0)
+    return contract, synchronized_iteration_ms(it, num_gpus)

@@ -1,0 +1,477 @@
+"""``hydraulis``: Hydraulis's heterogeneous replicas and two-stage sequence assignment (Li et al.,
+"Hydraulis: Balancing Large Transformer Model Training via Co-designing Parallel Strategies and Data
+Assignment", SIGMOD; seeds/hydraulis.txt and PEERS.md; facts only).
+
+Here a *replica* is a DP replica running CP of some degree d on a contiguous block of d GPUs; replicas of
+one iteration may have different degrees (Hydraulis's heterogeneous strategies) and every sequence of a
+replica is sharded over its d GPUs (kept whole when d = 1).
+
+Per-strategy cost, ``a*s^2 + b*s + c`` (Hydraulis profiles the coefficients; here they are the reference
+model's, exactly: a microbatch of sharded sequences on d GPUs costs ``c_d + sum t_d(s)``):
+``t_d(s) = ms_per_flop * FLOPs(s) / d + comm_ms_per_token * s * [d > 1]`` and
+``c_d = microbatch_ms + compute.fixed_ms + comm.fixed_ms * [d > 1]``; memory caps a microbatch at
+``d * bucket_tokens`` tokens (eq. 7).
+
+1. Distribution-aware strategy choice (Hydraulis's offline dynamic programming over the length
+   histogram): the lengths fall into power-of-two buckets; the DP splits the buckets, in length order,
+   into contiguous ranges, each served by r replicas of one degree d (from the powers of two up to
+   ``dp*cp``, plus ``cp``) whose cap holds the range's longest sequence, using at most ``dp*cp`` GPUs,
+   minimizing the slowest range's time ``max(T(range, d) / r, t_d(longest)) + c_d`` with
+   ``T = sum t_d(s) + c_d * s / (d * bucket)`` (the per-microbatch cost spread over the tokens).
+   GPUs the DP leaves unused become replicas of degree 1. Replicas are laid out largest first from rank
+   0, so every power-of-two block is aligned.
+   Candidates per iteration (Hydraulis picks among candidates at run time): the DP over the whole
+   request's histogram (the "dataset"), the DP over this iteration's, and the static layout (dp
+   replicas of degree cp); the one with the lowest stage-1 estimate (with ``screen_shuffles`` shuffles)
+   is used.
+2. Stage 1 (inter-replica): sequences only the largest degree can hold are pinned to the replicas of
+   that degree (longest first, least accumulated cost); the rest, in a random order, each go to the
+   eligible replica with the least ``accumulated + t_d(s) + c_d * s / (d * bucket)``, every replica
+   starting from its warm-up cost ``c_d`` (the pipeline warm-up term, with no pipeline here); the best
+   of ``shuffles`` seeded shuffles (fewest max accumulated cost) wins. Hydraulis uses 100; for large
+   batches the count is cut to keep ``shuffles * sequences * degrees`` under 400,000 (deterministic).
+3. Stage 2 (intra-replica): the replica's sequences are packed into m microbatches by a min-max ILP
+   (``minimize T`` s.t. each sequence in one microbatch, ``sum s <= d * bucket`` per microbatch,
+   ``T >= sum t_d(s)`` of every microbatch; loads ordered for symmetry), OR-Tools CP-SAT, one worker,
+   fixed seed, ``ilp_time_limit_s`` (0.5 s, as Hydraulis), a greedy warm start, and a stop once the
+   optimum is proven within 0.5%. m is swept upward from
+   ``ceil(tokens / (d * bucket))``; the packing with the lowest reference-model time wins. Under this model
+   a replica's time is ``(non-empty microbatches) * c_d + sum t_d(s)``, so the sweep stops as soon as a
+   packing reaches the memory lower bound on the count (nothing larger can beat it); Hydraulis sweeps
+   further because its pipeline time ``(m + pp - 1) * max`` can fall with m.
+
+The ILP limit is shared out of the request's ``time_budget_s`` (per iteration, per busy replica) when
+that is smaller; with
+``deterministic=True`` CP-SAT's deterministic time limit replaces the wall clock (same plan on any
+machine, used by the tests). Hydraulis plans one step ahead, so its solver time is hidden in training.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from solver.cost import MIB
+from solver.errors import InfeasibleError
+from solver.planners.base import PlannerOutput, make_spec
+from solver.types import MicrobatchSpec, Problem
+
+SHUFFLES = 100
+SHUFFLE_WORK_LIMIT = 400_000
+#: Stage 2 stops once its microbatch max is proven within this fraction of optimal.
+RELATIVE_GAP = 0.005
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StrategyCosts:
+    """Per-degree cost coefficients from the profile (see the module docstring)."""
+
+    ms_per_flop: float
+    flops_per_token: float
+    flops_per_token_sq: float
+    comm_ms_per_token: float
+    base_ms: float  # microbatch_ms + compute.fixed_ms
+    comm_fixed_ms: float
+    bucket_tokens: int
+
+    @classmethod
+    def from_problem(cls, problem: Problem) -> StrategyCosts:
+        p = problem.profile
+        return cls(
+            ms_per_flop=p.compute.ms_per_tflop / 1e12,
+            flops_per_token=p.compute.flops_per_token,
+            flops_per_token_sq=p.compute.flops_per_token_sq,
+            comm_ms_per_token=p.comm.ms_per_mib * p.comm.bytes_per_token / MIB,
+            base_ms=p.microbatch_ms + p.compute.fixed_ms,
+            comm_fixed_ms=p.comm.fixed_ms,
+            bucket_tokens=problem.bucket_tokens,
+        )
+
+    def coefficients(self, degree: int) -> tuple[float, float, float]:
+        """``(a, b, c)`` of ``t_d(s) = a*s^2 + b*s`` and the per-microbatch ``c_d``."""
+        a = self.ms_per_flop * self.flops_per_token_sq / degree
+        b = self.ms_per_flop * self.flops_per_token / degree
+        c = self.base_ms
+        if degree > 1:
+            b += self.comm_ms_per_token
+            c += self.comm_fixed_ms
+        return a, b, c
+
+    def seq_ms(self, s: int, degree: int) -> float:
+        a, b, _ = self.coefficients(degree)
+        return a * s * s + b * s
+
+    def amortized_ms(self, s: int, degree: int) -> float:
+        """``t_d(s)`` plus the sequence's share of per-microbatch cost."""
+        a, b, c = self.coefficients(degree)
+        return a * s * s + b * s + c * s / (degree * self.bucket_tokens)
+
+    def cap(self, degree: int) -> int:
+        return degree * self.bucket_tokens
+
+
+def candidate_degrees(num_gpus: int, cp: int) -> tuple[int, ...]:
+    """Powers of two up to ``num_gpus``, plus the static CP degree."""
+    out = {cp}
+    d = 1
+    while d <= num_gpus:
+        out.add(d)
+        d *= 2
+    return tuple(sorted(x for x in out if x <= num_gpus))
+
+
+def length_histogram(lengths: Sequence[int]) -> list[tuple[int, float, float, int]]:
+    """Power-of-two length buckets ``[2^k, 2^(k+1))``, ascending: (count, sum S, sum S^2, longest)."""
+    buckets: dict[int, list[int]] = {}
+    for s in lengths:
+        buckets.setdefault(int(s).bit_length(), []).append(int(s))
+    return [(len(v), float(sum(v)), float(sum(x * x for x in v)), max(v)) for _, v in sorted(buckets.items())]
+
+
+def choose_degrees(
+    lengths: Sequence[int], *, num_gpus: int, degrees: Sequence[int], costs: StrategyCosts
+) -> tuple[int, ...]:
+    """Hydraulis's DP over the length histogram: replica degrees (descending) summing to ``num_gpus``.
+
+    ``f[i][g]``: the least possible time of the slowest range when the first i buckets are served by
+    replicas on g GPUs. A range of buckets ``j..i-1`` on r replicas of degree d costs
+    ``max(T / r, t_d(longest)) + c_d``: its work split evenly, but never below its longest sequence.
+    """
+    hist = length_histogram(lengths)
+    num_bins = len(hist)
+    if num_bins == 0:
+        return (1,) * num_gpus
+    g_count = num_gpus + 1
+    f = np.full((num_bins + 1, g_count), math.inf)
+    f[0, 0] = 0.0
+    choice: dict[tuple[int, int], tuple[int, int, int]] = {}
+    for i in range(1, num_bins + 1):
+        longest = hist[i - 1][3]
+        for j in range(i):
+            if not np.isfinite(f[j]).any():
+                continue
+            sum1 = sum(h[1] for h in hist[j:i])
+            sum2 = sum(h[2] for h in hist[j:i])
+            for d in degrees:
+                if longest > costs.cap(d):
+                    continue
+                a, b, c = costs.coefficients(d)
+                total = a * sum2 + b * sum1 + c * sum1 / (d * costs.bucket_tokens)
+                floor = a * longest * longest + b * longest
+                for r in range(1, num_gpus // d + 1):
+                    used = r * d
+                    cand = np.maximum(f[j, : g_count - used], max(total / r, floor) + c)
+                    target = f[i, used:]
+                    better = np.nonzero(cand < target - 1e-12)[0]
+                    if better.size:
+                        target[better] = cand[better]
+                        for g in (better + used).tolist():
+                            choice[(i, g)] = (j, d, r)
+    best_g = int(np.argmin(f[num_bins]))
+    if not math.isfinite(f[num_bins, best_g]):
+        raise InfeasibleError(f"no replica of at most {num_gpus} GPUs holds {hist[-1][3]} tokens")
+    out: list[int] = []
+    i, g = num_bins, best_g
+    while i > 0:
+        j, d, r = choice[(i, g)]
+        out.extend([d] * r)
+        i, g = j, g - r * d
+    out.extend([1] * (num_gpus - best_g))
+    return tuple(sorted(out, reverse=True))
+
+
+def layout_replicas(degrees: Sequence[int]) -> list[tuple[int, ...]]:
+    """Contiguous rank blocks, largest degree first from rank 0."""
+    out = []
+    start = 0
+    for d in sorted(degrees, reverse=True):
+        out.append(tuple(range(start, start + d)))
+        start += d
+    return out
+
+
+def assign_sequences(
+    ids: Sequence[int],
+    lengths: Sequence[int],
+    degrees: Sequence[int],
+    costs: StrategyCosts,
+    *,
+    shuffles: int,
+    rng: random.Random,
+) -> tuple[list[list[int]], float]:
+    """Stage 1: sequences to replicas (index into ``degrees``); returns the assignment and its max cost."""
+    caps = [costs.cap(d) for d in degrees]
+    top = max(caps)
+    second = max((cap for cap in caps if cap < top), default=0)
+    base = [costs.coefficients(d)[2] for d in degrees]
+    buckets: list[list[int]] = [[] for _ in degrees]
+    pinned = sorted((i for i in ids if lengths[i] > second), key=lambda i: (-lengths[i], i))
+    rest = [i for i in ids if lengths[i] <= second]
+    largest = [r for r, cap in enumerate(caps) if cap == top]
+    for i in pinned:
+        r = min(largest, key=lambda r: (base[r], r))
+        buckets[r].append(i)
+        base[r] += costs.amortized_ms(lengths[i], degrees[r])
+    by_degree: dict[int, list[int]] = {}
+    for r, d in enumerate(degrees):
+        by_degree.setdefault(d, []).append(r)
+    kinds = sorted(by_degree)
+    best: tuple[float, list[list[int]]] | None = None
+    for _ in range(max(1, shuffles)):
+        order = list(rest)
+        rng.shuffle(order)
+        acc = list(base)
+        heaps = {d: [(acc[r], r) for r in by_degree[d]] for d in kinds}
+        for h in heaps.values():
+            heapq.heapify(h)
+        members: list[list[int]] = [list(b) for b in buckets]
+        for i in order:
+            s = lengths[i]
+            pick: tuple[float, int, int] | None = None
+            for d in kinds:
+                if costs.cap(d) < s:
+                    continue
+                load, r = heaps[d][0]
+                cand = (load + costs.amortized_ms(s, d), r, d)
+                if pick is None or cand < pick:
+                    pick = cand
+            assert pick is not None, "every sequence fits the largest replica (pinned above)"
+            new_load, r, d = pick
+            heapq.heapreplace(heaps[d], (new_load, r))
+            acc[r] = new_load
+            members[r].append(i)
+        worst = max(acc)
+        if best is None or worst < best[0]:
+            best = (worst, members)
+    assert best is not None
+    return best[1], best[0]
+
+
+def _greedy_pack(weights: Sequence[int], sizes: Sequence[int], m: int, cap: int) -> list[int] | None:
+    """LPT with a capacity: heaviest first onto the least-loaded microbatch with room."""
+    loads = [0] * m
+    tokens = [0] * m
+    where = [0] * len(weights)
+    for k in sorted(range(len(weights)), key=lambda k: (-weights[k], k)):
+        fits = [j for j in range(m) if tokens[j] + sizes[k] <= cap]
+        if not fits:
+            return None
+        j = min(fits, key=lambda j: (loads[j], j))
+        loads[j] += weights[k]
+        tokens[j] += sizes[k]
+        where[k] = j
+    return where
+
+
+def minmax_pack(
+    weights: Sequence[int],
+    sizes: Sequence[int],
+    m: int,
+    cap: int,
+    *,
+    time_limit_s: float,
+    seed: int,
+    deterministic: bool,
+) -> tuple[list[int] | None, str]:
+    """Stage 2's min-max ILP (CP-SAT): microbatch index per item, and the solver status name."""
+    from ortools.sat.python import cp_model
+
+    n = len(weights)
+    hint = _greedy_pack(weights, sizes, m, cap)
+    if m == 1:
+        return ([0] * n if sum(sizes) <= cap else None), "trivial"
+    if m >= n:
+        return list(range(n)), "trivial"
+    if hint is not None:
+        loads = [0] * m
+        for k, j in enumerate(hint):
+            loads[j] += weights[k]
+        if max(loads) <= max(max(weights), -(-sum(weights) // m)):
+            return hint, "greedy-optimal"
+    model = cp_model.CpModel()
+    x = [[model.new_bool_var(f"x{k}_{j}") for j in range(m)] for k in range(n)]
+    top = model.new_int_var(0, sum(weights), "T")
+    load_vars = []
+    for j in range(m):
+        model.add(sum(sizes[k] * x[k][j] for k in range(n)) <= cap)
+        load = model.new_int_var(0, sum(weights), f"load{j}")
+        model.add(load == sum(weights[k] * x[k][j] for k in range(n)))
+        model.add(top >= load)
+        load_vars.append(load)
+    for k in range(n):
+        model.add_exactly_one(x[k])
+    for j in range(m - 1):
+        model.add(load_vars[j] >= load_vars[j + 1])
+    model.minimize(top)
+    if hint is not None:
+        # The hint must respect the symmetry order: relabel microbatches by descending load.
+        loads = [0] * m
+        for k, j in enumerate(hint):
+            loads[j] += weights[k]
+        order = sorted(range(m), key=lambda j: (-loads[j], j))
+        rank = {j: pos for pos, j in enumerate(order)}
+        for k, j in enumerate(hint):
+            for jj in range(m):
+                model.add_hint(x[k][jj], rank[j] == jj)
+        for pos, j in enumerate(order):  # a complete warm start: loads and objective too
+            model.add_hint(load_vars[pos], loads[j])
+        model.add_hint(top, max(loads))
+    solver = cp_model.CpSolver()
+    solver.parameters.num_workers = 1
+    solver.parameters.random_seed = seed
+    solver.parameters.relative_gap_limit = RELATIVE_GAP
+    if deterministic:
+        solver.parameters.max_deterministic_time = time_limit_s
+    else:
+        solver.parameters.max_time_in_seconds = time_limit_s
+    status = solver.solve(model)
+    name = solver.status_name(status)
+    if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return [next(j for j in range(m) if solver.value(x[k][j])) for k in range(n)], name
+    if status == cp_model.INFEASIBLE:
+        return None, name
+    return hint, name
+
+
+class HydraulisPlanner:
+    """Heterogeneous CP degrees per replica (histogram DP), stage 1 greedy, stage 2 min-max ILP."""
+
+    name = "hydraulis"
+
+    def __init__(
+        self,
+        *,
+        shuffles: int = SHUFFLES,
+        screen_shuffles: int = 8,
+        ilp_time_limit_s: float = 0.5,
+        sweep: int = 3,
+        heterogeneous: bool = True,
+        deterministic: bool = False,
+    ) -> None:
+        self.shuffles = shuffles
+        self.screen_shuffles = screen_shuffles
+        self.ilp_time_limit_s = ilp_time_limit_s
+        self.sweep = sweep
+        self.heterogeneous = heterogeneous
+        self.deterministic = deterministic
+
+    def plan(self, problem: Problem) -> PlannerOutput:
+        costs = StrategyCosts.from_problem(problem)
+        par = problem.parallel
+        lengths = problem.lengths
+        degrees = candidate_degrees(par.num_gpus, par.cp)
+        static = (par.cp,) * par.dp
+        request_set = (
+            choose_degrees(lengths, num_gpus=par.num_gpus, degrees=degrees, costs=costs)
+            if self.heterogeneous
+            else static
+        )
+        iterations = []
+        ilp_calls = 0
+        ilp_nonoptimal = 0
+        replicas_used = 0.0
+        hetero_iterations = 0
+        replica_counts: list[int] = []
+        for index, ids in enumerate(problem.batch_ids):
+            rng_seed = problem.seed * 1_000_003 + index
+            candidates = [static]
+            if self.heterogeneous:
+                candidates += [
+                    request_set,
+                    choose_degrees([lengths[i] for i in ids], num_gpus=par.num_gpus, degrees=degrees, costs=costs),
+                ]
+            longest = max(lengths[i] for i in ids)
+            feasible = [c for c in dict.fromkeys(candidates) if max(costs.cap(d) for d in c) >= longest]
+            work = len(ids) * len(set(feasible[0]))
+            shuffles = max(1, min(self.shuffles, SHUFFLE_WORK_LIMIT // max(1, work)))
+            if len(feasible) > 1:
+                scored = []
+                for c in feasible:
+                    screen = min(shuffles, self.screen_shuffles)
+                    _, worst = assign_sequences(ids, lengths, c, costs, shuffles=screen, rng=random.Random(rng_seed))
+                    scored.append((worst, c))
+                chosen = min(scored, key=lambda t: t[0])[1]
+            else:
+                chosen = feasible[0]
+            hetero_iterations += len(set(chosen)) > 1
+            replica_counts.append(len(chosen))
+            members, _ = assign_sequences(ids, lengths, chosen, costs, shuffles=shuffles, rng=random.Random(rng_seed))
+            blocks = layout_replicas(chosen)
+            replicas_used += sum(1 for m in members if m)
+            busy = sum(1 for m in members if m) or 1
+            limit = min(self.ilp_time_limit_s, problem.time_budget_s / (len(problem.batch_ids) * busy))
+            specs: list[MicrobatchSpec] = []
+            for ranks, seq_ids in zip(blocks, members, strict=True):
+                parts, calls, nonoptimal = self._pack(
+                    seq_ids,
+                    lengths,
+                    len(ranks),
+                    costs,
+                    limit,
+                    problem.seed,
+                    deterministic=self.deterministic or problem.deterministic,
+                )
+                ilp_calls += calls
+                ilp_nonoptimal += nonoptimal
+                specs.extend(
+                    make_spec(step=step, ranks=ranks, local=[() for _ in ranks], sharded=part)
+                    for step, part in enumerate(parts)
+                )
+            iterations.append(tuple(specs))
+        stats = (
+            ("heterogeneous_iterations", float(hetero_iterations)),
+            ("mean_replicas", sum(replica_counts) / max(1, len(replica_counts))),
+            ("mean_busy_replicas", replicas_used / max(1, len(problem.batch_ids))),
+            ("ilp_calls", float(ilp_calls)),
+            ("ilp_not_proven_optimal", float(ilp_nonoptimal)),
+        )
+        return PlannerOutput(iterations=tuple(iterations), stats=stats)
+
+    def _pack(
+        self,
+        ids: Sequence[int],
+        lengths: Sequence[int],
+        degree: int,
+        costs: StrategyCosts,
+        limit: float,
+        seed: int,
+        *,
+        deterministic: bool,
+    ) -> tuple[list[list[int]], int, int]:
+        """Stage 2 for one replica: (microbatches, ILP calls, ILP calls not proven optimal)."""
+        if not ids:
+            return [], 0, 0
+        cap = costs.cap(degree)
+        sizes = [lengths[i] for i in ids]
+        weights = [max(1, round(costs.seq_ms(s, degree) * 1000)) for s in sizes]  # microseconds
+        lower = max(1, -(-sum(sizes) // cap))
+        _, _, c = costs.coefficients(degree)
+        best: tuple[float, list[list[int]]] | None = None
+        calls = nonoptimal = 0
+        m = lower
+        tried_feasible = 0
+        while m <= len(ids) and tried_feasible < max(1, self.sweep):
+            where, status = minmax_pack(
+                weights, sizes, m, cap, time_limit_s=limit, seed=seed, deterministic=deterministic
+            )
+            if status not in ("trivial", "greedy-optimal"):
+                calls += 1
+                nonoptimal += status != "OPTIMAL"
+            if where is not None:
+                tried_feasible += 1
+                parts = [[ids[k] for k in range(len(ids)) if where[k] == j] for j in range(m)]
+                parts = [p for p in parts if p]
+                time_ms = len(parts) * c + sum(costs.seq_ms(s, degree) for s in sizes)
+                if best is None or time_ms < best[0] - 1e-9:
+                    best = (time_ms, parts)
+                if len(parts) == lower:
+                    break
+            m += 1
+        if best is None:  # one sequence per microbatch always fits the replica (stage 1 checks caps)
+            return [[i] for i in ids], calls, nonoptimal
+        return best[1], calls, nonoptimal
