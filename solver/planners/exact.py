@@ -13,20 +13,25 @@ model floors every time coefficient); ``gap = (objective - bound) / objective``.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from solver.cost import CostModel
+from solver.errors import SkrullError
 from solver.ilp.builder import GroupMicrobatch
 from solver.ilp.runner import Report, run_with_deadline
 from solver.ilp.search import EXACT_MAX_BINARIES, improve_lns, model_size, plan_time_ms, solve_exact
 from solver.planners.base import PlannerOutput, make_spec
 from solver.planners.baselines import packed_batch
 from solver.planners.dacp import dacp_place, round_robin_place
+from solver.planners.dynamic_cp import DynamicCpPlanner
+from solver.planners.hydraulis import HydraulisPlanner
 from solver.planners.local_search import improve
 from solver.planners.skrull import gds_dacp_batch
+from solver.planners.verl_kk import VerlKkPlanner
 from solver.types import MicrobatchSpec, Parallel, Problem
 
 Groups = list[list[GroupMicrobatch]]
@@ -135,26 +140,29 @@ class _BudgetedPlanner:
     def start(self, problem: Problem, ids: tuple[int, ...], deadline: float) -> Groups:
         raise NotImplementedError
 
-    def plan(self, problem: Problem) -> PlannerOutput:
-        begin = time.monotonic()
-        end = begin + problem.time_budget_s
+    def optimize(self, problem: Problem, *, end: float) -> list[IterationResult]:
+        """Every iteration optimised in turn, each with an equal share of the time left until ``end``."""
         backend = problem.backend or self.backend or DEFAULT_BACKEND
-        iterations = []
-        bounds = []
-        statuses = []
+        results = []
         for k, ids in enumerate(problem.batch_ids):
             share = (end - time.monotonic()) / (len(problem.batch_ids) - k)
             deadline = time.monotonic() + max(share, 0.0)
             hint = self.start(problem, ids, deadline)
-            result = optimize_iteration(problem, ids, hint, backend=backend, deadline=deadline)
-            iterations.append(tuple(groups_to_specs(result.groups, problem.parallel)))
-            bounds.append(result.bound_ms)
-            statuses.append(result.status)
-        return PlannerOutput(iterations=tuple(iterations), status=_combine(statuses), bound_ms=sum(bounds))
+            results.append(optimize_iteration(problem, ids, hint, backend=backend, deadline=deadline))
+        return results
+
+    def plan(self, problem: Problem) -> PlannerOutput:
+        results = self.optimize(problem, end=time.monotonic() + problem.time_budget_s)
+        return PlannerOutput(
+            iterations=tuple(tuple(groups_to_specs(r.groups, problem.parallel)) for r in results),
+            status=_combine([r.status for r in results]),
+            bound_ms=sum(r.bound_ms for r in results),
+        )
 
 
 class IlpPlanner(_BudgetedPlanner):
-    """The exact joint model warm-started from the ``skrull`` heuristic."""
+    """The exact joint model (Skrull's static DP x CP layout) warm-started from the ``skrull`` heuristic.
+    Its bound and "optimal" are over that layout."""
 
     name = "ilp"
 
@@ -162,9 +170,21 @@ class IlpPlanner(_BudgetedPlanner):
         return _skrull_groups(problem, ids)
 
 
+#: Share of auto's budget the peers with flexible layouts (groups wider than CP, heterogeneous
+#: replicas) may use; the static optimisation gets the rest.
+PEER_BUDGET_FRACTION = 0.2
+
+
 class AutoPlanner(_BudgetedPlanner):
-    """Best heuristic, then local search (up to a quarter of the iteration's budget), then the exact
-    model or LNS for the rest."""
+    """The best plan the project finds within the budget, per iteration, over any layout.
+
+    Static layout: best heuristic, then local search (up to a quarter of the iteration's budget), then
+    the exact model or LNS. Flexible layouts: the ``dynamic-cp`` and ``hydraulis`` peers (groups wider
+    than CP for the longest sequences, heterogeneous replicas) and ``verl-kk``, which can beat any
+    static plan (README "Peers"). Each iteration keeps the fastest candidate. The reported bound must
+    hold over every layout, so it is the smaller of the static bound and the layout-free bound
+    ``max(sum FLOPs-time / (dp*cp) + microbatch term, FLOPs-time(S_max) / (dp*cp) + microbatch_ms)``.
+    """
 
     name = "auto"
 
@@ -181,3 +201,61 @@ class AutoPlanner(_BudgetedPlanner):
         return improve(
             best, lengths=lengths, cost=cost, group_size=problem.parallel.cp, deadline=now + (deadline - now) / 4
         )
+
+    def plan(self, problem: Problem) -> PlannerOutput:
+        begin = time.monotonic()
+        end = begin + problem.time_budget_s
+        peers = self._flexible_candidates(problem, deadline=begin + PEER_BUDGET_FRACTION * problem.time_budget_s)
+        static = self.optimize(problem, end=end)
+        cost = CostModel(problem.profile, bucket_tokens=problem.bucket_tokens)
+        lengths = problem.lengths
+        par = problem.parallel
+        iterations = []
+        bounds = []
+        statuses = []
+        for k, result in enumerate(static):
+            best = tuple(groups_to_specs(result.groups, par))
+            best_ms = _iteration_ms(best, lengths, cost, par)
+            for output in peers:
+                candidate = output.iterations[k]
+                candidate_ms = _iteration_ms(candidate, lengths, cost, par)
+                if candidate_ms < best_ms - 1e-9:
+                    best, best_ms = candidate, candidate_ms
+            ids_lengths = [lengths[i] for i in problem.batch_ids[k]]
+            bound = min(result.bound_ms, _layout_free_bound_ms(ids_lengths, cost, par)) if peers else result.bound_ms
+            bounds.append(bound)
+            optimal = best_ms - bound <= OPTIMAL_TOLERANCE * max(best_ms, 1e-9)
+            statuses.append("timeout" if result.status == "timeout" else ("optimal" if optimal else "feasible"))
+            iterations.append(best)
+        return PlannerOutput(iterations=tuple(iterations), status=_combine(statuses), bound_ms=sum(bounds))
+
+    @staticmethod
+    def _flexible_candidates(problem: Problem, *, deadline: float) -> list[PlannerOutput]:
+        """Peers' plans that keep every batch in its iteration (nothing deferred)."""
+        peer_problem = dataclasses.replace(problem, time_budget_s=max(0.05, deadline - time.monotonic()))
+        outputs = []
+        for planner in (DynamicCpPlanner(), HydraulisPlanner(), VerlKkPlanner()):
+            if time.monotonic() >= deadline:
+                break
+            try:
+                output = planner.plan(peer_problem)
+            except SkrullError:
+                continue
+            if not output.pending and all(
+                sorted(i for s in specs for i in s.seq_ids) == list(ids)
+                for specs, ids in zip(output.iterations, problem.batch_ids, strict=True)
+            ):
+                outputs.append(output)
+        return outputs
+
+
+def _iteration_ms(specs: Sequence[MicrobatchSpec], lengths: Sequence[int], cost: CostModel, par: Parallel) -> float:
+    return cost.iteration_time_ms(((s.ranks, cost.spec_time_ms(s, lengths)) for s in specs), par.num_gpus)
+
+
+def _layout_free_bound_ms(lengths: Sequence[int], cost: CostModel, par: Parallel) -> float:
+    """The contract's bound with the longest sequence allowed to spread over every GPU (any layout)."""
+    if not lengths:
+        return 0.0
+    everything = cost.lower_bound_ms(lengths, Parallel(dp=1, cp=par.num_gpus))
+    return min(cost.lower_bound_ms(lengths, par), everything)

@@ -111,3 +111,17 @@ def test_deterministic_requests_give_the_same_plan() -> None:
 def test_infeasible_request_is_refused_before_solving() -> None:
     with pytest.raises(SequenceTooLongError, match="sequence 1 has 201 tokens"):
         make_request([[5, 201]], dp=1, cp=2, bucket=100, solver="ilp")
+
+
+def test_auto_is_no_slower_than_any_fixed_planner_it_considers() -> None:
+    import random
+
+    rng = random.Random(11)
+    batches = [[rng.choice([rng.randint(1, 40), rng.randint(150, 400)]) for _ in range(32)] for _ in range(2)]
+    request = make_request(batches, dp=2, cp=4, bucket=100, time_budget_s=2.0, deterministic=True)
+    auto = solve(dataclasses.replace(request, solver="auto"))
+    for other in ("skrull", "packed", "round-robin", "dynamic-cp", "verl-kk"):
+        plan = solve(dataclasses.replace(request, solver=other))
+        for mine, theirs in zip(auto.iterations, plan.iterations, strict=True):
+            assert mine.estimated_ms <= theirs.estimated_ms + 1e-9, other
+    assert auto.solve.bound_ms is not None and auto.solve.bound_ms <= auto.estimated_ms
