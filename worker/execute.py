@@ -14,7 +14,6 @@ magnitude (``tolerance * max(1, max |reference|)``), the others are absolute.
 
 from __future__ import annotations
 
-import dataclasses
 import tempfile
 import time
 from collections.abc import Sequence
@@ -109,18 +108,25 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def execute_rank(
-    rank: int,
-    world_size: int,
-    backend: str,
-    plan_doc: dict[str, Any],
-    lengths: tuple[int, ...],
-    config: ExecuteConfig,
-    out_dir: str,
-) -> None:
-    """One process's work (see the module docstring); writes ``rank{rank}.pt`` under ``out_dir``."""
-    plan = plan_from_dict(plan_doc)
-    device = device_for(backend, rank)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RankOutput:
+    """One process's results: ``(seq_id, first token, output rows, input-gradient rows)`` per part."""
+
+    records: list[tuple[int, int, torch.Tensor, torch.Tensor]]
+    weight_grads: dict[str, torch.Tensor]
+    timing: RankTiming
+    kernel: str
+
+
+def run_rank(
+    plan: Plan, lengths: Sequence[int], *, config: ExecuteConfig, rank: int, device: torch.device
+) -> RankOutput:
+    """Run GPU ``rank``'s part of every iteration of ``plan`` (inside an initialized process group).
+
+    Collective: every process of the world must call it with the same plan (process groups are created
+    and weight gradients summed over the world).
+    """
+    lengths = tuple(lengths)
     dtype = DTYPES[config.dtype]
     registry = GroupRegistry.for_plan(plan)
     layer = make_layer(config).to(device=device, dtype=dtype)
@@ -164,9 +170,43 @@ def execute_rank(
     timing = RankTiming(
         rank=rank, microbatches=microbatches, local_tokens=local_tokens, piece_tokens=piece_tokens, seconds=seconds
     )
-    torch.save(
-        {"records": records, "weight_grads": weight_grads, "timing": dataclasses.asdict(timing), "kernel": kernel.name},
-        Path(out_dir) / f"rank{rank}.pt",
+    return RankOutput(records=records, weight_grads=weight_grads, timing=timing, kernel=kernel.name)
+
+
+def execute_rank(
+    rank: int,
+    world_size: int,
+    backend: str,
+    plan_doc: dict[str, Any],
+    lengths: tuple[int, ...],
+    config: ExecuteConfig,
+    out_dir: str,
+) -> None:
+    """One process of ``execute_plan``: ``run_rank``, then ``rank{rank}.pt`` under ``out_dir``."""
+    output = run_rank(plan_from_dict(plan_doc), lengths, config=config, rank=rank, device=device_for(backend, rank))
+    torch.save(output, Path(out_dir) / f"rank{rank}.pt")
+
+
+def collect(plan: Plan, lengths: Sequence[int], parts: Sequence[RankOutput], *, hidden_size: int) -> ExecuteResult:
+    """Reassemble per-sequence tensors from every rank's parts; every token must appear exactly once."""
+    seq_ids = sorted({i for it in plan.iterations for mb in it.microbatches for i in mb.seq_ids})
+    outputs = {i: torch.full((lengths[i], hidden_size), float("nan")) for i in seq_ids}
+    input_grads = {i: torch.full((lengths[i], hidden_size), float("nan")) for i in seq_ids}
+    seen = {i: torch.zeros(lengths[i], dtype=torch.long) for i in seq_ids}
+    for part in parts:
+        for seq_id, first, out, grad in part.records:
+            rows = slice(first, first + out.shape[0])
+            outputs[seq_id][rows] = out
+            input_grads[seq_id][rows] = grad
+            seen[seq_id][rows] += 1
+    for seq_id, count in seen.items():
+        assert bool((count == 1).all()), f"sequence {seq_id}: every token must be computed exactly once"
+    return ExecuteResult(
+        outputs=outputs,
+        input_grads=input_grads,
+        weight_grads=parts[0].weight_grads,
+        timings=tuple(p.timing for p in parts),
+        kernel=parts[0].kernel,
     )
 
 
@@ -178,26 +218,7 @@ def execute_plan(
     with tempfile.TemporaryDirectory(prefix="skrull-execute-") as tmp:
         launch(execute_rank, world_size=world_size, backend=backend, args=(plan_to_dict(plan), lengths, config, tmp))
         parts = [torch.load(Path(tmp) / f"rank{r}.pt", weights_only=False) for r in range(world_size)]
-    hidden = config.layer.hidden_size
-    seq_ids = sorted({i for it in plan.iterations for mb in it.microbatches for i in mb.seq_ids})
-    outputs = {i: torch.full((lengths[i], hidden), float("nan")) for i in seq_ids}
-    input_grads = {i: torch.full((lengths[i], hidden), float("nan")) for i in seq_ids}
-    seen = {i: torch.zeros(lengths[i], dtype=torch.long) for i in seq_ids}
-    for part in parts:
-        for seq_id, first, out, grad in part["records"]:
-            rows = slice(first, first + out.shape[0])
-            outputs[seq_id][rows] = out
-            input_grads[seq_id][rows] = grad
-            seen[seq_id][rows] += 1
-    for seq_id, count in seen.items():
-        assert bool((count == 1).all()), f"sequence {seq_id}: every token must be computed exactly once"
-    return ExecuteResult(
-        outputs=outputs,
-        input_grads=input_grads,
-        weight_grads=parts[0]["weight_grads"],
-        timings=tuple(RankTiming(**p["timing"]) for p in parts),
-        kernel=parts[0]["kernel"],
-    )
+    return collect(plan, lengths, parts, hidden_size=config.layer.hidden_size)
 
 
 def reference_run(
