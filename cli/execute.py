@@ -52,7 +52,10 @@ def _positive(flag: str, value: int) -> None:
 def cmd_execute(args: argparse.Namespace) -> int:
     try:
         from worker.dacp import CP_MODES
+        import torch
+
         from worker.execute import DTYPES, ExecuteConfig, LayerConfig, compare, execute_plan
+        from worker.kernels import select_kernel
         from worker.launch import LaunchError, check_backend
         from worker.layout import SHARDING_RULES
     except ImportError as exc:
@@ -86,6 +89,7 @@ def cmd_execute(args: argparse.Namespace) -> int:
         raise RequestError("--head-dim", args.head_dim, "must be even (rotary embedding)")
     if args.backend == "gloo" and args.dtype != "float32":
         raise RequestError("--dtype", args.dtype, "gloo runs on CPU: use float32")
+    select_kernel(torch.device("cuda" if args.backend == "nccl" else "cpu"), DTYPES[args.dtype], args.kernel)
     tolerance = args.tolerance if args.tolerance is not None else (1e-4 if args.dtype == "float32" else 5e-2)
     config = ExecuteConfig(
         layer=LayerConfig(
