@@ -51,9 +51,9 @@ def _positive(flag: str, value: int) -> None:
 
 def cmd_execute(args: argparse.Namespace) -> int:
     try:
-        from worker.dacp import CP_MODES
         import torch
 
+        from worker.dacp import CP_MODES
         from worker.execute import DTYPES, ExecuteConfig, LayerConfig, compare, execute_plan
         from worker.kernels import select_kernel
         from worker.launch import LaunchError, check_backend
