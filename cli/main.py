@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from cli import execute as execute_cli
+from cli import profile as profile_cli
 from solver.compare import compare, format_table
 from solver.datasets import distribution_names, synthesize_request
 from solver.derive import GPUS, MODELS, derive_profile
@@ -225,6 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_derive_profile)
 
     execute_cli.add_parser(sub)
+    profile_cli.add_parser(sub)
     return parser
 
 
