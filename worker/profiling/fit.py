@@ -3,10 +3,11 @@
 What ``skrull profile`` measures and how each contract coefficient follows (CONTRACT.md "Profile";
 Skrull appendix C):
 
-- compute (eq. 14, ``T_comp = ms_per_tflop * FLOPs / 1e12 + fixed_ms``): least squares of measured
-  forward+backward milliseconds against FLOPs (eq. 13 x layers x 3) over packs of sequences; the
-  intercept is kept non-negative (a negative fixed cost would make tiny microbatches free);
-- communication (eq. 16, ``T_comm = ms_per_mib * MiB + fixed_ms``): least squares of collective time
+- compute (eq. 14, ``T_comp = ms_per_tflop * FLOPs / 1e12 + fixed_ms``): least squares of relative
+  residuals of measured forward+backward milliseconds against FLOPs (eq. 13 x layers x 3) over packs
+  of sequences; the intercept is kept non-negative (a negative fixed cost would make tiny microbatches
+  free);
+- communication (eq. 16, ``T_comm = ms_per_mib * MiB + fixed_ms``): the same fit of collective time
   against message size;
 - memory (appendix C.1, ``Memory(S) = alpha * S + beta``): least squares of activation bytes against
   tokens; ``bucket_tokens = floor((capacity * (1 - reserve) - static) / alpha)``;
@@ -56,8 +57,21 @@ def r_squared(predicted: Sequence[float] | np.ndarray, measured: Sequence[float]
     return 1.0 - ss_res / ss_tot
 
 
-def fit_line(x: Sequence[float], y: Sequence[float], *, what: str, nonnegative_intercept: bool = True) -> LinearFit:
-    """Ordinary least squares; with ``nonnegative_intercept`` a negative intercept is refit through 0."""
+def fit_line(
+    x: Sequence[float],
+    y: Sequence[float],
+    *,
+    what: str,
+    nonnegative_intercept: bool = True,
+    relative: bool = False,
+) -> LinearFit:
+    """Least squares ``y = slope * x + intercept``.
+
+    ``relative`` minimizes relative residuals ``sum(((y - fit) / y)^2)`` (weights ``1/y``): timings
+    span orders of magnitude, and an absolute fit would let the largest samples decide everything,
+    leaving the fixed cost (which only the small ones show) to noise. With ``nonnegative_intercept`` a
+    negative intercept is refit through 0 with the same weights.
+    """
     xs = np.asarray(x, dtype=np.float64)
     ys = np.asarray(y, dtype=np.float64)
     if xs.shape != ys.shape or xs.size < 2:
@@ -66,9 +80,12 @@ def fit_line(x: Sequence[float], y: Sequence[float], *, what: str, nonnegative_i
         raise FitError(f"{what}: measurements must be finite")
     if np.ptp(xs) == 0.0:
         raise FitError(f"{what}: measurements must span more than one size")
-    slope, intercept = np.polyfit(xs, ys, 1)
+    if relative and np.any(ys <= 0):
+        raise FitError(f"{what}: a relative fit needs positive measurements")
+    w = 1.0 / ys if relative else np.ones_like(ys)
+    slope, intercept = np.polyfit(xs, ys, 1, w=w)
     if nonnegative_intercept and intercept < 0.0:
-        slope, intercept = float((xs @ ys) / (xs @ xs)), 0.0
+        slope, intercept = float((w * w * xs) @ ys / ((w * w * xs) @ xs)), 0.0
     fit_pred = slope * xs + intercept
     return LinearFit(slope=float(slope), intercept=float(intercept), r2=r_squared(fit_pred, ys), n=int(xs.size))
 
@@ -84,7 +101,7 @@ class ComputeSample:
 
 def fit_compute(samples: Sequence[ComputeSample]) -> tuple[float, float, float]:
     """``(ms_per_tflop, fixed_ms, r2)`` of ``ms = ms_per_tflop * flops / 1e12 + fixed_ms``."""
-    line = fit_line([s.flops / 1e12 for s in samples], [s.ms for s in samples], what="compute")
+    line = fit_line([s.flops / 1e12 for s in samples], [s.ms for s in samples], what="compute", relative=True)
     if line.slope <= 0:
         raise FitError(f"compute: time does not grow with FLOPs (slope {line.slope:.3g} ms per TFLOP)")
     return line.slope, line.intercept, line.r2
@@ -101,7 +118,7 @@ class CommSample:
 
 def fit_comm(samples: Sequence[CommSample]) -> tuple[float, float, float]:
     """``(ms_per_mib, fixed_ms, r2)`` of ``ms = ms_per_mib * MiB + fixed_ms``."""
-    line = fit_line([s.num_bytes / MIB for s in samples], [s.ms for s in samples], what="comm")
+    line = fit_line([s.num_bytes / MIB for s in samples], [s.ms for s in samples], what="comm", relative=True)
     return max(line.slope, 0.0), line.intercept, line.r2
 
 
