@@ -66,6 +66,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
             "(--device cpu --model tiny only dry-runs the pipeline)",
         )
     device = torch.device(args.device)
+    if device.type == "cpu":  # a dry run: one thread keeps timings sane on a shared, oversubscribed CPU
+        torch.set_num_threads(1)
     dtype_name = args.dtype or ("bfloat16" if device.type == "cuda" else "float32")
     if dtype_name not in DTYPES:
         raise RequestError("--dtype", dtype_name, f"unknown; known: {', '.join(DTYPES)}")

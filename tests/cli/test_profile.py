@@ -25,7 +25,7 @@ def test_without_a_gpu_profile_says_it_needs_one_in_one_line() -> None:
 def test_cpu_dry_run_writes_a_contract_profile_and_checks_it(tmp_path: Path) -> None:
     target = tmp_path / "tiny.json"
     out = skrull(
-        "profile", "--device", "cpu", "--model", "tiny", "--max-tokens", "512", "--repeats", "3", "-o", str(target)
+        "profile", "--device", "cpu", "--model", "tiny", "--max-tokens", "512", "--repeats", "5", "-o", str(target)
     )
     assert out.returncode == 0, out.stderr
     doc = json.loads(target.read_text())

@@ -7,8 +7,8 @@ are absorbed by the fitted ``fixed_ms``). A GPU's part of a microbatch is what w
 holds: its local sequences whole, and its shard pieces, each attending to its sequence's key prefix
 (random keys stand in for the gathered ones: the same kernel work, no collective).
 
-Times are medians over repeats after warm-up, with CUDA events synchronized on a GPU and
-``perf_counter`` on CPU. Activation bytes are the bytes autograd saves for backward (unique storages,
+Times are medians over repeats after warm-up with CUDA events on a GPU, and the fastest repeat with
+``perf_counter`` on a CPU. Activation bytes are the bytes autograd saves for backward (unique storages,
 counted through ``saved_tensors_hooks``), plus the allocator's peak on a GPU.
 """
 
@@ -61,7 +61,8 @@ class Part:
 
 
 class Timer:
-    """Median milliseconds of a callable on ``device``, after warm-up."""
+    """Milliseconds of a callable on ``device`` after warm-up: the median of the repeats on a GPU (CUDA
+    events, steady state), the fastest on a CPU (a shared CPU's interference only ever adds time)."""
 
     def __init__(self, device: torch.device, *, warmup: int = 1, repeats: int = 3) -> None:
         self.device = device
@@ -90,7 +91,7 @@ class Timer:
                 t0 = time.perf_counter()
                 fn()
                 times.append((time.perf_counter() - t0) * 1e3)
-        return statistics.median(times)
+        return statistics.median(times) if self.device.type == "cuda" else min(times)
 
 
 def build_layer(model: ModelConfig, *, device: torch.device, dtype: torch.dtype, seed: int = 0) -> DecoderLayer:
