@@ -53,6 +53,8 @@ class ExecuteConfig:
     kernel: str | None = None
     sharding: str = "zigzag"
     dtype: str = "float32"
+    #: Untimed passes over the whole plan before the timed one (warm-up: allocator, kernels, sockets).
+    warmup_passes: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -136,32 +138,37 @@ def run_rank(
     records: list[tuple[int, int, torch.Tensor, torch.Tensor]] = []
     microbatches = local_tokens = piece_tokens = 0
     seconds = 0.0
-    for iteration in range(len(plan.iterations)):
-        for layout in rank_layouts(plan, lengths, iteration=iteration, rank=rank, sharding=config.sharding):
-            group = registry.get(layout.ranks) if layout.communicates else None
-            dplan = DACPPlan.build(layout, group=group, kernel=kernel, device=device, mode=config.cp_mode)
-            if layout.num_tokens:
-                x = pack(layout, lambda i: data.hidden(i, hidden)).to(device=device, dtype=dtype)
-                g_out = pack(layout, lambda i: data.grad_output(i, hidden)).to(device=device, dtype=dtype)
-            else:  # a member of a group with nothing of its own still joins the collectives
-                x = torch.zeros(0, hidden, device=device, dtype=dtype)
-                g_out = torch.zeros(0, hidden, device=device, dtype=dtype)
-            x.requires_grad_(True)
-            pos = position_ids(layout, device)
-            _sync(device)
-            start = time.perf_counter()
-            out = layer(x, pos, lambda q, k, v, p=dplan: dacp_attention(q, k, v, p))
-            out.backward(g_out)
-            _sync(device)
-            seconds += time.perf_counter() - start
-            microbatches += 1
-            local_tokens += layout.num_local_tokens
-            piece_tokens += layout.num_piece_tokens
-            assert x.grad is not None
-            outs = unpack(layout, out.detach().float().cpu())
-            grads = unpack(layout, x.grad.float().cpu())
-            for (seq_id, first, o), (_, _, gx) in zip(outs, grads, strict=True):
-                records.append((seq_id, first, o, gx))
+    for _ in range(config.warmup_passes + 1):
+        layer.zero_grad(set_to_none=True)
+        records.clear()
+        microbatches = local_tokens = piece_tokens = 0
+        seconds = 0.0
+        for iteration in range(len(plan.iterations)):
+            for layout in rank_layouts(plan, lengths, iteration=iteration, rank=rank, sharding=config.sharding):
+                group = registry.get(layout.ranks) if layout.communicates else None
+                dplan = DACPPlan.build(layout, group=group, kernel=kernel, device=device, mode=config.cp_mode)
+                if layout.num_tokens:
+                    x = pack(layout, lambda i: data.hidden(i, hidden)).to(device=device, dtype=dtype)
+                    g_out = pack(layout, lambda i: data.grad_output(i, hidden)).to(device=device, dtype=dtype)
+                else:  # a member of a group with nothing of its own still joins the collectives
+                    x = torch.zeros(0, hidden, device=device, dtype=dtype)
+                    g_out = torch.zeros(0, hidden, device=device, dtype=dtype)
+                x.requires_grad_(True)
+                pos = position_ids(layout, device)
+                _sync(device)
+                start = time.perf_counter()
+                out = layer(x, pos, lambda q, k, v, p=dplan: dacp_attention(q, k, v, p))
+                out.backward(g_out)
+                _sync(device)
+                seconds += time.perf_counter() - start
+                microbatches += 1
+                local_tokens += layout.num_local_tokens
+                piece_tokens += layout.num_piece_tokens
+                assert x.grad is not None
+                outs = unpack(layout, out.detach().float().cpu())
+                grads = unpack(layout, x.grad.float().cpu())
+                for (seq_id, first, o), (_, _, gx) in zip(outs, grads, strict=True):
+                    records.append((seq_id, first, o, gx))
     weight_grads = {}
     for name, param in layer.named_parameters():
         grad = param.grad if param.grad is not None else torch.zeros_like(param)
