@@ -40,6 +40,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--kv-heads", type=int, default=2)
     p.add_argument("--head-dim", type=int, default=16)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--warmup", type=int, default=1, help="untimed passes over the plan first (default 1)")
     p.add_argument("--tolerance", type=float, default=None, help="max abs error (default 1e-4; 5e-2 in 16 bits)")
     p.set_defaults(func=cmd_execute)
 
@@ -76,6 +77,8 @@ def cmd_execute(args: argparse.Namespace) -> int:
     ):
         if value not in known:
             raise RequestError(flag, value, f"unknown; known: {', '.join(known)}")
+    if args.warmup < 0:
+        raise RequestError("--warmup", args.warmup, "must be an integer >= 0")
     for flag, value in (
         ("--hidden-size", args.hidden_size),
         ("--heads", args.heads),
@@ -100,6 +103,7 @@ def cmd_execute(args: argparse.Namespace) -> int:
         kernel=args.kernel,
         sharding=args.sharding,
         dtype=args.dtype,
+        warmup_passes=args.warmup,
     )
     plan = solve(request)
     lengths = Problem.from_request(request).lengths
@@ -113,6 +117,8 @@ def cmd_execute(args: argparse.Namespace) -> int:
         f"plan: {plan.solver}, {len(plan.iterations)} iteration(s), {num_mb} microbatches, DP{par.dp} x CP{par.cp}; "
         f"{world_size} processes ({args.backend}), kernel {result.kernel}, cp {args.cp_mode}, {args.sharding} shards"
     )
+    print()
+    print(f"timed pass after {args.warmup} warm-up pass(es):")
     print()
     print("| rank | microbatches | local tokens | shard tokens | fwd+bwd ms | tokens/s |")
     print("|------|--------------|--------------|--------------|------------|----------|")
