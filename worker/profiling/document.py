@@ -15,7 +15,8 @@ Coefficient by coefficient (see worker/profiling/fit.py for the fits):
   in the training dtype's bytes; ``ms_per_mib``: the per-collective fit against gathered bytes;
   ``fixed_ms``: the per-collective intercept x 2 collectives x layers.
 - ``memory.bucket_tokens``: ``(capacity * (1 - reserve) - static) / alpha`` with ``alpha`` = layers x
-  the fitted per-layer activation bytes + the LM head's logits (bf16 logits and their fp32 copy,
+  the fitted per-layer activation bytes (the larger of the saved-for-backward and the allocator-peak
+  slopes on a GPU, so the bucket errs on the safe side) + the LM head's logits (bf16 logits and their fp32 copy,
   ``6 * vocab`` bytes per token; solver/derive.py).
 """
 
@@ -43,6 +44,7 @@ from worker.profiling.fit import (
     fit_activation_bytes,
     fit_comm,
     fit_compute,
+    fit_line,
 )
 
 
@@ -89,7 +91,12 @@ def profile_document(
     """Fit every coefficient and lay the profile out in the contract's format (see module docstring)."""
     per_token, per_token_sq = flops_coefficients(model)
     ms_per_tflop, fixed_ms, compute_r2 = fit_compute(compute_samples)
-    alpha_layer, beta_layer, memory_r2 = fit_activation_bytes(memory_samples)
+    saved_alpha, beta_layer, memory_r2 = fit_activation_bytes(memory_samples)
+    peaks = [m for m in memory_samples if m.peak_bytes is not None]
+    peak_alpha = None
+    if len(peaks) >= 2:
+        peak_alpha = fit_line([m.tokens for m in peaks], [float(m.peak_bytes or 0.0) for m in peaks], what="peak").slope
+    alpha_layer = max(saved_alpha, peak_alpha or 0.0)
     logits_bytes = 6.0 * model.vocab_size
     alpha = model.num_layers * alpha_layer + logits_bytes
     static = static_memory_bytes(model, setup)
@@ -143,13 +150,16 @@ def profile_document(
             "bucket_tokens": bucket,
             "activation_bytes_per_token": round(alpha, 3),
             "activation_bytes_per_token_per_layer": round(alpha_layer, 3),
+            "saved_bytes_per_token_per_layer": round(saved_alpha, 3),
+            "peak_bytes_per_token_per_layer": None if peak_alpha is None else round(peak_alpha, 3),
             "activation_bytes_fixed_per_layer": round(beta_layer, 3),
             "logits_bytes_per_token": logits_bytes,
             "static_bytes": static,
             "capacity_bytes": capacity_bytes,
             "reserve_fraction": setup.reserve_fraction,
             "r2": round(memory_r2, 6),
-            "source": "bytes saved for backward by one layer (unique storages) vs tokens, x layers, + logits; "
+            "source": "per layer: the larger of the slopes of bytes saved for backward (unique storages) and of "
+            "the allocator's forward peak (GPU) vs tokens; x layers, + logits; "
             "static: weights, gradients and Adam states under the setup's ZeRO stage (solver/derive.py)",
             "samples": [dataclasses.asdict(s) for s in memory_samples],
         },

@@ -177,3 +177,11 @@ def test_profile_document_is_a_contract_profile_with_the_fitted_coefficients() -
 
     one_gpu = profile_document(**common, comm_samples=[])  # type: ignore[arg-type]
     assert one_gpu["comm"]["measured"] is False and one_gpu["comm"]["ms_per_mib"] == 0.0029
+
+    # on a GPU the allocator's peak grows faster than the saved bytes: the bucket follows the peak
+    common["memory_samples"] = [
+        MemorySample(tokens=t, saved_bytes=50_000.0 * t, peak_bytes=70_000.0 * t + 1e6) for t in (1024, 2048, 4096)
+    ]
+    peaked = profile_document(**common, comm_samples=[])  # type: ignore[arg-type]
+    assert peaked["memory"]["activation_bytes_per_token"] == pytest.approx(24 * 70_000.0 + 6 * QWEN.vocab_size)
+    assert peaked["memory"]["bucket_tokens"] < doc["memory"]["bucket_tokens"]
