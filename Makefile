@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet -e '.[dev,worker]'
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -22,13 +22,15 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)
-	$(BIN)/ruff check solver cli tests bench
+	$(BIN)/ruff check solver cli worker tests bench
 	$(BIN)/mypy
 
 bench: $(STAMP)
 	$(BIN)/python bench/planners.py
 	$(BIN)/python bench/latency.py
+	$(BIN)/python bench/ilp.py --sizes 16,32,64 --budgets 1
 	$(BIN)/python bench/peers.py
+	$(BIN)/python bench/execute.py
 
 profiles: $(STAMP)
 	$(BIN)/skrull derive-profile --all --write-bundled

@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from cli import execute as execute_cli
+from cli import profile as profile_cli
 from solver.compare import compare, format_table, parse_solver_spec
 from solver.datasets import distribution_names, synthesize_request
 from solver.derive import GPUS, MODELS, derive_profile
@@ -243,6 +245,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--write-bundled", action="store_true", help="(re)write the files under profiles/")
     p.add_argument("--output", "-o", metavar="FILE")
     p.set_defaults(func=cmd_derive_profile)
+
+    execute_cli.add_parser(sub)
+    profile_cli.add_parser(sub)
     return parser
 
 

@@ -1,0 +1,152 @@
+"""``skrull execute``: run every GPU's part of a plan through one attention layer, optionally checked.
+
+Plans the request once (the plan every process receives), spawns ``--world-size`` processes (gloo on
+CPU, NCCL on GPUs), runs forward and backward of one attention layer (random weights and inputs, fixed
+seed) with DACP attention, and prints per-rank work and time. ``--check`` compares outputs, input
+gradients and weight gradients with each sequence run alone in one process (float64) and exits 1 when
+any error exceeds the tolerance. torch is imported only when the command runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from solver.errors import RequestError, SkrullError
+from solver.io import read_json, request_from_dict
+from solver.planning import solve
+from solver.types import Problem
+
+EXIT_CHECK_FAILED = 1
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "execute",
+        help="run a plan's attention layer on W local processes (gloo/nccl); --check against each sequence alone",
+    )
+    p.add_argument("--request", "-r", required=True, metavar="FILE", help="request JSON (CONTRACT.md format)")
+    p.add_argument("--solver", "-s", default=None, help="planner (default: the request's)")
+    p.add_argument("--world-size", "-w", type=int, default=None, help="processes, = dp * cp (default: dp * cp)")
+    p.add_argument("--backend", default="gloo", help="gloo (CPU) or nccl (one GPU per process); default gloo")
+    p.add_argument("--check", action="store_true", help="compare with each sequence run alone; exit 1 on mismatch")
+    p.add_argument("--cp-mode", default="allgather", help="allgather (Llama 3) or ulysses (all-to-all)")
+    p.add_argument("--sharding", default="zigzag", help="zigzag (default, the worker view's) or contiguous")
+    p.add_argument("--kernel", default=None, help="flash-attn, torch-varlen, sdpa or reference (default: best)")
+    p.add_argument("--dtype", default="float32", help="float32 (default), bfloat16 or float16")
+    p.add_argument("--hidden-size", type=int, default=64)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--kv-heads", type=int, default=2)
+    p.add_argument("--head-dim", type=int, default=16)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--warmup", type=int, default=1, help="untimed passes over the plan first (default 1)")
+    p.add_argument("--tolerance", type=float, default=None, help="max abs error (default 1e-4; 5e-2 in 16 bits)")
+    p.set_defaults(func=cmd_execute)
+
+
+def _positive(flag: str, value: int) -> None:
+    if value < 1:
+        raise RequestError(flag, value, "must be an integer >= 1")
+
+
+def cmd_execute(args: argparse.Namespace) -> int:
+    try:
+        import torch
+
+        from worker.dacp import CP_MODES
+        from worker.execute import DTYPES, ExecuteConfig, LayerConfig, compare, execute_plan
+        from worker.kernels import select_kernel
+        from worker.launch import LaunchError, check_backend
+        from worker.layout import SHARDING_RULES
+    except ImportError as exc:
+        raise SkrullError(f"skrull execute needs torch ({exc.name} missing): pip install 'skrull[worker]'") from None
+    doc = read_json(args.request, field="--request")
+    if isinstance(doc, dict) and args.solver is not None:
+        doc["solver"] = args.solver
+    request = request_from_dict(doc)
+    num_gpus = request.parallel.num_gpus
+    world_size = num_gpus if args.world_size is None else args.world_size
+    if world_size != num_gpus:
+        raise RequestError("--world-size", world_size, f"must equal parallel.dp * parallel.cp = {num_gpus}")
+    check_backend(args.backend, world_size)
+    for flag, value, known in (
+        ("--cp-mode", args.cp_mode, CP_MODES),
+        ("--sharding", args.sharding, tuple(SHARDING_RULES)),
+        ("--dtype", args.dtype, tuple(DTYPES)),
+    ):
+        if value not in known:
+            raise RequestError(flag, value, f"unknown; known: {', '.join(known)}")
+    if args.warmup < 0:
+        raise RequestError("--warmup", args.warmup, "must be an integer >= 0")
+    for flag, value in (
+        ("--hidden-size", args.hidden_size),
+        ("--heads", args.heads),
+        ("--kv-heads", args.kv_heads),
+        ("--head-dim", args.head_dim),
+    ):
+        _positive(flag, value)
+    if args.heads % args.kv_heads:
+        raise RequestError("--kv-heads", args.kv_heads, f"must divide --heads ({args.heads})")
+    if args.head_dim % 2:
+        raise RequestError("--head-dim", args.head_dim, "must be even (rotary embedding)")
+    if args.backend == "gloo" and args.dtype != "float32":
+        raise RequestError("--dtype", args.dtype, "gloo runs on CPU: use float32")
+    select_kernel(torch.device("cuda" if args.backend == "nccl" else "cpu"), DTYPES[args.dtype], args.kernel)
+    tolerance = args.tolerance if args.tolerance is not None else (1e-4 if args.dtype == "float32" else 5e-2)
+    config = ExecuteConfig(
+        layer=LayerConfig(
+            hidden_size=args.hidden_size, num_heads=args.heads, num_kv_heads=args.kv_heads, head_dim=args.head_dim
+        ),
+        seed=args.seed,
+        cp_mode=args.cp_mode,
+        kernel=args.kernel,
+        sharding=args.sharding,
+        dtype=args.dtype,
+        warmup_passes=args.warmup,
+    )
+    plan = solve(request)
+    lengths = Problem.from_request(request).lengths
+    try:
+        result = execute_plan(plan, lengths, world_size=world_size, backend=args.backend, config=config)
+    except LaunchError as exc:
+        raise SkrullError(f"worker process failed: {exc}") from None
+    par = plan.parallel
+    num_mb = sum(len(it.microbatches) for it in plan.iterations)
+    print(
+        f"plan: {plan.solver}, {len(plan.iterations)} iteration(s), {num_mb} microbatches, DP{par.dp} x CP{par.cp}; "
+        f"{world_size} processes ({args.backend}), kernel {result.kernel}, cp {args.cp_mode}, {args.sharding} shards"
+    )
+    print()
+    print(f"timed pass after {args.warmup} warm-up pass(es):")
+    print()
+    print("| rank | microbatches | local tokens | shard tokens | fwd+bwd ms | tokens/s |")
+    print("|------|--------------|--------------|--------------|------------|----------|")
+    for t in result.timings:
+        print(
+            f"| {t.rank:4d} | {t.microbatches:12d} | {t.local_tokens:12d} | {t.piece_tokens:12d} "
+            f"| {t.seconds * 1e3:10.1f} | {t.tokens_per_s:8.0f} |"
+        )
+    if not args.check:
+        return 0
+    rows = compare(result, lengths, config=config, tolerance=tolerance)
+    print()
+    print(f"check: every sequence alone in one process (float64, plain causal SDPA), {len(result.outputs)} sequences")
+    print()
+    print("| tensor                | max abs error | tolerance | ok  |")
+    print("|-----------------------|---------------|-----------|-----|")
+    for row in rows:
+        ok = "yes" if row.ok else "NO"
+        print(f"| {row.tensor:21s} | {row.max_abs_error:13.3e} | {row.tolerance:9.1e} | {ok:3s} |")
+    failed = [r for r in rows if not r.ok]
+    if failed:
+        worst = max(failed, key=lambda r: r.max_abs_error / r.tolerance)
+        print(
+            f"skrull: error: check failed: {len(failed)} tensor(s) beyond tolerance; worst {worst.tensor}: "
+            f"{worst.max_abs_error:.3e} > {worst.tolerance:.1e}",
+            file=sys.stderr,
+        )
+        return EXIT_CHECK_FAILED
+    print()
+    print(f"check passed: {len(rows)} tensors within tolerance")
+    return 0

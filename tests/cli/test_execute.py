@@ -1,0 +1,74 @@
+"""``skrull execute``: real processes, a passing and a failing check, one clear line for every mistake."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.cli.test_main import EXAMPLES, skrull
+from tests.conftest import HAND_PROFILE
+
+
+@pytest.fixture
+def small_request(tmp_path: Path) -> Path:
+    """DP1 x CP2, bucket 40: the 70-token sequence is sharded next to local ones."""
+    path = tmp_path / "small.json"
+    doc = {
+        "batches": [[70, 9, 25, 3, 31]],
+        "parallel": {"dp": 1, "cp": 2},
+        "profile": {**HAND_PROFILE, "memory": {"bucket_tokens": 40}},
+        "solver": "skrull",
+    }
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_check_passes_and_prints_errors_per_tensor(small_request: Path) -> None:
+    out = skrull("execute", "--request", str(small_request), "--world-size", "2", "--backend", "gloo", "--check")
+    assert out.returncode == 0, out.stderr
+    assert "kernel reference" in out.stdout
+    assert "check passed: 6 tensors within tolerance" in out.stdout
+    rows = [line for line in out.stdout.splitlines() if line.startswith("| grad input")]
+    assert len(rows) == 1 and float(rows[0].split("|")[2]) <= 1e-4
+    ranks = [line for line in out.stdout.splitlines() if line.startswith("|    ")]
+    assert len(ranks) == 2
+
+
+def test_check_beyond_tolerance_exits_1_with_one_line(small_request: Path) -> None:
+    out = skrull(
+        "execute",
+        "-r",
+        str(small_request),
+        "--backend",
+        "gloo",
+        "--check",
+        "--tolerance",
+        "1e-15",
+        "--cp-mode",
+        "ulysses",
+    )
+    assert out.returncode == 1
+    assert "NO" in out.stdout
+    assert out.stderr.strip().count("\n") == 0 and out.stderr.startswith("skrull: error: check failed")
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--world-size", "3"], "--world-size: 3: must equal parallel.dp * parallel.cp = 4"),
+        (["--backend", "mpi"], "--backend: 'mpi': unknown backend"),
+        (["--backend", "nccl"], "--backend: 'nccl': needs CUDA GPUs"),
+        (["--cp-mode", "ring"], "--cp-mode: 'ring': unknown"),
+        (["--kv-heads", "3"], "--kv-heads: 3: must divide --heads (4)"),
+        (["--dtype", "bfloat16"], "--dtype: 'bfloat16': gloo runs on CPU"),
+        (["--solver", "magic"], "solver: 'magic': unknown solver"),
+        (["--kernel", "flash-attn"], "kernel: 'flash-attn': not usable for torch.float32 on cpu"),
+    ],
+)
+def test_mistakes_end_with_one_line_naming_the_field(extra: list[str], message: str) -> None:
+    out = skrull("execute", "--request", str(EXAMPLES / "tiny-cpu-dp2-cp2.json"), *extra)
+    assert out.returncode == 2, out.stdout
+    assert out.stderr.startswith("skrull: error: ") and out.stderr.strip().count("\n") == 0
+    assert message in out.stderr

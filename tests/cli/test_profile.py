@@ -1,0 +1,79 @@
+"""``skrull profile``: one clear line without a GPU; the whole pipeline dry-run on the CPU; ``--check``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from solver.profile import profile_from_dict
+from tests.cli.test_main import ROOT, skrull
+
+NO_GPU = not torch.cuda.is_available()
+
+
+@pytest.mark.skipif(not NO_GPU, reason="this machine has a GPU")
+def test_without_a_gpu_profile_says_it_needs_one_in_one_line() -> None:
+    out = skrull("profile", "--model", "qwen2.5-0.5b")
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.count("\n") == 1 and out.stderr.startswith("skrull: error: --device: 'cuda':")
+    assert "measures a CUDA GPU and none is available" in out.stderr
+
+
+def test_cpu_dry_run_writes_a_contract_profile_and_checks_it(tmp_path: Path) -> None:
+    target = tmp_path / "tiny.json"
+    out = skrull(
+        "profile", "--device", "cpu", "--model", "tiny", "--max-tokens", "512", "--repeats", "5", "-o", str(target)
+    )
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(target.read_text())
+    profile = profile_from_dict(doc)
+    assert profile.compute.ms_per_tflop > 0 and profile.bucket_tokens > 0
+    assert doc["estimated"] is False and doc["measured"]["device"].startswith("cpu")
+    assert doc["measured"]["date"][:2] == "20" and doc["measured"]["kernel"] == "reference"
+    assert [s["lengths"] for s in doc["compute"]["samples"]] == [[128], [256], [512], [64] * 4, [128] * 4]
+    assert [s["tokens"] for s in doc["memory"]["samples"]] == [128, 256, 384, 512]
+    assert [row["query_tokens"] for row in doc["attention"]["by_query_tokens"]] == [128, 256, 512]
+    assert doc["comm"]["measured"] is False
+    check = skrull(
+        "profile", "--check", str(target), "--device", "cpu", "--dp", "1", "--cp", "2", "--per-rank", "3",
+        "--bucket-tokens", "128", "--repeats", "1", "--dataset", "llama3-sft-mix",
+    )  # fmt: skip
+    assert check.returncode == 0, check.stderr
+    assert "| llama3-sft-mix | skrull |" in check.stdout and "| llama3-sft-mix | deepspeed |" in check.stdout
+    assert "overall: median abs error" in check.stdout and "R^2" in check.stdout
+
+
+def test_check_refuses_a_profile_without_the_model_shape(tmp_path: Path) -> None:
+    bare = json.loads((ROOT / "examples" / "requests" / "tiny-cpu-dp2-cp2.json").read_text())["profile"]
+    path = tmp_path / "bare.json"
+    path.write_text(json.dumps(bare))
+    out = skrull("profile", "--check", str(path), "--device", "cpu")
+    assert out.returncode == 2 and out.stderr.count("\n") == 1
+    assert "--check needs the model shape" in out.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--device", "tpu"], "--device: 'tpu': must be cuda or cpu"),
+        (["--device", "cpu", "--model", "gpt-9"], "--model: 'gpt-9': unknown model"),
+        (["--device", "cpu", "--model", "tiny", "--max-tokens", "64"], "--max-tokens: 64: must be >= 128"),
+        (["--device", "cpu", "--dtype", "float8"], "--dtype: 'float8': unknown"),
+    ],
+)
+def test_mistakes_end_with_one_line(args: list[str], message: str) -> None:
+    out = skrull("profile", *args)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and message in out.stderr
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(NO_GPU, reason="needs a CUDA GPU")
+def test_gpu_profile_of_a_small_model_fits_well(tmp_path: Path) -> None:
+    target = tmp_path / "gpu.json"
+    out = skrull("profile", "--model", "qwen2.5-0.5b", "--max-tokens", "4096", "-o", str(target))
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(target.read_text())
+    assert doc["compute"]["r2"] > 0.9 and doc["memory"]["bucket_tokens"] > 4096

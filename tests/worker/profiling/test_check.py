@@ -1,0 +1,49 @@
+"""``skrull profile --check`` arithmetic: per-rank compute predictions and agreement statistics."""
+
+from __future__ import annotations
+
+import pytest
+
+from solver.cost import CostModel
+from solver.planners.base import PlannerOutput
+from solver.planning import assemble_plan
+from solver.profile import Profile
+from solver.types import MicrobatchSpec, Problem
+from tests.conftest import make_request
+from worker.profiling.check import check_stats, rank_compute_ms
+
+
+def test_rank_compute_is_local_plus_sharded_share_per_microbatch(hand_profile: Profile) -> None:
+    # hand profile: FLOPs(S) = 1e9 S + 1e5 S^2; T_comp(F) = 2 ms per TFLOP + 0.5 ms
+    request = make_request([[10, 20, 40, 30]], dp=1, cp=2, bucket=100)
+    problem = Problem.from_request(request)
+    specs = (
+        MicrobatchSpec(step=0, ranks=(0, 1), local=((0,), (1,)), sharded=(2,)),
+        MicrobatchSpec(step=1, ranks=(1,), local=((3,),), sharded=()),
+    )
+    plan = assemble_plan(problem, PlannerOutput(iterations=(specs,)), solver="skrull", wall_ms=0.0)
+
+    def t(flops: float) -> float:
+        return 2.0 * flops / 1e12 + 0.5
+
+    def f(s: int) -> float:
+        return 1e9 * s + 1e5 * s * s
+
+    got = rank_compute_ms(plan, problem.lengths, CostModel(hand_profile, bucket_tokens=100), iteration=0)
+    share = t(f(40) / 2)
+    assert got == pytest.approx([t(f(10)) + share, t(f(20)) + share + t(f(30))])
+
+
+def test_perfect_predictions_have_no_error_and_r2_one() -> None:
+    stats = check_stats([1.0, 2.0, 4.0], [1.0, 2.0, 4.0])
+    assert stats.median_abs_rel_error == 0.0 and stats.r2 == 1.0 and stats.n == 3
+
+
+def test_errors_are_relative_to_the_measurement_and_idle_ranks_are_skipped() -> None:
+    stats = check_stats([11.0, 18.0, 33.0, 0.0], [10.0, 20.0, 30.0, 0.0])
+    assert stats.median_abs_rel_error == pytest.approx(0.1)
+    assert stats.max_abs_rel_error == pytest.approx(0.1)
+    assert stats.median_abs_error_ms == pytest.approx(1.5)
+    assert 0.95 < stats.r2 < 1.0
+    with pytest.raises(ValueError, match="as many"):
+        check_stats([1.0], [1.0, 2.0])

@@ -1,0 +1,82 @@
+"""Measurements on the CPU: the same code paths a GPU profile takes, on a small layer."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from worker.kernels import select_kernel
+from worker.profiling.comm import measure_comm
+from worker.profiling.measure import (
+    TINY,
+    Part,
+    Timer,
+    build_layer,
+    measure_attention,
+    measure_parts,
+    part_step,
+    saved_activation_bytes,
+    sequence_flops,
+)
+
+CPU = torch.device("cpu")
+KERNEL = select_kernel(CPU, torch.float32)
+
+
+def test_part_step_runs_forward_and_backward_over_local_sequences_and_pieces() -> None:
+    layer = build_layer(TINY, device=CPU, dtype=torch.float32)
+    step = part_step(layer, Part(local_lengths=(5, 9), pieces=((10, 14), (30, 33))), kernel=KERNEL, device=CPU,
+                     dtype=torch.float32)  # fmt: skip
+    step()
+    # gradients are cleared after every step so repeats do not accumulate
+    assert all(p.grad is None for p in layer.parameters())
+
+
+def test_equal_parts_are_timed_once_and_empty_parts_cost_nothing() -> None:
+    layer = build_layer(TINY, device=CPU, dtype=torch.float32)
+    calls = []
+
+    class CountingTimer(Timer):
+        def ms(self, fn):  # type: ignore[no-untyped-def]
+            calls.append(fn)
+            return 2.5
+
+    parts = [Part(local_lengths=(8,)), Part(local_lengths=()), Part(local_lengths=(8,)), Part(local_lengths=(3, 5))]
+    times = measure_parts(layer, parts, num_layers=4, kernel=KERNEL, timer=CountingTimer(CPU), dtype=torch.float32)
+    assert times == [10.0, 0.0, 10.0, 10.0] and len(calls) == 2
+
+
+def test_saved_activations_grow_with_tokens_and_exclude_weights() -> None:
+    layer = build_layer(TINY, device=CPU, dtype=torch.float32)
+    small = saved_activation_bytes(layer, 64, kernel=KERNEL, device=CPU, dtype=torch.float32)
+    large = saved_activation_bytes(layer, 128, kernel=KERNEL, device=CPU, dtype=torch.float32)
+    weights = sum(p.numel() * 4 for p in layer.parameters())
+    assert small.peak_bytes is None
+    # at least the MLP's gate/up activations (2 * intermediate floats per token) are kept
+    assert small.saved_bytes >= 64 * 2 * TINY.intermediate_size * 4
+    assert large.saved_bytes > 1.9 * small.saved_bytes
+    assert small.saved_bytes < weights + 64 * 1_000_000
+
+
+def test_attention_points_count_eq13_flops() -> None:
+    timer = Timer(CPU, warmup=0, repeats=1)
+    (point,) = measure_attention(TINY, [64], kernel=KERNEL, timer=timer, dtype=torch.float32)
+    assert point.flops == 3 * 4 * TINY.hidden_size * 64 * 64 and point.ms > 0
+    assert sequence_flops(TINY, [10, 20]) > sequence_flops(TINY, [30]) * 0  # both terms positive
+    assert sequence_flops(TINY, [30]) > sequence_flops(TINY, [10, 20])  # the quadratic term
+
+
+def test_comm_is_timed_between_real_processes() -> None:
+    samples = measure_comm(num_gpus=2, backend="gloo", sizes=(2**12, 2**16), repeats=2)
+    assert [s.num_bytes for s in samples] == [2**12, 2**16]
+    assert all(s.ms > 0 and s.group_size == 2 for s in samples)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_peak_memory_is_measured() -> None:
+    device = torch.device("cuda")
+    kernel = select_kernel(device, torch.bfloat16)
+    layer = build_layer(TINY, device=device, dtype=torch.bfloat16)
+    sample = saved_activation_bytes(layer, 1024, kernel=kernel, device=device, dtype=torch.bfloat16)
+    assert sample.peak_bytes is not None and sample.peak_bytes > 0

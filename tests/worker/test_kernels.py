@@ -1,0 +1,137 @@
+"""The attention adapter: every backend gives dense causal attention per segment, GQA and key prefixes."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from solver.errors import RequestError
+from worker.kernels import available_kernels, select_kernel
+
+CPU = torch.device("cpu")
+
+
+def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_len: int, k_len: int) -> torch.Tensor:
+    """Textbook attention for one segment, float64, bottom-right causal mask."""
+    rep = q.shape[1] // k.shape[1]
+    out = torch.zeros(q_len, q.shape[1], v.shape[2], dtype=torch.float64)
+    for h in range(q.shape[1]):
+        scores = q[:, h].double() @ k[:, h // rep].double().T / math.sqrt(q.shape[2])
+        for i in range(q_len):
+            visible = scores[i, : i + k_len - q_len + 1]
+            if visible.numel():
+                out[i, h] = torch.softmax(visible, dim=0) @ v[: visible.numel(), h // rep].double()
+    return out
+
+
+def cumsum(values: list[int]) -> torch.Tensor:
+    return torch.tensor([0, *torch.tensor(values).cumsum(0).tolist()] if values else [0], dtype=torch.int32)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 9), st.integers(0, 12)), min_size=1, max_size=4),
+    st.sampled_from([(4, 4), (4, 2), (6, 1)]),
+    st.sampled_from(["reference", "sdpa"]),
+)
+def test_varlen_matches_dense_attention_per_segment(
+    segments: list[tuple[int, int]], heads: tuple[int, int], name: str
+) -> None:
+    # key length >= query length: a shard piece [a, b) attends to keys 0..b-1
+    segments = [(q_len, q_len + extra) for q_len, extra in segments]
+    h, h_kv = heads
+    gen = torch.Generator().manual_seed(len(segments) * 31 + h)
+    q = torch.randn(sum(s for s, _ in segments), h, 8, generator=gen)
+    k = torch.randn(sum(s for _, s in segments), h_kv, 8, generator=gen)
+    v = torch.randn(sum(s for _, s in segments), h_kv, 8, generator=gen)
+    kernel = select_kernel(CPU, torch.float32, name)
+    out = kernel(
+        q,
+        k,
+        v,
+        cu_seqlens_q=cumsum([s for s, _ in segments]),
+        cu_seqlens_k=cumsum([s for _, s in segments]),
+        max_seqlen_q=max(s for s, _ in segments),
+        max_seqlen_k=max(s for _, s in segments),
+    )
+    qo = ko = 0
+    for q_len, k_len in segments:
+        want = dense_attention(q[qo : qo + q_len], k[ko : ko + k_len], v[ko : ko + k_len], q_len, k_len)
+        assert torch.allclose(out[qo : qo + q_len].double(), want, atol=1e-5)
+        qo, ko = qo + q_len, ko + k_len
+
+
+def test_reference_and_sdpa_agree_on_gradients_with_gqa() -> None:
+    gen = torch.Generator().manual_seed(0)
+    q0 = torch.randn(23, 4, 8, generator=gen)
+    k0 = torch.randn(31, 2, 8, generator=gen)
+    v0 = torch.randn(31, 2, 8, generator=gen)
+    upstream = torch.randn(23, 4, 8, generator=gen)
+    cu_q, cu_k = cumsum([10, 13]), cumsum([10, 21])
+    grads = []
+    for name in ("reference", "sdpa"):
+        q, k, v = (t.clone().requires_grad_(True) for t in (q0, k0, v0))
+        out = select_kernel(CPU, torch.float32, name)(
+            q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=13, max_seqlen_k=21
+        )
+        out.backward(upstream)
+        grads.append([t.grad for t in (q, k, v)])
+    for a, b in zip(*grads, strict=True):
+        assert a is not None and b is not None
+        assert torch.allclose(a, b, atol=1e-5)
+
+
+def test_reference_blocks_long_queries_without_changing_results(monkeypatch: pytest.MonkeyPatch) -> None:
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(40, 2, 4, generator=gen) for _ in range(3))
+    cu = cumsum([40])
+    kernel = select_kernel(CPU, torch.float32, "reference")
+    whole = kernel(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=40, max_seqlen_k=40)
+    monkeypatch.setattr("worker.kernels.REFERENCE_BLOCK_ROWS", 7)
+    blocked = kernel(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=40, max_seqlen_k=40)
+    assert torch.equal(whole, blocked)
+
+
+def test_cpu_prefers_the_reference_and_refuses_gpu_kernels() -> None:
+    assert available_kernels(CPU, torch.float32)[0] == "reference"
+    assert select_kernel(CPU, torch.float32).name == "reference"
+    with pytest.raises(RequestError, match="kernel: 'torch-varlen': not usable"):
+        select_kernel(CPU, torch.float32, "torch-varlen")
+    with pytest.raises(RequestError, match="unknown attention kernel"):
+        select_kernel(CPU, torch.float32, "magic")
+
+
+def test_query_heads_must_be_a_multiple_of_kv_heads() -> None:
+    kernel = select_kernel(CPU, torch.float32)
+    q, k = torch.zeros(3, 3, 4), torch.zeros(3, 2, 4)
+    cu = cumsum([3])
+    with pytest.raises(ValueError, match="multiple"):
+        kernel(q, k, k, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=3, max_seqlen_k=3)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_kernels_match_the_reference_in_bf16() -> None:
+    device = torch.device("cuda")
+    gen = torch.Generator().manual_seed(2)
+    q = torch.randn(300, 8, 64, generator=gen)
+    k = torch.randn(420, 2, 64, generator=gen)
+    v = torch.randn(420, 2, 64, generator=gen)
+    cu_q, cu_k = cumsum([100, 200]), cumsum([100, 320])
+    want = select_kernel(CPU, torch.float32, "reference")(
+        q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=200, max_seqlen_k=320
+    )
+    for name in available_kernels(device, torch.bfloat16):
+        kernel = select_kernel(device, torch.bfloat16, name)
+        got = kernel(
+            *(t.to(device, torch.bfloat16) for t in (q, k, v)),
+            cu_seqlens_q=cu_q.to(device),
+            cu_seqlens_k=cu_k.to(device),
+            max_seqlen_q=200,
+            max_seqlen_k=320,
+        )
+        assert torch.allclose(got.float().cpu(), want, atol=3e-2), name

@@ -1,0 +1,350 @@
+"""DACP attention (Skrull section 4.1, Fig. 2(d)): local sequences whole, sharded ones context-parallel.
+
+One GPU's packed buffer holds ``n_local`` rows of local sequences, then its pieces of the sharded
+sequences (worker/layout.py). Attention over it has two independent parts:
+
+- local sequences: one varlen causal attention call, no communication;
+- sharded sequences, context parallel over the microbatch's group, with one of two schemes:
+
+  ``allgather`` (Llama 3, "The Llama 3 Herd of Models" sec. 3.3.2): every member all-gathers the K and V
+  of the group's pieces, then each own piece ``[a, b)`` attends to the key prefix ``[0, b)`` of its
+  sequence with bottom-right causal masking. Backward returns dQ locally and reduce-scatters the
+  gradients of the gathered K/V, so every member receives the sum over the group of dK/dV for its own
+  rows. Communication per member and layer: the K/V of all sharded tokens, twice (Skrull eq. 15-16).
+
+  ``ulysses`` (DeepSpeed-Ulysses; XTuner sequence parallel): an all-to-all trades the sequence split for
+  a head split (member j gets heads ``j*H/N .. (j+1)*H/N - 1`` of every sharded token), each member runs
+  whole-sequence causal attention on its heads, and a second all-to-all returns the outputs; backward
+  mirrors it. Needs ``H % N == 0``; key/value heads are replicated up to H when ``H_kv % N != 0``.
+
+Overlap (Skrull eq. 2, ``max(T_comm, T_comp(Local)) + T_comp(Dist)``): forward issues the sharded
+collective asynchronously, runs the local attention, then waits; backward computes what needs no
+communication first (the sharded part's gradients for ``allgather``, whose reduce-scatter then flies
+during the local backward; the local backward for ``ulysses``, while the gradient all-to-all flies).
+
+Both are one ``torch.autograd.Function`` each with explicit collectives; the attention kernels keep
+their own backward (a nested autograd graph is recorded in forward and differentiated in backward), so
+flash-attention, PyTorch's varlen kernel and the CPU reference all plug in unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+import torch.distributed as dist
+
+from solver.errors import RequestError
+from worker.collectives import all_gather_slots, all_to_all_slots, reduce_scatter_slots, wait
+from worker.kernels import AttentionKernel
+from worker.layout import MicrobatchLayout
+
+CPMode = Literal["allgather", "ulysses"]
+CP_MODES: tuple[str, ...] = ("allgather", "ulysses")
+
+
+def _int32(values: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.int32, device=device)
+
+
+def _long(values: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.long, device=device)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DACPPlan:
+    """Everything one GPU needs to run DACP attention for one microbatch (built once, used per layer)."""
+
+    layout: MicrobatchLayout
+    group: dist.ProcessGroup | None
+    mode: str
+    kernel: AttentionKernel
+    local_cu_seqlens: torch.Tensor
+    local_max_seqlen: int
+    gather_index: torch.Tensor
+    key_index: torch.Tensor
+    piece_cu_seqlens_q: torch.Tensor
+    piece_cu_seqlens_k: torch.Tensor
+    piece_max_q: int
+    piece_max_k: int
+    sharded_cu_seqlens: torch.Tensor
+    sharded_max_seqlen: int
+
+    @classmethod
+    def build(
+        cls,
+        layout: MicrobatchLayout,
+        *,
+        group: dist.ProcessGroup | None,
+        kernel: AttentionKernel,
+        device: torch.device,
+        mode: str = "allgather",
+    ) -> DACPPlan:
+        if mode not in CP_MODES:
+            raise RequestError("cp_mode", mode, f"unknown context-parallel mode; known: {', '.join(CP_MODES)}")
+        if layout.communicates and group is None:
+            raise ValueError(f"microbatch step {layout.step} shards over {list(layout.ranks)} but no group was given")
+        if layout.communicates:
+            assert group is not None
+            size = dist.get_world_size(group)
+            assert size == layout.group_size, f"group of {size} for a microbatch of {layout.group_size} GPUs"
+            assert dist.get_rank(group) == layout.slot, "process-group rank must be the layout's slot"
+        pieces_q = tuple(p.num_tokens for p in layout.pieces)
+        pieces_k = tuple(p.end for p in layout.pieces)
+        return cls(
+            layout=layout,
+            group=group if layout.communicates else None,
+            mode=mode,
+            kernel=kernel,
+            local_cu_seqlens=_int32(layout.local_cu_seqlens, device),
+            local_max_seqlen=max(layout.local_lengths, default=0),
+            gather_index=_long(layout.gather_index, device),
+            key_index=_long(layout.key_prefix_index, device),
+            piece_cu_seqlens_q=_int32(layout.piece_cu_seqlens_q, device),
+            piece_cu_seqlens_k=_int32(layout.piece_cu_seqlens_k, device),
+            piece_max_q=max(pieces_q, default=0),
+            piece_max_k=max(pieces_k, default=0),
+            sharded_cu_seqlens=_int32(layout.sharded_cu_seqlens, device),
+            sharded_max_seqlen=max(layout.sharded_lengths, default=0),
+        )
+
+    @property
+    def num_local_tokens(self) -> int:
+        return self.layout.num_local_tokens
+
+    @property
+    def has_sharded(self) -> bool:
+        return bool(self.layout.sharded)
+
+
+def dacp_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: DACPPlan) -> torch.Tensor:
+    """Causal attention over one GPU's packed buffer: ``q`` ``[T, H, D]``, ``k``/``v`` ``[T, H_kv, D]``."""
+    if q.shape[0] != plan.layout.num_tokens:
+        raise ValueError(f"buffer has {q.shape[0]} rows, the microbatch layout {plan.layout.num_tokens}")
+    fn = _AllGatherCP if plan.mode == "allgather" else _UlyssesCP
+    out: torch.Tensor = fn.apply(q, k, v, plan)  # type: ignore[no-untyped-call]
+    return out
+
+
+# --- shared pieces ---------------------------------------------------------------------------------
+def _leaf(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().requires_grad_(True)
+
+
+def _local_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: DACPPlan) -> tuple[Any, torch.Tensor]:
+    """Local attention with its own graph: ``(saved, output)``; ``saved`` is None when there is none."""
+    n = plan.num_local_tokens
+    if n == 0:
+        return None, q.new_zeros(0, q.shape[1], v.shape[2])
+    with torch.enable_grad():
+        ql, kl, vl = _leaf(q[:n]), _leaf(k[:n]), _leaf(v[:n])
+        out = plan.kernel(
+            ql,
+            kl,
+            vl,
+            cu_seqlens_q=plan.local_cu_seqlens,
+            cu_seqlens_k=plan.local_cu_seqlens,
+            max_seqlen_q=plan.local_max_seqlen,
+            max_seqlen_k=plan.local_max_seqlen,
+            causal=True,
+        )
+    return (ql, kl, vl, out), out.detach()
+
+
+def _local_backward(saved: Any, grad: torch.Tensor, shapes: tuple[torch.Size, ...]) -> tuple[torch.Tensor, ...]:
+    if saved is None:
+        return tuple(grad.new_zeros(0, *shape[1:]) for shape in shapes)
+    ql, kl, vl, out = saved
+    grads = torch.autograd.grad(out, (ql, kl, vl), grad, allow_unused=True)
+    return tuple(g if g is not None else torch.zeros_like(x) for g, x in zip(grads, (ql, kl, vl), strict=True))
+
+
+def _pad_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
+    if t.shape[0] == rows:
+        return t
+    return torch.cat([t, t.new_zeros(rows - t.shape[0], *t.shape[1:])])
+
+
+class _AllGatherCP(torch.autograd.Function):
+    """Llama-3 all-gather context parallelism for the sharded part, varlen attention for the local part."""
+
+    @staticmethod
+    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: DACPPlan) -> torch.Tensor:
+        n = plan.num_local_tokens
+        num_pieces = q.shape[0] - n
+        work = None
+        gathered = None
+        if plan.has_sharded:
+            padded = plan.layout.padded_piece_tokens
+            send = _pad_rows(torch.stack([k[n:], v[n:]], dim=1), padded)  # [P, 2, H_kv, D]
+            if plan.group is not None:
+                gathered, work = all_gather_slots(send, group=plan.group, async_op=True)
+            else:
+                gathered = send
+        local_saved, out_local = _local_forward(q, k, v, plan)  # overlaps the all-gather
+        wait(work)
+        sharded_saved = None
+        out_pieces = q.new_zeros(0, q.shape[1], v.shape[2])
+        if gathered is not None and num_pieces > 0:
+            with torch.enable_grad():
+                qp, g = _leaf(q[n:]), _leaf(gathered)
+                keys = g.index_select(0, plan.key_index)
+                out = plan.kernel(
+                    qp,
+                    keys[:, 0],
+                    keys[:, 1],
+                    cu_seqlens_q=plan.piece_cu_seqlens_q,
+                    cu_seqlens_k=plan.piece_cu_seqlens_k,
+                    max_seqlen_q=plan.piece_max_q,
+                    max_seqlen_k=plan.piece_max_k,
+                    causal=True,
+                )
+            sharded_saved = (qp, g, out)
+            out_pieces = out.detach()
+        ctx.plan = plan
+        ctx.local_saved = local_saved
+        ctx.sharded_saved = sharded_saved
+        ctx.gathered_shape = None if gathered is None else gathered.shape
+        ctx.shapes = (q.shape, k.shape, v.shape)
+        return torch.cat([out_local, out_pieces])
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        plan: DACPPlan = ctx.plan
+        n = plan.num_local_tokens
+        q_shape, k_shape, _ = ctx.shapes
+        num_pieces = q_shape[0] - n
+        grad = grad.contiguous()
+        work = None
+        d_own = None
+        dq_pieces = grad.new_zeros(num_pieces, *q_shape[1:])
+        if ctx.gathered_shape is not None:
+            if ctx.sharded_saved is not None:
+                qp, g, out = ctx.sharded_saved
+                dqp, dg = torch.autograd.grad(out, (qp, g), grad[n:], allow_unused=True)
+                dq_pieces = dqp if dqp is not None else torch.zeros_like(qp)
+                dg = dg if dg is not None else torch.zeros_like(g)
+            else:  # this member holds no piece but the group still reduces
+                dg = grad.new_zeros(ctx.gathered_shape)
+            if plan.group is not None:
+                d_own, work = reduce_scatter_slots(dg, group=plan.group, async_op=True)
+            else:
+                d_own = dg
+        dql, dkl, dvl = _local_backward(ctx.local_saved, grad[:n], ctx.shapes)  # overlaps the reduce-scatter
+        wait(work)
+        if d_own is not None:
+            dk_pieces, dv_pieces = d_own[:num_pieces, 0], d_own[:num_pieces, 1]
+        else:
+            dk_pieces = grad.new_zeros(0, *k_shape[1:])
+            dv_pieces = grad.new_zeros(0, *k_shape[1:])
+        return torch.cat([dql, dq_pieces]), torch.cat([dkl, dk_pieces]), torch.cat([dvl, dv_pieces]), None
+
+
+class _UlyssesCP(torch.autograd.Function):
+    """All-to-all (head-split) context parallelism for the sharded part, varlen for the local part."""
+
+    @staticmethod
+    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: DACPPlan) -> torch.Tensor:
+        n = plan.num_local_tokens
+        num_pieces = q.shape[0] - n
+        heads, kv_heads, dim = q.shape[1], k.shape[1], q.shape[2]
+        size = plan.layout.group_size
+        ctx.plan = plan
+        ctx.shapes = (q.shape, k.shape, v.shape)
+        work = None
+        recv = None
+        if plan.has_sharded:
+            if heads % size != 0:
+                raise RequestError("cp_mode", "ulysses", f"needs heads ({heads}) divisible by the group size ({size})")
+            k_rep = 1 if kv_heads % size == 0 else heads // kv_heads
+            kp, vp = k[n:], v[n:]
+            if k_rep > 1:
+                kp, vp = kp.repeat_interleave(k_rep, dim=1), vp.repeat_interleave(k_rep, dim=1)
+            hq, hk = heads // size, kp.shape[1] // size
+            send = torch.cat(
+                [q[n:].reshape(num_pieces, size, hq, dim), *(t.reshape(num_pieces, size, hk, dim) for t in (kp, vp))],
+                dim=2,
+            )  # [T_p, N, hq + 2 hk, D]
+            padded = plan.layout.padded_piece_tokens
+            send = _pad_rows(send, padded).transpose(0, 1).reshape(size * padded, hq + 2 * hk, dim)
+            if plan.group is not None:
+                recv, work = all_to_all_slots(send, group=plan.group, async_op=True)
+            else:
+                recv = send
+            ctx.heads_split = (hq, hk, k_rep, padded)
+        local_saved, out_local = _local_forward(q, k, v, plan)  # overlaps the all-to-all
+        wait(work)
+        ctx.local_saved = local_saved
+        ctx.sharded_saved = None
+        out_pieces = q.new_zeros(0, heads, v.shape[2])
+        if recv is not None:
+            hq, hk, _, padded = ctx.heads_split
+            with torch.enable_grad():
+                r = _leaf(recv)
+                full = r.index_select(0, plan.gather_index)
+                out_full = plan.kernel(
+                    full[:, :hq],
+                    full[:, hq : hq + hk],
+                    full[:, hq + hk :],
+                    cu_seqlens_q=plan.sharded_cu_seqlens,
+                    cu_seqlens_k=plan.sharded_cu_seqlens,
+                    max_seqlen_q=plan.sharded_max_seqlen,
+                    max_seqlen_k=plan.sharded_max_seqlen,
+                    causal=True,
+                )
+            ctx.sharded_saved = (r, out_full)
+            back = out_full.new_zeros(size * padded, hq, dim).index_copy(0, plan.gather_index, out_full.detach())
+            back = _exchange(back, plan)
+            out_pieces = (
+                back.reshape(size, padded, hq, dim)[:, :num_pieces].transpose(0, 1).reshape(num_pieces, heads, dim)
+            )
+        return torch.cat([out_local, out_pieces])
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        plan: DACPPlan = ctx.plan
+        n = plan.num_local_tokens
+        q_shape, k_shape, _ = ctx.shapes
+        num_pieces = q_shape[0] - n
+        heads, kv_heads, dim = q_shape[1], k_shape[1], q_shape[2]
+        size = plan.layout.group_size
+        grad = grad.contiguous()
+        work = None
+        g_recv = None
+        if ctx.sharded_saved is not None:
+            hq, hk, k_rep, padded = ctx.heads_split
+            g_send = _pad_rows(grad[n:].reshape(num_pieces, size, hq, dim), padded)
+            g_send = g_send.transpose(0, 1).reshape(size * padded, hq, dim)
+            if plan.group is not None:
+                g_recv, work = all_to_all_slots(g_send, group=plan.group, async_op=True)
+            else:
+                g_recv = g_send
+        dql, dkl, dvl = _local_backward(ctx.local_saved, grad[:n], ctx.shapes)  # overlaps the all-to-all
+        wait(work)
+        if g_recv is None:
+            empty_k = grad.new_zeros(0, *k_shape[1:])
+            return (
+                torch.cat([dql, grad.new_zeros(0, heads, dim)]),
+                torch.cat([dkl, empty_k]),
+                torch.cat([dvl, empty_k]),
+                None,
+            )
+        r, out_full = ctx.sharded_saved
+        (dr,) = torch.autograd.grad(out_full, (r,), g_recv.index_select(0, plan.gather_index))
+        back = _exchange(dr.contiguous(), plan)  # slot j: grads of my rows for head chunk j
+        back = back.reshape(size, padded, hq + 2 * hk, dim)[:, :num_pieces].transpose(0, 1)  # [T_p, N, hc, D]
+        dq_p = back[:, :, :hq].reshape(num_pieces, heads, dim)
+        dk_p = back[:, :, hq : hq + hk].reshape(num_pieces, size * hk, dim)
+        dv_p = back[:, :, hq + hk :].reshape(num_pieces, size * hk, dim)
+        if k_rep > 1:
+            dk_p = dk_p.reshape(num_pieces, kv_heads, k_rep, dim).sum(dim=2)
+            dv_p = dv_p.reshape(num_pieces, kv_heads, k_rep, dim).sum(dim=2)
+        return torch.cat([dql, dq_p]), torch.cat([dkl, dk_p]), torch.cat([dvl, dv_p]), None
+
+
+def _exchange(send: torch.Tensor, plan: DACPPlan) -> torch.Tensor:
+    if plan.group is None:
+        return send
+    out, _ = all_to_all_slots(send, group=plan.group, async_op=False)
+    return out

@@ -1,0 +1,247 @@
+"""One attention adapter over packed variable-length sequences, whatever is installed.
+
+All kernels take the flash-attention varlen spelling: ``q`` is ``[total_q, H, D]``, ``k`` and ``v`` are
+``[total_k, H_kv, D]`` (grouped-query attention when ``H_kv < H``: query head ``h`` uses key/value head
+``h // (H / H_kv)``), ``cu_seqlens_q`` / ``cu_seqlens_k`` are int32 offsets of the segments, and segment
+``i`` of the queries attends only to segment ``i`` of the keys. Causal masking is aligned to the bottom
+right, flash-attention's convention: query ``i`` of a segment with ``q_len`` queries and ``k_len`` keys
+sees keys ``0 .. i + k_len - q_len``. That is what lets a shard piece ``[a, b)`` attend to the key prefix
+``[0, b)`` of its sequence with the sequence's own causal mask (see worker/layout.py).
+
+Backends, in order of preference (``select_kernel``):
+
+- ``flash-attn``: ``flash_attn.flash_attn_varlen_func`` when the package is installed (CUDA, fp16/bf16);
+- ``torch-varlen``: PyTorch's own ``torch.nn.attention.varlen.varlen_attn`` (CUDA, fp16/bf16);
+- ``sdpa``: ``scaled_dot_product_attention`` per segment (any device and dtype; GPU fallback);
+- ``reference``: the softmax written out, in float32, query block by query block (CPU default; the
+  yardstick the others are tested against).
+
+All are differentiable through autograd (the first two through their own backward kernels).
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from solver.errors import RequestError
+
+KernelFn = Callable[..., torch.Tensor]
+KERNEL_NAMES: tuple[str, ...] = ("flash-attn", "torch-varlen", "sdpa", "reference")
+_HALF = (torch.float16, torch.bfloat16)
+#: Query rows per block of the reference kernel: bounds its score matrix to ``H * 1024 * k_len`` floats.
+REFERENCE_BLOCK_ROWS = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionKernel:
+    """A named varlen attention function (see the module docstring for the calling convention)."""
+
+    name: str
+    fn: KernelFn
+
+    def __call__(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        *,
+        cu_seqlens_q: torch.Tensor,
+        cu_seqlens_k: torch.Tensor,
+        max_seqlen_q: int,
+        max_seqlen_k: int,
+        causal: bool = True,
+        scale: float | None = None,
+    ) -> torch.Tensor:
+        if q.shape[0] == 0:
+            return q.new_zeros(q.shape[0], q.shape[1], v.shape[2])
+        if q.shape[1] % k.shape[1] != 0:
+            raise ValueError(f"query heads {q.shape[1]} are not a multiple of key/value heads {k.shape[1]}")
+        scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+        return self.fn(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale)
+
+
+def _segments(cu_q: torch.Tensor, cu_k: torch.Tensor) -> list[tuple[int, int, int, int]]:
+    qs = [int(x) for x in cu_q.tolist()]
+    ks = [int(x) for x in cu_k.tolist()]
+    if len(qs) != len(ks):
+        raise ValueError(f"cu_seqlens_q has {len(qs)} entries but cu_seqlens_k has {len(ks)}")
+    return [(qs[i], qs[i + 1], ks[i], ks[i + 1]) for i in range(len(qs) - 1)]
+
+
+def _reference(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_q: torch.Tensor,
+    cu_k: torch.Tensor,
+    max_q: int,
+    max_k: int,
+    causal: bool,
+    scale: float,
+) -> torch.Tensor:
+    """softmax(q k^T * scale + mask) v per segment, in float32; rows with no visible key give 0."""
+    rep = q.shape[1] // k.shape[1]
+    out = q.new_zeros(q.shape[0], q.shape[1], v.shape[2])
+    pieces = []
+    for q0, q1, k0, k1 in _segments(cu_q, cu_k):
+        q_len, k_len = q1 - q0, k1 - k0
+        if q_len == 0:
+            continue
+        kh = k[k0:k1].float().repeat_interleave(rep, dim=1).transpose(0, 1)  # [H, k_len, D]
+        vh = v[k0:k1].float().repeat_interleave(rep, dim=1).transpose(0, 1)
+        for b0 in range(0, q_len, REFERENCE_BLOCK_ROWS):
+            b1 = min(q_len, b0 + REFERENCE_BLOCK_ROWS)
+            qh = q[q0 + b0 : q0 + b1].float().transpose(0, 1)  # [H, rows, D]
+            scores = torch.matmul(qh, kh.transpose(1, 2)) * scale
+            if causal:
+                rows = torch.arange(b0, b1, device=q.device).unsqueeze(1)
+                cols = torch.arange(k_len, device=q.device).unsqueeze(0)
+                visible = cols <= rows + (k_len - q_len)
+                scores = scores.masked_fill(~visible, float("-inf"))
+                probs = torch.softmax(scores, dim=-1).masked_fill(~visible.any(dim=1, keepdim=True), 0.0)
+            else:
+                probs = torch.softmax(scores, dim=-1)
+            pieces.append((q0 + b0, q0 + b1, torch.matmul(probs, vh).transpose(0, 1).to(q.dtype)))
+    if not pieces:
+        return out
+    index = torch.cat([torch.arange(a, b, device=q.device) for a, b, _ in pieces])
+    return out.index_copy(0, index, torch.cat([p for _, _, p in pieces]))
+
+
+def _sdpa(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_q: torch.Tensor,
+    cu_k: torch.Tensor,
+    max_q: int,
+    max_k: int,
+    causal: bool,
+    scale: float,
+) -> torch.Tensor:
+    from torch.nn.attention.bias import causal_lower_right
+
+    outs = []
+    for q0, q1, k0, k1 in _segments(cu_q, cu_k):
+        q_len, k_len = q1 - q0, k1 - k0
+        if q_len == 0:
+            continue
+        qh, kh, vh = (t.transpose(0, 1).unsqueeze(0) for t in (q[q0:q1], k[k0:k1], v[k0:k1]))
+        mask: Any = None
+        if causal and q_len != k_len:
+            mask = causal_lower_right(q_len, k_len)
+        o = F.scaled_dot_product_attention(
+            qh, kh, vh, attn_mask=mask, is_causal=causal and q_len == k_len, scale=scale, enable_gqa=True
+        )
+        outs.append(o.squeeze(0).transpose(0, 1))
+    return torch.cat(outs) if outs else q.new_zeros(q.shape[0], q.shape[1], v.shape[2])
+
+
+def _torch_varlen() -> KernelFn | None:
+    try:
+        module = importlib.import_module("torch.nn.attention.varlen")
+    except ImportError:
+        return None
+    varlen = getattr(module, "varlen_attn", None)
+    if varlen is None:
+        return None
+    params = inspect.signature(varlen).parameters
+
+    def run(
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        cu_q: torch.Tensor,
+        cu_k: torch.Tensor,
+        max_q: int,
+        max_k: int,
+        causal: bool,
+        scale: float,
+    ) -> torch.Tensor:
+        extra: dict[str, Any] = {"scale": scale}
+        if "window_size" in params:
+            extra["window_size"] = (-1, 0) if causal else (-1, -1)
+        else:
+            extra["is_causal"] = causal
+        if q.shape[1] != k.shape[1]:
+            if "enable_gqa" in params:
+                extra["enable_gqa"] = True
+            else:
+                rep = q.shape[1] // k.shape[1]
+                k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        out: torch.Tensor = varlen(q, k, v, cu_q, cu_k, max_q, max_k, **extra)
+        return out
+
+    return run
+
+
+def _flash_attn() -> KernelFn | None:
+    try:
+        module = importlib.import_module("flash_attn")
+    except ImportError:
+        return None
+    flash = getattr(module, "flash_attn_varlen_func", None)
+    if flash is None:
+        return None
+
+    def run(
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        cu_q: torch.Tensor,
+        cu_k: torch.Tensor,
+        max_q: int,
+        max_k: int,
+        causal: bool,
+        scale: float,
+    ) -> torch.Tensor:
+        out: torch.Tensor = flash(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=scale, causal=causal)
+        return out
+
+    return run
+
+
+def available_kernels(device: torch.device, dtype: torch.dtype) -> tuple[str, ...]:
+    """Backends usable for tensors of ``dtype`` on ``device``, best first."""
+    names = []
+    if device.type == "cuda" and dtype in _HALF:
+        if _flash_attn() is not None:
+            names.append("flash-attn")
+        if _torch_varlen() is not None:
+            names.append("torch-varlen")
+    names.append("sdpa")
+    names.append("reference")
+    if device.type == "cpu":  # the reference first on CPU: exact float32 softmax, no kernel selection
+        names.remove("reference")
+        names.insert(0, "reference")
+    return tuple(names)
+
+
+def select_kernel(device: torch.device, dtype: torch.dtype, name: str | None = None) -> AttentionKernel:
+    """The best backend for ``device``/``dtype``, or ``name`` when given (refused if unusable there)."""
+    usable = available_kernels(device, dtype)
+    if name is None:
+        name = usable[0]
+    if name not in KERNEL_NAMES:
+        raise RequestError("kernel", name, f"unknown attention kernel; known: {', '.join(KERNEL_NAMES)}")
+    if name not in usable:
+        raise RequestError("kernel", name, f"not usable for {dtype} on {device.type}; usable: {', '.join(usable)}")
+    fn: KernelFn | None
+    if name == "flash-attn":
+        fn = _flash_attn()
+    elif name == "torch-varlen":
+        fn = _torch_varlen()
+    elif name == "sdpa":
+        fn = _sdpa
+    else:
+        fn = _reference
+    assert fn is not None, f"{name} was listed as usable"
+    return AttentionKernel(name=name, fn=fn)

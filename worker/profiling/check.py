@@ -1,0 +1,60 @@
+"""Predicted vs measured per-rank compute: what ``skrull profile --check`` reports (numpy only).
+
+The prediction is the contract's compute part of a GPU's work in one iteration (eqs. 3-4 of Skrull):
+for every microbatch it takes part in, ``T_comp(sum of FLOPs of its local sequences) + T_comp(sum of
+FLOPs of the sharded sequences / N)``. Communication and ``microbatch_ms`` are left out: the check runs
+each rank's compute on one GPU, in turn, with no collective.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from solver.cost import CostModel
+from solver.types import Plan
+from worker.profiling.fit import r_squared
+
+
+def rank_compute_ms(plan: Plan, lengths: Sequence[int], model: CostModel, *, iteration: int) -> list[float]:
+    """Predicted compute milliseconds of every GPU in ``iteration`` (index = global rank)."""
+    out = [0.0] * plan.parallel.num_gpus
+    for mb in plan.iterations[iteration].microbatches:
+        sharded = sum(model.flops(lengths[i]) for i in mb.sharded) / len(mb.ranks)
+        for rank, ids in zip(mb.ranks, mb.local, strict=True):
+            out[rank] += model.t_comp_ms(sum(model.flops(lengths[i]) for i in ids)) + model.t_comp_ms(sharded)
+    return out
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CheckStats:
+    """Agreement of predictions with measurements over ``n`` (rank, iteration) points."""
+
+    n: int
+    median_abs_error_ms: float
+    median_abs_rel_error: float
+    max_abs_rel_error: float
+    r2: float
+
+
+def check_stats(predicted: Sequence[float], measured: Sequence[float]) -> CheckStats:
+    """Median absolute error (ms and relative to the measurement), worst relative error, R^2.
+
+    Points measured at 0 ms (ranks with no work) count in R^2 but not in the relative errors.
+    """
+    p = np.asarray(predicted, dtype=np.float64)
+    y = np.asarray(measured, dtype=np.float64)
+    if p.shape != y.shape or p.size == 0:
+        raise ValueError(f"need as many predictions as measurements (> 0), got {p.size} and {y.size}")
+    abs_err = np.abs(p - y)
+    busy = y > 0
+    rel = abs_err[busy] / y[busy] if busy.any() else np.zeros(1)
+    return CheckStats(
+        n=int(p.size),
+        median_abs_error_ms=float(np.median(abs_err)),
+        median_abs_rel_error=float(np.median(rel)),
+        max_abs_rel_error=float(rel.max()),
+        r2=r_squared(p, y),
+    )

@@ -1,0 +1,168 @@
+"""The measured profile document: the contract's fields fitted from raw measurements, which are kept.
+
+The result is a profile in CONTRACT.md's format (``compute``, ``comm``, ``memory.bucket_tokens``,
+``microbatch_ms``) that ``solver.profile.profile_from_dict`` reads, with ``"estimated": false`` and
+extra fields: where and when it was measured (``measured``), the model shape, every raw measurement,
+the fits' R^2 and the attention efficiency table. What was not measured says so and keeps the derived
+value (``comm`` on one GPU, ``microbatch_ms`` always: framework overhead per microbatch is outside a
+single-layer measurement).
+
+Coefficient by coefficient (see worker/profiling/fit.py for the fits):
+
+- ``compute.flops_per_token`` / ``flops_per_token_sq``: Skrull eq. 13 x layers x 3 for the model;
+  ``ms_per_tflop`` / ``fixed_ms``: the compute fit.
+- ``comm.bytes_per_token``: K and V of every layer, all-gathered forward and reduce-scattered backward,
+  in the training dtype's bytes; ``ms_per_mib``: the per-collective fit against gathered bytes;
+  ``fixed_ms``: the per-collective intercept x 2 collectives x layers.
+- ``memory.bucket_tokens``: ``(capacity * (1 - reserve) - static) / alpha`` with ``alpha`` = layers x
+  the fitted per-layer activation bytes (the larger of the saved-for-backward and the allocator-peak
+  slopes on a GPU, so the bucket errs on the safe side) + the LM head's logits (bf16 logits and their fp32 copy,
+  ``6 * vocab`` bytes per token; solver/derive.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+from solver.derive import (
+    MODELS,
+    ModelConfig,
+    TrainingSetup,
+    comm_bytes_per_token,
+    flops_coefficients,
+    static_memory_bytes,
+)
+from worker.profiling.fit import (
+    AttentionPoint,
+    CommSample,
+    ComputeSample,
+    MemorySample,
+    attention_efficiency,
+    bucket_tokens,
+    fit_activation_bytes,
+    fit_comm,
+    fit_compute,
+    fit_line,
+)
+
+
+def _model_doc(model: ModelConfig) -> dict[str, Any]:
+    doc = dataclasses.asdict(model)
+    doc["head_dim"] = model.head_dim
+    doc["kv_hidden_size"] = model.kv_hidden_size
+    doc["num_params"] = model.num_params
+    return doc
+
+
+def model_from_doc(doc: Any) -> ModelConfig:
+    """The model shape stored in a profile's ``model`` field (measured or derived profiles)."""
+    fields = {f.name for f in dataclasses.fields(ModelConfig)}
+    if isinstance(doc, dict) and doc.get("name") in MODELS and "hidden_size" not in doc:
+        return MODELS[doc["name"]]
+    if not isinstance(doc, dict) or not {"hidden_size", "num_layers", "num_heads", "num_kv_heads"} <= set(doc):
+        raise ValueError("profile.model must give hidden_size, num_layers, num_heads and num_kv_heads")
+    values = {k: v for k, v in doc.items() if k in fields}
+    values.setdefault("name", "model")
+    values.setdefault("intermediate_size", 4 * int(doc["hidden_size"]))
+    values.setdefault("vocab_size", 32000)
+    values.setdefault("tied_embeddings", False)
+    values.setdefault("qkv_bias", False)
+    values.setdefault("source", "profile")
+    return ModelConfig(**values)
+
+
+def profile_document(
+    *,
+    name: str,
+    model: ModelConfig,
+    measured: dict[str, Any],
+    compute_samples: Sequence[ComputeSample],
+    attention_points: Sequence[AttentionPoint],
+    memory_samples: Sequence[MemorySample],
+    comm_samples: Sequence[CommSample],
+    capacity_bytes: float,
+    setup: TrainingSetup,
+    bytes_per_value: int,
+    derived_comm: dict[str, float],
+    derived_microbatch_ms: float,
+) -> dict[str, Any]:
+    """Fit every coefficient and lay the profile out in the contract's format (see module docstring)."""
+    per_token, per_token_sq = flops_coefficients(model)
+    ms_per_tflop, fixed_ms, compute_r2 = fit_compute(compute_samples)
+    saved_alpha, beta_layer, memory_r2 = fit_activation_bytes(memory_samples)
+    peaks = [m for m in memory_samples if m.peak_bytes is not None]
+    peak_alpha = None
+    if len(peaks) >= 2:
+        peak_alpha = fit_line([m.tokens for m in peaks], [float(m.peak_bytes or 0.0) for m in peaks], what="peak").slope
+    alpha_layer = max(saved_alpha, peak_alpha or 0.0)
+    logits_bytes = 6.0 * model.vocab_size
+    alpha = model.num_layers * alpha_layer + logits_bytes
+    static = static_memory_bytes(model, setup)
+    bucket = bucket_tokens(
+        capacity_bytes=capacity_bytes,
+        reserve_fraction=setup.reserve_fraction,
+        static_bytes=static,
+        activation_bytes_per_token=alpha,
+    )
+    comm: dict[str, Any] = {"bytes_per_token": comm_bytes_per_token(model, bytes_per_value=bytes_per_value)}
+    if comm_samples:
+        ms_per_mib, per_collective_ms, comm_r2 = fit_comm(comm_samples)
+        comm.update(
+            ms_per_mib=round(ms_per_mib, 8),
+            fixed_ms=round(per_collective_ms * 2 * model.num_layers, 6),
+            measured=True,
+            r2=round(comm_r2, 6),
+            group_size=comm_samples[0].group_size,
+            source="all-gather time vs gathered bytes per collective; fixed_ms = intercept x 2 collectives x layers",
+            samples=[dataclasses.asdict(s) for s in comm_samples],
+        )
+    else:
+        comm.update(
+            ms_per_mib=derived_comm["ms_per_mib"],
+            fixed_ms=derived_comm["fixed_ms"],
+            measured=False,
+            source="one GPU: no collective to time; derived values kept (solver/derive.py)",
+        )
+    return {
+        "name": name,
+        "estimated": False,
+        "measured": measured,
+        "model": _model_doc(model),
+        "setup": dataclasses.asdict(setup),
+        "compute": {
+            "flops_per_token": per_token,
+            "flops_per_token_sq": per_token_sq,
+            "ms_per_tflop": round(ms_per_tflop, 6),
+            "fixed_ms": round(fixed_ms, 6),
+            "r2": round(compute_r2, 6),
+            "source": "flops: Skrull eq. 13 x layers x 3; ms: layers x one decoder layer forward+backward, "
+            "least squares over packs of sequences",
+            "samples": [{"lengths": list(s.lengths), "flops": s.flops, "ms": round(s.ms, 6)} for s in compute_samples],
+        },
+        "attention": {
+            "source": "causal attention forward+backward alone, one sequence per length; FLOPs 3 x 4*h*S^2",
+            "by_query_tokens": attention_efficiency(attention_points),
+        },
+        "comm": comm,
+        "memory": {
+            "bucket_tokens": bucket,
+            "activation_bytes_per_token": round(alpha, 3),
+            "activation_bytes_per_token_per_layer": round(alpha_layer, 3),
+            "saved_bytes_per_token_per_layer": round(saved_alpha, 3),
+            "peak_bytes_per_token_per_layer": None if peak_alpha is None else round(peak_alpha, 3),
+            "activation_bytes_fixed_per_layer": round(beta_layer, 3),
+            "logits_bytes_per_token": logits_bytes,
+            "static_bytes": static,
+            "capacity_bytes": capacity_bytes,
+            "reserve_fraction": setup.reserve_fraction,
+            "r2": round(memory_r2, 6),
+            "source": "per layer: the larger of the slopes of bytes saved for backward (unique storages) and of "
+            "the allocator's forward peak (GPU) vs tokens; x layers, + logits; "
+            "static: weights, gradients and Adam states under the setup's ZeRO stage (solver/derive.py)",
+            "samples": [dataclasses.asdict(s) for s in memory_samples],
+        },
+        "microbatch_ms": derived_microbatch_ms,
+        "microbatch_source": "derived (solver/derive.py): framework overhead is outside a one-layer measurement",
+    }

@@ -1,0 +1,320 @@
+"""Measurements on the device: one decoder layer of a model's shape, timed and weighed.
+
+Everything is measured on one decoder layer (RMSNorm, rotary GQA attention, SwiGLU MLP) with the
+model's dimensions and random weights, in the training dtype; a microbatch's compute is
+``num_layers x`` that layer's forward+backward (embedding and LM head are outside Skrull eq. 13 and
+are absorbed by the fitted ``fixed_ms``). A GPU's part of a microbatch is what worker/layout.py says it
+holds: its local sequences whole, and its shard pieces, each attending to its sequence's key prefix
+(random keys stand in for the gathered ones: the same kernel work, no collective).
+
+Times are medians over repeats after warm-up with CUDA events on a GPU, and the fastest repeat with
+``perf_counter`` on a CPU. Activation bytes are the bytes autograd saves for backward (unique storages,
+counted through ``saved_tensors_hooks``), plus the allocator's peak on a GPU.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from solver.derive import MODELS, ModelConfig, flops_coefficients
+from worker.kernels import AttentionKernel
+from worker.layout import MicrobatchLayout
+from worker.model import DecoderLayer
+from worker.profiling.fit import AttentionPoint, ComputeSample, MemorySample
+
+#: A small model for exercising the whole profiler on a CPU (tests, ``--device cpu``); not a real model.
+TINY = ModelConfig(
+    name="tiny",
+    hidden_size=64,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    intermediate_size=128,
+    vocab_size=256,
+    tied_embeddings=True,
+    qkv_bias=False,
+    source="a small made-up shape for exercising the profiler on a CPU",
+)
+PROFILE_MODELS: dict[str, ModelConfig] = {**MODELS, TINY.name: TINY}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Part:
+    """What one GPU computes in one microbatch: whole local sequences and shard pieces ``(start, end)``."""
+
+    local_lengths: tuple[int, ...]
+    pieces: tuple[tuple[int, int], ...] = ()
+
+    @classmethod
+    def of(cls, layout: MicrobatchLayout) -> Part:
+        return cls(local_lengths=layout.local_lengths, pieces=tuple((p.start, p.end) for p in layout.pieces))
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.local_lengths) + sum(b - a for a, b in self.pieces)
+
+
+class Timer:
+    """Milliseconds of a callable on ``device`` after warm-up: the median of the repeats on a GPU (CUDA
+    events, steady state), the fastest on a CPU (a shared CPU's interference only ever adds time)."""
+
+    def __init__(self, device: torch.device, *, warmup: int = 1, repeats: int = 3) -> None:
+        self.device = device
+        self.warmup = warmup
+        self.repeats = repeats
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def ms(self, fn: Callable[[], Any]) -> float:
+        for _ in range(self.warmup):
+            fn()
+        self._sync()
+        times = []
+        for _ in range(self.repeats):
+            if self.device.type == "cuda":
+                start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+                end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+                start.record()
+                fn()
+                end.record()
+                end.synchronize()
+                times.append(float(start.elapsed_time(end)))
+            else:
+                t0 = time.perf_counter()
+                fn()
+                times.append((time.perf_counter() - t0) * 1e3)
+        return statistics.median(times) if self.device.type == "cuda" else min(times)
+
+
+def build_layer(model: ModelConfig, *, device: torch.device, dtype: torch.dtype, seed: int = 0) -> DecoderLayer:
+    torch.manual_seed(seed)
+    layer = DecoderLayer(
+        hidden_size=model.hidden_size,
+        num_heads=model.num_heads,
+        num_kv_heads=model.num_kv_heads,
+        head_dim=model.head_dim,
+        intermediate_size=model.intermediate_size,
+    )
+    return layer.to(device=device, dtype=dtype)
+
+
+def sequence_flops(model: ModelConfig, lengths: Sequence[int]) -> float:
+    """Training FLOPs of whole sequences (Skrull eq. 13 x layers x 3), summed."""
+    per_token, per_token_sq = flops_coefficients(model)
+    return sum(per_token * s + per_token_sq * s * s for s in lengths)
+
+
+def _cu(values: Sequence[int], device: torch.device) -> torch.Tensor:
+    out = [0]
+    for v in values:
+        out.append(out[-1] + v)
+    return torch.tensor(out, dtype=torch.int32, device=device)
+
+
+def part_step(
+    layer: DecoderLayer, part: Part, *, kernel: AttentionKernel, device: torch.device, dtype: torch.dtype, seed: int = 0
+) -> Callable[[], None]:
+    """A closure running the layer forward and backward over ``part`` (inputs built once, up front)."""
+    hidden = layer.attn.q_proj.in_features
+    kv_heads, head_dim = layer.attn.num_kv_heads, layer.attn.head_dim
+    gen = torch.Generator().manual_seed(seed)
+    n_local = sum(part.local_lengths)
+    x = torch.randn(part.num_tokens, hidden, generator=gen).to(device=device, dtype=dtype).requires_grad_(True)
+    pos = torch.tensor(
+        [t for n in part.local_lengths for t in range(n)] + [t for a, b in part.pieces for t in range(a, b)],
+        dtype=torch.long,
+        device=device,
+    )
+    key_tokens = sum(b for _, b in part.pieces)
+    prefix_k = torch.randn(key_tokens, kv_heads, head_dim, generator=gen).to(device=device, dtype=dtype)
+    prefix_v = torch.randn(key_tokens, kv_heads, head_dim, generator=gen).to(device=device, dtype=dtype)
+    prefix_k.requires_grad_(True)
+    prefix_v.requires_grad_(True)
+    local_cu = _cu(part.local_lengths, device)
+    piece_cu_q = _cu([b - a for a, b in part.pieces], device)
+    piece_cu_k = _cu([b for _, b in part.pieces], device)
+    max_local = max(part.local_lengths, default=0)
+    max_q = max((b - a for a, b in part.pieces), default=0)
+    max_k = max((b for _, b in part.pieces), default=0)
+    grad_out = torch.randn(part.num_tokens, hidden, generator=gen).to(device=device, dtype=dtype)
+
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        outs = []
+        if n_local:
+            outs.append(
+                kernel(
+                    q[:n_local],
+                    k[:n_local],
+                    v[:n_local],
+                    cu_seqlens_q=local_cu,
+                    cu_seqlens_k=local_cu,
+                    max_seqlen_q=max_local,
+                    max_seqlen_k=max_local,
+                )
+            )
+        if part.pieces:
+            outs.append(
+                kernel(
+                    q[n_local:],
+                    prefix_k,
+                    prefix_v,
+                    cu_seqlens_q=piece_cu_q,
+                    cu_seqlens_k=piece_cu_k,
+                    max_seqlen_q=max_q,
+                    max_seqlen_k=max_k,
+                )
+            )
+        return torch.cat(outs)
+
+    def step() -> None:
+        out = layer(x, pos, attend)
+        torch.autograd.backward(out, grad_out)
+        x.grad = None
+        prefix_k.grad = prefix_v.grad = None
+        layer.zero_grad(set_to_none=True)
+
+    return step
+
+
+def measure_parts(
+    layer: DecoderLayer,
+    parts: Sequence[Part],
+    *,
+    num_layers: int,
+    kernel: AttentionKernel,
+    timer: Timer,
+    dtype: torch.dtype,
+) -> list[float]:
+    """Milliseconds of each part on the whole model (``num_layers`` x one layer); equal parts timed once."""
+    cache: dict[Part, float] = {}
+    out = []
+    for part in parts:
+        if part.num_tokens == 0:
+            out.append(0.0)
+            continue
+        if part not in cache:
+            step = part_step(layer, part, kernel=kernel, device=timer.device, dtype=dtype)
+            cache[part] = num_layers * timer.ms(step)
+        out.append(cache[part])
+    return out
+
+
+def measure_compute(
+    model: ModelConfig,
+    layer: DecoderLayer,
+    packs: Sequence[Sequence[int]],
+    *,
+    kernel: AttentionKernel,
+    timer: Timer,
+    dtype: torch.dtype,
+) -> list[ComputeSample]:
+    """One sample per pack of whole sequences: its FLOPs and the model's forward+backward ms."""
+    parts = [Part(local_lengths=tuple(p)) for p in packs]
+    times = measure_parts(layer, parts, num_layers=model.num_layers, kernel=kernel, timer=timer, dtype=dtype)
+    return [
+        ComputeSample(lengths=tuple(p), flops=sequence_flops(model, p), ms=ms)
+        for p, ms in zip(packs, times, strict=True)
+    ]
+
+
+def _attention_step(
+    model: ModelConfig, s: int, *, kernel: AttentionKernel, device: torch.device, dtype: torch.dtype
+) -> Callable[[], None]:
+    gen = torch.Generator().manual_seed(s)
+    shape_q = (s, model.num_heads, model.head_dim)
+    shape_kv = (s, model.num_kv_heads, model.head_dim)
+    q = torch.randn(*shape_q, generator=gen).to(device=device, dtype=dtype).requires_grad_(True)
+    k = torch.randn(*shape_kv, generator=gen).to(device=device, dtype=dtype).requires_grad_(True)
+    v = torch.randn(*shape_kv, generator=gen).to(device=device, dtype=dtype).requires_grad_(True)
+    cu = _cu([s], device)
+    grad = torch.randn(*shape_q, generator=gen).to(device=device, dtype=dtype)
+
+    def step() -> None:
+        out = kernel(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=s, max_seqlen_k=s)
+        torch.autograd.backward(out, grad)
+        q.grad = k.grad = v.grad = None
+
+    return step
+
+
+def measure_attention(
+    model: ModelConfig,
+    query_lengths: Sequence[int],
+    *,
+    kernel: AttentionKernel,
+    timer: Timer,
+    dtype: torch.dtype,
+) -> list[AttentionPoint]:
+    """Causal attention alone, forward+backward, one sequence per length; FLOPs = 3 * 4*h*S^2 (eq. 13)."""
+    return [
+        AttentionPoint(
+            query_tokens=s,
+            ms=timer.ms(_attention_step(model, s, kernel=kernel, device=timer.device, dtype=dtype)),
+            flops=3.0 * 4 * model.hidden_size * s * s,
+        )
+        for s in query_lengths
+    ]
+
+
+def _storage_key(t: torch.Tensor) -> tuple[int, int]:
+    return (t.untyped_storage().data_ptr(), t.device.index or 0)
+
+
+def saved_activation_bytes(
+    layer: DecoderLayer, tokens: int, *, kernel: AttentionKernel, device: torch.device, dtype: torch.dtype
+) -> MemorySample:
+    """Bytes ``layer`` keeps for backward over one sequence of ``tokens`` tokens (unique storages, less
+    the input and the weights), and the CUDA allocator's peak growth during the forward on a GPU."""
+    hidden = layer.attn.q_proj.in_features
+    seen: dict[tuple[int, int], int] = {}
+
+    def pack_hook(t: torch.Tensor) -> torch.Tensor:
+        seen[_storage_key(t)] = t.untyped_storage().nbytes()
+        return t
+
+    x = torch.randn(tokens, hidden).to(device=device, dtype=dtype).requires_grad_(True)
+    pos = torch.arange(tokens, device=device)
+    cu = _cu([tokens], device)
+
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return kernel(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=tokens, max_seqlen_k=tokens)
+
+    peak = None
+    base = 0
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
+    with torch.autograd.graph.saved_tensors_hooks(pack_hook, lambda t: t):
+        out = layer(x, pos, attend)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        peak = float(torch.cuda.max_memory_allocated(device) - base)
+    for t in (x, *layer.parameters()):
+        seen.pop(_storage_key(t), None)
+    del out
+    return MemorySample(tokens=tokens, saved_bytes=float(sum(seen.values())), peak_bytes=peak)
+
+
+def measure_memory(
+    layer: DecoderLayer,
+    token_counts: Sequence[int],
+    *,
+    kernel: AttentionKernel,
+    device: torch.device,
+    dtype: torch.dtype,
+) -> list[MemorySample]:
+    """``saved_activation_bytes`` at each token count.
+
+    With a flash-style kernel (flash-attn, PyTorch varlen) attention saves O(S) bytes and the fit is
+    linear; the CPU reference and SDPA's math path keep the O(S^2) probabilities, which the samples show.
+    """
+    return [saved_activation_bytes(layer, t, kernel=kernel, device=device, dtype=dtype) for t in token_counts]

@@ -1,0 +1,202 @@
+"""``skrull profile``: measure a device and write a profile; ``--check``: predicted vs measured per rank.
+
+Profile: one decoder layer of the model's shape is timed on packs of sequences from 128 tokens up to
+``max_tokens`` (single sequences, and packs of 4 and 16 shorter ones so that the linear and quadratic
+terms both vary), attention alone per query length, activation bytes at four token counts, and, with
+more than one GPU, all-gathers of 1 MiB to 256 MiB. worker/profiling/document.py fits and lays out.
+
+Check: requests synthesized from bundled length distributions are planned (skrull and deepspeed by
+default); every rank's compute of the first iteration (each microbatch part: local sequences and shard
+pieces) is measured on this one device in turn and compared with the contract's prediction
+(worker/profiling/check.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import platform
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from solver.cost import CostModel
+from solver.datasets import synthesize_request
+from solver.derive import GPUS, ModelConfig, TrainingSetup, derive_profile
+from solver.planning import solve
+from solver.profile import Profile
+from solver.types import Parallel, Problem
+from worker.kernels import select_kernel
+from worker.layout import rank_layouts
+from worker.profiling.check import CheckStats, check_stats, rank_compute_ms
+from worker.profiling.comm import measure_comm
+from worker.profiling.document import profile_document
+from worker.profiling.measure import (
+    Part,
+    Timer,
+    build_layer,
+    measure_attention,
+    measure_compute,
+    measure_memory,
+    measure_parts,
+)
+
+MIN_TOKENS = 128
+COMM_SIZES = tuple(2**k for k in range(20, 29, 2))  # 1 MiB .. 256 MiB gathered
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProfileOptions:
+    model: ModelConfig
+    device: torch.device
+    dtype: torch.dtype
+    max_tokens: int
+    name: str | None = None
+    kernel: str | None = None
+    repeats: int = 3
+    num_gpus: int = 1
+    capacity_bytes: float | None = None
+    setup: TrainingSetup = dataclasses.field(default_factory=TrainingSetup)
+
+
+def length_grid(max_tokens: int, *, min_tokens: int = MIN_TOKENS) -> list[int]:
+    """Powers of two from ``min_tokens`` up to ``max_tokens``, with ``max_tokens`` itself last."""
+    grid = []
+    s = min_tokens
+    while s < max_tokens:
+        grid.append(s)
+        s *= 2
+    grid.append(max_tokens)
+    return grid
+
+
+def compute_packs(grid: Sequence[int]) -> list[list[int]]:
+    """Whole sequences of each length, and the same token counts as 4 and 16 shorter sequences."""
+    packs = [[s] for s in grid]
+    packs += [[s // 4] * 4 for s in grid if s // 4 >= MIN_TOKENS // 2]
+    packs += [[s // 16] * 16 for s in grid if s // 16 >= MIN_TOKENS // 2]
+    return packs
+
+
+def device_description(device: torch.device) -> tuple[str, float | None]:
+    """(name, memory bytes) of the device; CPU memory is not a GPU's and is reported as unknown."""
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        return str(props.name), float(props.total_memory)
+    return f"cpu {platform.machine()} ({torch.get_num_threads()} threads)", None
+
+
+def slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9.]+", "-", text.lower()).strip("-")
+
+
+def run_profile(opts: ProfileOptions) -> dict[str, Any]:
+    """Measure everything (see module docstring) and return the profile document."""
+    kernel = select_kernel(opts.device, opts.dtype, opts.kernel)
+    timer = Timer(opts.device, warmup=1, repeats=opts.repeats)
+    layer = build_layer(opts.model, device=opts.device, dtype=opts.dtype)
+    grid = length_grid(opts.max_tokens)
+    compute = measure_compute(opts.model, layer, compute_packs(grid), kernel=kernel, timer=timer, dtype=opts.dtype)
+    attention = measure_attention(opts.model, grid, kernel=kernel, timer=timer, dtype=opts.dtype)
+    memory_tokens = sorted({max(MIN_TOKENS, opts.max_tokens * k // 4) for k in range(1, 5)})
+    memory = measure_memory(layer, memory_tokens, kernel=kernel, device=opts.device, dtype=opts.dtype)
+    comm = []
+    if opts.num_gpus > 1:
+        backend = "nccl" if opts.device.type == "cuda" else "gloo"
+        comm = measure_comm(num_gpus=opts.num_gpus, backend=backend, sizes=COMM_SIZES)
+    device_name, device_memory = device_description(opts.device)
+    capacity = opts.capacity_bytes if opts.capacity_bytes is not None else device_memory
+    if capacity is None:
+        raise ValueError("capacity_bytes is needed when the device does not report its memory")
+    base_gpu = GPUS["h100-80g"]
+    derived = derive_profile(opts.model, dataclasses.replace(base_gpu, memory_bytes=int(capacity)), opts.setup)
+    measured = {
+        "device": device_name,
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "torch": torch.__version__,
+        "kernel": kernel.name,
+        "dtype": str(opts.dtype).removeprefix("torch."),
+        "num_gpus": opts.num_gpus,
+        "max_tokens": opts.max_tokens,
+        "repeats": opts.repeats,
+        "memory_bytes": capacity,
+    }
+    name = opts.name or f"{slug(device_name)}/{opts.model.name}"
+    return profile_document(
+        name=name,
+        model=opts.model,
+        measured=measured,
+        compute_samples=compute,
+        attention_points=attention,
+        memory_samples=memory,
+        comm_samples=comm,
+        capacity_bytes=capacity,
+        setup=opts.setup,
+        bytes_per_value=opts.dtype.itemsize,
+        derived_comm={"ms_per_mib": derived.comm.ms_per_mib, "fixed_ms": derived.comm.fixed_ms},
+        derived_microbatch_ms=derived.microbatch_ms,
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CheckRow:
+    """One planned request: per-rank predicted and measured compute of its first iteration."""
+
+    dataset: str
+    solver: str
+    predicted_ms: tuple[float, ...]
+    measured_ms: tuple[float, ...]
+
+    @property
+    def stats(self) -> CheckStats:
+        return check_stats(self.predicted_ms, self.measured_ms)
+
+
+def run_check(
+    profile: Profile,
+    model: ModelConfig,
+    *,
+    device: torch.device,
+    dtype: torch.dtype,
+    datasets: Sequence[str],
+    solvers: Sequence[str],
+    parallel: Parallel,
+    sequences_per_rank: int,
+    seed: int = 0,
+    repeats: int = 3,
+    kernel: str | None = None,
+    bucket_tokens: int | None = None,
+) -> list[CheckRow]:
+    """Plan each dataset's request with each solver and measure every rank's compute (module docstring)."""
+    attention = select_kernel(device, dtype, kernel)
+    timer = Timer(device, warmup=1, repeats=repeats)
+    layer = build_layer(model, device=device, dtype=dtype)
+    rows = []
+    for k, dataset in enumerate(datasets):
+        request = synthesize_request(
+            dataset=dataset,
+            parallel=parallel,
+            profile=profile,
+            sequences_per_rank=sequences_per_rank,
+            seed=seed + k,
+            bucket_tokens=bucket_tokens,
+        )
+        lengths = Problem.from_request(request).lengths
+        cost = CostModel(profile, bucket_tokens=request.bucket_tokens)
+        for solver in solvers:
+            plan = solve(dataclasses.replace(request, solver=solver))
+            predicted = rank_compute_ms(plan, lengths, cost, iteration=0)
+            measured = []
+            for rank in range(parallel.num_gpus):
+                parts = [Part.of(layout) for layout in rank_layouts(plan, lengths, iteration=0, rank=rank)]
+                times = measure_parts(
+                    layer, parts, num_layers=model.num_layers, kernel=attention, timer=timer, dtype=dtype
+                )
+                measured.append(sum(times))
+            rows.append(
+                CheckRow(dataset=dataset, solver=solver, predicted_ms=tuple(predicted), measured_ms=tuple(measured))
+            )
+    return rows
