@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from cli import serve
 from solver.compare import compare, format_table
 from solver.datasets import distribution_names, synthesize_request
 from solver.derive import GPUS, MODELS, derive_profile
@@ -222,6 +223,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--write-bundled", action="store_true", help="(re)write the files under profiles/")
     p.add_argument("--output", "-o", metavar="FILE")
     p.set_defaults(func=cmd_derive_profile)
+
+    serve.add_parser(sub)
     return parser
 
 
