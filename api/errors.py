@@ -22,6 +22,7 @@ from solver.errors import InfeasibleError, InvalidPlanError, RequestError, Skrul
 
 PROBLEM_MEDIA_TYPE = "application/problem+json"
 _VALUE_LIMIT_CHARS = 200
+_TYPE_TAGS = frozenset({"int", "float", "str", "bool", "none", "list", "dict"})
 
 log = logging.getLogger("skrull.api")
 
@@ -30,16 +31,18 @@ def problem_type(slug: str) -> str:
     return f"urn:skrull:problem:{slug}"
 
 
-def _json_value(value: Any) -> Any:
-    """The offending value as JSON, shortened to a string when it is large (a whole batch list)."""
+def _json_value(value: Any) -> tuple[Any, str]:
+    """The offending value for the problem document, and as JSON text for ``detail``; a large value (a whole
+    batch list) is cut to a string of its first characters."""
     try:
         text = json.dumps(value)
     except (TypeError, ValueError):
-        text = json.dumps(repr(value))
         value = repr(value)
+        text = json.dumps(value)
     if len(text) <= _VALUE_LIMIT_CHARS:
-        return value
-    return text[: _VALUE_LIMIT_CHARS - 3] + "..."
+        return value, text
+    short = text[: _VALUE_LIMIT_CHARS - 3] + "..."
+    return short, short
 
 
 class ApiProblem(Exception):
@@ -81,13 +84,9 @@ def invalid_field(
 ) -> ApiProblem:
     """A refusal naming one field and its value (the service's form of ``solver.errors.RequestError``)."""
     title = {422: "invalid request", 404: "not found"}.get(status, "invalid request")
+    shown, text = _json_value(value)
     return ApiProblem(
-        status=status,
-        slug=slug,
-        title=title,
-        detail=f"{field}: {json.dumps(_json_value(value))}: {reason}",
-        field=field,
-        value=_json_value(value),
+        status=status, slug=slug, title=title, detail=f"{field}: {text}: {reason}", field=field, value=shown
     )
 
 
@@ -118,6 +117,8 @@ def _loc_to_field(loc: Sequence[Any]) -> str:
     parts = list(loc)
     if parts and parts[0] in ("body", "query", "path", "header"):
         parts = parts[1:]
+    # a union member's error carries the member's type as a location part ("time_budget_s", "float")
+    parts = [p for p in parts if isinstance(p, int) or (p not in _TYPE_TAGS and "[" not in str(p))]
     out = ""
     for p in parts:
         if isinstance(p, int):
@@ -142,12 +143,14 @@ def from_validation_error(exc: RequestValidationError) -> ApiProblem:
                 field="body",
                 value=None,
             )
-        details.append({"field": _loc_to_field(loc), "value": _json_value(err.get("input")), "reason": err.get("msg")})
-    first = details[0] if details else {"field": "body", "value": None, "reason": "invalid"}
-    reason = str(first["reason"])
-    if first["value"] is None and reason == "Field required":
-        reason = "required field is missing"
-    problem = invalid_field(str(first["field"]), first["value"], reason)
+        missing = err.get("type") == "missing"  # pydantic's input is then the enclosing object
+        value = None if missing else err.get("input")
+        reason = "required field is missing" if missing else str(err.get("msg"))
+        details.append({"field": _loc_to_field(loc), "value": _json_value(value)[0], "reason": reason, "raw": value})
+    first = details[0] if details else {"field": "body", "value": None, "reason": "invalid", "raw": None}
+    problem = invalid_field(str(first["field"]), first["raw"], str(first["reason"]))
+    for d in details:
+        d.pop("raw")
     problem.extensions["errors"] = details
     return problem
 

@@ -287,11 +287,16 @@ class SQLiteJobStore:
             if not self._owns(conn, job_id, owner):
                 return False
             self._insert_iterations(conn, iterations)
+            have, total = conn.execute(
+                "SELECT (SELECT COUNT(*) FROM iterations WHERE job_id = ?), num_iterations FROM jobs WHERE id = ?",
+                (job_id, job_id),
+            ).fetchone()
+            if have != total:  # a solved job serves every iteration: refuse (and roll back) a partial one
+                raise ValueError(f"job {job_id}: completing with {have} of {total} iterations stored")
             conn.execute(
-                "UPDATE jobs SET status = 'solved', plan = ?, error = NULL, "
-                "iterations_solved = (SELECT COUNT(*) FROM iterations WHERE job_id = ?), "
+                "UPDATE jobs SET status = 'solved', plan = ?, error = NULL, iterations_solved = ?, "
                 "lease_owner = NULL, lease_expires = NULL, updated_at = ?, finished_at = ? WHERE id = ?",
-                (plan_json, job_id, now, now, job_id),
+                (plan_json, have, now, now, job_id),
             )
         return True
 
