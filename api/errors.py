@@ -10,15 +10,15 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Sequence
-from typing import Any
-
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import Response
-from starlette.exceptions import HTTPException as StarletteHTTPException
+from typing import TYPE_CHECKING, Any
 
 from api.store.base import IdempotencyConflictError, ProfileConflictError
 from solver.errors import InfeasibleError, InvalidPlanError, RequestError, SkrullError
+
+if TYPE_CHECKING:  # the web framework is imported where answers are rendered, so solver processes stay light
+    from fastapi import FastAPI, Request
+    from fastapi.exceptions import RequestValidationError
+    from starlette.responses import Response
 
 PROBLEM_MEDIA_TYPE = "application/problem+json"
 _VALUE_LIMIT_CHARS = 200
@@ -156,12 +156,16 @@ def from_validation_error(exc: RequestValidationError) -> ApiProblem:
 
 
 def problem_response(problem: ApiProblem, *, instance: str | None = None) -> Response:
+    from starlette.responses import Response
+
     body = json.dumps(problem.document(instance=instance)).encode()
     return Response(body, status_code=problem.status, media_type=PROBLEM_MEDIA_TYPE, headers=problem.headers)
 
 
 def install_error_handlers(app: FastAPI, *, on_problem: Any = None) -> None:
     """Route every failure through ``problem_response``; ``on_problem(status, slug)`` counts them."""
+    from fastapi.exceptions import RequestValidationError
+    from starlette.exceptions import HTTPException as StarletteHTTPException
 
     def render(request: Request, problem: ApiProblem) -> Response:
         if on_problem is not None:

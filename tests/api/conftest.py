@@ -20,6 +20,7 @@ from fastapi.testclient import TestClient
 
 from api.app import create_app
 from api.settings import Settings
+from solver.planners import registry
 
 ROOT = Path(__file__).resolve().parents[2]
 PLUGINS = "tests.api.plugin_planners"
@@ -31,6 +32,19 @@ HAND_PROFILE: dict[str, Any] = {
     "memory": {"bucket_tokens": 100},
     "microbatch_ms": 3.0,
 }
+
+
+@pytest.fixture(autouse=True, scope="module")
+def test_planners_registered() -> Iterator[None]:
+    """The test-only planners (some kill their process) are known while a service test module runs, and
+    removed afterwards so that tests of "every planner" elsewhere never run them in the test process."""
+    saved = dict(registry._REGISTRY)
+    from tests.api import plugin_planners  # registers on first import, so import here, never at module level
+
+    plugin_planners.register_all()
+    yield
+    registry._REGISTRY.clear()
+    registry._REGISTRY.update(saved)
 
 
 def plan_request(
@@ -116,6 +130,7 @@ class LiveServer:
             "--log-level",
             "warning",
         ]
+        self.log.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log, "ab") as log:
             self.process = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout_s

@@ -60,5 +60,12 @@ class InfeasiblePlanner:
         raise InfeasibleError(f"test planner refuses {len(problem.lengths)} sequences")
 
 
-for _cls in (SlowPlanner, CrashPlanner, CrashOncePlanner, InfeasiblePlanner):
-    register(_cls.name, _cls)
+TEST_PLANNERS = (SlowPlanner, CrashPlanner, CrashOncePlanner, InfeasiblePlanner)
+
+
+def register_all() -> None:
+    for cls in TEST_PLANNERS:
+        register(cls.name, cls)
+
+
+register_all()
