@@ -146,9 +146,12 @@ class PlanningClient:
         self._raise_for_problem(response)
         return str(response.json()["id"])
 
-    def get(self, plan_id: str, *, wait_s: float = 0.0) -> dict[str, Any]:
-        """The plan's envelope; with ``wait_s`` the server answers as soon as status or progress changes."""
-        params = {"wait": wait_s} if wait_s > 0 else None
+    def get(self, plan_id: str, *, wait_s: float = 0.0, until_final: bool = False) -> dict[str, Any]:
+        """The plan's envelope; with ``wait_s`` the server answers as soon as status or progress changes
+        (with ``until_final``: once the plan is solved or failed)."""
+        params: dict[str, Any] | None = None
+        if wait_s > 0:
+            params = {"wait": wait_s, "until": "final"} if until_final else {"wait": wait_s}
         response = self._request("GET", f"/v1/plans/{plan_id}", params=params, timeout_s=self.timeout_s + wait_s)
         self._raise_for_problem(response)
         envelope: dict[str, Any] = response.json()
@@ -160,7 +163,7 @@ class PlanningClient:
         deadline = time.monotonic() + timeout_s
         while True:
             remaining = deadline - time.monotonic()
-            envelope = self.get(plan_id, wait_s=max(0.0, min(LONG_POLL_CHUNK_S, remaining)))
+            envelope = self.get(plan_id, wait_s=max(0.0, min(LONG_POLL_CHUNK_S, remaining)), until_final=True)
             if envelope["status"] == "solved":
                 return envelope
             if envelope["status"] == "failed":

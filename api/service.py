@@ -79,12 +79,13 @@ class Service:
 
     # -- long-polls ------------------------------------------------------------------------------------
 
-    async def wait_for_change(self, job_id: str, wait_s: float) -> JobRecord | None:
-        """The job, once its status or progress differs from when the call began (or ``wait_s`` passed)."""
+    async def wait_for_change(self, job_id: str, wait_s: float, *, until_final: bool = False) -> JobRecord | None:
+        """The job, once its status or progress differs from when the call began (with ``until_final``: once
+        it is solved or failed), or when ``wait_s`` passed."""
         job = await self.blocking(self.store.get, job_id)
         if job is None or wait_s <= 0 or job.is_final:
             return job
-        baseline = job.state_token
+        baseline = None if until_final else job.state_token
         deadline = time.monotonic() + wait_s
         while True:
             remaining = deadline - time.monotonic()
@@ -94,7 +95,7 @@ class Service:
                 current = await self.blocking(self.store.get, job_id)
                 assert current is not None
                 job = current
-                if job.state_token != baseline or job.is_final:
+                if job.is_final or (baseline is not None and job.state_token != baseline):
                     return job
                 await listener.wait(min(remaining, LONG_POLL_RECHECK_S))
 

@@ -19,6 +19,7 @@ server's event loop, and a supervisor makes sure no job is left ``solving`` by a
 from __future__ import annotations
 
 import contextlib
+import gc
 import importlib
 import json
 import logging
@@ -208,7 +209,7 @@ class SolverPool:
         self._ctx = multiprocessing.get_context("spawn")
         self._wake: Any = self._ctx.Queue()
         self._events: Any = self._ctx.Queue()
-        self._stop = self._ctx.Event()
+        self._stop: Any = self._ctx.Event()
         self._stopping = False
         self._slots: list[_Slot] = []
         self._lock = threading.Lock()
@@ -281,6 +282,10 @@ class SolverPool:
         for q in (self._wake, self._events):
             q.cancel_join_thread()
             q.close()
+        # Release the queues' and event's semaphores now: a server stopped by a signal exits without
+        # running finalizers, and the resource tracker would report them as leaked.
+        self._wake = self._events = self._stop = None
+        gc.collect()
 
     # -- what the server uses --------------------------------------------------------------------------
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import Response
@@ -65,9 +65,16 @@ async def get_plan(
     wait: Annotated[
         float, Query(ge=0, description="long-poll: wait up to this many seconds for the status or progress to change")
     ] = 0.0,
+    until: Annotated[
+        Literal["change", "final"],
+        Query(
+            description="with wait: answer on any change of status or progress (change), or only once the plan is "
+            "solved or failed (final)"
+        ),
+    ] = "change",
 ) -> Response:
     svc = service(request)
-    job = await svc.wait_for_change(plan_id, check_wait(wait, svc.settings))
+    job = await svc.wait_for_change(plan_id, check_wait(wait, svc.settings), until_final=until == "final")
     if job is None:
         raise invalid_field("plan_id", plan_id, "no such plan", status=404, slug="unknown-plan")
     if job.status == "solved":
