@@ -28,6 +28,7 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/planners.py
 	$(BIN)/python bench/latency.py
+	$(BIN)/python bench/service.py
 
 profiles: $(STAMP)
 	$(BIN)/skrull derive-profile --all --write-bundled

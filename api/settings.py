@@ -13,7 +13,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
 def _default_solver_processes() -> int:
-    return max(1, os.cpu_count() or 1)
+    """One solver process per CPU but one, which is left to the HTTP server (at least one)."""
+    return max(1, (os.cpu_count() or 2) - 1)
 
 
 class Settings(BaseSettings):

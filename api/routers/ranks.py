@@ -15,6 +15,7 @@ from api.routers.common import JSON, problems, service
 from api.schemas import NotReady, RankViewModel
 from api.service import LONG_POLL_RECHECK_S, Service
 from api.store.base import IterationRecord, JobRecord
+from api.views import RenderedView
 
 router = APIRouter(prefix="/v1/plans", tags=["rank views"])
 
@@ -53,7 +54,9 @@ async def get_rank_view(
     if cached is not None:
         return _answer(request, svc, cached.etag, cached.body)
 
-    job = await svc.blocking(svc.store.get, plan_id)
+    job, view = await svc.blocking(_first_look, svc, plan_id, iteration, rank)
+    if view is not None:  # solved already: one trip to the thread pool for the whole answer
+        return _answer(request, svc, view.etag, view.body)
     if job is None:
         raise invalid_field("plan_id", plan_id, "no such plan", status=404, slug="unknown-plan")
     if not 0 <= rank < job.num_gpus:
@@ -84,6 +87,15 @@ async def get_rank_view(
         return Response(body.model_dump_json(), status_code=202, media_type=JSON, headers={"Retry-After": "1"})
     view = await svc.blocking(svc.views.render, record, rank)
     return _answer(request, svc, view.etag, view.body)
+
+
+def _first_look(svc: Service, plan_id: str, iteration: int, rank: int) -> tuple[JobRecord | None, RenderedView | None]:
+    """Blocking: the job, and the rendered view when the rank and iteration exist and are solved."""
+    job = svc.store.get(plan_id)
+    if job is None or not (0 <= rank < job.num_gpus and 0 <= iteration < job.num_iterations):
+        return job, None
+    record = svc.store.iteration(plan_id, iteration)
+    return job, None if record is None else svc.views.render(record, rank)
 
 
 def _answer(request: Request, svc: Service, etag: str, body: bytes) -> Response:

@@ -155,6 +155,13 @@ def test_get_with_wait_returns_when_the_status_changes(shared_app: TestClient) -
     assert time.monotonic() - start < 10
 
 
+def test_get_with_wait_until_final_answers_once_the_plan_is_solved(shared_app: TestClient) -> None:
+    doc = plan_request([[5], [6], [7]], solver="test-slow", seed=4)
+    plan_id = shared_app.post("/v1/plans", json=doc).json()["id"]
+    envelope = shared_app.get(f"/v1/plans/{plan_id}", params={"wait": 30, "until": "final"}).json()
+    assert envelope["status"] == "solved" and envelope["progress"]["iterations_solved"] == 3
+
+
 def test_a_failed_plan_reports_the_problem_and_its_rank_views_answer_409(shared_app: TestClient) -> None:
     envelope = solved(shared_app, plan_request([[10, 20]], solver="test-infeasible"))
     assert envelope["status"] == "failed" and envelope["plan"] is None
