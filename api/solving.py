@@ -137,8 +137,10 @@ def worker_main(config: WorkerConfig, wake: Any, events: Any, stop: Any) -> None
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the server decides
     import_plugins(config.plugins)
     store = SQLiteJobStore(config.db, synchronous=config.synchronous)
+    parent = multiprocessing.parent_process()
     try:
-        while not stop.is_set():
+        # A process whose server died (even by SIGKILL) finishes the job in hand, then exits.
+        while not stop.is_set() and (parent is None or parent.is_alive()):
             job = store.claim(owner=config.owner, lease_s=config.lease_s)
             if job is None:
                 with contextlib.suppress(queue.Empty):

@@ -227,6 +227,9 @@ class SQLiteJobStore:
 
     def claim(self, *, owner: str, lease_s: float) -> ClaimedJob | None:
         conn = self._conn()
+        # Idle solver processes poll: look before taking the write lock.
+        if conn.execute("SELECT 1 FROM jobs WHERE status = 'queued' LIMIT 1").fetchone() is None:
+            return None
         now = time.time()
         with self._write(conn):
             row = conn.execute(

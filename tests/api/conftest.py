@@ -154,10 +154,14 @@ class LiveServer:
             self.process.kill()
             return self.process.wait()
 
-    def kill(self) -> None:
-        """SIGKILL the server and its solver processes (its process group would be the machine's crash)."""
+    def solver_pids(self) -> list[int]:
         assert self.process is not None
-        children = _children(self.process.pid)
+        return _children(self.process.pid)
+
+    def kill(self, *, children_too: bool = True) -> None:
+        """SIGKILL the server, and with ``children_too`` its solver processes (the machine's crash)."""
+        assert self.process is not None
+        children = _children(self.process.pid) if children_too else []
         self.process.kill()
         self.process.wait()
         for pid in children:
@@ -167,6 +171,15 @@ class LiveServer:
     def close(self) -> None:
         if self.process is not None and self.process.poll() is None:
             self.stop()
+
+
+def running(pid: int) -> bool:
+    """Whether ``pid`` is a live process (not gone, not a zombie)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(")")[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
 
 
 def _children(pid: int) -> list[int]:

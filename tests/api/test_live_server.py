@@ -17,7 +17,7 @@ from solver.datasets import synthesize_request
 from solver.io import parse_profile, plan_from_dict, request_from_dict, request_to_dict
 from solver.types import Parallel
 from solver.validate import plan_problems
-from tests.api.conftest import LiveServer, plan_request
+from tests.api.conftest import LiveServer, plan_request, running
 from tests.api.coverage import assert_views_cover_every_token_once
 
 PROBLEM = "application/problem+json"
@@ -146,3 +146,14 @@ def test_a_server_killed_while_solving_loses_nothing(live_server_factory: Any, t
     for doc, envelope in zip(docs, envelopes, strict=True):
         request = request_from_dict(json.loads(json.dumps(doc)))
         assert plan_problems(plan_from_dict(envelope["plan"]), request) == []
+
+
+def test_solver_processes_exit_once_their_server_is_gone(live_server_factory: Any) -> None:
+    server = live_server_factory(solver_processes=2).start()
+    pids = server.solver_pids()
+    assert len(pids) >= 2
+    server.kill(children_too=False)
+    deadline = time.monotonic() + 15
+    while any(running(pid) for pid in pids):
+        assert time.monotonic() < deadline, "orphaned solver processes kept running"
+        time.sleep(0.1)
