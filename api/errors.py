@@ -240,8 +240,3 @@ def install_error_handlers(app: FastAPI, *, on_problem: Any = None) -> None:
     app.add_exception_handler(ProfileConflictError, profile_conflict)
     app.add_exception_handler(StarletteHTTPException, http_error)
     app.add_exception_handler(Exception, internal_error)
-
-
-def job_problem(problem: ApiProblem) -> str:
-    """A problem stored with a failed job (the envelope's ``error``)."""
-    return json.dumps(problem.document())

@@ -9,7 +9,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -111,15 +110,3 @@ def check_wait(wait_s: float, settings: Settings) -> float:
             slug="limit-exceeded",
         )
     return wait_s
-
-
-def limits_in_force(settings: Settings) -> dict[str, Any]:
-    """Limits in force, for ``/healthz``."""
-    return {
-        "max_body_bytes": settings.max_body_bytes,
-        "max_sequences": settings.max_sequences,
-        "max_iterations": settings.max_iterations,
-        "max_gpus": settings.max_gpus,
-        "max_time_budget_s": settings.max_time_budget_s,
-        "max_wait_s": settings.max_wait_s,
-    }

@@ -48,9 +48,6 @@ class Counter:
         with self._lock:
             self._values[labels] = self._values.get(labels, 0.0) + amount
 
-    def value(self, *labels: str) -> float:
-        return self._values.get(labels, 0.0)
-
     def render(self) -> Iterable[str]:
         yield f"# HELP {self.name} {self.help}"
         yield f"# TYPE {self.name} counter"
@@ -90,9 +87,6 @@ class Histogram:
                 self._sums[labels] = 0.0
             counts[k] += 1
             self._sums[labels] += value
-
-    def count(self, *labels: str) -> int:
-        return sum(self._counts.get(labels, ()))
 
     def render(self) -> Iterable[str]:
         yield f"# HELP {self.name} {self.help}"

@@ -56,7 +56,3 @@ class Notifier:
         for group in self._listeners.values():
             for listener in group:
                 listener.event.set()
-
-    @property
-    def num_listeners(self) -> int:
-        return sum(len(g) for g in self._listeners.values())

@@ -217,7 +217,6 @@ class SolverPool:
         self._lock = threading.Lock()
         self.instance = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._threads: list[threading.Thread] = []
-        self.restarts = 0
 
     # -- lifecycle -------------------------------------------------------------------------------------
 
@@ -298,9 +297,6 @@ class SolverPool:
     def alive(self) -> int:
         return sum(1 for s in self._slots if s.respawn_at is None and s.process.is_alive())
 
-    def pids(self) -> list[int]:
-        return [s.process.pid for s in self._slots if s.process.pid is not None]
-
     # -- threads ---------------------------------------------------------------------------------------
 
     def _read_events(self) -> None:
@@ -328,7 +324,6 @@ class SolverPool:
             for k, slot in enumerate(self._slots):
                 if slot.respawn_at is not None and now >= slot.respawn_at:
                     self._slots[k] = self._spawn(k, generation=slot.generation + 1, fast_deaths=slot.fast_deaths)
-                    self.restarts += 1
                     self._on_event(("restarted", slot.owner))
             try:
                 self._enforce_deadlines()

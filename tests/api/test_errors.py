@@ -159,3 +159,13 @@ def test_refusals_store_nothing(limited: TestClient) -> None:
     limited.post("/v1/plans", json={**GOOD, "batches": [[0]]})
     limited.post("/v1/plans", json={**GOOD, "solver": "magic"})
     assert limited.get("/healthz").json()["jobs"] == {}
+
+
+def test_a_full_queue_answers_503_with_retry_after_but_replays_still_work(tmp_path: Path) -> None:
+    with running_app(tmp_path / "skrull.db", solver_processes=0, max_queued_jobs=1) as client:
+        first = client.post("/v1/plans", json=plan_request([[1, 2]]))
+        assert first.status_code == 202
+        full = client.post("/v1/plans", json=plan_request([[3, 4]]))
+        problem = problem_of(full, 503)
+        assert problem.type.endswith("queue-full") and full.headers["retry-after"] == "5"
+        assert client.post("/v1/plans", json=plan_request([[1, 2]])).json()["id"] == first.json()["id"]
