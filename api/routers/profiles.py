@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+import json
 
-from fastapi import APIRouter, Body, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from api.errors import invalid_field
+from api.errors import ApiProblem, invalid_field
 from api.routers.common import JSON, problems, service
 from api.schemas import ProfileList, ProfileModel, ProfileSummary
 
@@ -40,16 +40,32 @@ async def get_profile(name: str, request: Request) -> Response:
     operation_id="uploadProfile",
     summary="Upload a measured profile; requests can then name it",
     response_model=ProfileModel,
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ProfileModel"}}},
+        }
+    },
     responses={
         200: {"model": ProfileModel, "description": "the identical profile was already stored"},
         **problems(409, 413, 422),
     },
 )
-async def upload_profile(
-    request: Request,
-    doc: Any = Body(..., description="a profile document (CONTRACT.md), with a new name"),  # noqa: B008
-) -> Response:
+async def upload_profile(request: Request) -> Response:
+    """The body is a profile document (CONTRACT.md "Profile") with a new ``name``; it is validated by the
+    planning library, which names the field and value of any mistake."""
     svc = service(request)
+    try:
+        doc = json.loads(await request.body())
+    except ValueError as exc:
+        raise ApiProblem(
+            status=422,
+            slug="malformed-json",
+            title="malformed JSON",
+            field="body",
+            value=None,
+            detail=f"body: malformed JSON: {exc}",
+        ) from None
     if not isinstance(doc, dict):
         raise invalid_field("profile", doc, "must be a profile object")
     name, created = await svc.blocking(svc.profiles.upload, doc)

@@ -169,3 +169,8 @@ def test_a_full_queue_answers_503_with_retry_after_but_replays_still_work(tmp_pa
         problem = problem_of(full, 503)
         assert problem.type.endswith("queue-full") and full.headers["retry-after"] == "5"
         assert client.post("/v1/plans", json=plan_request([[1, 2]])).json()["id"] == first.json()["id"]
+
+
+def test_a_malformed_profile_upload_is_a_problem(limited: TestClient) -> None:
+    r = limited.post("/v1/profiles", content=b'{"name": ', headers={"content-type": "application/json"})
+    assert problem_of(r, 422).type.endswith("malformed-json")
