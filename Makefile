@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev,worker]'
+	$(BIN)/pip install --quiet -e '.[dev,worker,api]'
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -22,7 +22,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)
-	$(BIN)/ruff check solver cli worker tests bench
+	$(BIN)/ruff check solver cli worker api tests bench
 	$(BIN)/mypy
 
 bench: $(STAMP)
@@ -31,6 +31,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/ilp.py --sizes 16,32,64 --budgets 1
 	$(BIN)/python bench/peers.py
 	$(BIN)/python bench/execute.py
+	$(BIN)/python bench/service.py
 
 profiles: $(STAMP)
 	$(BIN)/skrull derive-profile --all --write-bundled

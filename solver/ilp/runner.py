@@ -5,14 +5,15 @@ overrun them). The child reports every improving solution over a pipe as it find
 until the deadline plus a small grace, then kills the child and keeps the last report. So a request's
 ``time_budget_s`` holds for the whole solve and the answer is always the best incumbent seen.
 
-Inside a daemonic process (which may not start children) the work runs in this process instead and
-only the solver's own time limit applies.
 """
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import multiprocessing.connection
+import os
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -49,19 +50,21 @@ def _child(work: Work, deadline: float, conn: multiprocessing.connection.Connect
 
 
 def run_with_deadline(work: Work, *, deadline: float, grace_s: float | None = None) -> RunOutcome:
-    """Run ``work(report, deadline)`` in a forked child; ``deadline`` is a ``time.monotonic()`` value."""
+    """Run ``work(report, deadline)`` in a forked child; ``deadline`` is a ``time.monotonic()`` value.
+
+    The child is a plain ``os.fork`` (not a ``multiprocessing.Process``), so this also works inside
+    daemonic worker processes such as the service's solver pool.
+    """
     if grace_s is None:
         grace_s = min(GRACE_S, GRACE_FRACTION * max(0.0, deadline - time.monotonic()))
-    if multiprocessing.current_process().daemon:
-        last: list[Any] = [None]
+    receiver, sender = multiprocessing.Pipe(duplex=False)
+    pid = os.fork()
+    if pid == 0:  # the child: solve, report, and leave without running the parent's exit handlers
+        receiver.close()
         try:
-            return RunOutcome(payload=work(lambda p: last.__setitem__(0, p), deadline), killed=False)
-        except Exception as exc:
-            return RunOutcome(payload=last[0], killed=False, error=f"{type(exc).__name__}: {exc}")
-    ctx = multiprocessing.get_context("fork")
-    receiver, sender = ctx.Pipe(duplex=False)
-    child = ctx.Process(target=_child, args=(work, deadline, sender), daemon=True)
-    child.start()
+            _child(work, deadline, sender)
+        finally:
+            os._exit(0)
     sender.close()
     payload: Any = None
     try:
@@ -81,6 +84,6 @@ def run_with_deadline(work: Work, *, deadline: float, grace_s: float | None = No
                 return RunOutcome(payload=payload, killed=False, error=str(value))
     finally:
         receiver.close()
-        if child.is_alive():
-            child.kill()
-        child.join(timeout=5)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)

@@ -1,0 +1,127 @@
+"""The application factory: ``create_app(settings)`` wires the store, solver pool, routers and errors.
+
+Starting the app (its lifespan) opens the SQLite store, takes back expired leases, starts the solver
+processes; stopping it lets running solves finish briefly and queues unfinished jobs again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from api.errors import install_error_handlers
+from api.limits import BodySizeLimit
+from api.metrics import Metrics
+from api.notify import Notifier
+from api.profiles import ProfileCatalog
+from api.routers import compare, health, plans, profiles, ranks
+from api.service import Service
+from api.settings import Settings
+from api.solving import SolverPool, import_plugins
+from api.store.sqlite import SQLiteJobStore
+from api.views import RankViews
+
+API_VERSION = "1.0.0"
+SHUTDOWN_GRACE_S = 5.0
+
+DESCRIPTION = """Plans DP x CP data scheduling for long-context fine-tuning (Skrull GDS + DACP and baselines).
+
+Training jobs POST the lengths of upcoming global batches; the service solves them in the background;
+each GPU's worker fetches its own part of the plan (`/v1/plans/{id}/ranks/{rank}?iteration=i`).
+Errors are `application/problem+json` naming the field and the value.
+"""
+
+
+class HttpMetrics:
+    """ASGI middleware timing every request by route template, method and status code."""
+
+    def __init__(self, app: ASGIApp, *, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        code = 500
+
+        async def send_wrapper(message: Message) -> None:
+            nonlocal code
+            if message["type"] == "http.response.start":
+                code = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_wrapper)
+        finally:
+            route = scope.get("route")
+            template = getattr(route, "path", None) or "unmatched"
+            self.metrics.http_seconds.observe(time.perf_counter() - start, template, scope["method"], str(code))
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or Settings()
+    import_plugins(settings.plugin_modules)
+    metrics = Metrics()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        store = SQLiteJobStore(settings.db, synchronous=settings.sqlite_synchronous)
+        svc = Service(
+            settings=settings,
+            store=store,
+            metrics=metrics,
+            notifier=Notifier(),
+            views=RankViews(store, max_views=settings.rank_view_cache_entries),
+            profiles=ProfileCatalog(store),
+            loop=asyncio.get_running_loop(),
+        )
+        pool = SolverPool(
+            store=store,
+            db=str(settings.db),
+            synchronous=settings.sqlite_synchronous,
+            num_processes=settings.solver_processes,
+            lease_s=settings.lease_s,
+            max_attempts=settings.max_attempts,
+            idle_poll_s=settings.idle_poll_s,
+            supervise_interval_s=settings.supervise_interval_s,
+            stream_solvers=settings.stream_solver_names,
+            plugins=settings.plugin_modules,
+            hard_limit_s=settings.hard_limit_s,
+            on_event=svc.on_solver_event,
+        )
+        svc.pool = pool
+        app.state.service = svc
+        await asyncio.to_thread(pool.start)
+        try:
+            yield
+        finally:
+            svc.notifier.notify_all()
+            await asyncio.to_thread(pool.stop, grace_s=SHUTDOWN_GRACE_S)
+            svc.close()
+            store.close()
+
+    app = FastAPI(
+        title="Skrull planning service",
+        version=API_VERSION,
+        description=DESCRIPTION,
+        lifespan=lifespan,
+        docs_url="/docs",
+        openapi_url="/openapi.json",
+    )
+    install_error_handlers(app, on_problem=lambda status, slug: metrics.errors.inc(str(status), slug))
+    for router in (plans.router, ranks.router, compare.router, profiles.router, health.router):
+        app.include_router(router)
+    app.add_middleware(
+        BodySizeLimit,
+        max_bytes=settings.max_body_bytes,
+        on_problem=lambda status, slug: metrics.errors.inc(str(status), slug),
+    )
+    app.add_middleware(HttpMetrics, metrics=metrics)
+    return app

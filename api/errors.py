@@ -1,0 +1,242 @@
+"""The one place where failures become ``application/problem+json`` answers (RFC 9457).
+
+Every refusal names what was wrong: request errors carry ``field`` (a JSON path such as
+``batches[0][2]``, or a query/path parameter name) and ``value``, with the reason in ``detail``.
+Problem ``type`` values are stable URNs (``urn:skrull:problem:<slug>``) that clients can switch on.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from api.store.base import IdempotencyConflictError, ProfileConflictError
+from solver.errors import InfeasibleError, InvalidPlanError, RequestError, SkrullError
+
+if TYPE_CHECKING:  # the web framework is imported where answers are rendered, so solver processes stay light
+    from fastapi import FastAPI, Request
+    from fastapi.exceptions import RequestValidationError
+    from starlette.responses import Response
+
+PROBLEM_MEDIA_TYPE = "application/problem+json"
+_VALUE_LIMIT_CHARS = 200
+_TYPE_TAGS = frozenset({"int", "float", "str", "bool", "none", "list", "dict"})
+
+log = logging.getLogger("skrull.api")
+
+
+def problem_type(slug: str) -> str:
+    return f"urn:skrull:problem:{slug}"
+
+
+def _json_value(value: Any) -> tuple[Any, str]:
+    """The offending value for the problem document, and as JSON text for ``detail``; a large value (a whole
+    batch list) is cut to a string of its first characters."""
+    try:
+        text = json.dumps(value)
+    except (TypeError, ValueError):
+        value = repr(value)
+        text = json.dumps(value)
+    if len(text) <= _VALUE_LIMIT_CHARS:
+        return value, text
+    short = text[: _VALUE_LIMIT_CHARS - 3] + "..."
+    return short, short
+
+
+class ApiProblem(Exception):
+    """An answer that is not a success, raised anywhere in a handler and rendered by ``problem_response``."""
+
+    def __init__(
+        self,
+        *,
+        status: int,
+        slug: str,
+        title: str,
+        detail: str,
+        headers: dict[str, str] | None = None,
+        **extensions: Any,
+    ) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.slug = slug
+        self.title = title
+        self.detail = detail
+        self.headers = headers or {}
+        self.extensions = extensions
+
+    def document(self, *, instance: str | None = None) -> dict[str, Any]:
+        doc: dict[str, Any] = {
+            "type": problem_type(self.slug),
+            "title": self.title,
+            "status": self.status,
+            "detail": self.detail,
+        }
+        if instance is not None:
+            doc["instance"] = instance
+        doc.update(self.extensions)
+        return doc
+
+
+def invalid_field(
+    field: str, value: Any, reason: str, *, status: int = 422, slug: str = "invalid-request"
+) -> ApiProblem:
+    """A refusal naming one field and its value (the service's form of ``solver.errors.RequestError``)."""
+    title = {422: "invalid request", 404: "not found"}.get(status, "invalid request")
+    shown, text = _json_value(value)
+    return ApiProblem(
+        status=status, slug=slug, title=title, detail=f"{field}: {text}: {reason}", field=field, value=shown
+    )
+
+
+def from_request_error(exc: RequestError, *, status: int = 422, slug: str = "invalid-request") -> ApiProblem:
+    return invalid_field(exc.field, exc.value, exc.reason, status=status, slug=slug)
+
+
+def from_skrull_error(exc: SkrullError) -> ApiProblem:
+    """Map the planning library's errors: request errors name the field; planner failures are 422 too
+    (the request cannot be planned), invalid plans are the service's own fault (500)."""
+    if isinstance(exc, RequestError):
+        return from_request_error(exc)
+    if isinstance(exc, InvalidPlanError):
+        return ApiProblem(
+            status=500,
+            slug="invalid-plan",
+            title="the planner produced an invalid plan",
+            detail=str(exc),
+            problems=exc.problems[:20],
+        )
+    if isinstance(exc, InfeasibleError):
+        return ApiProblem(status=422, slug="infeasible", title="no plan found", detail=str(exc))
+    return ApiProblem(status=422, slug="invalid-request", title="invalid request", detail=str(exc))
+
+
+def _loc_to_field(loc: Sequence[Any]) -> str:
+    """FastAPI's error location (``("body", "batches", 0, 2)``) as a JSON path (``batches[0][2]``)."""
+    parts = list(loc)
+    if parts and parts[0] in ("body", "query", "path", "header"):
+        parts = parts[1:]
+    # a union member's error carries the member's type as a location part ("time_budget_s", "float")
+    parts = [p for p in parts if isinstance(p, int) or (p not in _TYPE_TAGS and "[" not in str(p))]
+    out = ""
+    for p in parts:
+        if isinstance(p, int):
+            out += f"[{p}]"
+        else:
+            out += ("." if out else "") + str(p)
+    return out or str(loc[0] if loc else "body")
+
+
+def from_validation_error(exc: RequestValidationError) -> ApiProblem:
+    errors = list(exc.errors())
+    details = []
+    for err in errors:
+        loc = err.get("loc", ())
+        if err.get("type") == "json_invalid":
+            ctx = err.get("ctx") or {}
+            return ApiProblem(
+                status=422,
+                slug="malformed-json",
+                title="malformed JSON",
+                detail=f"body: malformed JSON at position {loc[-1] if loc else '?'}: {ctx.get('error', 'invalid')}",
+                field="body",
+                value=None,
+            )
+        missing = err.get("type") == "missing"  # pydantic's input is then the enclosing object
+        value = None if missing else err.get("input")
+        reason = "required field is missing" if missing else str(err.get("msg"))
+        details.append({"field": _loc_to_field(loc), "value": _json_value(value)[0], "reason": reason, "raw": value})
+    first = details[0] if details else {"field": "body", "value": None, "reason": "invalid", "raw": None}
+    problem = invalid_field(str(first["field"]), first["raw"], str(first["reason"]))
+    for d in details:
+        d.pop("raw")
+    problem.extensions["errors"] = details
+    return problem
+
+
+def problem_response(problem: ApiProblem, *, instance: str | None = None) -> Response:
+    from starlette.responses import Response
+
+    body = json.dumps(problem.document(instance=instance)).encode()
+    return Response(body, status_code=problem.status, media_type=PROBLEM_MEDIA_TYPE, headers=problem.headers)
+
+
+def install_error_handlers(app: FastAPI, *, on_problem: Any = None) -> None:
+    """Route every failure through ``problem_response``; ``on_problem(status, slug)`` counts them."""
+    from fastapi.exceptions import RequestValidationError
+    from starlette.exceptions import HTTPException as StarletteHTTPException
+
+    def render(request: Request, problem: ApiProblem) -> Response:
+        if on_problem is not None:
+            on_problem(problem.status, problem.slug)
+        return problem_response(problem, instance=request.url.path)
+
+    async def api_problem(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, ApiProblem)
+        return render(request, exc)
+
+    async def skrull_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, SkrullError)
+        return render(request, from_skrull_error(exc))
+
+    async def validation_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, RequestValidationError)
+        return render(request, from_validation_error(exc))
+
+    async def idempotency_conflict(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, IdempotencyConflictError)
+        return render(
+            request,
+            ApiProblem(
+                status=409,
+                slug="idempotency-key-reused",
+                title="Idempotency-Key reused",
+                detail=str(exc),
+                field="Idempotency-Key",
+                value=exc.key,
+                plan_id=exc.job_id,
+            ),
+        )
+
+    async def profile_conflict(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, ProfileConflictError)
+        return render(
+            request,
+            ApiProblem(
+                status=409, slug="profile-exists", title="profile exists", detail=str(exc), field="name", value=exc.name
+            ),
+        )
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, StarletteHTTPException)
+        slug = {404: "not-found", 405: "method-not-allowed", 413: "body-too-large"}.get(exc.status_code, "http-error")
+        detail = str(exc.detail)
+        if exc.status_code == 404 and detail == "Not Found":
+            detail = f"no route for {request.method} {request.url.path}"
+        problem = ApiProblem(
+            status=exc.status_code,
+            slug=slug,
+            title=slug.replace("-", " "),
+            detail=detail,
+            headers=dict(exc.headers or {}),
+        )
+        return render(request, problem)
+
+    async def internal_error(request: Request, exc: Exception) -> Response:
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        problem = ApiProblem(
+            status=500,
+            slug="internal-error",
+            title="internal error",
+            detail=f"the service failed: {type(exc).__name__}",
+        )
+        return render(request, problem)
+
+    app.add_exception_handler(ApiProblem, api_problem)
+    app.add_exception_handler(SkrullError, skrull_error)
+    app.add_exception_handler(RequestValidationError, validation_error)
+    app.add_exception_handler(IdempotencyConflictError, idempotency_conflict)
+    app.add_exception_handler(ProfileConflictError, profile_conflict)
+    app.add_exception_handler(StarletteHTTPException, http_error)
+    app.add_exception_handler(Exception, internal_error)

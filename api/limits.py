@@ -1,0 +1,112 @@
+"""The service's limits, each refused with a problem that quotes the value and the limit in force.
+
+* Body size: refused before it is read when ``Content-Length`` is too large, and while it is read
+  otherwise (chunked bodies), with 413.
+* Sequences, iterations, GPUs per request and the time budget: 422 naming the field.
+* Long-poll waits: 422 naming ``wait``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from api.errors import ApiProblem, invalid_field, problem_response
+from api.schemas import PlanRequestIn
+from api.settings import Settings
+
+
+def _too_large(max_bytes: int, got: int | None) -> str:
+    got_text = f"{got} bytes" if got is not None else "more"
+    return f"the request body has {got_text}; at most {max_bytes} bytes are accepted (SKRULL_MAX_BODY_BYTES)"
+
+
+class BodySizeLimit:
+    """ASGI middleware refusing bodies over ``max_bytes`` with 413 problem+json."""
+
+    def __init__(self, app: ASGIApp, *, max_bytes: int, on_problem: Callable[[int, str], None] | None = None) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+        self.on_problem = on_problem
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        for name, value in scope.get("headers", ()):
+            if name == b"content-length":
+                try:
+                    declared = int(value)
+                except ValueError:
+                    declared = 0
+                if declared > self.max_bytes:
+                    problem = ApiProblem(
+                        status=413,
+                        slug="body-too-large",
+                        title="body too large",
+                        detail=_too_large(self.max_bytes, declared),
+                        limit_bytes=self.max_bytes,
+                    )
+                    if self.on_problem is not None:
+                        self.on_problem(413, problem.slug)
+                    await problem_response(problem, instance=scope.get("path"))(scope, receive, send)
+                    return
+        received = 0
+
+        async def counting_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_bytes:
+                    raise HTTPException(413, detail=_too_large(self.max_bytes, None))
+            return message
+
+        await self.app(scope, counting_receive, send)
+
+
+def check_request_limits(body: PlanRequestIn, settings: Settings) -> None:
+    """Refuse requests over the configured size limits (422 naming the field and the value)."""
+    if len(body.batches) > settings.max_iterations:
+        raise invalid_field(
+            "batches",
+            len(body.batches),
+            f"a request may hold at most {settings.max_iterations} batches (iterations) (SKRULL_MAX_ITERATIONS)",
+            slug="limit-exceeded",
+        )
+    num_sequences = sum(len(b) for b in body.batches)
+    if num_sequences > settings.max_sequences:
+        raise invalid_field(
+            "batches",
+            num_sequences,
+            f"a request may hold at most {settings.max_sequences} sequences over all batches (SKRULL_MAX_SEQUENCES)",
+            slug="limit-exceeded",
+        )
+    num_gpus = body.parallel.dp * body.parallel.cp
+    if num_gpus > settings.max_gpus:
+        raise invalid_field(
+            "parallel",
+            body.parallel.model_dump(),
+            f"dp * cp = {num_gpus} GPUs; at most {settings.max_gpus} are accepted (SKRULL_MAX_GPUS)",
+            slug="limit-exceeded",
+        )
+    if body.time_budget_s > settings.max_time_budget_s:
+        raise invalid_field(
+            "time_budget_s",
+            body.time_budget_s,
+            f"at most {settings.max_time_budget_s} s may be asked for (SKRULL_MAX_TIME_BUDGET_S)",
+            slug="limit-exceeded",
+        )
+
+
+def check_wait(wait_s: float, settings: Settings) -> float:
+    if wait_s > settings.max_wait_s:
+        raise invalid_field(
+            "wait",
+            wait_s,
+            f"a long-poll may wait at most {settings.max_wait_s} s (SKRULL_MAX_WAIT_S)",
+            slug="limit-exceeded",
+        )
+    return wait_s

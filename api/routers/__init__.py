@@ -1,0 +1,1 @@
+"""One router per resource: plans, rank views, compare, profiles, health and metrics."""

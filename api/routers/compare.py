@@ -1,0 +1,61 @@
+"""``POST /v1/compare``: one request through several planners, answered as a table.
+
+The planners run in a separate process (``compare_processes``), never on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from api.errors import ApiProblem, invalid_field
+from api.execute import compare_table
+from api.limits import check_request_limits
+from api.routers.common import JSON, problems, service
+from api.schemas import CompareRequestIn, CompareTable, request_document
+from solver.planners.registry import planner_names
+
+router = APIRouter(prefix="/v1", tags=["compare"])
+
+
+@router.post(
+    "/compare",
+    operation_id="comparePlanners",
+    summary="Plan one request with several planners and tabulate them on the reference cost model",
+    response_model=CompareTable,
+    responses=problems(413, 422, 504),
+)
+async def compare_planners(body: CompareRequestIn, request: Request) -> Response:
+    svc = service(request)
+    check_request_limits(body, svc.settings)
+    known = planner_names()
+    solvers = body.solvers
+    if solvers is not None:
+        if not solvers:
+            raise invalid_field("solvers", solvers, "must name at least one solver (or be left out: all)")
+        if len(solvers) > svc.settings.max_compare_solvers:
+            raise invalid_field(
+                "solvers",
+                len(solvers),
+                f"at most {svc.settings.max_compare_solvers} solvers (SKRULL_MAX_COMPARE_SOLVERS)",
+                slug="limit-exceeded",
+            )
+        for k, name in enumerate(solvers):
+            if name not in known:
+                raise invalid_field(f"solvers[{k}]", name, f"unknown solver; known: {', '.join(known)}")
+    request_obj, canonical = await svc.blocking(svc.prepare, request_document(body))
+    num_solvers = len(solvers or known) + 1
+    timeout_s = svc.settings.hard_limit_s(request_obj.time_budget_s) * num_solvers
+    future = svc.compare_pool().submit(compare_table, canonical, solvers)
+    try:
+        table = await asyncio.wait_for(asyncio.wrap_future(future), timeout_s)
+    except TimeoutError:
+        raise ApiProblem(
+            status=504,
+            slug="compare-timeout",
+            title="compare timed out",
+            detail=f"the planners did not finish within {timeout_s:.1f} s",
+        ) from None
+    return Response(CompareTable.model_validate(table).model_dump_json(), media_type=JSON)

@@ -1,0 +1,56 @@
+"""``/healthz`` (liveness and readiness: the store answers, solver processes are alive) and ``/metrics``."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from api.routers.common import JSON, service
+from api.schemas import Health
+
+router = APIRouter(tags=["operations"])
+
+PROMETHEUS_MEDIA_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+@router.get(
+    "/healthz",
+    operation_id="health",
+    summary="Health: 200 when the store answers and solver processes are up, else 503",
+    response_model=Health,
+    responses={503: {"model": Health, "description": "degraded"}},
+)
+async def health(request: Request) -> Response:
+    svc = service(request)
+    try:
+        jobs = await svc.blocking(svc.store.count_by_status)
+        store = "ok"
+    except Exception as exc:  # the store is down: report it, do not fail the probe with a traceback
+        jobs, store = {}, f"error: {type(exc).__name__}: {exc}"
+    configured = svc.pool.num_processes if svc.pool is not None else 0
+    alive = svc.pool.alive() if svc.pool is not None else 0
+    ok = store == "ok" and (configured == 0 or alive > 0)
+    body = Health(
+        status="ok" if ok else "degraded",
+        store=store,
+        solver_processes={"configured": configured, "alive": alive},
+        jobs=jobs,
+    )
+    return Response(body.model_dump_json(), status_code=200 if ok else 503, media_type=JSON)
+
+
+@router.get(
+    "/metrics",
+    operation_id="metrics",
+    summary="Prometheus metrics (text exposition format 0.0.4)",
+    response_class=Response,
+    responses={200: {"content": {"text/plain": {}}}},
+)
+async def metrics(request: Request) -> Response:
+    svc = service(request)
+    counts = await svc.blocking(svc.store.count_by_status)
+    svc.metrics.queue_depth.set(counts.get("queued", 0))
+    for status in ("queued", "solving", "solved", "failed"):
+        svc.metrics.jobs.set(counts.get(status, 0), status)
+    svc.metrics.solver_processes.set(svc.pool.alive() if svc.pool is not None else 0)
+    return Response(svc.metrics.render(), media_type=PROMETHEUS_MEDIA_TYPE)

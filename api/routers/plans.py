@@ -1,0 +1,82 @@
+"""``/v1/plans``: submit a request (202 + Location, idempotent), read the envelope (``?wait=S`` long-polls)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Header, Query, Request
+from fastapi.responses import Response
+
+from api.errors import invalid_field
+from api.limits import check_request_limits, check_wait
+from api.routers.common import JSON, problems, service
+from api.schemas import PlanEnvelope, PlanRequestIn, envelope_json, request_document
+
+router = APIRouter(prefix="/v1/plans", tags=["plans"])
+
+
+@router.post(
+    "",
+    status_code=202,
+    operation_id="submitPlan",
+    summary="Submit a planning request",
+    response_model=PlanEnvelope,
+    responses=problems(409, 413, 422, 503),
+)
+async def submit_plan(
+    body: PlanRequestIn,
+    request: Request,
+    idempotency_key: Annotated[
+        str | None,
+        Header(
+            alias="Idempotency-Key",
+            max_length=256,
+            description="resubmissions with the same key answer the "
+            "same plan; the same key with a different request is refused (409)",
+        ),
+    ] = None,
+) -> Response:
+    """Validate synchronously, store the job and answer 202 with ``Location``. The plan id is the content
+    address of the request: resubmitting the same request answers the same plan (a failed one is queued
+    again)."""
+    svc = service(request)
+    check_request_limits(body, svc.settings)
+    outcome = await svc.blocking(svc.submit, request_document(body), idempotency_key)
+    job = outcome.job
+    svc.metrics.submissions.inc("created" if outcome.created else "requeued" if outcome.requeued else "duplicate")
+    if (outcome.created or outcome.requeued) and svc.pool is not None:
+        svc.pool.wake()
+    headers = {"Location": f"/v1/plans/{job.job_id}"}
+    if not outcome.created:
+        headers["Idempotent-Replayed"] = "true"
+    return Response(envelope_json(job), status_code=202, media_type=JSON, headers=headers)
+
+
+@router.get(
+    "/{plan_id}",
+    operation_id="getPlan",
+    summary="Read a plan's status, progress and (once solved) the plan",
+    response_model=PlanEnvelope,
+    responses=problems(404, 422),
+)
+async def get_plan(
+    plan_id: str,
+    request: Request,
+    wait: Annotated[
+        float, Query(ge=0, description="long-poll: wait up to this many seconds for the status or progress to change")
+    ] = 0.0,
+    until: Annotated[
+        Literal["change", "final"],
+        Query(
+            description="with wait: answer on any change of status or progress (change), or only once the plan is "
+            "solved or failed (final)"
+        ),
+    ] = "change",
+) -> Response:
+    svc = service(request)
+    job = await svc.wait_for_change(plan_id, check_wait(wait, svc.settings), until_final=until == "final")
+    if job is None:
+        raise invalid_field("plan_id", plan_id, "no such plan", status=404, slug="unknown-plan")
+    if job.status == "solved":
+        svc.metrics.plans_served.inc("plan")
+    return Response(envelope_json(job), media_type=JSON)

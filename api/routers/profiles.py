@@ -1,0 +1,78 @@
+"""``/v1/profiles``: list, read and upload hardware/model profiles (CONTRACT.md "Profile")."""
+
+from __future__ import annotations
+
+import json
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from api.errors import ApiProblem, invalid_field
+from api.routers.common import JSON, problems, service
+from api.schemas import ProfileList, ProfileModel, ProfileSummary
+
+router = APIRouter(prefix="/v1/profiles", tags=["profiles"])
+
+
+@router.get("", operation_id="listProfiles", summary="Bundled and uploaded profiles", response_model=ProfileList)
+async def list_profiles(request: Request) -> ProfileList:
+    svc = service(request)
+    names = await svc.blocking(svc.profiles.names)
+    return ProfileList(profiles=[ProfileSummary(name=n, source=s) for n, s in names])
+
+
+@router.get(
+    "/{name:path}",
+    operation_id="getProfile",
+    summary="One profile",
+    response_model=ProfileModel,
+    responses=problems(404),
+)
+async def get_profile(name: str, request: Request) -> Response:
+    svc = service(request)
+    doc = await svc.blocking(svc.profiles.document, name)
+    return Response(ProfileModel.model_validate(doc).model_dump_json(), media_type=JSON)
+
+
+@router.post(
+    "",
+    status_code=201,
+    operation_id="uploadProfile",
+    summary="Upload a measured profile; requests can then name it",
+    response_model=ProfileModel,
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ProfileModel"}}},
+        }
+    },
+    responses={
+        200: {"model": ProfileModel, "description": "the identical profile was already stored"},
+        **problems(409, 413, 422),
+    },
+)
+async def upload_profile(request: Request) -> Response:
+    """The body is a profile document (CONTRACT.md "Profile") with a new ``name``; it is validated by the
+    planning library, which names the field and value of any mistake."""
+    svc = service(request)
+    try:
+        doc = json.loads(await request.body())
+    except ValueError as exc:
+        raise ApiProblem(
+            status=422,
+            slug="malformed-json",
+            title="malformed JSON",
+            field="body",
+            value=None,
+            detail=f"body: malformed JSON: {exc}",
+        ) from None
+    if not isinstance(doc, dict):
+        raise invalid_field("profile", doc, "must be a profile object")
+    name, created = await svc.blocking(svc.profiles.upload, doc)
+    stored = await svc.blocking(svc.profiles.document, name)
+    return Response(
+        ProfileModel.model_validate(stored).model_dump_json(),
+        status_code=201 if created else 200,
+        media_type=JSON,
+        headers={"Location": f"/v1/profiles/{name}"},
+    )

@@ -1,0 +1,132 @@
+"""``/v1/plans/{id}/ranks/{rank}?iteration=i``: one GPU's part of one iteration, with ETag and long-poll."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import Response
+
+from api.errors import ApiProblem, invalid_field
+from api.limits import check_wait
+from api.routers.common import JSON, problems, service
+from api.schemas import NotReady, RankViewModel
+from api.service import LONG_POLL_RECHECK_S, Service
+from api.store.base import IterationRecord, JobRecord
+from api.views import RenderedView
+
+router = APIRouter(prefix="/v1/plans", tags=["rank views"])
+
+
+def _not_modified(request: Request, etag: str) -> bool:
+    header = request.headers.get("if-none-match")
+    if not header:
+        return False
+    tags = [t.strip() for t in header.split(",")]
+    return etag in tags or "*" in tags or f"W/{etag}" in tags
+
+
+@router.get(
+    "/{plan_id}/ranks/{rank}",
+    operation_id="getRankView",
+    summary="One GPU's microbatches of one iteration (the worker view)",
+    response_model=RankViewModel,
+    responses={
+        202: {"model": NotReady, "description": "the iteration is not solved yet; retry after Retry-After"},
+        304: {"description": "not modified (If-None-Match matched the ETag)"},
+        **problems(404, 409, 422),
+    },
+)
+async def get_rank_view(
+    plan_id: str,
+    rank: int,
+    request: Request,
+    iteration: Annotated[int, Query(description="iteration (global batch) index, 0-based")],
+    wait: Annotated[
+        float, Query(ge=0, description="long-poll: wait up to this many seconds for the iteration to be solved")
+    ] = 0.0,
+) -> Response:
+    svc = service(request)
+    wait = check_wait(wait, svc.settings)
+    cached = svc.views.cached(plan_id, iteration, rank)
+    if cached is not None:
+        return _answer(request, svc, cached.etag, cached.body)
+
+    job, view = await svc.blocking(_first_look, svc, plan_id, iteration, rank)
+    if view is not None:  # solved already: one trip to the thread pool for the whole answer
+        return _answer(request, svc, view.etag, view.body)
+    if job is None:
+        raise invalid_field("plan_id", plan_id, "no such plan", status=404, slug="unknown-plan")
+    if not 0 <= rank < job.num_gpus:
+        raise invalid_field("rank", rank, f"must be in 0..{job.num_gpus - 1}", status=404, slug="unknown-rank")
+    if not 0 <= iteration < job.num_iterations:
+        raise invalid_field(
+            "iteration", iteration, f"must be in 0..{job.num_iterations - 1}", status=404, slug="unknown-iteration"
+        )
+
+    record, job = await _wait_for_iteration(svc, job, iteration, wait)
+    if record is None:
+        if job.status == "failed":
+            error = json.loads(job.error_json) if job.error_json else None
+            raise ApiProblem(
+                status=409,
+                slug="plan-failed",
+                title="plan failed",
+                detail=f"plan {plan_id} failed: {error['detail'] if error else 'unknown reason'}",
+                plan_id=plan_id,
+                error=error,
+            )
+        body = NotReady(
+            plan_id=plan_id,
+            iteration=iteration,
+            status=job.status,
+            progress={"iterations_solved": job.iterations_solved, "iterations_total": job.num_iterations},
+        )
+        return Response(body.model_dump_json(), status_code=202, media_type=JSON, headers={"Retry-After": "1"})
+    view = await svc.blocking(svc.views.render, record, rank)
+    return _answer(request, svc, view.etag, view.body)
+
+
+def _first_look(svc: Service, plan_id: str, iteration: int, rank: int) -> tuple[JobRecord | None, RenderedView | None]:
+    """Blocking: the job, and the rendered view when the rank and iteration exist and are solved."""
+    job = svc.store.get(plan_id)
+    if job is None or not (0 <= rank < job.num_gpus and 0 <= iteration < job.num_iterations):
+        return job, None
+    record = svc.store.iteration(plan_id, iteration)
+    return job, None if record is None else svc.views.render(record, rank)
+
+
+def _answer(request: Request, svc: Service, etag: str, body: bytes) -> Response:
+    # A solved iteration never changes: caches may keep the view as long as they like.
+    headers = {"ETag": etag, "Cache-Control": "private, max-age=31536000, immutable"}
+    if _not_modified(request, etag):
+        return Response(status_code=304, headers=headers)
+    svc.metrics.plans_served.inc("rank_view")
+    return Response(body, media_type=JSON, headers=headers)
+
+
+async def _wait_for_iteration(
+    svc: Service, job: JobRecord, iteration: int, wait_s: float
+) -> tuple[IterationRecord | None, JobRecord]:
+    """The iteration's record once stored (or None when the job failed or ``wait_s`` passed)."""
+    record = await svc.blocking(svc.store.iteration, job.job_id, iteration)
+    if record is not None or wait_s <= 0 or job.is_final:
+        return record, job
+    deadline = time.monotonic() + wait_s
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return None, job
+        with svc.notifier.listen(job.job_id) as listener:
+            record = await svc.blocking(svc.store.iteration, job.job_id, iteration)
+            if record is not None:
+                return record, job
+            current = await svc.blocking(svc.store.get, job.job_id)
+            assert current is not None
+            job = current
+            if job.is_final:
+                record = await svc.blocking(svc.store.iteration, job.job_id, iteration)
+                return record, job
+            await listener.wait(min(remaining, LONG_POLL_RECHECK_S))

@@ -1,0 +1,314 @@
+"""Pydantic models of the wire formats (CONTRACT.md) and the explicit converters to and from the solver's
+types. Pydantic stays at this edge: the planning library sees only its own frozen dataclasses.
+
+Request bodies are checked here for shape and JSON types (strict: ``"5"`` and ``true`` are not token
+lengths), then converted with ``solver.io.request_from_dict``, which checks meaning (lengths >= 1,
+known solver and profile, every sequence placeable) and names the field and the value of any mistake.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt
+
+from api.store.base import JobRecord
+from solver.io import DEFAULT_PROFILE, DEFAULT_TIME_BUDGET_S, request_from_dict, request_to_dict
+from solver.types import Iteration, Microbatch, Request
+from solver.worker_view import RankView
+
+JobStatusName = Literal["queued", "solving", "solved", "failed"]
+
+
+class ParallelModel(BaseModel):
+    """``dp * cp`` GPUs; GPU ``g = dp_rank * cp + cp_rank``."""
+
+    model_config = ConfigDict(extra="forbid")
+    dp: StrictInt = Field(ge=1, description="data-parallel degree")
+    cp: StrictInt = Field(ge=1, description="context-parallel degree")
+
+
+class PlanRequestIn(BaseModel):
+    """The body of ``POST /v1/plans``: the lengths of upcoming global batches and how to plan them."""
+
+    model_config = ConfigDict(
+        extra="allow",
+        json_schema_extra={
+            "examples": [
+                {
+                    "batches": [[1024, 530, 31000], [77, 12000]],
+                    "parallel": {"dp": 4, "cp": 8},
+                    "profile": DEFAULT_PROFILE,
+                    "solver": "skrull",
+                    "time_budget_s": 1.0,
+                }
+            ]
+        },
+    )
+    batches: list[list[StrictInt]] = Field(
+        description="one list of token lengths per global batch (iteration), in loader order; sequence ids are "
+        "global indices over the concatenated batches"
+    )
+    parallel: ParallelModel
+    profile: str | dict[str, Any] = Field(
+        DEFAULT_PROFILE, description="a bundled or uploaded profile name, or an inline profile object"
+    )
+    solver: str = Field(
+        "skrull", description="planner name: skrull, deepspeed, packed, sorted, round-robin, and any planner registered"
+    )
+    time_budget_s: StrictFloat | StrictInt = Field(DEFAULT_TIME_BUDGET_S, description="wall-clock solve budget")
+    bucket_tokens: StrictInt | None = Field(None, description="override of profile.memory.bucket_tokens")
+    backend: str | None = Field(None, description="exact solver backend (scip or cpsat), where the solver has one")
+    seed: StrictInt = Field(0, description="seed of planners that shuffle")
+
+
+class CompareRequestIn(PlanRequestIn):
+    """A request plus the solvers to run it through (default: every registered planner)."""
+
+    solvers: list[str] | None = Field(None, description="planner names; default every registered planner")
+
+
+class Progress(BaseModel):
+    iterations_solved: int
+    iterations_total: int
+
+
+class ProblemModel(BaseModel):
+    """RFC 9457 problem details, with ``field``/``value`` for request errors."""
+
+    model_config = ConfigDict(extra="allow")
+    type: str
+    title: str
+    status: int
+    detail: str
+    instance: str | None = None
+    field: str | None = None
+    value: Any = None
+
+
+class MicrobatchModel(BaseModel):
+    step: int
+    ranks: list[int]
+    local: list[list[int]]
+    sharded: list[int]
+    estimated_ms: float
+
+
+class IterationModel(BaseModel):
+    index: int
+    microbatches: list[MicrobatchModel]
+    estimated_ms: float
+    lower_bound_ms: float
+
+
+class SolveModel(BaseModel):
+    wall_ms: float
+    status: Literal["heuristic", "optimal", "feasible", "timeout"]
+    objective_ms: float
+    bound_ms: float | None
+    gap: float | None
+
+
+class PlanModel(BaseModel):
+    """A ``skrull.plan/v1`` plan (CONTRACT.md "Plan")."""
+
+    model_config = ConfigDict(populate_by_name=True, extra="allow")
+    schema_: Literal["skrull.plan/v1"] = Field(alias="schema")
+    solver: str
+    parallel: ParallelModel
+    bucket_tokens: int
+    iterations: list[IterationModel]
+    pending: list[int]
+    solve: SolveModel
+
+
+class PlanEnvelope(BaseModel):
+    """``GET /v1/plans/{id}``: the job's state; ``plan`` once solved, ``error`` once failed."""
+
+    id: str
+    status: JobStatusName
+    progress: Progress
+    plan: PlanModel | None
+    error: ProblemModel | None
+    solver: str
+    num_sequences: int
+    attempts: int = Field(description="solver claims so far (a job whose process died is retried once)")
+    last_error: ProblemModel | None = Field(None, description="why an earlier attempt did not finish")
+    created_at: float
+    updated_at: float
+    finished_at: float | None
+    links: dict[str, str]
+
+
+class NotReady(BaseModel):
+    """A rank view asked for before its iteration is solved (202, with ``Retry-After``)."""
+
+    plan_id: str
+    iteration: int
+    status: JobStatusName
+    progress: Progress
+
+
+class ShardModel(BaseModel):
+    id: int
+    length: int
+    ranges: list[list[int]]
+
+
+class RankMicrobatchModel(BaseModel):
+    step: int
+    ranks: list[int]
+    position: int
+    local: list[int]
+    shards: list[ShardModel]
+    cu_seqlens: list[int]
+    max_seqlen: int
+
+
+class RankViewModel(BaseModel):
+    """One GPU's part of one iteration (CONTRACT.md "Worker view")."""
+
+    plan_id: str
+    iteration: int
+    rank: int
+    num_tokens_in_iteration: int
+    microbatches: list[RankMicrobatchModel]
+
+
+class CompareTable(BaseModel):
+    """``POST /v1/compare``: one row per solver, cells in ``columns`` order (``null`` where a solver failed)."""
+
+    reference: str
+    num_sequences: int
+    num_iterations: int
+    parallel: ParallelModel
+    profile: str
+    bucket_tokens: int
+    columns: list[str]
+    rows: list[list[Any]]
+
+
+class ProfileSummary(BaseModel):
+    name: str
+    source: Literal["bundled", "uploaded"]
+
+
+class ProfileList(BaseModel):
+    profiles: list[ProfileSummary]
+
+
+class ComputeModel(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    flops_per_token: float
+    flops_per_token_sq: float
+    ms_per_tflop: float
+    fixed_ms: float
+
+
+class CommModel(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    bytes_per_token: float
+    ms_per_mib: float
+    fixed_ms: float
+
+
+class MemoryModel(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    bucket_tokens: int
+
+
+class ProfileModel(BaseModel):
+    """A profile (CONTRACT.md "Profile"); extra fields (sources, model config) are kept."""
+
+    model_config = ConfigDict(extra="allow")
+    name: str
+    compute: ComputeModel
+    comm: CommModel
+    memory: MemoryModel
+    microbatch_ms: float
+
+
+class Health(BaseModel):
+    status: Literal["ok", "degraded"]
+    store: str
+    solver_processes: dict[str, int]
+    jobs: dict[str, int]
+
+
+# -- converters -------------------------------------------------------------------------------------------
+
+
+def request_document(body: PlanRequestIn) -> dict[str, Any]:
+    """The request as the contract's JSON document (extra fields kept, ``solvers`` of compare dropped)."""
+    doc = body.model_dump(exclude={"solvers"}, exclude_none=True)
+    return doc
+
+
+def request_from_document(doc: dict[str, Any]) -> Request:
+    """Validate meaning with the planning library; raises ``RequestError`` naming field and value."""
+    return request_from_dict(doc)
+
+
+def canonical_request_json(request: Request) -> str:
+    """The request with its profile inlined, as canonical JSON: what a job stores and what its id hashes.
+
+    Inlining makes a stored job self-contained (a later profile upload cannot change it) and makes two
+    submissions of the same planning problem share one id.
+    """
+    return json.dumps(request_to_dict(request, inline_profile=True), sort_keys=True, separators=(",", ":"))
+
+
+def job_id_for(canonical_json: str) -> str:
+    """Content address of a request: the first 128 bits of SHA-256 of its canonical JSON, in hex."""
+    return hashlib.sha256(canonical_json.encode()).hexdigest()[:32]
+
+
+def rank_view_document(view: RankView, *, plan_id: str) -> dict[str, Any]:
+    """The worker view in the contract's JSON (``RankViewModel``)."""
+    return view.to_dict(plan_id=plan_id)
+
+
+def iteration_from_document(doc: dict[str, Any]) -> Iteration:
+    """A stored iteration (the contract's JSON, written by this service) as the solver's type."""
+    return Iteration(
+        index=doc["index"],
+        microbatches=tuple(
+            Microbatch(
+                step=mb["step"],
+                ranks=tuple(mb["ranks"]),
+                local=tuple(tuple(ids) for ids in mb["local"]),
+                sharded=tuple(mb["sharded"]),
+                estimated_ms=mb["estimated_ms"],
+            )
+            for mb in doc["microbatches"]
+        ),
+        estimated_ms=doc["estimated_ms"],
+        lower_bound_ms=doc["lower_bound_ms"],
+    )
+
+
+def envelope_json(job: JobRecord) -> bytes:
+    """``PlanEnvelope`` of a job as JSON; the stored plan text is spliced in, not re-parsed."""
+    meta = {
+        "id": job.job_id,
+        "status": job.status,
+        "progress": {"iterations_solved": job.iterations_solved, "iterations_total": job.num_iterations},
+        "error": None,
+        "solver": job.solver,
+        "num_sequences": job.num_sequences,
+        "attempts": job.attempts,
+        "last_error": None,
+        "created_at": job.created_at,
+        "updated_at": job.updated_at,
+        "finished_at": job.finished_at,
+        "links": {
+            "self": f"/v1/plans/{job.job_id}",
+            "rank_view": f"/v1/plans/{job.job_id}/ranks/{{rank}}?iteration={{iteration}}",
+        },
+    }
+    text = json.dumps(meta, separators=(",", ":"))
+    text = text.replace('"error":null', '"error":' + (job.error_json or "null"), 1)
+    text = text.replace('"last_error":null', '"last_error":' + (job.last_error_json or "null"), 1)
+    return (text[:-1] + ',"plan":' + (job.plan_json or "null") + "}").encode()

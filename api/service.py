@@ -1,0 +1,142 @@
+"""What the routers share: settings, the store, the solver pool, long-poll wake-ups, metrics, caches.
+
+Store calls are blocking (short transactions); handlers run them in the thread pool (``blocking``), so
+the event loop only ever waits on sockets and timers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import multiprocessing
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from starlette.concurrency import run_in_threadpool
+
+from api.errors import ApiProblem
+from api.metrics import Metrics
+from api.notify import Notifier
+from api.profiles import ProfileCatalog
+from api.schemas import canonical_request_json, job_id_for, request_from_document
+from api.settings import Settings
+from api.solving import Event, SolverPool, import_plugins
+from api.store.base import JobRecord, JobStore, NewJob, SubmitOutcome
+from api.views import RankViews
+from solver.types import Request
+
+T = TypeVar("T")
+
+#: A long-poll re-reads the store at least this often (changes made by another server on the same store).
+LONG_POLL_RECHECK_S = 1.0
+
+
+@dataclass(slots=True)
+class Service:
+    settings: Settings
+    store: JobStore
+    metrics: Metrics
+    notifier: Notifier
+    views: RankViews
+    profiles: ProfileCatalog
+    pool: SolverPool | None = None
+    loop: asyncio.AbstractEventLoop | None = None
+    _compare_pool: concurrent.futures.ProcessPoolExecutor | None = field(default=None)
+
+    async def blocking(self, fn: Callable[..., T], *args: Any) -> T:
+        return await run_in_threadpool(fn, *args)
+
+    # -- submissions -----------------------------------------------------------------------------------
+
+    def prepare(self, doc: dict[str, Any]) -> tuple[Request, str]:
+        """Validate a request document (profile names resolved); the request and its canonical JSON."""
+        request = request_from_document(self.profiles.inline(doc))
+        return request, canonical_request_json(request)
+
+    def submit(self, doc: dict[str, Any], idempotency_key: str | None) -> SubmitOutcome:
+        request, canonical = self.prepare(doc)
+        job_id = job_id_for(canonical)
+        if self.store.get(job_id) is None and self.store.queue_depth() >= self.settings.max_queued_jobs:
+            raise ApiProblem(
+                status=503,
+                slug="queue-full",
+                title="queue full",
+                headers={"Retry-After": "5"},
+                detail=f"{self.settings.max_queued_jobs} jobs are queued (SKRULL_MAX_QUEUED_JOBS); retry later",
+            )
+        job = NewJob(
+            job_id=job_id,
+            request_json=canonical,
+            solver=request.solver,
+            num_iterations=len(request.batches),
+            num_sequences=request.num_sequences,
+            num_gpus=request.parallel.num_gpus,
+            time_budget_s=request.time_budget_s,
+        )
+        return self.store.submit(job, idempotency_key=idempotency_key)
+
+    # -- long-polls ------------------------------------------------------------------------------------
+
+    async def wait_for_change(self, job_id: str, wait_s: float, *, until_final: bool = False) -> JobRecord | None:
+        """The job, once its status or progress differs from when the call began (with ``until_final``: once
+        it is solved or failed), or when ``wait_s`` passed."""
+        job = await self.blocking(self.store.get, job_id)
+        if job is None or wait_s <= 0 or job.is_final:
+            return job
+        baseline = None if until_final else job.state_token
+        deadline = time.monotonic() + wait_s
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return job
+            with self.notifier.listen(job_id) as listener:
+                current = await self.blocking(self.store.get, job_id)
+                assert current is not None
+                job = current
+                if job.is_final or (baseline is not None and job.state_token != baseline):
+                    return job
+                await listener.wait(min(remaining, LONG_POLL_RECHECK_S))
+
+    # -- solver events ---------------------------------------------------------------------------------
+
+    def on_solver_event(self, event: Event) -> None:
+        """Called from the pool's threads: count, then wake the long-polls on the job (on the loop)."""
+        kind = event[0]
+        if kind == "done":
+            _, job_id, outcome, solver, seconds = event
+            if outcome in ("solved", "failed"):
+                self.metrics.solve_seconds.observe(float(seconds), str(solver), str(outcome))
+            if outcome == "failed":
+                self.metrics.jobs_failed.inc("solve-error")
+        elif kind == "recovered":
+            _, job_id, status = event
+            if status == "queued":
+                self.metrics.jobs_retried.inc()
+            else:
+                self.metrics.jobs_failed.inc("solver-died")
+        elif kind == "restarted":
+            self.metrics.solver_restarts.inc()
+            return
+        else:
+            job_id = event[1]
+        if self.loop is not None and not self.loop.is_closed():
+            self.loop.call_soon_threadsafe(self.notifier.notify, str(job_id))
+
+    # -- compare ---------------------------------------------------------------------------------------
+
+    def compare_pool(self) -> concurrent.futures.ProcessPoolExecutor:
+        if self._compare_pool is None:
+            self._compare_pool = concurrent.futures.ProcessPoolExecutor(
+                max_workers=self.settings.compare_processes,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=import_plugins,
+                initargs=(self.settings.plugin_modules,),
+            )
+        return self._compare_pool
+
+    def close(self) -> None:
+        if self._compare_pool is not None:
+            self._compare_pool.shutdown(wait=False, cancel_futures=True)
+            self._compare_pool = None

@@ -1,0 +1,72 @@
+"""Service settings: defaults, then environment variables ``SKRULL_<NAME>``, then command-line flags.
+
+Every limit the service enforces lives here, so a refusal can quote the number in force.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def _default_solver_processes() -> int:
+    """One solver process per CPU but one, which is left to the HTTP server (at least one)."""
+    return max(1, (os.cpu_count() or 2) - 1)
+
+
+class Settings(BaseSettings):
+    """The service's configuration (environment prefix ``SKRULL_``, e.g. ``SKRULL_DB=/data/skrull.db``)."""
+
+    model_config = SettingsConfigDict(env_prefix="SKRULL_", extra="ignore", frozen=True)
+
+    host: str = Field("127.0.0.1", description="address to listen on")
+    port: int = Field(8000, ge=0, le=65535, description="TCP port to listen on")
+    db: Path = Field(Path("skrull.db"), description="SQLite file of the job store (WAL mode); created if missing")
+    sqlite_synchronous: str = Field(
+        "NORMAL",
+        pattern="^(NORMAL|FULL)$",
+        description="SQLite synchronous mode: NORMAL survives any process crash; FULL also a power loss",
+    )
+
+    solver_processes: int = Field(
+        default_factory=_default_solver_processes, ge=0, description="solver processes (0: accept, never solve)"
+    )
+    lease_s: float = Field(15.0, gt=0, description="a claimed job's lease; renewed every lease_s/3 while solving")
+    max_attempts: int = Field(2, ge=1, description="claims per job: 2 means a job whose process dies is retried once")
+    solve_timeout_factor: float = Field(3.0, ge=1, description="hard limit = factor * time_budget_s + grace")
+    solve_timeout_grace_s: float = Field(10.0, ge=0, description="hard limit = factor * time_budget_s + grace")
+    supervise_interval_s: float = Field(0.5, gt=0, description="how often leases and deadlines are checked")
+    idle_poll_s: float = Field(1.0, gt=0, description="an idle solver process re-checks the queue this often")
+    stream_solvers: str = Field(
+        "skrull,deepspeed,packed,round-robin",
+        description="planners whose iterations are planned independently: multi-iteration requests are "
+        "solved one batch at a time and each iteration is published as soon as it is solved",
+    )
+    plugins: str = Field("", description="comma-separated modules imported at start (they may register planners)")
+
+    max_body_bytes: int = Field(8 * 2**20, ge=1024, description="largest request body accepted")
+    max_sequences: int = Field(1_000_000, ge=1, description="sequences per request, over all batches")
+    max_iterations: int = Field(1024, ge=1, description="batches (iterations) per request")
+    max_gpus: int = Field(65_536, ge=1, description="dp * cp of a request")
+    max_time_budget_s: float = Field(600.0, gt=0, description="largest time_budget_s a request may ask for")
+    max_wait_s: float = Field(60.0, ge=0, description="longest long-poll (?wait=S) a request may ask for")
+    max_queued_jobs: int = Field(100_000, ge=1, description="queued jobs beyond which submissions get 503")
+    max_compare_solvers: int = Field(16, ge=1, description="solvers per POST /v1/compare")
+    compare_processes: int = Field(1, ge=1, description="processes that run POST /v1/compare")
+    rank_view_cache_entries: int = Field(65_536, ge=0, description="rendered rank views kept in memory")
+    log_level: str = Field("info", description="uvicorn log level")
+
+    @property
+    def stream_solver_names(self) -> frozenset[str]:
+        return frozenset(s.strip() for s in self.stream_solvers.split(",") if s.strip())
+
+    @property
+    def plugin_modules(self) -> tuple[str, ...]:
+        return tuple(m.strip() for m in self.plugins.split(",") if m.strip())
+
+    def hard_limit_s(self, time_budget_s: float) -> float:
+        """Wall-clock limit after which a solve is killed: ``factor * time_budget_s + grace``."""
+        return self.solve_timeout_factor * time_budget_s + self.solve_timeout_grace_s

@@ -1,0 +1,393 @@
+"""The pool of solver processes: they claim queued jobs from the store, so solving never runs on the
+server's event loop, and a supervisor makes sure no job is left ``solving`` by a process that is gone.
+
+* Each solver process loops: ``claim`` the oldest queued job (a lease), solve it (``api.execute``),
+  ``complete`` or ``fail`` it, claim again; when the queue is empty it sleeps until the server wakes it
+  (one token per submission on a queue) or ``idle_poll_s`` passes. A thread renews the lease every
+  ``lease_s / 3`` while it solves.
+* The supervisor thread waits on the processes' sentinels. When one dies, every job it held is queued
+  again while it has attempts left (``max_attempts = 2``: retried once), else failed with the reason
+  (exit code or signal); a new process takes its place. It also fails and kills a solve running past
+  its hard limit (``solve_timeout_factor * time_budget_s + solve_timeout_grace_s``), and takes back
+  expired leases of any owner (a server that crashed while solving).
+* Processes report claims, published iterations and ends to the server over an event queue; the server
+  turns them into metrics and long-poll wake-ups.
+* Shutdown lets running solves finish for ``grace_s``, then kills them; their jobs are queued again
+  without charging an attempt, so a restart loses nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import importlib
+import json
+import logging
+import multiprocessing
+import multiprocessing.connection
+import os
+import queue
+import signal
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+from api.errors import ApiProblem, from_skrull_error
+from api.execute import LeaseLostError, solve_job
+from api.store.base import ClaimedJob, IterationRecord, JobStore
+from api.store.sqlite import SQLiteJobStore
+from solver.errors import SkrullError
+
+log = logging.getLogger("skrull.solving")
+
+#: Events a solver process sends: ("claimed", job_id), ("iteration", job_id, index),
+#: ("done", job_id, outcome, solver, seconds) with outcome solved|failed|lost.
+Event = tuple[Any, ...]
+EventHandler = Callable[[Event], None]
+
+
+def import_plugins(modules: Sequence[str]) -> None:
+    """Import the configured plugin modules (they may register planners with the registry)."""
+    for name in modules:
+        importlib.import_module(name)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkerConfig:
+    owner: str
+    db: str
+    synchronous: str
+    lease_s: float
+    idle_poll_s: float
+    stream_solvers: frozenset[str]
+    plugins: tuple[str, ...]
+
+
+class _Heartbeat:
+    """Renews a lease every ``lease_s / 3`` while a job is being solved."""
+
+    def __init__(self, store: JobStore, *, job_id: str, owner: str, lease_s: float) -> None:
+        self._store, self._job_id, self._owner, self._lease_s = store, job_id, owner, lease_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="lease-heartbeat", daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._lease_s / 3):
+            if not self._store.heartbeat(job_id=self._job_id, owner=self._owner, lease_s=self._lease_s):
+                return
+
+    def __enter__(self) -> _Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def _failure(exc: BaseException) -> str:
+    if isinstance(exc, SkrullError):
+        problem = from_skrull_error(exc)
+    else:
+        problem = ApiProblem(
+            status=500,
+            slug="solver-error",
+            title="the solver failed",
+            detail=f"the solver raised {type(exc).__name__}: {exc}",
+        )
+    return json.dumps(problem.document())
+
+
+def run_claimed(store: JobStore, job: ClaimedJob, config: WorkerConfig, events: Any) -> str:
+    """Solve one claimed job to its end; the outcome (solved, failed, or lost when the lease was lost)."""
+    owner = config.owner
+
+    def publish(record: IterationRecord) -> bool:
+        ok = store.publish_iteration(record, owner=owner)
+        if ok:
+            events.put(("iteration", job.job_id, record.index))
+        return ok
+
+    with _Heartbeat(store, job_id=job.job_id, owner=owner, lease_s=config.lease_s):
+        try:
+            plan_json, rest = solve_job(
+                job.job_id,
+                job.request_json,
+                stream_solvers=config.stream_solvers,
+                done=store.iterations(job.job_id),
+                publish=publish,
+            )
+        except LeaseLostError:
+            return "lost"
+        except Exception as exc:  # every failure of a solve is stored with the job, never re-raised
+            log.info("job %s failed: %s", job.job_id, exc)
+            return "failed" if store.fail(job_id=job.job_id, owner=owner, error_json=_failure(exc)) else "lost"
+        return (
+            "solved" if store.complete(job_id=job.job_id, owner=owner, plan_json=plan_json, iterations=rest) else "lost"
+        )
+
+
+def worker_main(config: WorkerConfig, wake: Any, events: Any, stop: Any) -> None:
+    """Entry point of a solver process."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the server decides
+    import_plugins(config.plugins)
+    store = SQLiteJobStore(config.db, synchronous=config.synchronous)
+    parent = multiprocessing.parent_process()
+    try:
+        # A process whose server died (even by SIGKILL) finishes the job in hand, then exits.
+        while not stop.is_set() and (parent is None or parent.is_alive()):
+            job = store.claim(owner=config.owner, lease_s=config.lease_s)
+            if job is None:
+                with contextlib.suppress(queue.Empty):
+                    wake.get(timeout=config.idle_poll_s)
+                continue
+            events.put(("claimed", job.job_id))
+            start = time.perf_counter()
+            outcome = run_claimed(store, job, config, events)
+            events.put(("done", job.job_id, outcome, job.solver, time.perf_counter() - start))
+    finally:
+        store.close()
+
+
+def describe_exit(exitcode: int | None) -> str:
+    if exitcode is None:
+        return "is gone"
+    if exitcode < 0:
+        try:
+            return f"was killed by signal {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"was killed by signal {-exitcode}"
+    return f"exited with status {exitcode}"
+
+
+#: A process that dies sooner than this after starting counts as a crash loop: it is restarted after
+#: a delay that doubles with every such death, up to ``MAX_RESPAWN_DELAY_S``.
+FAST_DEATH_S = 5.0
+MAX_RESPAWN_DELAY_S = 30.0
+
+
+@dataclass(slots=True)
+class _Slot:
+    process: BaseProcess
+    owner: str
+    generation: int
+    started_at: float
+    fast_deaths: int = 0
+    respawn_at: float | None = None  # set while a dead process waits to be replaced
+
+
+class SolverPool:
+    """``num_processes`` solver processes on the store at ``db``, supervised (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        store: JobStore,
+        db: str,
+        synchronous: str,
+        num_processes: int,
+        lease_s: float,
+        max_attempts: int,
+        idle_poll_s: float,
+        supervise_interval_s: float,
+        stream_solvers: frozenset[str],
+        plugins: tuple[str, ...],
+        hard_limit_s: Callable[[float], float],
+        on_event: EventHandler,
+    ) -> None:
+        self._store = store
+        self._db, self._synchronous = db, synchronous
+        self.num_processes = num_processes
+        self._lease_s, self._max_attempts = lease_s, max_attempts
+        self._idle_poll_s, self._interval_s = idle_poll_s, supervise_interval_s
+        self._stream_solvers, self._plugins = stream_solvers, plugins
+        self._hard_limit_s = hard_limit_s
+        self._on_event = on_event
+        self._ctx = multiprocessing.get_context("spawn")
+        self._wake: Any = self._ctx.Queue()
+        self._events: Any = self._ctx.Queue()
+        self._stop: Any = self._ctx.Event()
+        self._stopping = False
+        self._slots: list[_Slot] = []
+        self._lock = threading.Lock()
+        self.instance = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self._threads: list[threading.Thread] = []
+
+    # -- lifecycle -------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.recover_expired()
+        for slot in range(self.num_processes):
+            self._slots.append(self._spawn(slot, generation=0))
+        for target, name in ((self._read_events, "solver-events"), (self._supervise, "solver-supervisor")):
+            thread = threading.Thread(target=target, name=name, daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def _spawn(self, slot: int, *, generation: int, fast_deaths: int = 0) -> _Slot:
+        owner = f"{self.instance}:{slot}:{generation}"
+        config = WorkerConfig(
+            owner=owner,
+            db=self._db,
+            synchronous=self._synchronous,
+            lease_s=self._lease_s,
+            idle_poll_s=self._idle_poll_s,
+            stream_solvers=self._stream_solvers,
+            plugins=self._plugins,
+        )
+        process = self._ctx.Process(
+            target=worker_main,
+            args=(config, self._wake, self._events, self._stop),
+            name=f"skrull-solver-{slot}",
+            daemon=True,
+        )
+        process.start()
+        return _Slot(
+            process=process, owner=owner, generation=generation, started_at=time.monotonic(), fast_deaths=fast_deaths
+        )
+
+    def stop(self, *, grace_s: float = 5.0) -> None:
+        """Let running solves finish for ``grace_s``, then kill; queue their jobs again, uncharged."""
+        self._stopping = True
+        self._stop.set()
+        for _ in self._slots:
+            self._wake.put(1)
+        deadline = time.monotonic() + grace_s
+        for s in self._slots:
+            s.process.join(max(0.0, deadline - time.monotonic()))
+        for s in self._slots:
+            if s.process.is_alive():
+                s.process.kill()
+                s.process.join()
+        reason = json.dumps(
+            ApiProblem(
+                status=503,
+                slug="server-stopped",
+                title="server stopped",
+                detail="the server stopped while this job was being solved; it was queued again",
+            ).document()
+        )
+        for s in self._slots:
+            for rec in self._store.release(
+                owner=s.owner, reason_json=reason, max_attempts=self._max_attempts, count_attempt=False
+            ):
+                self._on_event(("recovered", rec.job_id, rec.status))
+        self._events.put(None)
+        for thread in self._threads:
+            thread.join(timeout=5)
+        for q in (self._wake, self._events):
+            q.cancel_join_thread()
+            q.close()
+        # Release the queues' and event's semaphores now: a server stopped by a signal exits without
+        # running finalizers, and the resource tracker would report them as leaked.
+        self._wake = self._events = self._stop = None
+        gc.collect()
+
+    # -- what the server uses --------------------------------------------------------------------------
+
+    def wake(self) -> None:
+        if self.num_processes:
+            self._wake.put_nowait(1)
+
+    def alive(self) -> int:
+        return sum(1 for s in self._slots if s.respawn_at is None and s.process.is_alive())
+
+    # -- threads ---------------------------------------------------------------------------------------
+
+    def _read_events(self) -> None:
+        while True:
+            try:
+                event = self._events.get()
+            except (EOFError, OSError):
+                return
+            if event is None:
+                return
+            try:
+                self._on_event(event)
+            except Exception:  # a bad handler must not stop the reader
+                log.exception("event handler failed on %r", event)
+
+    def _supervise(self) -> None:
+        while not self._stopping:
+            sentinels = {s.process.sentinel: k for k, s in enumerate(self._slots) if s.respawn_at is None}
+            ready = multiprocessing.connection.wait(list(sentinels), timeout=self._interval_s)
+            if self._stopping:
+                return
+            for sentinel in ready:
+                self._handle_death(sentinels[sentinel])  # type: ignore[index]
+            now = time.monotonic()
+            for k, slot in enumerate(self._slots):
+                if slot.respawn_at is not None and now >= slot.respawn_at:
+                    self._slots[k] = self._spawn(k, generation=slot.generation + 1, fast_deaths=slot.fast_deaths)
+                    self._on_event(("restarted", slot.owner))
+            try:
+                self._enforce_deadlines()
+                self.recover_expired()
+            except Exception:
+                log.exception("supervision pass failed")
+
+    def _handle_death(self, k: int) -> None:
+        """Take back the dead process's jobs now; schedule its replacement (delayed in a crash loop)."""
+        slot = self._slots[k]
+        slot.process.join()
+        what = describe_exit(slot.process.exitcode)
+        log.warning("solver process %s (%s) %s", slot.process.pid, slot.owner, what)
+        reason = ApiProblem(
+            status=500,
+            slug="solver-died",
+            title="the solver process died",
+            detail=f"solver process {slot.process.pid} {what} while solving this job",
+        )
+        for rec in self._store.release(
+            owner=slot.owner, reason_json=json.dumps(reason.document()), max_attempts=self._max_attempts
+        ):
+            self._on_event(("recovered", rec.job_id, rec.status))
+            if rec.status == "queued":
+                self.wake()
+        now = time.monotonic()
+        slot.fast_deaths = slot.fast_deaths + 1 if now - slot.started_at < FAST_DEATH_S else 0
+        delay = 0.0 if slot.fast_deaths == 0 else min(MAX_RESPAWN_DELAY_S, 0.5 * 2 ** (slot.fast_deaths - 1))
+        if delay:
+            log.warning("solver process slot %d is crash-looping; restarting in %.1f s", k, delay)
+        slot.respawn_at = now + delay
+
+    def _enforce_deadlines(self) -> None:
+        owners = {s.owner: s for s in self._slots}
+        now = time.time()
+        for job in self._store.solving_owned():
+            slot = owners.get(job.lease_owner or "")
+            if slot is None or job.started_at is None:
+                continue
+            limit = self._hard_limit_s(job.time_budget_s)
+            elapsed = now - job.started_at
+            if elapsed <= limit:
+                continue
+            problem = ApiProblem(
+                status=500,
+                slug="solve-timeout",
+                title="the solve ran past its hard limit",
+                detail=f"solving ran {elapsed:.1f} s, past the hard limit of {limit:.1f} s for "
+                f"time_budget_s={job.time_budget_s}; the solver process was stopped",
+            )
+            if self._store.fail(job_id=job.job_id, owner=job.lease_owner, error_json=json.dumps(problem.document())):
+                slot.process.kill()
+                self._on_event(("done", job.job_id, "failed", job.solver, elapsed))
+
+    def recover_expired(self) -> None:
+        reason = ApiProblem(
+            status=500,
+            slug="lease-expired",
+            title="the solver stopped renewing its lease",
+            detail="the process solving this job stopped renewing its lease (its server or process vanished)",
+        )
+        for rec in self._store.recover_expired(
+            reason_json=json.dumps(reason.document()), max_attempts=self._max_attempts
+        ):
+            self._on_event(("recovered", rec.job_id, rec.status))
+            if rec.status == "queued":
+                self.wake()

@@ -1,0 +1,179 @@
+"""The job store's interface: durable jobs, their published iterations, and uploaded profiles.
+
+Any backend (the embedded SQLite file here, a shared SQL server later) implements ``JobStore``. The
+semantics every backend must keep:
+
+* ``submit`` is idempotent: a job id is the content address of its canonical request, so the same
+  request (or the same ``Idempotency-Key``) answers the job already stored; a key reused for a different
+  request is refused. Resubmitting a failed request queues it again.
+* Claiming is a lease: ``claim`` moves the oldest queued job to ``solving`` under an ``owner`` until
+  ``lease_expires``; only the owner may ``heartbeat``, ``publish_iteration``, ``complete`` or ``fail``
+  it, and each of those answers False once the lease was lost (taken back by ``recover_expired`` or
+  ``release``), so a slow or stale solver can never overwrite a result. A backend with many servers
+  claims with row locks that skip locked rows; SQLite serializes writers instead.
+* Nothing accepted is lost: a job whose owner vanished (its process died, its server crashed) is queued
+  again while it has attempts left (``attempts < max_attempts``), else failed with the reason. A job is
+  never left ``solving`` without a live lease.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+JobStatus = Literal["queued", "solving", "solved", "failed"]
+JOB_STATUSES: tuple[str, ...] = ("queued", "solving", "solved", "failed")
+
+
+class IdempotencyConflictError(ValueError):
+    """An ``Idempotency-Key`` already names a different request."""
+
+    def __init__(self, key: str, job_id: str) -> None:
+        self.key = key
+        self.job_id = job_id
+        super().__init__(f"Idempotency-Key {key!r} already names plan {job_id}, submitted with a different request")
+
+
+class ProfileConflictError(ValueError):
+    """A profile name is already stored with different content."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        super().__init__(f"profile {name!r} is already stored with different values; upload it under a new name")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NewJob:
+    """What a submission stores: the canonical request (profile inlined) and its shape."""
+
+    job_id: str
+    request_json: str
+    solver: str
+    num_iterations: int
+    num_sequences: int
+    num_gpus: int
+    time_budget_s: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobRecord:
+    job_id: str
+    status: str
+    solver: str
+    num_iterations: int
+    iterations_solved: int
+    num_sequences: int
+    num_gpus: int
+    time_budget_s: float
+    attempts: int
+    plan_json: str | None
+    error_json: str | None
+    last_error_json: str | None
+    created_at: float
+    updated_at: float
+    started_at: float | None
+    finished_at: float | None
+    lease_owner: str | None
+    lease_expires: float | None
+
+    @property
+    def is_final(self) -> bool:
+        return self.status in ("solved", "failed")
+
+    @property
+    def state_token(self) -> tuple[str, int]:
+        """What a long-poll compares: it returns when status or progress moved."""
+        return (self.status, self.iterations_solved)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClaimedJob:
+    """A job leased to a solver process: the request, the attempt number, iterations already published."""
+
+    job_id: str
+    solver: str
+    request_json: str
+    attempts: int
+    lease_expires: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class IterationRecord:
+    """One solved iteration in the contract's JSON, plus how it was solved (for the plan's ``solve`` block)."""
+
+    job_id: str
+    index: int
+    doc_json: str
+    digest: str
+    wall_ms: float
+    status: str
+    bound_ms: float | None
+    pending_json: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SubmitOutcome:
+    job: JobRecord
+    created: bool
+    requeued: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Recovered:
+    """A job taken back from a vanished owner: queued again, or failed when out of attempts."""
+
+    job_id: str
+    status: str
+
+
+class JobStore(Protocol):
+    """Durable jobs with leases. Methods are short transactions, safe to call from any thread."""
+
+    def submit(self, job: NewJob, *, idempotency_key: str | None = None) -> SubmitOutcome: ...
+
+    def get(self, job_id: str) -> JobRecord | None: ...
+
+    def request_json(self, job_id: str) -> str | None: ...
+
+    def claim(self, *, owner: str, lease_s: float) -> ClaimedJob | None: ...
+
+    def heartbeat(self, *, job_id: str, owner: str, lease_s: float) -> bool: ...
+
+    def publish_iteration(self, record: IterationRecord, *, owner: str) -> bool: ...
+
+    def complete(self, *, job_id: str, owner: str, plan_json: str, iterations: Sequence[IterationRecord] = ()) -> bool:
+        """Store the validated whole plan (and any iterations not yet published) and mark the job solved."""
+        ...
+
+    def fail(self, *, job_id: str, owner: str | None, error_json: str) -> bool: ...
+
+    def release(
+        self, *, owner: str, reason_json: str, max_attempts: int, count_attempt: bool = True
+    ) -> list[Recovered]:
+        """Take back every job ``owner`` holds (its process died, or it is shutting down)."""
+        ...
+
+    def recover_expired(self, *, reason_json: str, max_attempts: int) -> list[Recovered]:
+        """Take back every job whose lease has expired."""
+        ...
+
+    def solving_owned(self) -> list[JobRecord]: ...
+
+    def iteration(self, job_id: str, index: int) -> IterationRecord | None: ...
+
+    def iterations(self, job_id: str) -> list[IterationRecord]: ...
+
+    def count_by_status(self) -> dict[str, int]: ...
+
+    def queue_depth(self) -> int: ...
+
+    def put_profile(self, name: str, doc_json: str) -> bool:
+        """Store an uploaded profile; False when the identical profile is already stored."""
+        ...
+
+    def get_profile(self, name: str) -> str | None: ...
+
+    def profile_names(self) -> list[str]: ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,59 @@
+"""``skrull serve``: run the REST planning service (``api/``) with its SQLite job store and solver processes.
+
+Flags override ``SKRULL_*`` environment variables, which override the defaults (``api.settings``).
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from solver.errors import RequestError
+
+_FLAGS = {
+    "host": "--host",
+    "port": "--port",
+    "db": "--db",
+    "solver_processes": "--solver-processes",
+    "log_level": "--log-level",
+}
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("serve", help="run the REST planning service")
+    p.add_argument("--host", default=None, help="address to listen on (default 127.0.0.1; env SKRULL_HOST)")
+    p.add_argument(
+        "--port", type=int, default=None, help="TCP port (default 8000; 0 picks a free one; env SKRULL_PORT)"
+    )
+    p.add_argument(
+        "--db", default=None, metavar="PATH", help="SQLite job store file (default skrull.db; env SKRULL_DB)"
+    )
+    p.add_argument(
+        "--solver-processes",
+        type=int,
+        default=None,
+        help="solver processes (default: one per CPU; env SKRULL_SOLVER_PROCESSES)",
+    )
+    p.add_argument("--log-level", default=None, help="uvicorn log level (default info)")
+    p.set_defaults(func=cmd_serve)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    try:
+        import uvicorn
+        from pydantic import ValidationError
+
+        from api.app import create_app
+        from api.settings import Settings
+    except ImportError as exc:
+        raise RequestError("serve", exc.name, "the service needs the api extra: pip install 'skrull[api]'") from None
+    overrides = {key: getattr(args, key) for key in _FLAGS if getattr(args, key) is not None}
+    try:
+        settings = Settings(**overrides)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        key = str(err["loc"][0]) if err["loc"] else "settings"
+        field = _FLAGS.get(key, f"SKRULL_{key.upper()}")
+        raise RequestError(field, err.get("input"), str(err["msg"])) from None
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level)
+    return 0

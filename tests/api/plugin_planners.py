@@ -1,0 +1,71 @@
+"""Planners for service tests, loaded with ``SKRULL_PLUGINS=tests.api.plugin_planners``: a slow one (to
+observe queues, progress and long-polls), ones whose process dies, and one that cannot place anything."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import time
+from pathlib import Path
+
+from solver.errors import InfeasibleError
+from solver.planners.base import PlannerOutput
+from solver.planners.registry import register
+from solver.planners.skrull import SkrullPlanner
+from solver.types import Problem
+
+SLEEP_ENV = "SKRULL_TEST_SLEEP_S"
+MARKER_ENV = "SKRULL_TEST_MARKER_DIR"
+
+
+class SlowPlanner:
+    """Skrull, after sleeping ``$SKRULL_TEST_SLEEP_S`` (default 0.3 s) per call."""
+
+    name = "test-slow"
+
+    def plan(self, problem: Problem) -> PlannerOutput:
+        time.sleep(float(os.environ.get(SLEEP_ENV, "0.3")))
+        return SkrullPlanner().plan(problem)
+
+
+class CrashPlanner:
+    """Kills its own process, as an out-of-memory killer would."""
+
+    name = "test-crash"
+
+    def plan(self, problem: Problem) -> PlannerOutput:
+        os.kill(os.getpid(), signal.SIGKILL)
+        raise AssertionError("unreachable")
+
+
+class CrashOncePlanner:
+    """Kills its process the first time it sees a problem (a marker file remembers), then plans it."""
+
+    name = "test-crash-once"
+
+    def plan(self, problem: Problem) -> PlannerOutput:
+        key = hashlib.sha256(repr(problem.lengths).encode()).hexdigest()[:16]
+        marker = Path(os.environ[MARKER_ENV]) / key
+        if not marker.exists():
+            marker.write_text("crashed once")
+            os.kill(os.getpid(), signal.SIGKILL)
+        return SkrullPlanner().plan(problem)
+
+
+class InfeasiblePlanner:
+    name = "test-infeasible"
+
+    def plan(self, problem: Problem) -> PlannerOutput:
+        raise InfeasibleError(f"test planner refuses {len(problem.lengths)} sequences")
+
+
+TEST_PLANNERS = (SlowPlanner, CrashPlanner, CrashOncePlanner, InfeasiblePlanner)
+
+
+def register_all() -> None:
+    for cls in TEST_PLANNERS:
+        register(cls.name, cls)
+
+
+register_all()

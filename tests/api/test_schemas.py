@@ -1,0 +1,77 @@
+"""Converters between the wire formats and the solver's types."""
+
+from __future__ import annotations
+
+import json
+
+from api.schemas import (
+    PlanEnvelope,
+    canonical_request_json,
+    envelope_json,
+    iteration_from_document,
+    job_id_for,
+)
+from api.store.base import JobRecord
+from solver.io import plan_to_dict, request_from_dict
+from solver.planning import solve
+from tests.api.conftest import HAND_PROFILE, plan_request
+
+
+def test_the_plan_id_is_the_content_address_of_the_request() -> None:
+    doc = plan_request([[10, 20]])
+    same = json.loads(json.dumps({k: doc[k] for k in sorted(doc)}))
+    named_default = {**doc, "time_budget_s": 1.0, "seed": 0}
+    other = plan_request([[10, 21]])
+    ids = [job_id_for(canonical_request_json(request_from_dict(d))) for d in (doc, same, named_default, other)]
+    assert ids[0] == ids[1] == ids[2] != ids[3]
+    assert len(ids[0]) == 32
+
+
+def test_the_canonical_request_inlines_the_profile() -> None:
+    canonical = json.loads(canonical_request_json(request_from_dict(plan_request([[5]]))))
+    assert canonical["profile"]["compute"] == HAND_PROFILE["compute"]
+    assert request_from_dict(canonical) == request_from_dict(plan_request([[5]]))
+
+
+def test_iterations_convert_back_to_the_solvers_type() -> None:
+    plan = solve(request_from_dict(plan_request([[150, 30, 60], [9]], dp=2, cp=2)))
+    for it, doc in zip(plan.iterations, plan_to_dict(plan)["iterations"], strict=True):
+        back = iteration_from_document(doc)
+        assert back.index == it.index and len(back.microbatches) == len(it.microbatches)
+        for a, b in zip(back.microbatches, it.microbatches, strict=True):
+            assert (a.step, a.ranks, a.local, a.sharded) == (b.step, b.ranks, b.local, b.sharded)
+
+
+def test_the_envelope_matches_its_schema_in_every_state() -> None:
+    plan_json = json.dumps(plan_to_dict(solve(request_from_dict(plan_request([[10, 20]])))))
+    problem = json.dumps({"type": "urn:skrull:problem:x", "title": "t", "status": 500, "detail": "d"})
+    base = dict(
+        job_id="abc",
+        solver="skrull",
+        num_iterations=1,
+        iterations_solved=0,
+        num_sequences=2,
+        num_gpus=4,
+        time_budget_s=1.0,
+        attempts=0,
+        plan_json=None,
+        error_json=None,
+        last_error_json=None,
+        created_at=1.0,
+        updated_at=1.0,
+        started_at=None,
+        finished_at=None,
+        lease_owner=None,
+        lease_expires=None,
+    )
+    for status, extra in (
+        ("queued", {}),
+        ("solving", {"attempts": 2, "last_error_json": problem}),
+        ("solved", {"plan_json": plan_json, "iterations_solved": 1}),
+        ("failed", {"error_json": problem}),
+    ):
+        record = JobRecord(**{**base, **extra, "status": status})  # type: ignore[arg-type]
+        envelope = PlanEnvelope.model_validate_json(envelope_json(record))
+        assert envelope.status == status
+        assert (envelope.plan is not None) == (status == "solved")
+        assert (envelope.error is not None) == (status == "failed")

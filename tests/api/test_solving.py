@@ -1,0 +1,101 @@
+"""Solver processes: a job whose process dies is retried once or failed with the reason, never left
+solving; a solve past its hard limit is stopped; the pool replaces dead processes."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from api.solving import describe_exit
+from solver.io import plan_from_dict, request_from_dict
+from solver.validate import plan_problems
+from tests.api.conftest import plan_request, running_app
+
+
+def finish(client: TestClient, plan_id: str, timeout_s: float = 30.0) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        envelope = client.get(f"/v1/plans/{plan_id}", params={"wait": 5}).json()
+        assert envelope["status"] in ("queued", "solving", "solved", "failed")
+        if envelope["status"] in ("solved", "failed"):
+            return envelope
+    raise AssertionError(f"plan {plan_id} still {envelope['status']} after {timeout_s} s")
+
+
+def alive_after_restart(client: TestClient, timeout_s: float = 20.0) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        health = client.get("/healthz").json()
+        if health["status"] == "ok":
+            return health
+        time.sleep(0.05)
+    raise AssertionError(f"no solver process came back: {health}")
+
+
+@pytest.fixture
+def app(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    monkeypatch.setenv("SKRULL_TEST_MARKER_DIR", str(tmp_path))
+    with running_app(tmp_path / "skrull.db") as client:
+        yield client
+
+
+def test_a_job_whose_process_is_killed_every_time_fails_with_the_signal_after_one_retry(app: TestClient) -> None:
+    plan_id = app.post("/v1/plans", json=plan_request([[10, 20]], solver="test-crash")).json()["id"]
+    envelope = finish(app, plan_id)
+    assert envelope["status"] == "failed" and envelope["attempts"] == 2
+    assert envelope["error"]["type"] == "urn:skrull:problem:solver-died"
+    assert "was killed by signal SIGKILL" in envelope["error"]["detail"]
+    assert alive_after_restart(app)["solver_processes"]["alive"] == 1
+    metrics = app.get("/metrics").text
+    assert "skrull_jobs_retried_total 1.0" in metrics
+    assert "skrull_solver_restarts_total 2.0" in metrics
+
+
+def test_a_job_whose_process_dies_once_is_retried_and_solved(app: TestClient) -> None:
+    doc = plan_request([[10, 20], [30]], solver="test-crash-once")
+    plan_id = app.post("/v1/plans", json=doc).json()["id"]
+    envelope = finish(app, plan_id)
+    assert envelope["status"] == "solved" and envelope["attempts"] == 2
+    assert "killed by signal SIGKILL" in envelope["last_error"]["detail"]
+    assert plan_problems(plan_from_dict(envelope["plan"]), request_from_dict(doc)) == []
+
+
+def test_jobs_queued_behind_a_dying_job_are_all_solved(app: TestClient) -> None:
+    crash = app.post("/v1/plans", json=plan_request([[1, 2]], solver="test-crash")).json()["id"]
+    others = [app.post("/v1/plans", json=plan_request([[k, 2 * k]])).json()["id"] for k in range(1, 6)]
+    assert finish(app, crash)["status"] == "failed"
+    assert [finish(app, p)["status"] for p in others] == ["solved"] * 5
+
+
+def test_a_solve_past_its_hard_limit_is_stopped_and_failed(tmp_path: Path) -> None:
+    with running_app(tmp_path / "skrull.db", solve_timeout_factor=1.0, solve_timeout_grace_s=0.2) as client:
+        os.environ["SKRULL_TEST_SLEEP_S"] = "0.3"
+        doc = plan_request(
+            [[10], [20], [30], [40], [50], [60], [70], [80], [90], [99]], solver="test-slow", time_budget_s=0.1
+        )
+        envelope = finish(client, client.post("/v1/plans", json=doc).json()["id"])
+        assert envelope["status"] == "failed" and envelope["error"]["type"] == "urn:skrull:problem:solve-timeout"
+        assert "past the hard limit of 0.3 s" in envelope["error"]["detail"]
+        assert 0 < envelope["progress"]["iterations_solved"] < 10
+        assert alive_after_restart(client)["status"] == "ok"
+        assert finish(client, client.post("/v1/plans", json=plan_request([[5]])).json()["id"])["status"] == "solved"
+
+
+def test_a_server_with_no_solver_processes_accepts_and_keeps_jobs_queued(tmp_path: Path) -> None:
+    with running_app(tmp_path / "skrull.db", solver_processes=0) as client:
+        plan_id = client.post("/v1/plans", json=plan_request([[5, 6]])).json()["id"]
+        time.sleep(0.3)
+        assert client.get(f"/v1/plans/{plan_id}").json()["status"] == "queued"
+        assert client.get("/healthz").json()["solver_processes"] == {"configured": 0, "alive": 0}
+    with running_app(tmp_path / "skrull.db") as client:
+        assert finish(client, plan_id)["status"] == "solved"
+
+
+def test_exit_descriptions_name_the_signal() -> None:
+    assert describe_exit(-9) == "was killed by signal SIGKILL"
+    assert describe_exit(3) == "exited with status 3"

@@ -1,0 +1,46 @@
+"""``skrull serve``: flags and environment reach the settings; mistakes are one line and exit 2."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+
+from tests.api.conftest import LiveServer
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def serve(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "cli.main", "serve", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def test_serve_runs_the_service_on_the_given_port_and_database(tmp_path: Path) -> None:
+    server = LiveServer(tmp_path / "state" / "plans.db", solver_processes=1).start()
+    try:
+        health = httpx.get(f"{server.url}/healthz").json()
+        assert health["status"] == "ok" and health["solver_processes"]["alive"] == 1
+        assert (tmp_path / "state" / "plans.db").is_file()
+    finally:
+        server.stop()
+
+
+def test_a_bad_flag_is_one_line_and_exit_2() -> None:
+    out = serve("--port", "70000")
+    assert out.returncode == 2
+    assert out.stderr.strip() == "skrull: error: --port: 70000: Input should be less than or equal to 65535"
+
+
+def test_a_bad_environment_variable_is_named() -> None:
+    out = serve(env={"SKRULL_MAX_WAIT_S": "forever"})
+    assert out.returncode == 2 and out.stderr.startswith("skrull: error: SKRULL_MAX_WAIT_S: 'forever': ")
