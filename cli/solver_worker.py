@@ -29,6 +29,7 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument(
         "--processes",
+        dest="solver_processes",
         type=int,
         default=None,
         help="solver processes (default: one per CPU but one; env SKRULL_SOLVER_PROCESSES)",
