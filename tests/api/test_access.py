@@ -87,3 +87,19 @@ def test_a_bucket_never_allows_more_than_burst_plus_rate_times_elapsed(
         allowed += 1
     elapsed = now - 1000.0
     assert allowed <= burst + rate * elapsed + 1e-6
+
+
+def test_the_client_sends_its_token_on_every_request() -> None:
+    import httpx
+
+    from api.client import PlanningClient
+
+    seen: list[str | None] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request.headers.get("authorization"))
+        return httpx.Response(202, json={"id": "p1", "status": "queued"})
+
+    with PlanningClient("http://planner", token="worker-secret", transport=httpx.MockTransport(handler)) as client:
+        client.submit(plan_request([[10]]))
+    assert seen == ["Bearer worker-secret"]
