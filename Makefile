@@ -32,6 +32,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/peers.py
 	$(BIN)/python bench/execute.py
 	$(BIN)/python bench/service.py
+	$(BIN)/python bench/store.py
 
 profiles: $(STAMP)
 	$(BIN)/skrull derive-profile --all --write-bundled

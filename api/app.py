@@ -1,7 +1,9 @@
 """The application factory: ``create_app(settings)`` wires the store, solver pool, routers and errors.
 
-Starting the app (its lifespan) opens the SQLite store, takes back expired leases, starts the solver
-processes; stopping it lets running solves finish briefly and queues unfinished jobs again.
+Starting the app (its lifespan) opens the store (a SQLite file, or PostgreSQL shared with other
+replicas and solver workers), takes back expired leases, starts the local solver processes (possibly
+none) and, on PostgreSQL, watches job changes so long-polls answer whichever machine solved the job;
+stopping it lets running solves finish briefly and queues unfinished jobs again.
 """
 
 from __future__ import annotations
@@ -11,19 +13,21 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from api.access import AccessControl, require_access
 from api.errors import install_error_handlers
 from api.limits import BodySizeLimit
 from api.metrics import Metrics
 from api.notify import Notifier
 from api.profiles import ProfileCatalog
 from api.routers import compare, health, plans, profiles, ranks
+from api.routers.common import problems
 from api.service import Service
 from api.settings import Settings
 from api.solving import SolverPool, import_plugins
-from api.store.sqlite import SQLiteJobStore
+from api.store.open import open_store
 from api.views import RankViews
 
 API_VERSION = "1.0.0"
@@ -72,7 +76,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        store = SQLiteJobStore(settings.db, synchronous=settings.sqlite_synchronous)
+        store = await asyncio.to_thread(
+            open_store, settings.db, sqlite_synchronous=settings.sqlite_synchronous, pool_size=settings.pg_pool_size
+        )
+        loop = asyncio.get_running_loop()
         svc = Service(
             settings=settings,
             store=store,
@@ -80,11 +87,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             notifier=Notifier(),
             views=RankViews(store, max_views=settings.rank_view_cache_entries),
             profiles=ProfileCatalog(store),
-            loop=asyncio.get_running_loop(),
+            loop=loop,
         )
         pool = SolverPool(
             store=store,
-            db=str(settings.db),
+            db=settings.db,
             synchronous=settings.sqlite_synchronous,
             num_processes=settings.solver_processes,
             lease_s=settings.lease_s,
@@ -98,10 +105,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         )
         svc.pool = pool
         app.state.service = svc
+        stop_watching = store.watch(svc.on_store_change) if store.notifies else None
         await asyncio.to_thread(pool.start)
         try:
             yield
         finally:
+            if stop_watching is not None:
+                await asyncio.to_thread(stop_watching)
             svc.notifier.notify_all()
             await asyncio.to_thread(pool.stop, grace_s=SHUTDOWN_GRACE_S)
             svc.close()
@@ -116,8 +126,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         openapi_url="/openapi.json",
     )
     install_error_handlers(app, on_problem=lambda status, slug: metrics.errors.inc(str(status), slug))
-    for router in (plans.router, ranks.router, compare.router, profiles.router, health.router):
-        app.include_router(router)
+    app.state.access = AccessControl(settings)
+    guarded = {"dependencies": [Depends(require_access)], "responses": problems(401, 403, 429)}
+    for router in (plans.router, ranks.router, compare.router, profiles.router):
+        app.include_router(router, **guarded)  # type: ignore[arg-type]
+    app.include_router(health.router)
     app.add_middleware(
         BodySizeLimit,
         max_bytes=settings.max_body_bytes,

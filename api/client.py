@@ -66,12 +66,14 @@ class PlanningClient:
         cache_entries: int = 4096,
         transport: httpx.BaseTransport | None = None,
         seed: int | None = None,
+        token: str | None = None,
     ) -> None:
         self.timeout_s = timeout_s
         self.retries = retries
         self.backoff_s = backoff_s
         self.max_backoff_s = max_backoff_s
-        self._http = httpx.Client(base_url=base_url, timeout=timeout_s, transport=transport)
+        auth = {"Authorization": f"Bearer {token}"} if token else None  # SKRULL_SUBMIT_TOKENS / SKRULL_READ_TOKENS
+        self._http = httpx.Client(base_url=base_url, timeout=timeout_s, transport=transport, headers=auth)
         self._rng = random.Random(seed)
         self._cache: OrderedDict[str, tuple[str, dict[str, Any]]] = OrderedDict()
         self._cache_entries = cache_entries

@@ -162,6 +162,20 @@ def problem_response(problem: ApiProblem, *, instance: str | None = None) -> Res
     return Response(body, status_code=problem.status, media_type=PROBLEM_MEDIA_TYPE, headers=problem.headers)
 
 
+def _documented_methods(request: Request) -> set[str]:
+    """The methods the OpenAPI document lists for the request's path (path parameters match any text)."""
+    import re
+
+    methods: set[str] = set()
+    for template, operations in request.app.openapi().get("paths", {}).items():
+        pattern = "".join(
+            ".+" if part.startswith("{") else re.escape(part) for part in re.split(r"(\{[^}]+\})", template)
+        )
+        if re.fullmatch(pattern, request.url.path):
+            methods |= {m.upper() for m in operations if m.lower() in ("get", "post", "put", "patch", "delete")}
+    return methods
+
+
 def install_error_handlers(app: FastAPI, *, on_problem: Any = None) -> None:
     """Route every failure through ``problem_response``; ``on_problem(status, slug)`` counts them."""
     from fastapi.exceptions import RequestValidationError
@@ -210,8 +224,25 @@ def install_error_handlers(app: FastAPI, *, on_problem: Any = None) -> None:
 
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, StarletteHTTPException)
+        if exc.status_code == 400:  # the body could not be decoded at all: the same answer as malformed JSON
+            return render(
+                request,
+                ApiProblem(
+                    status=422,
+                    slug="malformed-json",
+                    title="malformed JSON",
+                    field="body",
+                    value=None,
+                    detail=f"body: malformed JSON: {exc.detail}",
+                ),
+            )
         slug = {404: "not-found", 405: "method-not-allowed", 413: "body-too-large"}.get(exc.status_code, "http-error")
         detail = str(exc.detail)
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:  # every method the API documents on this path, not only the first route's
+            allowed = _documented_methods(request)
+            if allowed:
+                headers["Allow"] = ", ".join(sorted(allowed))
         if exc.status_code == 404 and detail == "Not Found":
             detail = f"no route for {request.method} {request.url.path}"
         problem = ApiProblem(
@@ -219,7 +250,7 @@ def install_error_handlers(app: FastAPI, *, on_problem: Any = None) -> None:
             slug=slug,
             title=slug.replace("-", " "),
             detail=detail,
-            headers=dict(exc.headers or {}),
+            headers=headers,
         )
         return render(request, problem)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import multiprocessing
 import time
 from collections.abc import Callable
@@ -31,6 +32,9 @@ T = TypeVar("T")
 
 #: A long-poll re-reads the store at least this often (changes made by another server on the same store).
 LONG_POLL_RECHECK_S = 1.0
+#: ... and this often when the store pushes every change itself (PostgreSQL LISTEN/NOTIFY): the re-read
+#: is then only a safety net for a listening connection that broke.
+LONG_POLL_RECHECK_NOTIFIED_S = 10.0
 
 
 @dataclass(slots=True)
@@ -97,7 +101,17 @@ class Service:
                 job = current
                 if job.is_final or (baseline is not None and job.state_token != baseline):
                     return job
-                await listener.wait(min(remaining, LONG_POLL_RECHECK_S))
+                await listener.wait(min(remaining, self.recheck_s))
+
+    @property
+    def recheck_s(self) -> float:
+        return LONG_POLL_RECHECK_NOTIFIED_S if self.store.notifies else LONG_POLL_RECHECK_S
+
+    def on_store_change(self, job_id: str) -> None:
+        """Called from the store's watcher thread: wake the long-polls on ``job_id`` (on the loop)."""
+        if self.loop is not None and not self.loop.is_closed():
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                self.loop.call_soon_threadsafe(self.notifier.notify, job_id)
 
     # -- solver events ---------------------------------------------------------------------------------
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -24,7 +24,12 @@ class Settings(BaseSettings):
 
     host: str = Field("127.0.0.1", description="address to listen on")
     port: int = Field(8000, ge=0, le=65535, description="TCP port to listen on")
-    db: Path = Field(Path("skrull.db"), description="SQLite file of the job store (WAL mode); created if missing")
+    db: str = Field(
+        "skrull.db",
+        description="job store: a SQLite file (WAL mode; created if missing), or a postgresql:// URL shared by "
+        "API replicas and solver workers on many machines",
+    )
+    pg_pool_size: int = Field(10, ge=1, description="PostgreSQL connections per server process")
     sqlite_synchronous: str = Field(
         "NORMAL",
         pattern="^(NORMAL|FULL)$",
@@ -58,6 +63,34 @@ class Settings(BaseSettings):
     compare_processes: int = Field(1, ge=1, description="processes that run POST /v1/compare")
     rank_view_cache_entries: int = Field(65_536, ge=0, description="rendered rank views kept in memory")
     log_level: str = Field("info", description="uvicorn log level")
+
+    submit_tokens: str = Field(
+        "",
+        description="comma-separated bearer tokens that may submit, upload profiles, compare and read; when "
+        "this or read_tokens is set, every /v1 and /metrics request needs a token (401 without, 403 for "
+        "a read-only token that writes)",
+        repr=False,
+    )
+    read_tokens: str = Field(
+        "", description="comma-separated read-only bearer tokens (GPU workers fetching plans)", repr=False
+    )
+    rate_limit_per_s: float = Field(
+        0.0, ge=0, description="requests per second per token (per client address without tokens); 0: unlimited"
+    )
+    rate_limit_burst: int = Field(50, ge=1, description="requests a token may make at once before the rate applies")
+
+    @field_validator("db", mode="before")
+    @classmethod
+    def _db_text(cls, value: object) -> object:
+        return str(value) if isinstance(value, Path) else value
+
+    @property
+    def submit_token_set(self) -> frozenset[str]:
+        return frozenset(t.strip() for t in self.submit_tokens.split(",") if t.strip())
+
+    @property
+    def read_token_set(self) -> frozenset[str]:
+        return frozenset(t.strip() for t in self.read_tokens.split(",") if t.strip())
 
     @property
     def stream_solver_names(self) -> frozenset[str]:

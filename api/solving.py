@@ -40,7 +40,7 @@ from typing import Any
 from api.errors import ApiProblem, from_skrull_error
 from api.execute import LeaseLostError, solve_job
 from api.store.base import ClaimedJob, IterationRecord, JobStore
-from api.store.sqlite import SQLiteJobStore
+from api.store.open import open_store
 from solver.errors import SkrullError
 
 log = logging.getLogger("skrull.solving")
@@ -136,15 +136,18 @@ def worker_main(config: WorkerConfig, wake: Any, events: Any, stop: Any) -> None
     """Entry point of a solver process."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the server decides
     import_plugins(config.plugins)
-    store = SQLiteJobStore(config.db, synchronous=config.synchronous)
+    store = open_store(config.db, sqlite_synchronous=config.synchronous, pool_size=3)
     parent = multiprocessing.parent_process()
     try:
         # A process whose server died (even by SIGKILL) finishes the job in hand, then exits.
         while not stop.is_set() and (parent is None or parent.is_alive()):
             job = store.claim(owner=config.owner, lease_s=config.lease_s)
             if job is None:
-                with contextlib.suppress(queue.Empty):
-                    wake.get(timeout=config.idle_poll_s)
+                if store.notifies:  # the store pushes new work from any machine (LISTEN/NOTIFY)
+                    store.wait_for_work(config.idle_poll_s)
+                else:
+                    with contextlib.suppress(queue.Empty):
+                        wake.get(timeout=config.idle_poll_s)
                 continue
             events.put(("claimed", job.job_id))
             start = time.perf_counter()

@@ -15,7 +15,7 @@ from typing import Any
 
 from cli import execute as execute_cli
 from cli import profile as profile_cli
-from cli import serve
+from cli import serve, solver_worker
 from solver.compare import compare, format_table, parse_solver_spec
 from solver.datasets import distribution_names, synthesize_request
 from solver.derive import GPUS, MODELS, derive_profile
@@ -250,6 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
     execute_cli.add_parser(sub)
     profile_cli.add_parser(sub)
     serve.add_parser(sub)
+    solver_worker.add_parser(sub)
     return parser
 
 

@@ -1,4 +1,5 @@
-"""``skrull serve``: run the REST planning service (``api/``) with its SQLite job store and solver processes.
+"""``skrull serve``: run the REST planning service (``api/``) on its job store (a SQLite file, or a shared
+PostgreSQL database) with zero or more local solver processes.
 
 Flags override ``SKRULL_*`` environment variables, which override the defaults (``api.settings``).
 """
@@ -26,13 +27,19 @@ def add_parser(sub: Any) -> None:
         "--port", type=int, default=None, help="TCP port (default 8000; 0 picks a free one; env SKRULL_PORT)"
     )
     p.add_argument(
-        "--db", default=None, metavar="PATH", help="SQLite job store file (default skrull.db; env SKRULL_DB)"
+        "--db",
+        default=None,
+        metavar="PATH|URL",
+        help="job store: SQLite file (default skrull.db) or postgresql://user@host/db (env SKRULL_DB)",
     )
     p.add_argument(
         "--solver-processes",
+        "--solvers",
+        dest="solver_processes",
         type=int,
         default=None,
-        help="solver processes (default: one per CPU; env SKRULL_SOLVER_PROCESSES)",
+        help="local solver processes; 0 leaves solving to `skrull solver-worker` (default: one per CPU but one; "
+        "env SKRULL_SOLVER_PROCESSES)",
     )
     p.add_argument("--log-level", default=None, help="uvicorn log level (default info)")
     p.set_defaults(func=cmd_serve)
@@ -55,5 +62,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         key = str(err["loc"][0]) if err["loc"] else "settings"
         field = _FLAGS.get(key, f"SKRULL_{key.upper()}")
         raise RequestError(field, err.get("input"), str(err["msg"])) from None
+    if settings.db.startswith(("postgresql://", "postgres://")):
+        from api.store.open import open_store
+
+        try:  # reach and migrate the store now, so a wrong URL is one clear line, not a traceback
+            open_store(settings.db, pool_size=1).close()
+        except (ConnectionError, OSError) as exc:
+            raise RequestError("--db", settings.db, str(exc)) from None
     uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level)
     return 0

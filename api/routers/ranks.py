@@ -13,7 +13,7 @@ from api.errors import ApiProblem, invalid_field
 from api.limits import check_wait
 from api.routers.common import JSON, problems, service
 from api.schemas import NotReady, RankViewModel
-from api.service import LONG_POLL_RECHECK_S, Service
+from api.service import Service
 from api.store.base import IterationRecord, JobRecord
 from api.views import RenderedView
 
@@ -129,4 +129,4 @@ async def _wait_for_iteration(
             if job.is_final:
                 record = await svc.blocking(svc.store.iteration, job.job_id, iteration)
                 return record, job
-            await listener.wait(min(remaining, LONG_POLL_RECHECK_S))
+            await listener.wait(min(remaining, svc.recheck_s))

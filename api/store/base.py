@@ -11,6 +11,11 @@ semantics every backend must keep:
   it, and each of those answers False once the lease was lost (taken back by ``recover_expired`` or
   ``release``), so a slow or stale solver can never overwrite a result. A backend with many servers
   claims with row locks that skip locked rows; SQLite serializes writers instead.
+* Change notifications: a backend that can push changes across machines (``notifies`` True, e.g.
+  PostgreSQL's LISTEN/NOTIFY) wakes idle solver processes through ``wait_for_work`` as soon as a job is
+  queued, and calls ``watch``'s callback with the job id whenever a job changes, so long-polls on any
+  server answer at once. A backend without (``notifies`` False) sleeps in ``wait_for_work`` and its
+  callers poll.
 * Nothing accepted is lost: a job whose owner vanished (its process died, its server crashed) is queued
   again while it has attempts left (``attempts < max_attempts``), else failed with the reason. A job is
   never left ``solving`` without a live lease.
@@ -18,7 +23,7 @@ semantics every backend must keep:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -130,6 +135,9 @@ class Recovered:
 class JobStore(Protocol):
     """Durable jobs with leases. Methods are short transactions, safe to call from any thread."""
 
+    #: Whether ``wait_for_work`` and ``watch`` are pushed by the store itself (from any machine).
+    notifies: bool
+
     def submit(self, job: NewJob, *, idempotency_key: str | None = None) -> SubmitOutcome: ...
 
     def get(self, job_id: str) -> JobRecord | None: ...
@@ -175,5 +183,13 @@ class JobStore(Protocol):
     def get_profile(self, name: str) -> str | None: ...
 
     def profile_names(self) -> list[str]: ...
+
+    def wait_for_work(self, timeout_s: float) -> bool:
+        """Block until a job may have been queued (True) or ``timeout_s`` passed (False)."""
+        ...
+
+    def watch(self, on_change: Callable[[str], None]) -> Callable[[], None]:
+        """Call ``on_change(job_id)`` (from a background thread) whenever a job changes; returns a stop function."""
+        ...
 
     def close(self) -> None: ...

@@ -14,7 +14,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -29,10 +29,9 @@ from api.store.base import (
     Recovered,
     SubmitOutcome,
 )
+from api.store.migrations import Migration, check_ordered, pending
 
-SCHEMA_VERSION = 1
-
-_SCHEMA = """
+_SCHEMA_V1 = """
 CREATE TABLE IF NOT EXISTS jobs (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
     id TEXT NOT NULL UNIQUE,
@@ -78,6 +77,16 @@ CREATE TABLE IF NOT EXISTS profiles (
     created_at REAL NOT NULL
 ) WITHOUT ROWID;
 """
+
+#: Ordered schema steps (``api.store.migrations``); append, never edit a released step.
+MIGRATIONS = (
+    Migration(
+        version=1,
+        description="jobs, iterations, idempotency keys, profiles",
+        statements=tuple(s.strip() for s in _SCHEMA_V1.split(";") if s.strip()),
+    ),
+)
+SCHEMA_VERSION = check_ordered(MIGRATIONS)
 
 _JOB_COLUMNS = (
     "id, status, solver, num_iterations, iterations_solved, num_sequences, num_gpus, time_budget_s, attempts, "
@@ -136,10 +145,32 @@ class SQLiteJobStore:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         conn = self._conn()
         with self._write(conn):
-            for statement in _SCHEMA.split(";"):
-                if statement.strip():
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS schema_version "
+                "(version INTEGER PRIMARY KEY, description TEXT NOT NULL, applied_at REAL NOT NULL)"
+            )
+            current = conn.execute("SELECT COALESCE(MAX(version), 0) FROM schema_version").fetchone()[0]
+            for step in pending(MIGRATIONS, current=int(current)):
+                for statement in step.statements:
                     conn.execute(statement)
+                conn.execute(
+                    "INSERT INTO schema_version (version, description, applied_at) VALUES (?, ?, ?)",
+                    (step.version, step.description, time.time()),
+                )
             conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+    #: SQLite has no server to push changes: idle solver processes are woken by their own server
+    #: (``api.solving``) or poll, and long-polls re-read the file.
+    notifies = False
+
+    def wait_for_work(self, timeout_s: float) -> bool:
+        """Nothing pushes work to a file: sleep ``timeout_s`` (the caller polls)."""
+        time.sleep(max(0.0, timeout_s))
+        return False
+
+    def watch(self, on_change: Callable[[str], None]) -> Callable[[], None]:
+        """Nothing to watch on a file; the returned stop function does nothing."""
+        return lambda: None
 
     # -- connections and transactions ------------------------------------------------------------------
 

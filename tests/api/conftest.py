@@ -92,13 +92,20 @@ def free_port() -> int:
 class LiveServer:
     """``skrull serve`` as a subprocess: start, stop (SIGTERM, graceful), kill (SIGKILL)."""
 
-    def __init__(self, db: Path, *, solver_processes: int = 1, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        db: Path | str,
+        *,
+        solver_processes: int = 1,
+        env: dict[str, str] | None = None,
+        log_dir: Path | None = None,
+    ) -> None:
         self.db = db
         self.solver_processes = solver_processes
         self.env = env or {}
         self.port = 0
         self.process: subprocess.Popen[bytes] | None = None
-        self.log = db.parent / f"server-{time.monotonic_ns()}.log"
+        self.log = (log_dir or Path(db).parent) / f"server-{time.monotonic_ns()}.log"
 
     @property
     def url(self) -> str:
@@ -173,6 +180,98 @@ class LiveServer:
             self.stop()
 
 
+class SolverWorker:
+    """``skrull solver-worker`` as a subprocess on a shared store: start, stop (SIGTERM), kill (SIGKILL, with
+    its solver processes: the machine's crash)."""
+
+    def __init__(self, db: str, *, processes: int = 1, env: dict[str, str] | None = None, log_dir: Path) -> None:
+        self.db, self.processes, self.env = db, processes, env or {}
+        self.log = log_dir / f"worker-{time.monotonic_ns()}.log"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self, *, timeout_s: float = 30.0) -> SolverWorker:
+        env = {
+            **os.environ,
+            "SKRULL_PLUGINS": PLUGINS,
+            "SKRULL_STREAM_SOLVERS": "skrull,deepspeed,packed,round-robin,test-slow",
+            "SKRULL_SUPERVISE_INTERVAL_S": "0.1",
+            "PYTHONPATH": str(ROOT),
+            **self.env,
+        }
+        cmd = [sys.executable, "-m", "cli.main", "solver-worker", "--db", self.db, "--processes", str(self.processes)]
+        with open(self.log, "ab") as log:
+            self.process = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout_s
+        while b"processes on" not in self.log.read_bytes():  # its start-up line: the pool is running
+            if self.process.poll() is not None:
+                raise RuntimeError(f"solver worker exited with {self.process.returncode}: {self.log.read_text()}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"solver worker did not start within {timeout_s} s: {self.log.read_text()}")
+            time.sleep(0.05)
+        return self
+
+    def solver_pids(self) -> list[int]:
+        assert self.process is not None
+        return _children(self.process.pid)
+
+    def kill(self) -> None:
+        assert self.process is not None
+        children = _children(self.process.pid)
+        self.process.kill()
+        self.process.wait()
+        for pid in children:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+    def stop(self, *, timeout_s: float = 20.0) -> int:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return -9
+
+    def close(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.stop()
+
+
+@pytest.fixture
+def solver_worker_factory(tmp_path: Path) -> Iterator[Any]:
+    workers: list[SolverWorker] = []
+
+    def make(db: str, **kwargs: Any) -> SolverWorker:
+        worker = SolverWorker(db, log_dir=tmp_path, **kwargs)
+        workers.append(worker)
+        return worker
+
+    yield make
+    for worker in workers:
+        worker.close()
+
+
+@pytest.fixture
+def pg_db() -> Iterator[str]:
+    """A fresh PostgreSQL database's URL (skips when no server answers)."""
+    from tests.api.pg import temporary_database
+
+    with temporary_database() as url:
+        yield url
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def store_location(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """The same service test on a SQLite file and on a PostgreSQL database."""
+    if request.param == "sqlite":
+        yield str(tmp_path / "skrull.db")
+        return
+    from tests.api.pg import temporary_database
+
+    with temporary_database() as url:
+        yield url
+
+
 def running(pid: int) -> bool:
     """Whether ``pid`` is a live process (not gone, not a zombie)."""
     try:
@@ -191,7 +290,8 @@ def _children(pid: int) -> list[int]:
 def live_server_factory(tmp_path: Path) -> Iterator[Any]:
     servers: list[LiveServer] = []
 
-    def make(db: Path | None = None, **kwargs: Any) -> LiveServer:
+    def make(db: Path | str | None = None, **kwargs: Any) -> LiveServer:
+        kwargs.setdefault("log_dir", tmp_path)
         server = LiveServer(db or tmp_path / "skrull.db", **kwargs)
         servers.append(server)
         return server

@@ -29,6 +29,22 @@ class SlowPlanner:
         return SkrullPlanner().plan(problem)
 
 
+class CountedPlanner:
+    """Skrull after sleeping ``$SKRULL_TEST_SLEEP_S`` (default 0.3 s), leaving one marker file per solve in
+    ``$SKRULL_TEST_MARKER_DIR/solves`` named after the problem, so tests can count how often each job was
+    solved."""
+
+    name = "test-counted"
+
+    def plan(self, problem: Problem) -> PlannerOutput:
+        time.sleep(float(os.environ.get(SLEEP_ENV, "0.3")))
+        key = hashlib.sha256(repr(problem.lengths).encode()).hexdigest()[:16]
+        solves = Path(os.environ[MARKER_ENV]) / "solves"
+        solves.mkdir(parents=True, exist_ok=True)
+        (solves / f"{key}.{os.getpid()}.{time.monotonic_ns()}").write_text("solved")
+        return SkrullPlanner().plan(problem)
+
+
 class CrashPlanner:
     """Kills its own process, as an out-of-memory killer would."""
 
@@ -60,7 +76,7 @@ class InfeasiblePlanner:
         raise InfeasibleError(f"test planner refuses {len(problem.lengths)} sequences")
 
 
-TEST_PLANNERS = (SlowPlanner, CrashPlanner, CrashOncePlanner, InfeasiblePlanner)
+TEST_PLANNERS = (SlowPlanner, CountedPlanner, CrashPlanner, CrashOncePlanner, InfeasiblePlanner)
 
 
 def register_all() -> None:

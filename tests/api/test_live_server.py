@@ -7,7 +7,6 @@ import concurrent.futures
 import json
 import signal
 import time
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -104,8 +103,8 @@ def test_bad_input_over_http_gets_problem_json(live_server: LiveServer) -> None:
         assert {"type", "title", "status", "detail"} <= set(r.json())
 
 
-def test_a_restart_mid_queue_loses_nothing(live_server_factory: Any, tmp_path: Path) -> None:
-    db = tmp_path / "restart.db"
+def test_a_restart_mid_queue_loses_nothing(store_location: str, live_server_factory: Any) -> None:
+    db = store_location
     accepting = live_server_factory(db, solver_processes=0).start()
     docs = [plan_request([[k, 2 * k, 3 * k], [k + 1]]) for k in range(1, 9)]
     ids = [httpx.post(f"{accepting.url}/v1/plans", json=doc).json()["id"] for doc in docs]
@@ -126,8 +125,8 @@ def test_a_restart_mid_queue_loses_nothing(live_server_factory: Any, tmp_path: P
     assert httpx.get(f"{reading.url}/v1/plans/{ids[0]}/ranks/3", params={"iteration": 1}).status_code == 200
 
 
-def test_a_server_killed_while_solving_loses_nothing(live_server_factory: Any, tmp_path: Path) -> None:
-    db = tmp_path / "crash.db"
+def test_a_server_killed_while_solving_loses_nothing(store_location: str, live_server_factory: Any) -> None:
+    db = store_location
     env = {"SKRULL_LEASE_S": "1", "SKRULL_TEST_SLEEP_S": "0.2"}
     first = live_server_factory(db, solver_processes=1, env=env).start()
     docs = [plan_request([[k], [k + 1], [k + 2], [k + 3]], solver="test-slow") for k in range(1, 4)]

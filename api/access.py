@@ -1,0 +1,154 @@
+"""Access control: optional bearer tokens with two roles, and a per-token rate limit.
+
+* No tokens configured (``SKRULL_SUBMIT_TOKENS`` and ``SKRULL_READ_TOKENS`` empty): the API is open, as
+  on a trusted network.
+* Tokens configured: every ``/v1`` request needs ``Authorization: Bearer <token>``. A missing or unknown
+  token answers 401 (with ``WWW-Authenticate: Bearer``); a read-only token (a GPU worker's) that tries
+  to write (any method but GET/HEAD/OPTIONS: submit, upload a profile, compare) answers 403. Submit
+  tokens may do everything. ``/healthz`` and ``/metrics`` stay open for probes and scrapers.
+* Rate limit (``SKRULL_RATE_LIMIT_PER_S`` > 0): a token bucket per token (per client address when no
+  tokens are configured) holding ``rate_limit_burst`` requests and refilled at ``rate_limit_per_s``;
+  an empty bucket answers 429 with ``Retry-After`` = the whole seconds until one request is allowed,
+  ``ceil((1 - tokens) / rate)``. Buckets live in each server process: with N replicas behind a load
+  balancer a token may make up to N times the rate.
+
+Every refusal is an ``ApiProblem``, rendered by the one error mapping (``api.errors``).
+"""
+
+from __future__ import annotations
+
+import hmac
+import math
+import time
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from api.errors import ApiProblem
+from api.settings import Settings
+
+READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+#: Buckets idle this long are forgotten (a full bucket is the same as none).
+_FORGET_AFTER_S = 300.0
+
+bearer = HTTPBearer(auto_error=False, description="a submit token, or a read-only worker token")
+
+
+def _matches(token: str, tokens: frozenset[str]) -> bool:
+    """Constant-time membership (no early exit on the first matching character)."""
+    found = False
+    for candidate in tokens:
+        found |= hmac.compare_digest(token.encode(), candidate.encode())
+    return found
+
+
+@dataclass(slots=True)
+class _Bucket:
+    tokens: float
+    updated: float
+
+
+class RateLimiter:
+    """Token buckets by key; used from the event loop only (no locking needed)."""
+
+    def __init__(self, *, rate_per_s: float, burst: int) -> None:
+        self.rate_per_s = rate_per_s
+        self.burst = burst
+        self._buckets: dict[str, _Bucket] = {}
+        self._last_sweep = time.monotonic()
+
+    def take(self, key: str, *, now: float | None = None) -> float:
+        """0 when the request may go ahead, else the seconds until it may."""
+        now = time.monotonic() if now is None else now
+        bucket = self._buckets.get(key)
+        if bucket is None:
+            bucket = self._buckets[key] = _Bucket(tokens=float(self.burst), updated=now)
+        bucket.tokens = min(float(self.burst), bucket.tokens + (now - bucket.updated) * self.rate_per_s)
+        bucket.updated = now
+        if now - self._last_sweep > _FORGET_AFTER_S:
+            self._sweep(now)
+        if bucket.tokens >= 1.0:
+            bucket.tokens -= 1.0
+            return 0.0
+        return (1.0 - bucket.tokens) / self.rate_per_s
+
+    def _sweep(self, now: float) -> None:
+        self._last_sweep = now
+        for key in [k for k, b in self._buckets.items() if now - b.updated > _FORGET_AFTER_S]:
+            del self._buckets[key]
+
+
+class AccessControl:
+    """The settings' tokens and rate limit, checked by ``require_access`` on every /v1 route."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.submit_tokens = settings.submit_token_set
+        self.read_tokens = settings.read_token_set
+        self.limiter = (
+            RateLimiter(rate_per_s=settings.rate_limit_per_s, burst=settings.rate_limit_burst)
+            if settings.rate_limit_per_s > 0
+            else None
+        )
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.submit_tokens or self.read_tokens)
+
+    def check(self, *, method: str, token: str | None, client: str) -> None:
+        """Raise the 401/403/429 problem for this request, or return when it may go ahead."""
+        key = f"address:{client}"
+        if self.enabled:
+            if token is None:
+                raise ApiProblem(
+                    status=401,
+                    slug="unauthorized",
+                    title="authentication required",
+                    detail="this service needs Authorization: Bearer <token> (a submit token or a read-only token)",
+                    headers={"WWW-Authenticate": 'Bearer realm="skrull"'},
+                )
+            if _matches(token, self.submit_tokens):
+                role = "submit"
+            elif _matches(token, self.read_tokens):
+                role = "read"
+            else:
+                raise ApiProblem(
+                    status=401,
+                    slug="unauthorized",
+                    title="unknown token",
+                    detail="the bearer token is not one this service accepts",
+                    headers={"WWW-Authenticate": 'Bearer realm="skrull", error="invalid_token"'},
+                )
+            if role == "read" and method not in READ_METHODS:
+                raise ApiProblem(
+                    status=403,
+                    slug="forbidden",
+                    title="read-only token",
+                    detail=f"{method} needs a submit token; this token may only read plans, rank views and profiles",
+                )
+            key = f"token:{hash(token)}"
+        if self.limiter is not None:
+            wait_s = self.limiter.take(key)
+            if wait_s > 0:
+                retry_after = max(1, math.ceil(wait_s))
+                raise ApiProblem(
+                    status=429,
+                    slug="rate-limited",
+                    title="too many requests",
+                    detail=f"more than {self.limiter.rate_per_s:g} requests per second (burst "
+                    f"{self.limiter.burst}) for this {'token' if self.enabled else 'client'} "
+                    "(SKRULL_RATE_LIMIT_PER_S); retry after Retry-After",
+                    headers={"Retry-After": str(retry_after)},
+                    retry_after_s=retry_after,
+                )
+
+
+async def require_access(
+    request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
+) -> None:
+    """FastAPI dependency of every /v1 router."""
+    access: AccessControl = request.app.state.access
+    token = credentials.credentials if credentials is not None else None
+    client = request.client.host if request.client is not None else "unknown"
+    access.check(method=request.method, token=token, client=client)

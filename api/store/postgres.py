@@ -1,0 +1,533 @@
+"""The shared job store: one PostgreSQL database for any number of API replicas and solver workers.
+
+Selected with ``--db postgresql://user@host/dbname`` (or ``SKRULL_DB``). The semantics are those of
+``api.store.base``; what PostgreSQL adds:
+
+* Claims take the oldest queued job with ``SELECT ... FOR UPDATE SKIP LOCKED``: concurrent claimers on
+  any machine each lock a different row instead of queueing behind one another, and no job is handed
+  to two of them.
+* Lease times come from the database's clock (``clock_timestamp()``), so machines with skewed clocks
+  agree on when a lease expired. Every owner-only write first locks the job row and checks the owner,
+  so a stale owner whose lease was taken back is refused even while it races the recovery.
+* ``recover_expired`` also skips locked rows: several supervisors (one per API replica and solver
+  worker) may sweep at once; each expired job is taken back exactly once.
+* LISTEN/NOTIFY: every change sends ``pg_notify('skrull_jobs', job_id)`` inside its transaction (so it
+  is delivered on commit, never before); a job becoming claimable also notifies ``skrull_queue``. Idle
+  solver processes wait on ``skrull_queue`` (``wait_for_work``); each API server watches
+  ``skrull_jobs`` and wakes its long-polls (``watch``).
+* Schema migrations (``api.store.migrations``) run under a transaction-scoped advisory lock, so
+  replicas starting together migrate once.
+
+Connections come from a small pool per process (``psycopg_pool``); the listening connections are
+separate, in autocommit mode.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import psycopg
+from psycopg_pool import ConnectionPool
+
+from api.store.base import (
+    ClaimedJob,
+    IdempotencyConflictError,
+    IterationRecord,
+    JobRecord,
+    NewJob,
+    ProfileConflictError,
+    Recovered,
+    SubmitOutcome,
+)
+from api.store.migrations import Migration, check_ordered, pending
+from api.store.open import is_postgres_url
+
+log = logging.getLogger("skrull.store")
+
+JOBS_CHANNEL = "skrull_jobs"
+QUEUE_CHANNEL = "skrull_queue"
+#: Arbitrary constant naming the advisory lock that serializes migrations.
+MIGRATION_LOCK_KEY = 0x5C5011
+
+#: The database's clock in epoch seconds (what every timestamp column holds).
+NOW = "extract(epoch FROM clock_timestamp())::float8"
+
+MIGRATIONS = (
+    Migration(
+        version=1,
+        description="jobs, iterations, idempotency keys, profiles",
+        statements=(
+            """CREATE TABLE jobs (
+                seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+                id TEXT NOT NULL UNIQUE,
+                status TEXT NOT NULL CHECK (status IN ('queued', 'solving', 'solved', 'failed')),
+                solver TEXT NOT NULL,
+                request TEXT NOT NULL,
+                num_iterations INTEGER NOT NULL,
+                iterations_solved INTEGER NOT NULL DEFAULT 0,
+                num_sequences INTEGER NOT NULL,
+                num_gpus INTEGER NOT NULL,
+                time_budget_s DOUBLE PRECISION NOT NULL,
+                attempts INTEGER NOT NULL DEFAULT 0,
+                plan TEXT,
+                error TEXT,
+                last_error TEXT,
+                lease_owner TEXT,
+                lease_expires DOUBLE PRECISION,
+                created_at DOUBLE PRECISION NOT NULL,
+                updated_at DOUBLE PRECISION NOT NULL,
+                started_at DOUBLE PRECISION,
+                finished_at DOUBLE PRECISION
+            )""",
+            "CREATE INDEX jobs_queued ON jobs (seq) WHERE status = 'queued'",
+            "CREATE INDEX jobs_solving ON jobs (lease_expires) WHERE status = 'solving'",
+            "CREATE INDEX jobs_by_status ON jobs (status)",
+            """CREATE TABLE iterations (
+                job_id TEXT NOT NULL REFERENCES jobs (id) ON DELETE CASCADE,
+                idx INTEGER NOT NULL,
+                doc TEXT NOT NULL,
+                digest TEXT NOT NULL,
+                wall_ms DOUBLE PRECISION NOT NULL,
+                status TEXT NOT NULL,
+                bound_ms DOUBLE PRECISION,
+                pending TEXT NOT NULL,
+                PRIMARY KEY (job_id, idx)
+            )""",
+            """CREATE TABLE idempotency_keys (
+                key TEXT PRIMARY KEY,
+                job_id TEXT NOT NULL,
+                created_at DOUBLE PRECISION NOT NULL
+            )""",
+            """CREATE TABLE profiles (
+                name TEXT PRIMARY KEY,
+                doc TEXT NOT NULL,
+                created_at DOUBLE PRECISION NOT NULL
+            )""",
+        ),
+    ),
+)
+SCHEMA_VERSION = check_ordered(MIGRATIONS)
+
+_JOB_COLUMNS = (
+    "id, status, solver, num_iterations, iterations_solved, num_sequences, num_gpus, time_budget_s, attempts, "
+    "plan, error, last_error, created_at, updated_at, started_at, finished_at, lease_owner, lease_expires"
+)
+_ITERATION_COLUMNS = "job_id, idx, doc, digest, wall_ms, status, bound_ms, pending"
+
+
+def _job(row: Any) -> JobRecord:
+    return JobRecord(
+        job_id=row[0],
+        status=row[1],
+        solver=row[2],
+        num_iterations=row[3],
+        iterations_solved=row[4],
+        num_sequences=row[5],
+        num_gpus=row[6],
+        time_budget_s=row[7],
+        attempts=row[8],
+        plan_json=row[9],
+        error_json=row[10],
+        last_error_json=row[11],
+        created_at=row[12],
+        updated_at=row[13],
+        started_at=row[14],
+        finished_at=row[15],
+        lease_owner=row[16],
+        lease_expires=row[17],
+    )
+
+
+def _iteration(row: Any) -> IterationRecord:
+    return IterationRecord(
+        job_id=row[0],
+        index=row[1],
+        doc_json=row[2],
+        digest=row[3],
+        wall_ms=row[4],
+        status=row[5],
+        bound_ms=row[6],
+        pending_json=row[7],
+    )
+
+
+def _notify(conn: psycopg.Connection[Any], job_id: str, *, queued: bool = False) -> None:
+    conn.execute("SELECT pg_notify(%s, %s)", (JOBS_CHANNEL, job_id))
+    if queued:
+        conn.execute("SELECT pg_notify(%s, '')", (QUEUE_CHANNEL,))
+
+
+class PostgresJobStore:
+    """``JobStore`` on a PostgreSQL database (see the module docstring)."""
+
+    notifies = True
+
+    def __init__(self, url: str, *, pool_size: int = 8, connect_timeout_s: float = 10.0) -> None:
+        if not is_postgres_url(url):
+            raise ValueError(f"db: {url!r}: a PostgreSQL URL starts with postgresql://")
+        self.url = url
+        self._pool = ConnectionPool(
+            url, min_size=1, max_size=max(1, pool_size), open=False, name="skrull", timeout=connect_timeout_s
+        )
+        try:
+            self._pool.open(wait=True, timeout=connect_timeout_s)
+        except Exception as exc:
+            self._pool.close()
+            raise ConnectionError(f"db: cannot reach PostgreSQL at {_redacted(url)}: {exc}") from None
+        self._listen_conn: psycopg.Connection[Any] | None = None
+        self._migrate()
+
+    def _migrate(self) -> None:
+        with self._pool.connection() as conn:
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK_KEY,))
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER PRIMARY KEY, description TEXT NOT NULL, "
+                f"applied_at DOUBLE PRECISION NOT NULL DEFAULT {NOW})"
+            )
+            row = conn.execute("SELECT COALESCE(MAX(version), 0) FROM schema_version").fetchone()
+            for step in pending(MIGRATIONS, current=int(row[0] if row else 0)):
+                for statement in step.statements:
+                    conn.execute(statement)  # migration text from this module, never user input
+                conn.execute(
+                    "INSERT INTO schema_version (version, description) VALUES (%s, %s)",
+                    (step.version, step.description),
+                )
+                log.info("job store migrated to schema version %d: %s", step.version, step.description)
+
+    def schema_version(self) -> int:
+        with self._pool.connection() as conn:
+            row = conn.execute("SELECT COALESCE(MAX(version), 0) FROM schema_version").fetchone()
+        return int(row[0]) if row else 0
+
+    @contextlib.contextmanager
+    def _tx(self) -> Iterator[psycopg.Connection[Any]]:
+        """One transaction: committed when the block ends, rolled back when it raises."""
+        with self._pool.connection() as conn:
+            yield conn
+
+    def close(self) -> None:
+        if self._listen_conn is not None:
+            with contextlib.suppress(Exception):
+                self._listen_conn.close()
+            self._listen_conn = None
+        self._pool.close()
+
+    # -- jobs ------------------------------------------------------------------------------------------
+
+    def submit(self, job: NewJob, *, idempotency_key: str | None = None) -> SubmitOutcome:
+        created = requeued = False
+        with self._tx() as conn:
+            if idempotency_key is not None:
+                conn.execute(
+                    f"INSERT INTO idempotency_keys (key, job_id, created_at) VALUES (%s, %s, {NOW}) "
+                    "ON CONFLICT (key) DO NOTHING",
+                    (idempotency_key, job.job_id),
+                )
+                row = conn.execute("SELECT job_id FROM idempotency_keys WHERE key = %s", (idempotency_key,)).fetchone()
+                if row is not None and row[0] != job.job_id:
+                    raise IdempotencyConflictError(idempotency_key, row[0])
+            inserted = conn.execute(
+                "INSERT INTO jobs (id, status, solver, request, num_iterations, num_sequences, num_gpus, "
+                f"time_budget_s, created_at, updated_at) VALUES (%s, 'queued', %s, %s, %s, %s, %s, %s, {NOW}, {NOW}) "
+                "ON CONFLICT (id) DO NOTHING RETURNING id",
+                (
+                    job.job_id,
+                    job.solver,
+                    job.request_json,
+                    job.num_iterations,
+                    job.num_sequences,
+                    job.num_gpus,
+                    job.time_budget_s,
+                ),
+            ).fetchone()
+            if inserted is not None:
+                created = True
+            else:
+                # A resubmitted failure is a fresh try; iterations published before the failure stay valid.
+                requeued = (
+                    conn.execute(
+                        "UPDATE jobs SET status = 'queued', attempts = 0, last_error = error, error = NULL, "
+                        f"finished_at = NULL, updated_at = {NOW} WHERE id = %s AND status = 'failed' RETURNING id",
+                        (job.job_id,),
+                    ).fetchone()
+                    is not None
+                )
+            if created or requeued:
+                _notify(conn, job.job_id, queued=True)
+            record = conn.execute(f"SELECT {_JOB_COLUMNS} FROM jobs WHERE id = %s", (job.job_id,)).fetchone()
+        return SubmitOutcome(job=_job(record), created=created, requeued=requeued)
+
+    def get(self, job_id: str) -> JobRecord | None:
+        with self._tx() as conn:
+            row = conn.execute(f"SELECT {_JOB_COLUMNS} FROM jobs WHERE id = %s", (job_id,)).fetchone()
+        return None if row is None else _job(row)
+
+    def request_json(self, job_id: str) -> str | None:
+        with self._tx() as conn:
+            row = conn.execute("SELECT request FROM jobs WHERE id = %s", (job_id,)).fetchone()
+        return None if row is None else str(row[0])
+
+    def claim(self, *, owner: str, lease_s: float) -> ClaimedJob | None:
+        with self._tx() as conn:
+            row = conn.execute(
+                f"UPDATE jobs SET status = 'solving', lease_owner = %s, lease_expires = {NOW} + %s, "
+                f"attempts = attempts + 1, started_at = {NOW}, updated_at = {NOW} "
+                "WHERE seq = (SELECT seq FROM jobs WHERE status = 'queued' ORDER BY seq LIMIT 1 "
+                "FOR UPDATE SKIP LOCKED) "
+                "RETURNING id, solver, request, attempts, lease_expires",
+                (owner, lease_s),
+            ).fetchone()
+            if row is not None:
+                _notify(conn, row[0])
+        if row is None:
+            return None
+        return ClaimedJob(job_id=row[0], solver=row[1], request_json=row[2], attempts=row[3], lease_expires=row[4])
+
+    def heartbeat(self, *, job_id: str, owner: str, lease_s: float) -> bool:
+        with self._tx() as conn:
+            cur = conn.execute(
+                f"UPDATE jobs SET lease_expires = {NOW} + %s WHERE id = %s AND lease_owner = %s AND status = 'solving'",
+                (lease_s, job_id, owner),
+            )
+            return cur.rowcount == 1
+
+    @staticmethod
+    def _owns(conn: psycopg.Connection[Any], job_id: str, owner: str) -> bool:
+        """Lock the job row and check the lease: a concurrent recovery waits for this transaction, or wins first."""
+        row = conn.execute(
+            "SELECT 1 FROM jobs WHERE id = %s AND lease_owner = %s AND status = 'solving' FOR UPDATE",
+            (job_id, owner),
+        ).fetchone()
+        return row is not None
+
+    @staticmethod
+    def _insert_iterations(conn: psycopg.Connection[Any], records: Sequence[IterationRecord]) -> None:
+        if not records:
+            return
+        with conn.cursor() as cur:
+            cur.executemany(
+                f"INSERT INTO iterations ({_ITERATION_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s) "
+                "ON CONFLICT (job_id, idx) DO NOTHING",
+                [
+                    (r.job_id, r.index, r.doc_json, r.digest, r.wall_ms, r.status, r.bound_ms, r.pending_json)
+                    for r in records
+                ],
+            )
+
+    def publish_iteration(self, record: IterationRecord, *, owner: str) -> bool:
+        with self._tx() as conn:
+            if not self._owns(conn, record.job_id, owner):
+                return False
+            self._insert_iterations(conn, [record])
+            conn.execute(
+                "UPDATE jobs SET iterations_solved = (SELECT COUNT(*) FROM iterations WHERE job_id = %s), "
+                f"updated_at = {NOW} WHERE id = %s",
+                (record.job_id, record.job_id),
+            )
+            _notify(conn, record.job_id)
+        return True
+
+    def complete(self, *, job_id: str, owner: str, plan_json: str, iterations: Sequence[IterationRecord] = ()) -> bool:
+        with self._tx() as conn:
+            if not self._owns(conn, job_id, owner):
+                return False
+            self._insert_iterations(conn, iterations)
+            row = conn.execute(
+                "SELECT (SELECT COUNT(*) FROM iterations WHERE job_id = %s), num_iterations FROM jobs WHERE id = %s",
+                (job_id, job_id),
+            ).fetchone()
+            assert row is not None
+            have, total = int(row[0]), int(row[1])
+            if have != total:  # a solved job serves every iteration: refuse (and roll back) a partial one
+                raise ValueError(f"job {job_id}: completing with {have} of {total} iterations stored")
+            conn.execute(
+                "UPDATE jobs SET status = 'solved', plan = %s, error = NULL, iterations_solved = %s, "
+                f"lease_owner = NULL, lease_expires = NULL, updated_at = {NOW}, finished_at = {NOW} WHERE id = %s",
+                (plan_json, have, job_id),
+            )
+            _notify(conn, job_id)
+        return True
+
+    def fail(self, *, job_id: str, owner: str | None, error_json: str) -> bool:
+        with self._tx() as conn:
+            if owner is not None and not self._owns(conn, job_id, owner):
+                return False
+            cur = conn.execute(
+                "UPDATE jobs SET status = 'failed', error = %s, lease_owner = NULL, lease_expires = NULL, "
+                f"updated_at = {NOW}, finished_at = {NOW} WHERE id = %s AND status IN ('queued', 'solving')",
+                (error_json, job_id),
+            )
+            failed = cur.rowcount == 1
+            if failed:
+                _notify(conn, job_id)
+        return failed
+
+    @staticmethod
+    def _take_back(
+        conn: psycopg.Connection[Any],
+        rows: list[Any],
+        *,
+        reason_json: str,
+        max_attempts: int,
+        count_attempt: bool,
+    ) -> list[Recovered]:
+        out = []
+        for job_id, attempts in rows:
+            attempts_used = attempts if count_attempt else attempts - 1
+            if attempts_used < max_attempts:
+                conn.execute(
+                    "UPDATE jobs SET status = 'queued', attempts = %s, last_error = COALESCE(%s, last_error), "
+                    f"lease_owner = NULL, lease_expires = NULL, updated_at = {NOW} WHERE id = %s",
+                    (attempts_used, reason_json if count_attempt else None, job_id),
+                )
+                out.append(Recovered(job_id=job_id, status="queued"))
+                _notify(conn, job_id, queued=True)
+            else:
+                conn.execute(
+                    "UPDATE jobs SET status = 'failed', error = %s, lease_owner = NULL, lease_expires = NULL, "
+                    f"updated_at = {NOW}, finished_at = {NOW} WHERE id = %s",
+                    (reason_json, job_id),
+                )
+                out.append(Recovered(job_id=job_id, status="failed"))
+                _notify(conn, job_id)
+        return out
+
+    def release(
+        self, *, owner: str, reason_json: str, max_attempts: int, count_attempt: bool = True
+    ) -> list[Recovered]:
+        with self._tx() as conn:
+            rows = conn.execute(
+                "SELECT id, attempts FROM jobs WHERE lease_owner = %s AND status = 'solving' FOR UPDATE", (owner,)
+            ).fetchall()
+            return self._take_back(
+                conn, rows, reason_json=reason_json, max_attempts=max_attempts, count_attempt=count_attempt
+            )
+
+    def recover_expired(self, *, reason_json: str, max_attempts: int) -> list[Recovered]:
+        with self._tx() as conn:
+            rows = conn.execute(
+                f"SELECT id, attempts FROM jobs WHERE status = 'solving' AND lease_expires < {NOW} "
+                "FOR UPDATE SKIP LOCKED"
+            ).fetchall()
+            return self._take_back(conn, rows, reason_json=reason_json, max_attempts=max_attempts, count_attempt=True)
+
+    def solving_owned(self) -> list[JobRecord]:
+        with self._tx() as conn:
+            rows = conn.execute(f"SELECT {_JOB_COLUMNS} FROM jobs WHERE status = 'solving'").fetchall()
+        return [_job(r) for r in rows]
+
+    # -- iterations ------------------------------------------------------------------------------------
+
+    def iteration(self, job_id: str, index: int) -> IterationRecord | None:
+        with self._tx() as conn:
+            row = conn.execute(
+                f"SELECT {_ITERATION_COLUMNS} FROM iterations WHERE job_id = %s AND idx = %s", (job_id, index)
+            ).fetchone()
+        return None if row is None else _iteration(row)
+
+    def iterations(self, job_id: str) -> list[IterationRecord]:
+        with self._tx() as conn:
+            rows = conn.execute(
+                f"SELECT {_ITERATION_COLUMNS} FROM iterations WHERE job_id = %s ORDER BY idx", (job_id,)
+            ).fetchall()
+        return [_iteration(r) for r in rows]
+
+    def count_by_status(self) -> dict[str, int]:
+        with self._tx() as conn:
+            rows = conn.execute("SELECT status, COUNT(*) FROM jobs GROUP BY status").fetchall()
+        return {str(status): int(n) for status, n in rows}
+
+    def queue_depth(self) -> int:
+        with self._tx() as conn:
+            row = conn.execute("SELECT COUNT(*) FROM jobs WHERE status = 'queued'").fetchone()
+        return int(row[0]) if row else 0
+
+    # -- profiles --------------------------------------------------------------------------------------
+
+    def put_profile(self, name: str, doc_json: str) -> bool:
+        with self._tx() as conn:
+            inserted = conn.execute(
+                f"INSERT INTO profiles (name, doc, created_at) VALUES (%s, %s, {NOW}) "
+                "ON CONFLICT (name) DO NOTHING RETURNING name",
+                (name, doc_json),
+            ).fetchone()
+            if inserted is not None:
+                return True
+            row = conn.execute("SELECT doc FROM profiles WHERE name = %s", (name,)).fetchone()
+            if row is not None and row[0] != doc_json:
+                raise ProfileConflictError(name)
+        return False
+
+    def get_profile(self, name: str) -> str | None:
+        with self._tx() as conn:
+            row = conn.execute("SELECT doc FROM profiles WHERE name = %s", (name,)).fetchone()
+        return None if row is None else str(row[0])
+
+    def profile_names(self) -> list[str]:
+        with self._tx() as conn:
+            return [str(r[0]) for r in conn.execute("SELECT name FROM profiles ORDER BY name").fetchall()]
+
+    # -- notifications ---------------------------------------------------------------------------------
+
+    def wait_for_work(self, timeout_s: float) -> bool:
+        """Wait for a NOTIFY on ``skrull_queue`` (a job became claimable), at most ``timeout_s``.
+
+        Meant for one thread per store (a solver process's loop). Notifications that arrived while the
+        caller was busy are answered at once: the caller then tries to claim, which is what they ask."""
+        try:
+            if self._listen_conn is None or self._listen_conn.closed:
+                self._listen_conn = psycopg.connect(self.url, autocommit=True)
+                self._listen_conn.execute(f"LISTEN {QUEUE_CHANNEL}")
+                return True  # anything queued before LISTEN is claimable now
+            got = False
+            for _ in self._listen_conn.notifies(timeout=max(0.0, timeout_s), stop_after=1):
+                got = True
+            return got
+        except psycopg.Error as exc:  # the caller polls; reconnect on the next call
+            log.warning("listening for queued jobs failed: %s", exc)
+            if self._listen_conn is not None:
+                with contextlib.suppress(Exception):
+                    self._listen_conn.close()
+            self._listen_conn = None
+            time.sleep(min(timeout_s, 1.0))
+            return False
+
+    def watch(self, on_change: Callable[[str], None]) -> Callable[[], None]:
+        """A thread listening on ``skrull_jobs`` calls ``on_change(job_id)``; reconnects after a failure."""
+        stop = threading.Event()
+
+        def run() -> None:
+            while not stop.is_set():
+                try:
+                    with psycopg.connect(self.url, autocommit=True) as conn:
+                        conn.execute(f"LISTEN {JOBS_CHANNEL}")
+                        while not stop.is_set():
+                            for note in conn.notifies(timeout=0.5):
+                                on_change(note.payload)
+                except Exception as exc:
+                    log.warning("watching job changes failed (long-polls fall back to re-reading): %s", exc)
+                    stop.wait(1.0)
+
+        thread = threading.Thread(target=run, name="skrull-store-watch", daemon=True)
+        thread.start()
+
+        def stop_watching() -> None:
+            stop.set()
+            thread.join(timeout=5)
+
+        return stop_watching
+
+
+def _redacted(url: str) -> str:
+    """The URL without its password (for error messages)."""
+    try:
+        info = psycopg.conninfo.conninfo_to_dict(url)
+    except psycopg.Error:
+        return "<unparsable URL>"
+    info.pop("password", None)
+    return " ".join(f"{k}={v}" for k, v in info.items())

@@ -1,0 +1,110 @@
+"""``skrull solver-worker``: solver processes apart from the API, on any machine that reaches the store.
+
+It claims jobs from the shared store (``--db postgresql://...``; a SQLite path works on the API's own
+machine), solves them, publishes iterations and plans, and renews its leases, exactly as a server's
+own solver processes do (``api.solving.SolverPool``). It also sweeps expired leases, so a job whose
+worker machine died is queued again even when no API server runs solvers. SIGTERM or Ctrl-C lets
+running solves finish for a few seconds, then queues what is left again without charging an attempt.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import threading
+from typing import Any
+
+from solver.errors import RequestError
+
+SHUTDOWN_GRACE_S = 5.0
+
+_FLAGS = {"db": "--db", "solver_processes": "--processes", "lease_s": "--lease-s"}
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("solver-worker", help="solve queued plans from a shared job store (no HTTP)")
+    p.add_argument(
+        "--db", default=None, metavar="URL", help="job store: postgresql://... URL or SQLite path (env SKRULL_DB)"
+    )
+    p.add_argument(
+        "--processes",
+        dest="solver_processes",
+        type=int,
+        default=None,
+        help="solver processes (default: one per CPU but one; env SKRULL_SOLVER_PROCESSES)",
+    )
+    p.add_argument(
+        "--lease-s", type=float, default=None, help="lease per claimed job, renewed every third (env SKRULL_LEASE_S)"
+    )
+    p.add_argument("--log-level", default="info", help="log level (default info)")
+    p.set_defaults(func=cmd_solver_worker)
+
+
+def cmd_solver_worker(args: argparse.Namespace) -> int:
+    try:
+        from pydantic import ValidationError
+
+        from api.settings import Settings
+        from api.solving import Event, SolverPool, import_plugins
+        from api.store.open import open_store
+    except ImportError as exc:
+        raise RequestError("solver-worker", exc.name, "needs the api extra: pip install 'skrull[api]'") from None
+    overrides = {key: getattr(args, key) for key in _FLAGS if getattr(args, key) is not None}
+    try:
+        settings = Settings(**overrides)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        key = str(err["loc"][0]) if err["loc"] else "settings"
+        raise RequestError(_FLAGS.get(key, f"SKRULL_{key.upper()}"), err.get("input"), str(err["msg"])) from None
+    if settings.solver_processes < 1:
+        raise RequestError("--processes", settings.solver_processes, "a solver worker needs at least one process")
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    log = logging.getLogger("skrull.solver_worker")
+    import_plugins(settings.plugin_modules)
+    try:
+        store = open_store(settings.db, sqlite_synchronous=settings.sqlite_synchronous, pool_size=2)
+    except (ConnectionError, OSError) as exc:
+        raise RequestError("--db", settings.db, str(exc)) from None
+
+    def on_event(event: Event) -> None:
+        if event[0] == "done":
+            log.info("job %s %s by %s in %.2f s", event[1], event[2], event[3], event[4])
+        elif event[0] == "recovered":
+            log.warning("job %s taken back from a vanished owner: %s", event[1], event[2])
+
+    pool = SolverPool(
+        store=store,
+        db=settings.db,
+        synchronous=settings.sqlite_synchronous,
+        num_processes=settings.solver_processes,
+        lease_s=settings.lease_s,
+        max_attempts=settings.max_attempts,
+        idle_poll_s=settings.idle_poll_s,
+        supervise_interval_s=settings.supervise_interval_s,
+        stream_solvers=settings.stream_solver_names,
+        plugins=settings.plugin_modules,
+        hard_limit_s=settings.hard_limit_s,
+        on_event=on_event,
+    )
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    pool.start()
+    log.info("solver worker %s: %d processes on %s", pool.instance, settings.solver_processes, _shown(settings.db))
+    try:
+        stop.wait()
+    finally:
+        log.info("stopping: running solves get %.0f s", SHUTDOWN_GRACE_S)
+        pool.stop(grace_s=SHUTDOWN_GRACE_S)
+        store.close()
+    return 0
+
+
+def _shown(db: str) -> str:
+    """The store's address without a password."""
+    if "@" in db and "://" in db:
+        scheme, rest = db.split("://", 1)
+        creds, host = rest.rsplit("@", 1)
+        return f"{scheme}://{creds.split(':', 1)[0]}@{host}"
+    return db
