@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev,worker,api]'
+	$(BIN)/pip install --quiet -e '.[dev,worker,api,viz,data]'
 	touch $(STAMP)
 
 setup: $(STAMP)

@@ -19,7 +19,7 @@ from api.limits import BodySizeLimit
 from api.metrics import Metrics
 from api.notify import Notifier
 from api.profiles import ProfileCatalog
-from api.routers import compare, health, plans, profiles, ranks
+from api.routers import compare, health, pictures, plans, profiles, ranks
 from api.service import Service
 from api.settings import Settings
 from api.solving import SolverPool, import_plugins
@@ -116,7 +116,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         openapi_url="/openapi.json",
     )
     install_error_handlers(app, on_problem=lambda status, slug: metrics.errors.inc(str(status), slug))
-    for router in (plans.router, ranks.router, compare.router, profiles.router, health.router):
+    for router in (plans.router, ranks.router, pictures.router, compare.router, profiles.router, health.router):
         app.include_router(router)
     app.add_middleware(
         BodySizeLimit,
