@@ -22,7 +22,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)
-	$(BIN)/ruff check solver cli worker api tests bench
+	$(BIN)/ruff check solver cli worker api corpus tests bench examples
 	$(BIN)/mypy
 
 bench: $(STAMP)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from cli import execute as execute_cli
+from cli import lengths as lengths_cli
 from cli import profile as profile_cli
 from cli import serve
 from cli import show as show_cli
@@ -256,6 +257,7 @@ def build_parser() -> argparse.ArgumentParser:
     profile_cli.add_parser(sub)
     serve.add_parser(sub)
     show_cli.add_parser(sub)
+    lengths_cli.add_parser(sub)
     return parser
 
 
