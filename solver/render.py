@@ -291,7 +291,7 @@ def _panel(timeline: Timeline, *, top: float, px_per_ms: float, axis_ms: float) 
         tx = LABEL_PX + t * px_per_ms
         out.append(f'<line x1="{_num(tx)}" x2="{_num(tx)}" y1="0" y2="4" stroke="#333"/>')
         out.append(f'<text x="{_num(tx)}" y="16" text-anchor="middle" fill="#333">{_num(t)}</text>')
-    out.append(f'<text x="{_num(LABEL_PX + AXIS_PX)}" y="16" text-anchor="end" fill="#333">ms</text>')
+    out.append(f'<text x="{_num(LABEL_PX - 8)}" y="16" text-anchor="end" fill="#333">ms</text>')
     out.append("</g></g>")
     return out
 
