@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev,worker,api]'
+	$(BIN)/pip install --quiet -e '.[dev,worker,api,viz,data]'
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -22,7 +22,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)
-	$(BIN)/ruff check solver cli worker api tests bench
+	$(BIN)/ruff check solver cli worker api corpus tests bench examples
 	$(BIN)/mypy
 
 bench: $(STAMP)

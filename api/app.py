@@ -22,7 +22,7 @@ from api.limits import BodySizeLimit
 from api.metrics import Metrics
 from api.notify import Notifier
 from api.profiles import ProfileCatalog
-from api.routers import compare, health, plans, profiles, ranks
+from api.routers import compare, health, pictures, plans, profiles, ranks
 from api.routers.common import problems
 from api.service import Service
 from api.settings import Settings
@@ -128,7 +128,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     install_error_handlers(app, on_problem=lambda status, slug: metrics.errors.inc(str(status), slug))
     app.state.access = AccessControl(settings)
     guarded = {"dependencies": [Depends(require_access)], "responses": problems(401, 403, 429)}
-    for router in (plans.router, ranks.router, compare.router, profiles.router):
+    for router in (plans.router, ranks.router, pictures.router, compare.router, profiles.router):
         app.include_router(router, **guarded)  # type: ignore[arg-type]
     app.include_router(health.router)
     app.add_middleware(

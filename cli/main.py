@@ -14,8 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from cli import execute as execute_cli
+from cli import lengths as lengths_cli
 from cli import profile as profile_cli
 from cli import serve, solver_worker
+from cli import show as show_cli
 from solver.compare import compare, format_table, parse_solver_spec
 from solver.datasets import distribution_names, synthesize_request
 from solver.derive import GPUS, MODELS, derive_profile
@@ -142,7 +144,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
         get_planner(name)
         if backend is not None and backend not in BACKENDS:
             raise RequestError("--solvers", spec, f"unknown backend; one of {', '.join(BACKENDS)}")
-    rows, _ = compare(request, solvers)
+    rows, plans = compare(request, solvers)
+    if args.plot:
+        drawn = {r.solver: plans[r.solver] for r in rows if r.solver in plans}
+        show_cli.write_picture(show_cli.compare_svg(request, drawn), args.plot)
     if args.json:
         _write(dumps([dataclasses.asdict(r) for r in rows]), args.output)
         return 0
@@ -221,6 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_source(p)
     p.add_argument("--solvers", default=None, help="comma-separated planners (default: all)")
     p.add_argument("--json", action="store_true", help="rows as JSON")
+    p.add_argument("--plot", metavar="FILE", help="also draw the planners' first iteration side by side (.svg/.png)")
     p.add_argument("--output", "-o", metavar="FILE")
     p.set_defaults(func=cmd_compare)
 
@@ -251,6 +257,8 @@ def build_parser() -> argparse.ArgumentParser:
     profile_cli.add_parser(sub)
     serve.add_parser(sub)
     solver_worker.add_parser(sub)
+    show_cli.add_parser(sub)
+    lengths_cli.add_parser(sub)
     return parser
 
 

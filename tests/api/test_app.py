@@ -264,6 +264,8 @@ def test_openapi_has_stable_operation_ids_and_docs(shared_app: TestClient) -> No
         "submitPlan",
         "getPlan",
         "getRankView",
+        "getPlanTimeline",
+        "viewPlan",
         "comparePlanners",
         "listProfiles",
         "getProfile",

@@ -1,0 +1,74 @@
+"""Pictures of stored plans: the timeline SVG (solver/render.py) and a small HTML page around it.
+
+The stored request carries its profile inline, so a solved job is drawn with the same lengths and cost
+model it was planned with: the DACP split (overlap, sharded compute, overhead) and bucket use per GPU.
+"""
+
+from __future__ import annotations
+
+import json
+from html import escape
+
+from api.store.base import JobRecord
+from solver.cost import CostModel
+from solver.io import plan_from_dict, request_from_dict
+from solver.render import plan_timelines, render_svg
+
+#: How often (seconds) the page of a plan still solving reloads itself.
+REFRESH_S = 2
+
+
+def timeline_svg(job: JobRecord, request_json: str, iterations: list[int] | None = None) -> str:
+    """The SVG of a solved job (``job.plan_json`` set); ``iterations`` default to all."""
+    assert job.plan_json is not None, "only solved jobs are drawn"
+    plan = plan_from_dict(json.loads(job.plan_json))
+    request = request_from_dict(json.loads(request_json))
+    lengths = [n for batch in request.batches for n in batch]
+    model = CostModel(request.profile, bucket_tokens=request.bucket_tokens)
+    par = plan.parallel
+    title = (
+        f"plan {job.job_id[:12]}: {plan.solver}, DP{par.dp} x CP{par.cp}, bucket {plan.bucket_tokens} tokens, "
+        f"profile {request.profile.name}"
+    )
+    return render_svg(plan_timelines(plan, lengths=lengths, model=model, iterations=iterations), title=title)
+
+
+def view_page(job: JobRecord, svg: str | None) -> str:
+    """The HTML page of a plan: its status and figures, the timeline inline once solved."""
+    pid = escape(job.job_id)
+    facts = [
+        ("status", job.status),
+        ("solver", job.solver),
+        ("iterations", f"{job.iterations_solved} of {job.num_iterations} solved"),
+        ("sequences", str(job.num_sequences)),
+        ("GPUs", str(job.num_gpus)),
+    ]
+    if job.plan_json is not None:
+        plan = json.loads(job.plan_json)
+        total = sum(float(it["estimated_ms"]) for it in plan["iterations"])
+        bound = sum(float(it["lower_bound_ms"]) for it in plan["iterations"])
+        facts.append(("estimated", f"{total:.1f} ms (lower bound {bound:.1f} ms)"))
+        facts.append(("planning", f"{float(plan['solve']['wall_ms']):.1f} ms, {plan['solve']['status']}"))
+    if job.error_json is not None:
+        facts.append(("error", str(json.loads(job.error_json).get("detail", "failed"))))
+    rows = "\n".join(f"<tr><th>{escape(k)}</th><td>{escape(v)}</td></tr>" for k, v in facts)
+    refresh = "" if job.is_final else f'<meta http-equiv="refresh" content="{REFRESH_S}">'
+    waiting = f'<p class="pending">The timeline appears once the plan is solved ({escape(job.status)}).</p>'
+    picture = svg if svg is not None else waiting
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8">{refresh}
+<title>Skrull plan {pid}</title>
+<style>
+body {{ font-family: sans-serif; margin: 16px; color: #222; }}
+table {{ border-collapse: collapse; margin-bottom: 12px; }}
+th {{ text-align: left; padding: 2px 12px 2px 0; color: #555; font-weight: normal; }}
+td {{ padding: 2px 0; }}
+.links a {{ margin-right: 12px; }}
+</style></head>
+<body>
+<h1>Plan <code>{pid}</code></h1>
+<table>{rows}</table>
+<p class="links"><a href="/v1/plans/{pid}">plan JSON</a><a href="/v1/plans/{pid}/timeline.svg">timeline.svg</a></p>
+<div id="timeline">{picture}</div>
+</body></html>
+"""

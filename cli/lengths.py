@@ -1,0 +1,148 @@
+"""``skrull lengths``: token lengths of local SFT data, in the loader's global batches, as a planning request.
+
+    skrull lengths train.jsonl --tokenizer tokenizer.json --field prompt --field response \\
+        --global-batch-size 256 --seed 1234 --dp 4 --cp 8 -o request.json
+    skrull lengths chats.parquet --tokenizer ./qwen --chat-template chatml --global-batch-size 64 \\
+        --submit http://planner:8000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from corpus.lengths import BATCH_ROWS, count_lengths, lengths_request
+from corpus.progress import Progress
+from corpus.readers import FORMATS
+from corpus.text import TEMPLATES, text_extractor
+from corpus.tokenizer import load_tokenizer
+from solver.errors import RequestError
+from solver.io import DEFAULT_PROFILE, dumps, parse_profile, read_json, request_from_dict
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("lengths", help="token lengths of local SFT data as a planning request")
+    p.add_argument("data", nargs="+", metavar="DATA", help="JSONL / JSON / Parquet files (read in order)")
+    p.add_argument(
+        "--tokenizer", "-t", required=True, help="tokenizer.json, a directory holding one, or a .tiktoken file"
+    )
+    text = p.add_argument_group("what is tokenized (default: the 'text' field)")
+    text.add_argument("--field", "-f", action="append", help="text field (repeat to join several with a newline)")
+    text.add_argument("--chat-template", choices=TEMPLATES, help="render a chat (--messages-field) with a template")
+    text.add_argument("--messages-field", default="messages", help="the chat's field (default messages)")
+    text.add_argument("--no-special-tokens", action="store_true", help="leave out the tokenizer's special tokens")
+    text.add_argument("--tiktoken-pattern", help="split regex of a tiktoken file (default cl100k's)")
+    text.add_argument("--max-length", type=int, help="truncate every sequence to this many tokens (the loader's limit)")
+    text.add_argument("--format", choices=FORMATS, help="file format (default: by extension)")
+    loader = p.add_argument_group("the loader's order")
+    loader.add_argument("--global-batch-size", "-b", type=int, required=True, help="sequences per global batch")
+    loader.add_argument("--seed", type=int, default=0, help="the loader's shuffle seed (default 0)")
+    loader.add_argument("--epoch", type=int, default=0, help="epoch whose order to plan (default 0)")
+    loader.add_argument("--no-shuffle", action="store_true", help="batches in file order")
+    loader.add_argument("--keep-last", action="store_true", help="keep the last incomplete batch")
+    loader.add_argument("--max-batches", type=int, help="plan only the first N global batches")
+    req = p.add_argument_group("the request")
+    req.add_argument("--dp", type=int, default=1, help="data-parallel degree (default 1)")
+    req.add_argument("--cp", type=int, default=1, help="context-parallel degree (default 1)")
+    req.add_argument(
+        "--profile", default=DEFAULT_PROFILE, help=f"bundled profile or JSON file (default {DEFAULT_PROFILE})"
+    )
+    req.add_argument("--bucket-tokens", type=int, help="override the profile's memory bucket")
+    req.add_argument("--solver", "-s", default="skrull", help="planner (default skrull)")
+    out = p.add_argument_group("output")
+    out.add_argument("--output", "-o", metavar="FILE", help="write the request here (default: stdout)")
+    out.add_argument("--submit", metavar="URL", help="submit the request to a planning service; print the plan id")
+    out.add_argument("--lengths-out", metavar="FILE", help="also write every row's token count (JSON list)")
+    out.add_argument("--batch-rows", type=int, default=BATCH_ROWS, help=argparse.SUPPRESS)
+    p.set_defaults(func=cmd_lengths)
+
+
+def _positive(flag: str, value: int | None) -> None:
+    if value is not None and value < 1:
+        raise RequestError(flag, value, "must be an integer >= 1")
+
+
+def cmd_lengths(args: argparse.Namespace) -> int:
+    for flag, value in (
+        ("--global-batch-size", args.global_batch_size),
+        ("--dp", args.dp),
+        ("--cp", args.cp),
+        ("--max-length", args.max_length),
+        ("--max-batches", args.max_batches),
+        ("--bucket-tokens", args.bucket_tokens),
+        ("--batch-rows", args.batch_rows),
+    ):
+        _positive(flag, value)
+    profile_doc: Any = args.profile
+    if args.profile.endswith(".json") or Path(args.profile).is_file():
+        profile_doc = read_json(args.profile, field="--profile")
+    profile = parse_profile(profile_doc, field="--profile")
+    extract = text_extractor(fields=args.field, chat_template=args.chat_template, messages_field=args.messages_field)
+    tokenizer = load_tokenizer(
+        args.tokenizer, add_special_tokens=not args.no_special_tokens, tiktoken_pattern=args.tiktoken_pattern
+    )
+    paths = [Path(d) for d in args.data]
+    for path in paths:
+        if not path.is_file():
+            raise RequestError("DATA", str(path), "no such file")
+    columns = None if args.chat_template else (args.field or ["text"])
+    if args.chat_template:
+        columns = [args.messages_field]
+    lengths = count_lengths(
+        paths,
+        tokenizer=tokenizer,
+        extract=extract,
+        fmt=args.format,
+        columns=columns,
+        max_length=args.max_length,
+        batch_rows=args.batch_rows,
+        progress=Progress(total_bytes=sum(p.stat().st_size for p in paths)),
+    )
+    bucket = args.bucket_tokens or profile.bucket_tokens
+    doc = lengths_request(
+        lengths,
+        global_batch_size=args.global_batch_size,
+        seed=args.seed,
+        dp=args.dp,
+        cp=args.cp,
+        profile=profile_doc,
+        solver=args.solver,
+        epoch=args.epoch,
+        shuffle=not args.no_shuffle,
+        drop_last=not args.keep_last,
+        max_batches=args.max_batches,
+        bucket_tokens=args.bucket_tokens,
+        group_capacity_tokens=args.cp * bucket,
+    )
+    request_from_dict(doc)  # the same checks the planners and the service apply
+    if args.lengths_out:
+        Path(args.lengths_out).write_text(json.dumps(lengths) + "\n", encoding="utf-8")
+    in_batches = sum(len(b) for b in doc["batches"])
+    print(
+        f"{len(lengths)} rows, {sum(lengths)} tokens (longest {max(lengths)}); {len(doc['batches'])} global batches of "
+        f"{args.global_batch_size} ({in_batches} rows, seed {args.seed}, epoch {args.epoch})",
+        file=sys.stderr,
+    )
+    if args.submit:
+        from api.client import PlanningClient, ServiceError
+
+        try:
+            with PlanningClient(args.submit) as client:
+                plan_id = client.submit(doc)
+        except ServiceError as exc:
+            raise RequestError("--submit", args.submit, f"the service refused the request ({exc})") from None
+        except OSError as exc:
+            raise RequestError("--submit", args.submit, f"cannot reach the service ({exc})") from None
+        print(plan_id)
+        if args.output:
+            Path(args.output).write_text(dumps(doc, compact=True) + "\n", encoding="utf-8")
+        return 0
+    text = dumps(doc, compact=True)
+    if args.output:
+        Path(args.output).write_text(text + "\n", encoding="utf-8")
+    else:
+        sys.stdout.write(text + "\n")
+    return 0

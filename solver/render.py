@@ -1,0 +1,345 @@
+"""Pictures of plans: an iteration as a per-GPU timeline, written as plain SVG text (no plotting library).
+
+One lane per GPU (global rank). Each microbatch the GPU takes part in is a slot whose width is the
+microbatch's ``estimated_ms``; inside it, this GPU's part of the DACP time (CONTRACT.md, Skrull eqs. 1-5)
+is split into three stacked segments
+
+    overhead  = microbatch_ms
+    overlap   = max(T_comm(sum sharded S), T_comp(sum_{local[j]} FLOPs(S)))      (eq. 2: comm || local)
+    sharded   = T_comp(sum_{sharded} FLOPs(S) / N)                               (eq. 3)
+
+and the rest of the slot (the group waits for its slowest member, eq. 4) is drawn as idle. Under each
+slot a strip shows the GPU's bucket use (eq. 7): local tokens and its share of the sharded tokens, as a
+fraction of ``bucket_tokens`` over the slot's width.
+
+Microbatches start when every GPU of their group is free (a replay in step order, as
+``solver.metrics.synchronized_iteration_ms``); for static DP x CP plans that is exactly eq. 8.
+Without the request's lengths the split cannot be computed: slots are then drawn whole.
+
+The SVG carries its structure as attributes (``class="lane"`` with ``data-gpu``, ``class="microbatch"``
+with ``data-step`` / ``data-estimated-ms`` / ``data-width``) so tests and tools can read it back.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from xml.sax.saxutils import escape, quoteattr
+
+from solver.cost import CostModel
+from solver.errors import RequestError
+from solver.types import Plan
+
+#: Fill colours of the segments and strips (colour-blind-safe Tableau 10 picks).
+COLOURS: dict[str, str] = {
+    "overhead": "#bab0ac",
+    "overlap": "#4e79a7",
+    "sharded": "#f28e2b",
+    "estimated": "#76b7b2",
+    "local_tokens": "#59a14f",
+    "sharded_tokens": "#b07aa1",
+    "bucket_free": "#eeeeee",
+}
+LEGEND: tuple[tuple[str, str], ...] = (
+    ("overhead", "per-microbatch overhead"),
+    ("overlap", "max(comm, local compute)"),
+    ("sharded", "sharded compute"),
+    ("local_tokens", "bucket: local tokens"),
+    ("sharded_tokens", "bucket: sharded share"),
+)
+
+AXIS_PX = 900.0
+LABEL_PX = 80.0
+RIGHT_PX = 20.0
+BAR_PX = 18.0
+STRIP_PX = 5.0
+LANE_PX = BAR_PX + STRIP_PX + 7.0
+TITLE_PX = 40.0
+AXIS_LABEL_PX = 22.0
+PANEL_GAP_PX = 18.0
+LEGEND_PX = 30.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LaneBar:
+    """One GPU's part of one microbatch on the timeline (times in ms from the start of the iteration)."""
+
+    gpu: int
+    index: int
+    step: int
+    start_ms: float
+    estimated_ms: float
+    overhead_ms: float | None
+    overlap_ms: float | None
+    sharded_ms: float | None
+    local_ids: tuple[int, ...]
+    sharded_ids: tuple[int, ...]
+    local_tokens: int | None
+    sharded_share_tokens: float | None
+    bucket_tokens: int
+
+    @property
+    def busy_ms(self) -> float | None:
+        """This GPU's own time in the slot: overhead + overlap + sharded (eq. 2-3 for position j)."""
+        if self.overhead_ms is None or self.overlap_ms is None or self.sharded_ms is None:
+            return None
+        return self.overhead_ms + self.overlap_ms + self.sharded_ms
+
+    @property
+    def bucket_use(self) -> float | None:
+        """``(sum local S + sum sharded S / N) / bucket_tokens`` (eq. 7)."""
+        if self.local_tokens is None or self.sharded_share_tokens is None:
+            return None
+        return (self.local_tokens + self.sharded_share_tokens) / self.bucket_tokens
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Timeline:
+    """One iteration of one plan, ready to draw."""
+
+    title: str
+    num_gpus: int
+    iteration: int
+    bars: tuple[LaneBar, ...]
+    num_microbatches: int
+    estimated_ms: float
+    lower_bound_ms: float
+
+    @property
+    def makespan_ms(self) -> float:
+        return max((b.start_ms + b.estimated_ms for b in self.bars), default=0.0)
+
+
+def iteration_timeline(
+    plan: Plan,
+    *,
+    iteration: int,
+    lengths: Sequence[int] | None = None,
+    model: CostModel | None = None,
+    title: str | None = None,
+) -> Timeline:
+    """The bars of ``plan``'s iteration ``iteration``; with ``lengths`` and ``model`` the DACP split too."""
+    if not 0 <= iteration < len(plan.iterations):
+        raise RequestError("--iteration", iteration, f"must be in 0..{len(plan.iterations) - 1}")
+    it = plan.iterations[iteration]
+    split = lengths is not None and model is not None
+    if lengths is not None:
+        needed = max((i for mb in it.microbatches for i in mb.seq_ids), default=-1)
+        if needed >= len(lengths):
+            raise RequestError("--request", len(lengths), f"has too few sequences for this plan (id {needed})")
+    free_at = [0.0] * plan.parallel.num_gpus
+    bars: list[LaneBar] = []
+    for index, mb in sorted(enumerate(it.microbatches), key=lambda im: im[1].step):
+        start = max(free_at[g] for g in mb.ranks)
+        n = len(mb.ranks)
+        sharded_lengths = [lengths[i] for i in mb.sharded] if lengths is not None else []
+        for j, gpu in enumerate(mb.ranks):
+            overhead = overlap = sharded = None
+            local_tokens: int | None = None
+            share: float | None = None
+            if lengths is not None:
+                local_tokens = sum(lengths[i] for i in mb.local[j])
+                share = sum(sharded_lengths) / n
+            if split:
+                assert model is not None and lengths is not None
+                comm = model.t_comm_ms(sum(sharded_lengths)) if n > 1 else 0.0
+                local = model.t_comp_ms(sum(model.flops(lengths[i]) for i in mb.local[j]))
+                dist = model.t_comp_ms(sum(model.flops(s) for s in sharded_lengths) / n)
+                overhead, overlap, sharded = model.microbatch_overhead_ms, max(comm, local), dist
+                busy = overhead + overlap + sharded
+                if busy > mb.estimated_ms > 0:  # a plan priced by a richer model: keep the split's proportions
+                    scale = mb.estimated_ms / busy
+                    overhead, overlap, sharded = overhead * scale, overlap * scale, sharded * scale
+            bars.append(
+                LaneBar(
+                    gpu=gpu,
+                    index=index,
+                    step=mb.step,
+                    start_ms=start,
+                    estimated_ms=mb.estimated_ms,
+                    overhead_ms=overhead,
+                    overlap_ms=overlap,
+                    sharded_ms=sharded,
+                    local_ids=mb.local[j],
+                    sharded_ids=mb.sharded,
+                    local_tokens=local_tokens,
+                    sharded_share_tokens=share,
+                    bucket_tokens=plan.bucket_tokens,
+                )
+            )
+        for g in mb.ranks:
+            free_at[g] = start + mb.estimated_ms
+    return Timeline(
+        title=title or f"{plan.solver}: iteration {iteration}",
+        num_gpus=plan.parallel.num_gpus,
+        iteration=iteration,
+        bars=tuple(bars),
+        num_microbatches=len(it.microbatches),
+        estimated_ms=it.estimated_ms,
+        lower_bound_ms=it.lower_bound_ms,
+    )
+
+
+def plan_timelines(
+    plan: Plan,
+    *,
+    lengths: Sequence[int] | None = None,
+    model: CostModel | None = None,
+    iterations: Sequence[int] | None = None,
+    label: str | None = None,
+) -> list[Timeline]:
+    """One timeline per iteration (default: every iteration of the plan)."""
+    chosen = range(len(plan.iterations)) if iterations is None else iterations
+    name = label or plan.solver
+    return [
+        iteration_timeline(plan, iteration=i, lengths=lengths, model=model, title=f"{name}: iteration {i}")
+        for i in chosen
+    ]
+
+
+def _num(x: float) -> str:
+    return f"{x:.2f}".rstrip("0").rstrip(".") or "0"
+
+
+def _ticks(max_ms: float) -> list[float]:
+    """About six round tick values (1, 2 or 5 x 10^k ms) from 0 to ``max_ms``."""
+    if max_ms <= 0:
+        return [0.0]
+    raw = max_ms / 6
+    power = 10.0 ** math.floor(math.log10(raw))
+    step = next(m * power for m in (1, 2, 5, 10) if m * power >= raw)
+    return [k * step for k in range(int(max_ms / step + 1e-9) + 1)]
+
+
+def _rect(x: float, y: float, w: float, h: float, fill: str, cls: str, **attrs: str) -> str:
+    extra = "".join(f" {k.replace('_', '-')}={quoteattr(v)}" for k, v in attrs.items())
+    return (
+        f'<rect class="{cls}" x="{_num(x)}" y="{_num(y)}" width="{_num(w)}" height="{_num(h)}" fill="{fill}"{extra}/>'
+    )
+
+
+def _tooltip(bar: LaneBar) -> str:
+    parts = [f"GPU {bar.gpu}, step {bar.step}: {bar.estimated_ms:.2f} ms (microbatch)"]
+    if bar.busy_ms is not None:
+        parts.append(
+            f"overhead {bar.overhead_ms:.2f} + overlap {bar.overlap_ms:.2f} + sharded {bar.sharded_ms:.2f} ms"
+        )
+    if bar.bucket_use is not None:
+        parts.append(
+            f"bucket {100 * bar.bucket_use:.0f}%: {bar.local_tokens} local"
+            f" + {bar.sharded_share_tokens:.0f} sharded tokens"
+        )
+    parts.append(f"local ids {list(bar.local_ids)}; sharded ids {list(bar.sharded_ids)}")
+    return "\n".join(parts)
+
+
+def _panel(timeline: Timeline, *, top: float, px_per_ms: float, axis_ms: float) -> list[str]:
+    out = [f'<g class="panel" data-iteration="{timeline.iteration}" transform="translate(0,{_num(top)})">']
+    bound = f", lower bound {timeline.lower_bound_ms:.1f} ms" if timeline.lower_bound_ms > 0 else ""
+    out.append(
+        f'<text class="title" x="{_num(LABEL_PX)}" y="16" font-weight="bold">{escape(timeline.title)}</text>'
+        f'<text x="{_num(LABEL_PX)}" y="32" fill="#555">estimated {timeline.estimated_ms:.1f} ms{escape(bound)}, '
+        f"{timeline.num_microbatches} microbatches</text>"
+    )
+    lanes_top = TITLE_PX
+    for gpu in range(timeline.num_gpus):
+        y = lanes_top + gpu * LANE_PX
+        out.append(f'<g class="lane" data-gpu="{gpu}">')
+        out.append(f'<text x="{_num(LABEL_PX - 8)}" y="{_num(y + BAR_PX - 5)}" text-anchor="end">GPU {gpu}</text>')
+        out.append(
+            f'<line x1="{_num(LABEL_PX)}" x2="{_num(LABEL_PX + AXIS_PX)}" y1="{_num(y + BAR_PX / 2)}" '
+            f'y2="{_num(y + BAR_PX / 2)}" stroke="#e5e5e5"/>'
+        )
+        for bar in (b for b in timeline.bars if b.gpu == gpu):
+            x = LABEL_PX + bar.start_ms * px_per_ms
+            width = bar.estimated_ms * px_per_ms
+            out.append(
+                f'<g class="microbatch" data-gpu="{gpu}" data-index="{bar.index}" data-step="{bar.step}" '
+                f'data-estimated-ms="{bar.estimated_ms:.6g}" data-width="{width:.6g}" '
+                f'data-local="{len(bar.local_ids)}" data-sharded="{len(bar.sharded_ids)}">'
+            )
+            out.append(f"<title>{escape(_tooltip(bar))}</title>")
+            out.append(_rect(x, y, width, BAR_PX, "#ffffff", "slot", stroke="#999", stroke_width="0.6"))
+            if bar.busy_ms is None:
+                out.append(_rect(x, y, width, BAR_PX, COLOURS["estimated"], "segment estimated"))
+            else:
+                cursor = x
+                parts = (("overhead", bar.overhead_ms), ("overlap", bar.overlap_ms), ("sharded", bar.sharded_ms))
+                for kind, ms in parts:
+                    assert ms is not None
+                    w = ms * px_per_ms
+                    if w > 0:
+                        out.append(_rect(cursor, y, w, BAR_PX, COLOURS[kind], f"segment {kind}"))
+                    cursor += w
+            if bar.bucket_use is not None:
+                assert bar.local_tokens is not None and bar.sharded_share_tokens is not None
+                sy = y + BAR_PX + 1
+                out.append(_rect(x, sy, width, STRIP_PX, COLOURS["bucket_free"], "bucket"))
+                lw = width * bar.local_tokens / bar.bucket_tokens
+                sw = width * bar.sharded_share_tokens / bar.bucket_tokens
+                if lw > 0:
+                    out.append(_rect(x, sy, lw, STRIP_PX, COLOURS["local_tokens"], "bucket-local"))
+                if sw > 0:
+                    out.append(_rect(x + lw, sy, sw, STRIP_PX, COLOURS["sharded_tokens"], "bucket-sharded"))
+            out.append("</g>")
+        out.append("</g>")
+    axis_y = lanes_top + timeline.num_gpus * LANE_PX
+    out.append(f'<g class="axis" transform="translate(0,{_num(axis_y)})">')
+    out.append(f'<line x1="{_num(LABEL_PX)}" x2="{_num(LABEL_PX + AXIS_PX)}" y1="0" y2="0" stroke="#333"/>')
+    for t in _ticks(axis_ms):
+        tx = LABEL_PX + t * px_per_ms
+        out.append(f'<line x1="{_num(tx)}" x2="{_num(tx)}" y1="0" y2="4" stroke="#333"/>')
+        out.append(f'<text x="{_num(tx)}" y="16" text-anchor="middle" fill="#333">{_num(t)}</text>')
+    out.append(f'<text x="{_num(LABEL_PX - 8)}" y="16" text-anchor="end" fill="#333">ms</text>')
+    out.append("</g></g>")
+    return out
+
+
+def _panel_height(timeline: Timeline) -> float:
+    return TITLE_PX + timeline.num_gpus * LANE_PX + AXIS_LABEL_PX
+
+
+def render_svg(timelines: Sequence[Timeline], *, title: str | None = None) -> str:
+    """One SVG document with a panel per timeline, all on one time scale (so panels compare by eye)."""
+    if not timelines:
+        raise RequestError("timelines", 0, "nothing to draw: the plan has no iteration")
+    axis_ms = max(max(t.makespan_ms for t in timelines), 1e-9)
+    px_per_ms = AXIS_PX / axis_ms
+    width = LABEL_PX + AXIS_PX + RIGHT_PX
+    top = 30.0 if title else 8.0
+    body: list[str] = []
+    if title:
+        body.append(f'<text x="{_num(LABEL_PX)}" y="20" font-size="15" font-weight="bold">{escape(title)}</text>')
+    for timeline in timelines:
+        body.extend(_panel(timeline, top=top, px_per_ms=px_per_ms, axis_ms=axis_ms))
+        top += _panel_height(timeline) + PANEL_GAP_PX
+    body.append(f'<g class="legend" transform="translate({_num(LABEL_PX)},{_num(top)})">')
+    x = 0.0
+    for key, text in LEGEND:
+        body.append(_rect(x, 0, 12, 12, COLOURS[key], f"legend-{key}"))
+        body.append(f'<text x="{_num(x + 16)}" y="10">{escape(text)}</text>')
+        x += 30 + 6.2 * len(text)
+    body.append("</g>")
+    height = top + LEGEND_PX
+    return "\n".join(
+        [
+            f'<svg xmlns="http://www.w3.org/2000/svg" width="{_num(width)}" height="{_num(height)}" '
+            f'viewBox="0 0 {_num(width)} {_num(height)}" font-family="sans-serif" font-size="11">',
+            f'<rect x="0" y="0" width="{_num(width)}" height="{_num(height)}" fill="#ffffff"/>',
+            *body,
+            "</svg>",
+        ]
+    )
+
+
+def svg_to_png(svg: str) -> bytes:
+    """PNG bytes of an SVG through ``cairosvg`` (the ``viz`` extra; it needs the system cairo library)."""
+    try:
+        import cairosvg  # type: ignore[import-untyped,unused-ignore]
+    except (ImportError, OSError) as exc:
+        raise RequestError(
+            "--output", "*.png", f"PNG needs cairosvg and the cairo library (pip install 'skrull[viz]'): {exc}"
+        ) from None
+    png: bytes = cairosvg.svg2png(bytestring=svg.encode("utf-8"))
+    return png

@@ -1,0 +1,98 @@
+"""``skrull lengths`` end to end: a tiny dataset and tokenizer made here, the loader's batches as a request,
+submitted to a real ``skrull serve``; user mistakes are one line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from api.client import PlanningClient
+from corpus.order import global_batches
+from solver.io import request_from_dict
+from tests.api.conftest import LiveServer
+from tests.cli.test_main import skrull
+from tests.corpus.tiny import build_bpe_tokenizer, sample_texts
+
+
+@pytest.fixture(scope="module")
+def bpe_tokenizer_json(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_bpe_tokenizer(tmp_path_factory.mktemp("tok") / "tokenizer.json")
+
+
+def write_jsonl(path: Path, rows: list[dict[str, object]]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_request_holds_the_token_counts_of_the_seeded_batches(tmp_path: Path, bpe_tokenizer_json: Path) -> None:
+    from tokenizers import Tokenizer
+
+    texts = sample_texts(37, seed=9)
+    data = write_jsonl(tmp_path / "sft.jsonl", [{"prompt": t[:20], "response": t} for t in texts])
+    out = skrull(
+        "lengths", str(data), "--tokenizer", str(bpe_tokenizer_json), "--field", "prompt", "--field", "response",
+        "--global-batch-size", "8", "--seed", "42", "--dp", "2", "--cp", "2", "-o", str(tmp_path / "req.json"),
+        "--lengths-out", str(tmp_path / "lengths.json"),
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    doc = json.loads((tmp_path / "req.json").read_text())
+    tok = Tokenizer.from_file(str(bpe_tokenizer_json))
+    counts = [len(tok.encode(t[:20] + "\n" + t).ids) for t in texts]
+    assert json.loads((tmp_path / "lengths.json").read_text()) == counts
+    expected = [[counts[i] for i in b] for b in global_batches(37, global_batch_size=8, seed=42)]
+    assert doc["batches"] == expected and len(expected) == 4  # 37 rows: the last 5 are dropped
+    assert doc["parallel"] == {"dp": 2, "cp": 2}
+    request_from_dict(doc)
+    assert "4 global batches of 8" in out.stderr
+    assert "\r[" not in out.stderr  # no progress bar when stderr is not a terminal
+
+
+def test_parquet_chats_with_a_template_and_truncation(tmp_path: Path, bpe_tokenizer_json: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [
+        {"messages": [{"role": "user", "content": t}, {"role": "assistant", "content": t}]} for t in sample_texts(20)
+    ]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "chats.parquet")
+    out = skrull(
+        "lengths", str(tmp_path / "chats.parquet"), "-t", str(bpe_tokenizer_json), "--chat-template", "chatml",
+        "-b", "5", "--max-length", "100", "--no-shuffle",
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert len(doc["batches"]) == 4 and max(max(b) for b in doc["batches"]) <= 100
+
+
+def test_submits_to_a_live_service(tmp_path: Path, bpe_tokenizer_json: Path) -> None:
+    data = write_jsonl(tmp_path / "sft.jsonl", [{"text": t} for t in sample_texts(24)])
+    server = LiveServer(tmp_path / "skrull.db").start()
+    try:
+        out = skrull(
+            "lengths", str(data), "-t", str(bpe_tokenizer_json), "-b", "12", "--dp", "2", "--cp", "2",
+            "--submit", server.url,
+        )  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        plan_id = out.stdout.strip()
+        with PlanningClient(server.url) as client:
+            envelope = client.wait(plan_id, timeout_s=60)
+        assert len(envelope["plan"]["iterations"]) == 2
+    finally:
+        server.close()
+
+
+def test_rejects_a_row_longer_than_the_group_naming_the_row(tmp_path: Path, bpe_tokenizer_json: Path) -> None:
+    data = write_jsonl(tmp_path / "sft.jsonl", [{"text": "short"}, {"text": " the lazy dog" * 5000}])
+    out = skrull("lengths", str(data), "-t", str(bpe_tokenizer_json), "-b", "2", "--bucket-tokens", "1000")
+    assert out.returncode == 2
+    (line,) = out.stderr.strip().splitlines()[-1:]
+    assert line.startswith("skrull: error: row 1: ") and "--max-length" in line
+
+
+def test_rejects_a_missing_field_naming_row_and_field(tmp_path: Path, bpe_tokenizer_json: Path) -> None:
+    data = write_jsonl(tmp_path / "sft.jsonl", [{"text": "a"}])
+    out = skrull("lengths", str(data), "-t", str(bpe_tokenizer_json), "-b", "1", "--field", "prompt")
+    assert out.returncode == 2
+    assert out.stderr.startswith("skrull: error: row 0.prompt: None: must be a string (row fields: text)")

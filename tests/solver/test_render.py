@@ -1,0 +1,137 @@
+"""The timeline SVG read back as XML: one lane per GPU, every microbatch on every GPU of its group, slot
+widths proportional to estimated_ms, the DACP split and bucket use as the reference model says."""
+
+from __future__ import annotations
+
+import math
+import xml.etree.ElementTree as ET
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from solver.cost import CostModel
+from solver.errors import RequestError
+from solver.io import parse_profile
+from solver.planning import solve
+from solver.render import AXIS_PX, iteration_timeline, plan_timelines, render_svg
+from solver.types import Parallel, Plan, Request
+
+SVG_NS = "{http://www.w3.org/2000/svg}"
+PROFILE = parse_profile("h100-80g/qwen2.5-0.5b")
+
+
+def make_request(batches: list[list[int]], *, dp: int = 2, cp: int = 4, solver: str = "skrull") -> Request:
+    return Request(
+        batches=tuple(tuple(b) for b in batches), parallel=Parallel(dp=dp, cp=cp), profile=PROFILE, solver=solver
+    )
+
+
+def draw(plan: Plan, request: Request | None) -> ET.Element:
+    lengths = [n for b in request.batches for n in b] if request else None
+    model = CostModel(request.profile, bucket_tokens=request.bucket_tokens) if request else None
+    return ET.fromstring(render_svg(plan_timelines(plan, lengths=lengths, model=model)))
+
+
+def groups(root: ET.Element, cls: str) -> list[ET.Element]:
+    return [g for g in root.iter(f"{SVG_NS}g") if cls in g.get("class", "").split()]
+
+
+def rects(elem: ET.Element, cls: str) -> list[ET.Element]:
+    return [r for r in elem.iter(f"{SVG_NS}rect") if cls in r.get("class", "").split()]
+
+
+def test_one_lane_per_gpu_and_every_microbatch_on_each_of_its_gpus() -> None:
+    request = make_request([[30000, 900, 4000, 12000, 700, 2500, 800, 1500, 60000]], dp=2, cp=4)
+    plan = solve(request)
+    root = draw(plan, request)
+    panel = groups(root, "panel")
+    assert len(panel) == 1
+    lanes = groups(panel[0], "lane")
+    assert sorted(int(g.get("data-gpu", "-1")) for g in lanes) == list(range(8))
+    drawn = sorted((int(g.get("data-gpu", "-1")), int(g.get("data-index", "-1"))) for g in groups(root, "microbatch"))
+    expected = sorted((gpu, k) for k, mb in enumerate(plan.iterations[0].microbatches) for gpu in mb.ranks)
+    assert drawn == expected
+
+
+def test_slot_widths_are_proportional_to_estimated_ms() -> None:
+    request = make_request([[30000, 900, 4000, 12000], [700, 2500, 800, 1500, 60000]], dp=2, cp=4)
+    root = draw(solve(request), request)
+    ratios = [
+        float(g.get("data-width", "0")) / float(g.get("data-estimated-ms", "1")) for g in groups(root, "microbatch")
+    ]
+    assert max(ratios) == pytest.approx(min(ratios), rel=1e-4)
+    for g in groups(root, "microbatch"):
+        (slot,) = rects(g, "slot")
+        assert float(slot.get("width", "0")) == pytest.approx(float(g.get("data-width", "0")), abs=0.01)
+
+
+def test_the_longest_gpu_fills_the_axis() -> None:
+    request = make_request([[30000, 900, 4000, 12000, 700]], dp=2, cp=2)
+    plan = solve(request)
+    timeline = iteration_timeline(
+        plan, iteration=0, lengths=[n for b in request.batches for n in b], model=CostModel(PROFILE)
+    )
+    root = ET.fromstring(render_svg([timeline]))
+    ends = [float(r.get("x", "0")) + float(r.get("width", "0")) for r in rects(root, "slot")]
+    starts = [float(r.get("x", "0")) for r in rects(root, "slot")]
+    assert max(ends) - min(starts) == pytest.approx(AXIS_PX, abs=0.05)
+    # static DP x CP layout: the synchronized makespan is the contract's iteration time (eq. 8)
+    assert timeline.makespan_ms == pytest.approx(plan.iterations[0].estimated_ms, rel=1e-6)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    lengths=st.lists(st.integers(min_value=1, max_value=40000), min_size=1, max_size=30),
+    cp=st.sampled_from([1, 2, 4]),
+    solver=st.sampled_from(["skrull", "deepspeed", "dynamic-cp"]),
+)
+def test_split_and_bucket_follow_the_reference_model(lengths: list[int], cp: int, solver: str) -> None:
+    lengths = [min(n, cp * PROFILE.bucket_tokens) for n in lengths]  # placeable: at most one group's capacity
+    request = make_request([lengths], dp=2, cp=cp, solver=solver)
+    plan = solve(request)
+    model = CostModel(PROFILE)
+    timeline = iteration_timeline(plan, iteration=0, lengths=lengths, model=model)
+    for index, mb in enumerate(plan.iterations[0].microbatches):
+        bars = [b for b in timeline.bars if b.index == index]
+        assert sorted(b.gpu for b in bars) == sorted(mb.ranks)
+        busy = [b.busy_ms for b in bars]
+        assert all(x is not None and x <= mb.estimated_ms + 1e-6 for x in busy)
+        # the group waits for its slowest member: that member's split is the whole microbatch (eqs. 2-4)
+        assert max(x for x in busy if x is not None) == pytest.approx(mb.estimated_ms, rel=1e-6, abs=1e-6)
+        uses = model.bucket_use_tokens(
+            [[lengths[i] for i in ids] for ids in mb.local], [lengths[i] for i in mb.sharded]
+        )
+        for b in bars:
+            assert b.bucket_use is not None
+            assert b.bucket_use * request.bucket_tokens == pytest.approx(uses[mb.ranks.index(b.gpu)])
+            assert b.bucket_use <= 1 + 1e-9
+
+
+def test_without_lengths_slots_are_drawn_whole() -> None:
+    request = make_request([[3000, 900, 4000]], dp=1, cp=2)
+    root = draw(solve(request), None)
+    mbs = groups(root, "microbatch")
+    assert mbs and all(len(rects(g, "estimated")) == 1 and not rects(g, "overlap") for g in mbs)
+    assert not rects(root, "bucket")
+
+
+def test_sharded_sequences_are_drawn_with_their_split() -> None:
+    request = make_request([[60000, 100]], dp=1, cp=4)  # 60000 tokens must be sharded over the group
+    plan = solve(request)
+    assert any(mb.sharded for mb in plan.iterations[0].microbatches)
+    root = draw(plan, request)
+    assert rects(root, "sharded") and rects(root, "bucket-sharded")
+    assert all(math.isfinite(float(r.get("width", "nan"))) for r in root.iter(f"{SVG_NS}rect"))
+
+
+def test_refuses_an_iteration_the_plan_does_not_have() -> None:
+    request = make_request([[3000, 900]], dp=1, cp=2)
+    with pytest.raises(RequestError, match="iteration"):
+        iteration_timeline(solve(request), iteration=3)
+
+
+def test_refuses_lengths_of_another_request() -> None:
+    request = make_request([[3000, 900, 50, 60]], dp=1, cp=2)
+    with pytest.raises(RequestError, match="too few sequences"):
+        iteration_timeline(solve(request), iteration=0, lengths=[3000], model=CostModel(PROFILE))

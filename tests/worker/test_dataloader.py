@@ -1,0 +1,138 @@
+"""PlannedBatches against a real ``skrull serve``: every token of every global batch reaches exactly one
+rank, packed where the view says; the example trains over real gloo processes and its first loss is the
+unscheduled loss of the same batch; the varlen adapters spell one layout four ways."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from api.client import PlanningClient
+from corpus.order import global_batches
+from examples import train_tiny
+from solver.errors import RequestError
+from tests.api.conftest import LiveServer
+from worker.dataloader import PlannedBatches
+from worker.loss import per_token_loss
+from worker.model import TinyCausalLM, sequence_attention
+from worker.varlen import flash_attn_kwargs, hf_packed_kwargs, megatron_packed_seq_params, torch_varlen_kwargs
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    srv = LiveServer(tmp_path_factory.mktemp("srv") / "skrull.db", solver_processes=1).start()
+    yield srv
+    srv.close()
+
+
+def loader(
+    server: LiveServer, client: PlanningClient, dataset: list[list[int]], rank: int, **kw: object
+) -> PlannedBatches:
+    return PlannedBatches(
+        dataset,
+        [len(s) for s in dataset],
+        client=client,
+        rank=rank,
+        dp=2,
+        cp=2,
+        global_batch_size=12,
+        profile=train_tiny.TINY_PROFILE,
+        seed=3,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def test_every_token_of_every_batch_reaches_exactly_one_rank(server: LiveServer) -> None:
+    dataset = train_tiny.make_dataset(80, max_tokens=128, seed=1)
+    seen: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    counts: set[int] = set()
+    with PlanningClient(server.url) as client:
+        for rank in range(4):
+            batches = loader(server, client, dataset, rank, num_iterations=4, batches_per_plan=2, prefetch=2)
+            for ready in batches:
+                counts.add(len(ready.microbatches))
+                for mb in ready.microbatches:
+                    assert mb.input_ids.shape == mb.labels.shape == mb.position_ids.shape
+                    assert mb.cu_seqlens[-1].item() == mb.num_tokens and mb.loss_normalizer == sum(
+                        len(dataset[i]) for i in ready.sample_indices
+                    )
+                    rows = mb.layout.row_tokens
+                    for (seq_id, pos), token in zip(rows, mb.input_ids.tolist(), strict=True):
+                        first = sum(len(b) for b in batches.batches[(ready.iteration // 2) * 2 : ready.iteration])
+                        sample = ready.sample_indices[seq_id - first]
+                        assert dataset[sample][pos] == token
+                        seen.setdefault((ready.iteration, sample), []).append((pos, rank))
+            batches.close()
+    order = global_batches(80, global_batch_size=12, seed=3)[:4]
+    expected = {(it, s) for it, b in enumerate(order) for s in b}
+    assert set(seen) == expected
+    for (_, sample), positions in seen.items():
+        assert sorted(p for p, _ in positions) == list(range(len(dataset[sample])))  # each token once
+
+
+def test_example_trains_over_gloo_and_first_loss_is_the_unscheduled_loss(server: LiveServer, tmp_path: Path) -> None:
+    out = tmp_path / "rows.json"
+    argv = ["--url", server.url, "--iterations", "3", "--samples", "96", "--global-batch-size", "12", "--seed", "5"]
+    train_tiny.main([*argv, "--out", str(out)])
+    rows = json.loads(out.read_text())
+    assert [r["iteration"] for r in rows] == [0, 1, 2]
+    assert all(math.isfinite(r["loss"]) and r["blocked_ms"] >= 0 for r in rows)
+    # the same batch, every sequence alone in one process, per-token normalization over the batch
+    torch.manual_seed(5)
+    model = TinyCausalLM(vocab_size=train_tiny.VOCAB)
+    dataset = train_tiny.make_dataset(96, max_tokens=2 * 64, seed=5)
+    batch = global_batches(96, global_batch_size=12, seed=5)[0]
+    total = sum(len(dataset[i]) for i in batch)
+    reference = 0.0
+    with torch.no_grad():
+        for i in batch:
+            ids = torch.tensor(dataset[i])
+            labels = torch.cat([ids[1:], torch.tensor([-100])])
+            logits = model(ids, torch.arange(len(ids)), sequence_attention)
+            reference += float(per_token_loss(logits, labels, num_tokens_in_iteration=total))
+    assert rows[0]["loss"] == pytest.approx(reference, rel=1e-4)
+
+
+def test_rejects_a_sample_of_another_length(server: LiveServer) -> None:
+    dataset = train_tiny.make_dataset(24, max_tokens=64, seed=2)
+    lengths = [len(s) for s in dataset]
+    lengths[0] -= 1
+    with PlanningClient(server.url) as client:
+        batches = PlannedBatches(
+            dataset, lengths, client=client, rank=0, dp=1, cp=1, global_batch_size=24, profile=train_tiny.TINY_PROFILE,
+            shuffle=False,
+        )  # fmt: skip
+        with pytest.raises(RequestError, match=r"dataset\[0\]"):
+            next(iter(batches))
+        batches.close()
+
+
+def test_varlen_adapters_spell_one_layout(server: LiveServer) -> None:
+    dataset = [[1] * 100, [2] * 7, [3] * 5]  # 100 tokens > bucket 64: sharded over the CP group
+    with PlanningClient(server.url) as client:
+        batches = PlannedBatches(
+            dataset, [100, 7, 5], client=client, rank=1, dp=1, cp=2, global_batch_size=3,
+            profile=train_tiny.TINY_PROFILE, shuffle=False,
+        )  # fmt: skip
+        ready = next(iter(batches))
+        batches.close()
+    layout = next(mb.layout for mb in ready.microbatches if mb.layout.sharded)
+    cu = list(layout.cu_seqlens)
+    fa, tv, hf, mg = (
+        flash_attn_kwargs(layout),
+        torch_varlen_kwargs(layout),
+        hf_packed_kwargs(layout),
+        megatron_packed_seq_params(layout),
+    )
+    for tensor in (fa["cu_seqlens_q"], fa["cu_seqlens_k"], tv["cu_seq_q"], hf["cu_seq_lens_k"], mg.cu_seqlens_kv):
+        assert tensor.dtype == torch.int32 and tensor.tolist() == cu
+    assert fa["max_seqlen_q"] == tv["max_k"] == hf["max_length_q"] == mg.max_seqlen_kv == layout.max_seqlen
+    assert mg.qkv_format == "thd"
+    positions = hf["position_ids"][0].tolist()
+    assert hf["position_ids"].shape == (1, layout.num_tokens)
+    assert [k for k, p in enumerate(positions) if p == 0] == cu[:-1]  # restarts exactly at segment starts
