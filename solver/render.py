@@ -222,9 +222,7 @@ def _rect(x: float, y: float, w: float, h: float, fill: str, cls: str, **attrs: 
 def _tooltip(bar: LaneBar) -> str:
     parts = [f"GPU {bar.gpu}, step {bar.step}: {bar.estimated_ms:.2f} ms (microbatch)"]
     if bar.busy_ms is not None:
-        parts.append(
-            f"overhead {bar.overhead_ms:.2f} + overlap {bar.overlap_ms:.2f} + sharded {bar.sharded_ms:.2f} ms"
-        )
+        parts.append(f"overhead {bar.overhead_ms:.2f} + overlap {bar.overlap_ms:.2f} + sharded {bar.sharded_ms:.2f} ms")
     if bar.bucket_use is not None:
         parts.append(
             f"bucket {100 * bar.bucket_use:.0f}%: {bar.local_tokens} local"
