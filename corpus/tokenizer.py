@@ -63,8 +63,11 @@ def load_tokenizer(
         except Exception as exc:  # the library raises a bare Exception for malformed files
             raise RequestError("--tokenizer", str(path), f"not a tokenizers JSON file ({exc})") from None
 
+        # encode_batch_fast skips the character offsets a count does not need (tokenizers >= 0.20).
+        encode = getattr(tok, "encode_batch_fast", tok.encode_batch)
+
         def count_hf(texts: Sequence[str]) -> list[int]:
-            return [len(e.ids) for e in tok.encode_batch(list(texts), add_special_tokens=add_special_tokens)]
+            return [len(e.ids) for e in encode(list(texts), add_special_tokens=add_special_tokens)]
 
         return LocalTokenizer(kind="tokenizers", path=str(p), count=count_hf)
     try:
