@@ -89,20 +89,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             profiles=ProfileCatalog(store),
             loop=loop,
         )
-        pool = SolverPool(
-            store=store,
-            db=settings.db,
-            synchronous=settings.sqlite_synchronous,
-            num_processes=settings.solver_processes,
-            lease_s=settings.lease_s,
-            max_attempts=settings.max_attempts,
-            idle_poll_s=settings.idle_poll_s,
-            supervise_interval_s=settings.supervise_interval_s,
-            stream_solvers=settings.stream_solver_names,
-            plugins=settings.plugin_modules,
-            hard_limit_s=settings.hard_limit_s,
-            on_event=svc.on_solver_event,
-        )
+        pool = SolverPool.from_settings(settings, store=store, on_event=svc.on_solver_event)
         svc.pool = pool
         app.state.service = svc
         stop_watching = store.watch(svc.on_store_change) if store.notifies else None

@@ -35,13 +35,16 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from api.errors import ApiProblem, from_skrull_error
 from api.execute import LeaseLostError, solve_job
 from api.store.base import ClaimedJob, IterationRecord, JobStore
 from api.store.open import open_store
 from solver.errors import SkrullError
+
+if TYPE_CHECKING:
+    from api.settings import Settings
 
 log = logging.getLogger("skrull.solving")
 
@@ -220,6 +223,24 @@ class SolverPool:
         self._lock = threading.Lock()
         self.instance = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._threads: list[threading.Thread] = []
+
+    @classmethod
+    def from_settings(cls, settings: Settings, *, store: JobStore, on_event: EventHandler) -> SolverPool:
+        """The pool ``settings`` describe: the server's and ``skrull solver-worker``'s are built alike."""
+        return cls(
+            store=store,
+            db=settings.db,
+            synchronous=settings.sqlite_synchronous,
+            num_processes=settings.solver_processes,
+            lease_s=settings.lease_s,
+            max_attempts=settings.max_attempts,
+            idle_poll_s=settings.idle_poll_s,
+            supervise_interval_s=settings.supervise_interval_s,
+            stream_solvers=settings.stream_solver_names,
+            plugins=settings.plugin_modules,
+            hard_limit_s=settings.hard_limit_s,
+            on_event=on_event,
+        )
 
     # -- lifecycle -------------------------------------------------------------------------------------
 

@@ -7,9 +7,12 @@ Flags override ``SKRULL_*`` environment variables, which override the defaults (
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from solver.errors import RequestError
+
+if TYPE_CHECKING:
+    from api.settings import Settings
 
 _FLAGS = {
     "host": "--host",
@@ -45,23 +48,30 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(func=cmd_serve)
 
 
-def cmd_serve(args: argparse.Namespace) -> int:
-    try:
-        import uvicorn
-        from pydantic import ValidationError
+def settings_from_args(args: argparse.Namespace, flags: dict[str, str]) -> Settings:
+    """Settings from the environment with the given command-line flags on top; a bad value is one
+    ``RequestError`` naming the flag (or the ``SKRULL_*`` variable) it came from."""
+    from pydantic import ValidationError
 
-        from api.app import create_app
-        from api.settings import Settings
-    except ImportError as exc:
-        raise RequestError("serve", exc.name, "the service needs the api extra: pip install 'skrull[api]'") from None
-    overrides = {key: getattr(args, key) for key in _FLAGS if getattr(args, key) is not None}
+    from api.settings import Settings
+
+    overrides = {key: getattr(args, key) for key in flags if getattr(args, key) is not None}
     try:
-        settings = Settings(**overrides)
+        return Settings(**overrides)
     except ValidationError as exc:
         err = exc.errors()[0]
         key = str(err["loc"][0]) if err["loc"] else "settings"
-        field = _FLAGS.get(key, f"SKRULL_{key.upper()}")
-        raise RequestError(field, err.get("input"), str(err["msg"])) from None
+        raise RequestError(flags.get(key, f"SKRULL_{key.upper()}"), err.get("input"), str(err["msg"])) from None
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    try:
+        import uvicorn
+
+        from api.app import create_app
+    except ImportError as exc:
+        raise RequestError("serve", exc.name, "the service needs the api extra: pip install 'skrull[api]'") from None
+    settings = settings_from_args(args, _FLAGS)
     if settings.db.startswith(("postgresql://", "postgres://")):
         from api.store.open import open_store
 

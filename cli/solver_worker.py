@@ -15,6 +15,7 @@ import signal
 import threading
 from typing import Any
 
+from cli.serve import settings_from_args
 from solver.errors import RequestError
 
 SHUTDOWN_GRACE_S = 5.0
@@ -43,20 +44,11 @@ def add_parser(sub: Any) -> None:
 
 def cmd_solver_worker(args: argparse.Namespace) -> int:
     try:
-        from pydantic import ValidationError
-
-        from api.settings import Settings
         from api.solving import Event, SolverPool, import_plugins
         from api.store.open import open_store
     except ImportError as exc:
         raise RequestError("solver-worker", exc.name, "needs the api extra: pip install 'skrull[api]'") from None
-    overrides = {key: getattr(args, key) for key in _FLAGS if getattr(args, key) is not None}
-    try:
-        settings = Settings(**overrides)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        key = str(err["loc"][0]) if err["loc"] else "settings"
-        raise RequestError(_FLAGS.get(key, f"SKRULL_{key.upper()}"), err.get("input"), str(err["msg"])) from None
+    settings = settings_from_args(args, _FLAGS)
     if settings.solver_processes < 1:
         raise RequestError("--processes", settings.solver_processes, "a solver worker needs at least one process")
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -73,20 +65,7 @@ def cmd_solver_worker(args: argparse.Namespace) -> int:
         elif event[0] == "recovered":
             log.warning("job %s taken back from a vanished owner: %s", event[1], event[2])
 
-    pool = SolverPool(
-        store=store,
-        db=settings.db,
-        synchronous=settings.sqlite_synchronous,
-        num_processes=settings.solver_processes,
-        lease_s=settings.lease_s,
-        max_attempts=settings.max_attempts,
-        idle_poll_s=settings.idle_poll_s,
-        supervise_interval_s=settings.supervise_interval_s,
-        stream_solvers=settings.stream_solver_names,
-        plugins=settings.plugin_modules,
-        hard_limit_s=settings.hard_limit_s,
-        on_event=on_event,
-    )
+    pool = SolverPool.from_settings(settings, store=store, on_event=on_event)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
