@@ -46,6 +46,7 @@ from api.store.base import (
 )
 from api.store.migrations import Migration, check_ordered, pending
 from api.store.open import is_postgres_url
+from api.store.rows import ITERATION_COLUMNS, JOB_COLUMNS, iteration_from_row, job_from_row
 
 log = logging.getLogger("skrull.store")
 
@@ -112,48 +113,6 @@ MIGRATIONS = (
     ),
 )
 SCHEMA_VERSION = check_ordered(MIGRATIONS)
-
-_JOB_COLUMNS = (
-    "id, status, solver, num_iterations, iterations_solved, num_sequences, num_gpus, time_budget_s, attempts, "
-    "plan, error, last_error, created_at, updated_at, started_at, finished_at, lease_owner, lease_expires"
-)
-_ITERATION_COLUMNS = "job_id, idx, doc, digest, wall_ms, status, bound_ms, pending"
-
-
-def _job(row: Any) -> JobRecord:
-    return JobRecord(
-        job_id=row[0],
-        status=row[1],
-        solver=row[2],
-        num_iterations=row[3],
-        iterations_solved=row[4],
-        num_sequences=row[5],
-        num_gpus=row[6],
-        time_budget_s=row[7],
-        attempts=row[8],
-        plan_json=row[9],
-        error_json=row[10],
-        last_error_json=row[11],
-        created_at=row[12],
-        updated_at=row[13],
-        started_at=row[14],
-        finished_at=row[15],
-        lease_owner=row[16],
-        lease_expires=row[17],
-    )
-
-
-def _iteration(row: Any) -> IterationRecord:
-    return IterationRecord(
-        job_id=row[0],
-        index=row[1],
-        doc_json=row[2],
-        digest=row[3],
-        wall_ms=row[4],
-        status=row[5],
-        bound_ms=row[6],
-        pending_json=row[7],
-    )
 
 
 def _notify(conn: psycopg.Connection[Any], job_id: str, *, queued: bool = False) -> None:
@@ -259,13 +218,13 @@ class PostgresJobStore:
                 )
             if created or requeued:
                 _notify(conn, job.job_id, queued=True)
-            record = conn.execute(f"SELECT {_JOB_COLUMNS} FROM jobs WHERE id = %s", (job.job_id,)).fetchone()
-        return SubmitOutcome(job=_job(record), created=created, requeued=requeued)
+            record = conn.execute(f"SELECT {JOB_COLUMNS} FROM jobs WHERE id = %s", (job.job_id,)).fetchone()
+        return SubmitOutcome(job=job_from_row(record), created=created, requeued=requeued)
 
     def get(self, job_id: str) -> JobRecord | None:
         with self._tx() as conn:
-            row = conn.execute(f"SELECT {_JOB_COLUMNS} FROM jobs WHERE id = %s", (job_id,)).fetchone()
-        return None if row is None else _job(row)
+            row = conn.execute(f"SELECT {JOB_COLUMNS} FROM jobs WHERE id = %s", (job_id,)).fetchone()
+        return None if row is None else job_from_row(row)
 
     def request_json(self, job_id: str) -> str | None:
         with self._tx() as conn:
@@ -311,7 +270,7 @@ class PostgresJobStore:
             return
         with conn.cursor() as cur:
             cur.executemany(
-                f"INSERT INTO iterations ({_ITERATION_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s) "
+                f"INSERT INTO iterations ({ITERATION_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s) "
                 "ON CONFLICT (job_id, idx) DO NOTHING",
                 [
                     (r.job_id, r.index, r.doc_json, r.digest, r.wall_ms, r.status, r.bound_ms, r.pending_json)
@@ -418,24 +377,24 @@ class PostgresJobStore:
 
     def solving_owned(self) -> list[JobRecord]:
         with self._tx() as conn:
-            rows = conn.execute(f"SELECT {_JOB_COLUMNS} FROM jobs WHERE status = 'solving'").fetchall()
-        return [_job(r) for r in rows]
+            rows = conn.execute(f"SELECT {JOB_COLUMNS} FROM jobs WHERE status = 'solving'").fetchall()
+        return [job_from_row(r) for r in rows]
 
     # -- iterations ------------------------------------------------------------------------------------
 
     def iteration(self, job_id: str, index: int) -> IterationRecord | None:
         with self._tx() as conn:
             row = conn.execute(
-                f"SELECT {_ITERATION_COLUMNS} FROM iterations WHERE job_id = %s AND idx = %s", (job_id, index)
+                f"SELECT {ITERATION_COLUMNS} FROM iterations WHERE job_id = %s AND idx = %s", (job_id, index)
             ).fetchone()
-        return None if row is None else _iteration(row)
+        return None if row is None else iteration_from_row(row)
 
     def iterations(self, job_id: str) -> list[IterationRecord]:
         with self._tx() as conn:
             rows = conn.execute(
-                f"SELECT {_ITERATION_COLUMNS} FROM iterations WHERE job_id = %s ORDER BY idx", (job_id,)
+                f"SELECT {ITERATION_COLUMNS} FROM iterations WHERE job_id = %s ORDER BY idx", (job_id,)
             ).fetchall()
-        return [_iteration(r) for r in rows]
+        return [iteration_from_row(r) for r in rows]
 
     def count_by_status(self) -> dict[str, int]:
         with self._tx() as conn:

@@ -30,6 +30,7 @@ from api.store.base import (
     SubmitOutcome,
 )
 from api.store.migrations import Migration, check_ordered, pending
+from api.store.rows import JOB_COLUMNS, iteration_from_row, job_from_row
 
 _SCHEMA_V1 = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -87,47 +88,6 @@ MIGRATIONS = (
     ),
 )
 SCHEMA_VERSION = check_ordered(MIGRATIONS)
-
-_JOB_COLUMNS = (
-    "id, status, solver, num_iterations, iterations_solved, num_sequences, num_gpus, time_budget_s, attempts, "
-    "plan, error, last_error, created_at, updated_at, started_at, finished_at, lease_owner, lease_expires"
-)
-
-
-def _job(row: Any) -> JobRecord:
-    return JobRecord(
-        job_id=row[0],
-        status=row[1],
-        solver=row[2],
-        num_iterations=row[3],
-        iterations_solved=row[4],
-        num_sequences=row[5],
-        num_gpus=row[6],
-        time_budget_s=row[7],
-        attempts=row[8],
-        plan_json=row[9],
-        error_json=row[10],
-        last_error_json=row[11],
-        created_at=row[12],
-        updated_at=row[13],
-        started_at=row[14],
-        finished_at=row[15],
-        lease_owner=row[16],
-        lease_expires=row[17],
-    )
-
-
-def _iteration(row: Any) -> IterationRecord:
-    return IterationRecord(
-        job_id=row[0],
-        index=row[1],
-        doc_json=row[2],
-        digest=row[3],
-        wall_ms=row[4],
-        status=row[5],
-        bound_ms=row[6],
-        pending_json=row[7],
-    )
 
 
 class SQLiteJobStore:
@@ -245,12 +205,12 @@ class SQLiteJobStore:
                     (now, job.job_id),
                 )
                 requeued = True
-            record = conn.execute(f"SELECT {_JOB_COLUMNS} FROM jobs WHERE id = ?", (job.job_id,)).fetchone()
-        return SubmitOutcome(job=_job(record), created=created, requeued=requeued)
+            record = conn.execute(f"SELECT {JOB_COLUMNS} FROM jobs WHERE id = ?", (job.job_id,)).fetchone()
+        return SubmitOutcome(job=job_from_row(record), created=created, requeued=requeued)
 
     def get(self, job_id: str) -> JobRecord | None:
-        row = self._conn().execute(f"SELECT {_JOB_COLUMNS} FROM jobs WHERE id = ?", (job_id,)).fetchone()
-        return None if row is None else _job(row)
+        row = self._conn().execute(f"SELECT {JOB_COLUMNS} FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        return None if row is None else job_from_row(row)
 
     def request_json(self, job_id: str) -> str | None:
         row = self._conn().execute("SELECT request FROM jobs WHERE id = ?", (job_id,)).fetchone()
@@ -391,8 +351,8 @@ class SQLiteJobStore:
             return self._take_back(conn, rows, reason_json=reason_json, max_attempts=max_attempts, count_attempt=True)
 
     def solving_owned(self) -> list[JobRecord]:
-        rows = self._conn().execute(f"SELECT {_JOB_COLUMNS} FROM jobs WHERE status = 'solving'").fetchall()
-        return [_job(r) for r in rows]
+        rows = self._conn().execute(f"SELECT {JOB_COLUMNS} FROM jobs WHERE status = 'solving'").fetchall()
+        return [job_from_row(r) for r in rows]
 
     # -- iterations ------------------------------------------------------------------------------------
 
@@ -406,7 +366,7 @@ class SQLiteJobStore:
             )
             .fetchone()
         )
-        return None if row is None else _iteration(row)
+        return None if row is None else iteration_from_row(row)
 
     def iterations(self, job_id: str) -> list[IterationRecord]:
         rows = (
@@ -418,7 +378,7 @@ class SQLiteJobStore:
             )
             .fetchall()
         )
-        return [_iteration(r) for r in rows]
+        return [iteration_from_row(r) for r in rows]
 
     def count_by_status(self) -> dict[str, int]:
         rows = self._conn().execute("SELECT status, COUNT(*) FROM jobs GROUP BY status").fetchall()
