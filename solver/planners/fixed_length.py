@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from solver.planners.minmax_ilp import solve_minmax_pack
+
 
 def original_packing(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
     """Loader order, a new sequence whenever the next document would overflow ``max_tokens``."""
@@ -54,46 +56,19 @@ def fixed_length_ilp(
 ) -> tuple[list[list[int]] | None, str, float | None]:
     """Eq. (1) by CP-SAT (one worker, fixed seed): (packing or None, status name, proven bound on the
     max ``sum d^2``)."""
-    from ortools.sat.python import cp_model
-
-    n = len(lengths)
-    m = num_sequences
-    weights = [s * s for s in lengths]
-    model = cp_model.CpModel()
-    x = [[model.new_bool_var(f"x{k}_{j}") for j in range(m)] for k in range(n)]
-    top = model.new_int_var(0, sum(weights), "max_attention")
-    loads = []
-    for j in range(m):
-        model.add(sum(lengths[k] * x[k][j] for k in range(n)) <= max_tokens)
-        load = model.new_int_var(0, sum(weights), f"load{j}")
-        model.add(load == sum(weights[k] * x[k][j] for k in range(n)))
-        model.add(top >= load)
-        loads.append(load)
-    for k in range(n):
-        model.add_exactly_one(x[k])
-    for j in range(m - 1):
-        model.add(loads[j] >= loads[j + 1])
-    model.minimize(top)
-    greedy = fixed_length_greedy(lengths, m, max_tokens)
-    if greedy is not None:  # a complete warm start: assignment, loads and objective
-        order = sorted(range(m), key=lambda j: (-sum(weights[k] for k in greedy[j]), j))
-        where = {k: pos for pos, j in enumerate(order) for k in greedy[j]}
-        for k in range(n):
-            for j in range(m):
-                model.add_hint(x[k][j], where[k] == j)
-        hinted = [sum(weights[k] for k in greedy[j]) for j in order]
-        for j in range(m):
-            model.add_hint(loads[j], hinted[j])
-        model.add_hint(top, max(hinted))
-    solver = cp_model.CpSolver()
-    solver.parameters.num_workers = 1
-    solver.parameters.random_seed = seed
-    solver.parameters.max_time_in_seconds = time_limit_s
-    status = solver.solve(model)
-    name = solver.status_name(status)
-    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+    greedy = fixed_length_greedy(lengths, num_sequences, max_tokens)
+    hint = None
+    if greedy is not None:  # a complete warm start
+        hint = [0] * len(lengths)
+        for j, pack in enumerate(greedy):
+            for k in pack:
+                hint[k] = j
+    where, name, bound = solve_minmax_pack(
+        [s * s for s in lengths], lengths, num_sequences, max_tokens, hint=hint, time_limit_s=time_limit_s, seed=seed
+    )
+    if where is None:
         return None, name, None
-    packs: list[list[int]] = [[] for _ in range(m)]
-    for k in range(n):
-        packs[next(j for j in range(m) if solver.value(x[k][j]))].append(k)
-    return packs, name, solver.best_objective_bound
+    packs: list[list[int]] = [[] for _ in range(num_sequences)]
+    for k, j in enumerate(where):
+        packs[j].append(k)
+    return packs, name, bound

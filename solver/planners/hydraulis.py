@@ -59,6 +59,7 @@ import numpy as np
 from solver.cost import MIB
 from solver.errors import InfeasibleError
 from solver.planners.base import PlannerOutput, make_spec
+from solver.planners.minmax_ilp import solve_minmax_pack
 from solver.types import MicrobatchSpec, Problem
 
 SHUFFLES = 100
@@ -279,8 +280,6 @@ def minmax_pack(
     deterministic: bool,
 ) -> tuple[list[int] | None, str]:
     """Stage 2's min-max ILP (CP-SAT): microbatch index per item, and the solver status name."""
-    from ortools.sat.python import cp_model
-
     n = len(weights)
     hint = _greedy_pack(weights, sizes, m, cap)
     if m == 1:
@@ -293,48 +292,19 @@ def minmax_pack(
             loads[j] += weights[k]
         if max(loads) <= max(max(weights), -(-sum(weights) // m)):
             return hint, "greedy-optimal"
-    model = cp_model.CpModel()
-    x = [[model.new_bool_var(f"x{k}_{j}") for j in range(m)] for k in range(n)]
-    top = model.new_int_var(0, sum(weights), "T")
-    load_vars = []
-    for j in range(m):
-        model.add(sum(sizes[k] * x[k][j] for k in range(n)) <= cap)
-        load = model.new_int_var(0, sum(weights), f"load{j}")
-        model.add(load == sum(weights[k] * x[k][j] for k in range(n)))
-        model.add(top >= load)
-        load_vars.append(load)
-    for k in range(n):
-        model.add_exactly_one(x[k])
-    for j in range(m - 1):
-        model.add(load_vars[j] >= load_vars[j + 1])
-    model.minimize(top)
-    if hint is not None:
-        # The hint must respect the symmetry order: relabel microbatches by descending load.
-        loads = [0] * m
-        for k, j in enumerate(hint):
-            loads[j] += weights[k]
-        order = sorted(range(m), key=lambda j: (-loads[j], j))
-        rank = {j: pos for pos, j in enumerate(order)}
-        for k, j in enumerate(hint):
-            for jj in range(m):
-                model.add_hint(x[k][jj], rank[j] == jj)
-        for pos, j in enumerate(order):  # a complete warm start: loads and objective too
-            model.add_hint(load_vars[pos], loads[j])
-        model.add_hint(top, max(loads))
-    solver = cp_model.CpSolver()
-    solver.parameters.num_workers = 1
-    solver.parameters.random_seed = seed
-    solver.parameters.relative_gap_limit = RELATIVE_GAP
-    if deterministic:
-        solver.parameters.max_deterministic_time = time_limit_s
-    else:
-        solver.parameters.max_time_in_seconds = time_limit_s
-    status = solver.solve(model)
-    name = solver.status_name(status)
-    if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        return [next(j for j in range(m) if solver.value(x[k][j])) for k in range(n)], name
-    if status == cp_model.INFEASIBLE:
-        return None, name
+    where, name, _ = solve_minmax_pack(
+        weights,
+        sizes,
+        m,
+        cap,
+        hint=hint,
+        time_limit_s=time_limit_s,
+        seed=seed,
+        deterministic=deterministic,
+        relative_gap=RELATIVE_GAP,
+    )
+    if where is not None or name == "INFEASIBLE":
+        return where, name
     return hint, name
 
 
