@@ -10,6 +10,8 @@ STAMP  := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
+	# The CPU build of torch this machine carries; on a GPU machine the CUDA build already installed is kept.
+	$(BIN)/python -c 'import torch' 2>/dev/null || $(BIN)/pip install --quiet 'torch==2.13.0'
 	$(BIN)/pip install --quiet -e '.[dev,worker,api,viz,data]'
 	touch $(STAMP)
 
@@ -22,7 +24,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)
-	$(BIN)/ruff check solver cli worker api corpus tests bench examples
+	$(BIN)/ruff check skrull solver cli worker api corpus tests bench examples
 	$(BIN)/mypy
 
 bench: $(STAMP)

@@ -26,8 +26,8 @@ from typing import Annotated
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from api.errors import ApiProblem
-from api.settings import Settings
+from skrull.api.errors import ApiProblem
+from skrull.api.settings import Settings
 
 READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 #: Buckets idle this long are forgotten (a full bucket is the same as none).

@@ -16,19 +16,19 @@ from contextlib import asynccontextmanager
 from fastapi import Depends, FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api.access import AccessControl, require_access
-from api.errors import install_error_handlers
-from api.limits import BodySizeLimit
-from api.metrics import Metrics
-from api.notify import Notifier
-from api.profiles import ProfileCatalog
-from api.routers import compare, health, pictures, plans, profiles, ranks
-from api.routers.common import problems
-from api.service import Service
-from api.settings import Settings
-from api.solving import SolverPool, import_plugins
-from api.store.open import open_store
-from api.views import RankViews
+from skrull.api.access import AccessControl, require_access
+from skrull.api.errors import install_error_handlers
+from skrull.api.limits import BodySizeLimit
+from skrull.api.metrics import Metrics
+from skrull.api.notify import Notifier
+from skrull.api.profiles import ProfileCatalog
+from skrull.api.routers import compare, health, pictures, plans, profiles, ranks
+from skrull.api.routers.common import problems
+from skrull.api.service import Service
+from skrull.api.settings import Settings
+from skrull.api.solving import SolverPool, import_plugins
+from skrull.api.store.open import open_store
+from skrull.api.views import RankViews
 
 API_VERSION = "1.0.0"
 SHUTDOWN_GRACE_S = 5.0

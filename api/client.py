@@ -28,8 +28,8 @@ from typing import Any
 
 import httpx
 
-from solver.io import plan_from_dict, request_to_dict
-from solver.types import Plan, Request
+from skrull.solver.io import plan_from_dict, request_to_dict
+from skrull.solver.types import Plan, Request
 
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
 #: The longest single long-poll the client asks for; longer waits are several polls.

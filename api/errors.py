@@ -12,8 +12,8 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from api.store.base import IdempotencyConflictError, ProfileConflictError
-from solver.errors import InfeasibleError, InvalidPlanError, RequestError, SkrullError
+from skrull.api.store.base import IdempotencyConflictError, ProfileConflictError
+from skrull.solver.errors import InfeasibleError, InvalidPlanError, RequestError, SkrullError
 
 if TYPE_CHECKING:  # the web framework is imported where answers are rendered, so solver processes stay light
     from fastapi import FastAPI, Request

@@ -27,12 +27,12 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from api.store.base import IterationRecord
-from solver.compare import REFERENCE_SOLVER, compare
-from solver.io import plan_from_dict, plan_to_dict, request_from_dict
-from solver.planning import solve
-from solver.types import Request
-from solver.validate import validate_plan
+from skrull.api.store.base import IterationRecord
+from skrull.solver.compare import REFERENCE_SOLVER, compare
+from skrull.solver.io import plan_from_dict, plan_to_dict, request_from_dict
+from skrull.solver.planning import solve
+from skrull.solver.types import Request
+from skrull.solver.validate import validate_plan
 
 _COMPACT = {"separators": (",", ":")}
 

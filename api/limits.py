@@ -13,9 +13,9 @@ from collections.abc import Callable
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api.errors import ApiProblem, invalid_field, problem_response
-from api.schemas import PlanRequestIn
-from api.settings import Settings
+from skrull.api.errors import ApiProblem, invalid_field, problem_response
+from skrull.api.schemas import PlanRequestIn
+from skrull.api.settings import Settings
 
 
 def _too_large(max_bytes: int, got: int | None) -> str:

@@ -9,10 +9,10 @@ from __future__ import annotations
 import json
 from html import escape
 
-from api.store.base import JobRecord
-from solver.cost import CostModel
-from solver.io import plan_from_dict, request_from_dict
-from solver.render import plan_timelines, render_svg
+from skrull.api.store.base import JobRecord
+from skrull.solver.cost import CostModel
+from skrull.solver.io import plan_from_dict, request_from_dict
+from skrull.solver.render import plan_timelines, render_svg
 
 #: How often (seconds) the page of a plan still solving reloads itself.
 REFRESH_S = 2

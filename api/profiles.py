@@ -11,10 +11,10 @@ import json
 import re
 from typing import Any
 
-from api.errors import ApiProblem, invalid_field
-from api.store.base import JobStore
-from solver.errors import RequestError
-from solver.profile import bundled_profile_names, load_profile, profile_from_dict
+from skrull.api.errors import ApiProblem, invalid_field
+from skrull.api.store.base import JobStore
+from skrull.solver.errors import RequestError
+from skrull.solver.profile import bundled_profile_names, load_profile, profile_from_dict
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$")
 

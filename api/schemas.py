@@ -14,10 +14,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt
 
-from api.store.base import JobRecord
-from solver.io import DEFAULT_PROFILE, DEFAULT_TIME_BUDGET_S, request_from_dict, request_to_dict
-from solver.types import Iteration, Microbatch, Request
-from solver.worker_view import RankView
+from skrull.api.store.base import JobRecord
+from skrull.solver.io import DEFAULT_PROFILE, DEFAULT_TIME_BUDGET_S, request_from_dict, request_to_dict
+from skrull.solver.types import Iteration, Microbatch, Request
+from skrull.solver.worker_view import RankView
 
 JobStatusName = Literal["queued", "solving", "solved", "failed"]
 

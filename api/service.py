@@ -17,16 +17,16 @@ from typing import Any, TypeVar
 
 from starlette.concurrency import run_in_threadpool
 
-from api.errors import ApiProblem
-from api.metrics import Metrics
-from api.notify import Notifier
-from api.profiles import ProfileCatalog
-from api.schemas import canonical_request_json, job_id_for, request_from_document
-from api.settings import Settings
-from api.solving import Event, SolverPool, import_plugins
-from api.store.base import JobRecord, JobStore, NewJob, SubmitOutcome
-from api.views import RankViews
-from solver.types import Request
+from skrull.api.errors import ApiProblem
+from skrull.api.metrics import Metrics
+from skrull.api.notify import Notifier
+from skrull.api.profiles import ProfileCatalog
+from skrull.api.schemas import canonical_request_json, job_id_for, request_from_document
+from skrull.api.settings import Settings
+from skrull.api.solving import Event, SolverPool, import_plugins
+from skrull.api.store.base import JobRecord, JobStore, NewJob, SubmitOutcome
+from skrull.api.views import RankViews
+from skrull.solver.types import Request
 
 T = TypeVar("T")
 

@@ -37,14 +37,14 @@ from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
 from typing import TYPE_CHECKING, Any
 
-from api.errors import ApiProblem, from_skrull_error
-from api.execute import LeaseLostError, solve_job
-from api.store.base import ClaimedJob, IterationRecord, JobStore
-from api.store.open import open_store
-from solver.errors import SkrullError
+from skrull.api.errors import ApiProblem, from_skrull_error
+from skrull.api.execute import LeaseLostError, solve_job
+from skrull.api.store.base import ClaimedJob, IterationRecord, JobStore
+from skrull.api.store.open import open_store
+from skrull.solver.errors import SkrullError
 
 if TYPE_CHECKING:
-    from api.settings import Settings
+    from skrull.api.settings import Settings
 
 log = logging.getLogger("skrull.solving")
 

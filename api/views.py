@@ -14,10 +14,10 @@ import threading
 from collections import OrderedDict
 from typing import Generic, TypeVar
 
-from api.schemas import iteration_from_document, rank_view_document
-from api.store.base import IterationRecord, JobStore
-from solver.types import Iteration, Parallel, Plan, SolveInfo
-from solver.worker_view import rank_view
+from skrull.api.schemas import iteration_from_document, rank_view_document
+from skrull.api.store.base import IterationRecord, JobStore
+from skrull.solver.types import Iteration, Parallel, Plan, SolveInfo
+from skrull.solver.worker_view import rank_view
 
 K = TypeVar("K")
 V = TypeVar("V")

@@ -15,11 +15,11 @@ import argparse
 import dataclasses
 import platform
 
-from solver.datasets import synthesize_request
-from solver.planning import solve
-from solver.profile import load_profile
-from solver.types import Parallel, Problem
-from worker.execute import ExecuteConfig, execute_plan
+from skrull.solver.datasets import synthesize_request
+from skrull.solver.planning import solve
+from skrull.solver.profile import load_profile
+from skrull.solver.types import Parallel, Problem
+from skrull.worker.execute import ExecuteConfig, execute_plan
 
 DATASETS = ("llama3-sft-mix", "chatqa2-long-sft")
 SOLVERS = ("skrull", "deepspeed", "packed")

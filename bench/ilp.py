@@ -12,10 +12,10 @@ import argparse
 import dataclasses
 import platform
 
-from solver.datasets import synthesize_request
-from solver.planning import solve
-from solver.profile import load_profile
-from solver.types import Parallel
+from skrull.solver.datasets import synthesize_request
+from skrull.solver.planning import solve
+from skrull.solver.profile import load_profile
+from skrull.solver.types import Parallel
 
 LAYOUTS = [Parallel(dp=2, cp=4), Parallel(dp=4, cp=8)]
 

@@ -18,11 +18,11 @@ from pathlib import Path
 
 import numpy as np
 
-from solver.datasets import synthesize_request
-from solver.io import dumps, request_to_dict
-from solver.planning import solve
-from solver.profile import load_profile
-from solver.types import Parallel
+from skrull.solver.datasets import synthesize_request
+from skrull.solver.io import dumps, request_to_dict
+from skrull.solver.planning import solve
+from skrull.solver.profile import load_profile
+from skrull.solver.types import Parallel
 
 SIZES = [(Parallel(dp=4, cp=8), 64, 200), (Parallel(dp=16, cp=8), 256, 30), (Parallel(dp=64, cp=8), 1024, 5)]
 

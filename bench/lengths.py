@@ -57,9 +57,9 @@ def run_once(corpus: Path, tokenizer: Path, threads: int | None) -> tuple[float,
     code = f"""
 import json, time
 from pathlib import Path
-from corpus.lengths import count_lengths
-from corpus.text import text_extractor
-from corpus.tokenizer import load_tokenizer
+from skrull.corpus.lengths import count_lengths
+from skrull.corpus.text import text_extractor
+from skrull.corpus.tokenizer import load_tokenizer
 tok = load_tokenizer({str(tokenizer)!r}, num_threads={threads or 0} or None)
 ex = text_extractor(fields=None, chat_template=None)
 t = time.perf_counter()

@@ -23,22 +23,22 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from solver.compare import compare
-from solver.cost import CostModel
-from solver.datasets import distribution_names, load_distribution, synthesize_request
-from solver.metrics import imbalance_degree, work_ms
-from solver.planners.base import PlannerOutput
-from solver.planners.dacp import dacp_place, round_robin_place
-from solver.planners.dynamic_cp import DynamicCpPlanner
-from solver.planners.fixed_length import fixed_length_greedy, fixed_length_ilp, original_packing
-from solver.planners.gds import balance_dp
-from solver.planners.registry import PEERS
-from solver.planners.skrull import gds_dacp_batch
-from solver.planners.wlb import WlbPlanner
-from solver.planning import assemble_plan, solve
-from solver.profile import load_profile
-from solver.types import Parallel, Plan, Problem, Request
-from solver.validate import validate_plan
+from skrull.solver.compare import compare
+from skrull.solver.cost import CostModel
+from skrull.solver.datasets import distribution_names, load_distribution, synthesize_request
+from skrull.solver.metrics import imbalance_degree, work_ms
+from skrull.solver.planners.base import PlannerOutput
+from skrull.solver.planners.dacp import dacp_place, round_robin_place
+from skrull.solver.planners.dynamic_cp import DynamicCpPlanner
+from skrull.solver.planners.fixed_length import fixed_length_greedy, fixed_length_ilp, original_packing
+from skrull.solver.planners.gds import balance_dp
+from skrull.solver.planners.registry import PEERS
+from skrull.solver.planners.skrull import gds_dacp_batch
+from skrull.solver.planners.wlb import WlbPlanner
+from skrull.solver.planning import assemble_plan, solve
+from skrull.solver.profile import load_profile
+from skrull.solver.types import Parallel, Plan, Problem, Request
+from skrull.solver.validate import validate_plan
 
 QWEN_05B = "h100-80g/qwen2.5-0.5b"
 QWEN_7B = "h100-80g/qwen2.5-7b"

@@ -14,11 +14,11 @@ import dataclasses
 import platform
 import statistics
 
-from solver.compare import compare
-from solver.datasets import distribution_names, synthesize_request
-from solver.planners.registry import planner_names
-from solver.profile import load_profile
-from solver.types import Parallel
+from skrull.solver.compare import compare
+from skrull.solver.datasets import distribution_names, synthesize_request
+from skrull.solver.planners.registry import planner_names
+from skrull.solver.profile import load_profile
+from skrull.solver.types import Parallel
 
 SETUPS = [
     ("h100-80g/qwen2.5-0.5b", Parallel(dp=4, cp=8), 64),

@@ -42,9 +42,9 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from solver.datasets import synthesize_request  # noqa: E402
-from solver.io import parse_profile, request_to_dict  # noqa: E402
-from solver.types import Parallel  # noqa: E402
+from skrull.solver.datasets import synthesize_request  # noqa: E402
+from skrull.solver.io import parse_profile, request_to_dict  # noqa: E402
+from skrull.solver.types import Parallel  # noqa: E402
 
 
 def free_port() -> int:
@@ -60,7 +60,7 @@ def start_server(db: Path, *, solver_processes: int, synchronous: str) -> tuple[
     cmd = [
         sys.executable,
         "-m",
-        "cli.main",
+        "skrull.cli.main",
         "serve",
         "--host",
         "127.0.0.1",

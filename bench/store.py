@@ -32,13 +32,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from api.schemas import canonical_request_json, job_id_for, request_from_document  # noqa: E402
-from api.solving import SolverPool  # noqa: E402
-from api.store.base import JobStore, NewJob  # noqa: E402
-from api.store.open import open_store  # noqa: E402
-from solver.datasets import synthesize_request  # noqa: E402
-from solver.io import parse_profile, request_to_dict  # noqa: E402
-from solver.types import Parallel  # noqa: E402
+from skrull.api.schemas import canonical_request_json, job_id_for, request_from_document  # noqa: E402
+from skrull.api.solving import SolverPool  # noqa: E402
+from skrull.api.store.base import JobStore, NewJob  # noqa: E402
+from skrull.api.store.open import open_store  # noqa: E402
+from skrull.solver.datasets import synthesize_request  # noqa: E402
+from skrull.solver.io import parse_profile, request_to_dict  # noqa: E402
+from skrull.solver.types import Parallel  # noqa: E402
 
 ADMIN_URL = os.environ.get("SKRULL_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 

@@ -13,10 +13,10 @@ import argparse
 import sys
 from typing import Any
 
-from solver.errors import RequestError, SkrullError
-from solver.io import read_json, request_from_dict
-from solver.planning import solve
-from solver.types import Problem
+from skrull.solver.errors import RequestError, SkrullError
+from skrull.solver.io import read_json, request_from_dict
+from skrull.solver.planning import solve
+from skrull.solver.types import Problem
 
 EXIT_CHECK_FAILED = 1
 
@@ -54,11 +54,11 @@ def cmd_execute(args: argparse.Namespace) -> int:
     try:
         import torch
 
-        from worker.dacp import CP_MODES
-        from worker.execute import DTYPES, ExecuteConfig, LayerConfig, compare, execute_plan
-        from worker.kernels import select_kernel
-        from worker.launch import LaunchError, check_backend
-        from worker.layout import SHARDING_RULES
+        from skrull.worker.dacp import CP_MODES
+        from skrull.worker.execute import DTYPES, ExecuteConfig, LayerConfig, compare, execute_plan
+        from skrull.worker.kernels import select_kernel
+        from skrull.worker.launch import LaunchError, check_backend
+        from skrull.worker.layout import SHARDING_RULES
     except ImportError as exc:
         raise SkrullError(f"skrull execute needs torch ({exc.name} missing): pip install 'skrull[worker]'") from None
     doc = read_json(args.request, field="--request")

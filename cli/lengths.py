@@ -14,13 +14,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from corpus.lengths import BATCH_ROWS, count_lengths, lengths_request
-from corpus.progress import Progress
-from corpus.readers import FORMATS
-from corpus.text import TEMPLATES, text_extractor
-from corpus.tokenizer import load_tokenizer
-from solver.errors import RequestError
-from solver.io import DEFAULT_PROFILE, dumps, parse_profile, read_json, request_from_dict
+from skrull.corpus.lengths import BATCH_ROWS, count_lengths, lengths_request
+from skrull.corpus.progress import Progress
+from skrull.corpus.readers import FORMATS
+from skrull.corpus.text import TEMPLATES, text_extractor
+from skrull.corpus.tokenizer import load_tokenizer
+from skrull.solver.errors import RequestError
+from skrull.solver.io import DEFAULT_PROFILE, dumps, parse_profile, read_json, request_from_dict
 
 
 def add_parser(sub: Any) -> None:
@@ -127,7 +127,7 @@ def cmd_lengths(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     if args.submit:
-        from api.client import PlanningClient, ServiceError
+        from skrull.api.client import PlanningClient, ServiceError
 
         try:
             with PlanningClient(args.submit) as client:

@@ -13,16 +13,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from cli import execute as execute_cli
-from cli import lengths as lengths_cli
-from cli import profile as profile_cli
-from cli import serve, solver_worker
-from cli import show as show_cli
-from solver.compare import compare, format_table, parse_solver_spec
-from solver.datasets import distribution_names, synthesize_request
-from solver.derive import GPUS, MODELS, derive_profile
-from solver.errors import RequestError, SkrullError
-from solver.io import (
+from skrull.cli import execute as execute_cli
+from skrull.cli import lengths as lengths_cli
+from skrull.cli import profile as profile_cli
+from skrull.cli import serve, solver_worker
+from skrull.cli import show as show_cli
+from skrull.solver.compare import compare, format_table, parse_solver_spec
+from skrull.solver.datasets import distribution_names, synthesize_request
+from skrull.solver.derive import GPUS, MODELS, derive_profile
+from skrull.solver.errors import RequestError, SkrullError
+from skrull.solver.io import (
     BACKENDS,
     DEFAULT_PROFILE,
     dumps,
@@ -33,11 +33,11 @@ from solver.io import (
     request_from_dict,
     request_to_dict,
 )
-from solver.planners.registry import get_planner, planner_names
-from solver.planning import solve
-from solver.profile import bundled_profile_names, profile_file_name, profiles_dir
-from solver.types import Parallel, Request
-from solver.validate import validate_plan
+from skrull.solver.planners.registry import get_planner, planner_names
+from skrull.solver.planning import solve
+from skrull.solver.profile import bundled_profile_names, profile_file_name, profiles_dir
+from skrull.solver.types import Parallel, Request
+from skrull.solver.validate import validate_plan
 
 EXIT_USER_ERROR = 2
 

@@ -12,10 +12,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from solver.derive import TrainingSetup
-from solver.errors import RequestError, SkrullError
-from solver.io import dumps, parse_profile, read_json
-from solver.types import Parallel
+from skrull.solver.derive import TrainingSetup
+from skrull.solver.errors import RequestError, SkrullError
+from skrull.solver.io import dumps, parse_profile, read_json
+from skrull.solver.types import Parallel
 
 EXIT_USER_ERROR = 2
 
@@ -50,10 +50,10 @@ def cmd_profile(args: argparse.Namespace) -> int:
     try:
         import torch
 
-        from worker.execute import DTYPES
-        from worker.profiling.document import model_from_doc
-        from worker.profiling.measure import PROFILE_MODELS
-        from worker.profiling.run import ProfileOptions, run_check, run_profile
+        from skrull.worker.execute import DTYPES
+        from skrull.worker.profiling.document import model_from_doc
+        from skrull.worker.profiling.measure import PROFILE_MODELS
+        from skrull.worker.profiling.run import ProfileOptions, run_check, run_profile
     except ImportError as exc:
         raise SkrullError(f"skrull profile needs torch ({exc.name} missing): pip install 'skrull[worker]'") from None
     if args.device not in ("cuda", "cpu"):
@@ -137,7 +137,7 @@ def _check(args: argparse.Namespace, *, device: Any, dtype: Any, model_from_doc:
         kernel=args.kernel,
         bucket_tokens=args.bucket_tokens,
     )
-    from worker.profiling.check import check_stats
+    from skrull.worker.profiling.check import check_stats
 
     print(
         f"check of {profile.name} on {device}: DP{args.dp} x CP{args.cp}, {args.per_rank} sequences per DP rank, "

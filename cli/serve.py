@@ -9,10 +9,10 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, Any
 
-from solver.errors import RequestError
+from skrull.solver.errors import RequestError
 
 if TYPE_CHECKING:
-    from api.settings import Settings
+    from skrull.api.settings import Settings
 
 _FLAGS = {
     "host": "--host",
@@ -53,7 +53,7 @@ def settings_from_args(args: argparse.Namespace, flags: dict[str, str]) -> Setti
     ``RequestError`` naming the flag (or the ``SKRULL_*`` variable) it came from."""
     from pydantic import ValidationError
 
-    from api.settings import Settings
+    from skrull.api.settings import Settings
 
     overrides = {key: getattr(args, key) for key in flags if getattr(args, key) is not None}
     try:
@@ -68,12 +68,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         import uvicorn
 
-        from api.app import create_app
+        from skrull.api.app import create_app
     except ImportError as exc:
         raise RequestError("serve", exc.name, "the service needs the api extra: pip install 'skrull[api]'") from None
     settings = settings_from_args(args, _FLAGS)
     if settings.db.startswith(("postgresql://", "postgres://")):
-        from api.store.open import open_store
+        from skrull.api.store.open import open_store
 
         try:  # reach and migrate the store now, so a wrong URL is one clear line, not a traceback
             open_store(settings.db, pool_size=1).close()

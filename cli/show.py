@@ -15,13 +15,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from solver.cost import CostModel
-from solver.errors import RequestError
-from solver.io import plan_from_dict, read_json, request_from_dict
-from solver.planning import solve
-from solver.render import Timeline, iteration_timeline, plan_timelines, render_svg, svg_to_png
-from solver.types import Plan, Request
-from solver.validate import validate_plan
+from skrull.solver.cost import CostModel
+from skrull.solver.errors import RequestError
+from skrull.solver.io import plan_from_dict, read_json, request_from_dict
+from skrull.solver.planning import solve
+from skrull.solver.render import Timeline, iteration_timeline, plan_timelines, render_svg, svg_to_png
+from skrull.solver.types import Plan, Request
+from skrull.solver.validate import validate_plan
 
 FORMATS: tuple[str, ...] = (".svg", ".png")
 

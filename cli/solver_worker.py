@@ -15,8 +15,8 @@ import signal
 import threading
 from typing import Any
 
-from cli.serve import settings_from_args
-from solver.errors import RequestError
+from skrull.cli.serve import settings_from_args
+from skrull.solver.errors import RequestError
 
 SHUTDOWN_GRACE_S = 5.0
 
@@ -44,8 +44,8 @@ def add_parser(sub: Any) -> None:
 
 def cmd_solver_worker(args: argparse.Namespace) -> int:
     try:
-        from api.solving import Event, SolverPool, import_plugins
-        from api.store.open import open_store
+        from skrull.api.solving import Event, SolverPool, import_plugins
+        from skrull.api.store.open import open_store
     except ImportError as exc:
         raise RequestError("solver-worker", exc.name, "needs the api extra: pip install 'skrull[api]'") from None
     settings = settings_from_args(args, _FLAGS)

@@ -11,11 +11,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from corpus.order import global_batches
-from corpus.progress import Progress
-from corpus.readers import iter_rows
-from corpus.tokenizer import LocalTokenizer
-from solver.errors import RequestError
+from skrull.corpus.order import global_batches
+from skrull.corpus.progress import Progress
+from skrull.corpus.readers import iter_rows
+from skrull.corpus.tokenizer import LocalTokenizer
+from skrull.solver.errors import RequestError
 
 BATCH_ROWS = 2048
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from solver.errors import RequestError
+from skrull.solver.errors import RequestError
 
 
 def sample_order(num_samples: int, *, seed: int, epoch: int = 0, shuffle: bool = True) -> list[int]:

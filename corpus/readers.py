@@ -16,7 +16,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from solver.errors import RequestError
+from skrull.solver.errors import RequestError
 
 FORMATS: tuple[str, ...] = ("jsonl", "json", "parquet")
 CHUNK_BYTES = 1 << 20

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from solver.errors import RequestError
+from skrull.solver.errors import RequestError
 
 TEMPLATES: tuple[str, ...] = ("chatml", "llama3", "plain")
 

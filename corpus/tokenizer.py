@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from solver.errors import RequestError
+from skrull.solver.errors import RequestError
 
 #: The pre-tokenizer split pattern of OpenAI's cl100k_base (a published regular expression).
 CL100K_PATTERN = (

@@ -28,15 +28,15 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run from a checkout without installing
     sys.path.insert(0, str(ROOT))
 
-from api.client import PlanningClient  # noqa: E402
-from worker.collectives import GroupRegistry  # noqa: E402
-from worker.dacp import DACPPlan, dacp_attention  # noqa: E402
-from worker.dataloader import PlannedBatches  # noqa: E402
-from worker.kernels import select_kernel  # noqa: E402
-from worker.launch import launch  # noqa: E402
-from worker.loss import per_token_loss  # noqa: E402
-from worker.model import TinyCausalLM  # noqa: E402
-from worker.train import reduce_gradients  # noqa: E402
+from skrull.api.client import PlanningClient  # noqa: E402
+from skrull.worker.collectives import GroupRegistry  # noqa: E402
+from skrull.worker.dacp import DACPPlan, dacp_attention  # noqa: E402
+from skrull.worker.dataloader import PlannedBatches  # noqa: E402
+from skrull.worker.kernels import select_kernel  # noqa: E402
+from skrull.worker.launch import launch  # noqa: E402
+from skrull.worker.loss import per_token_loss  # noqa: E402
+from skrull.worker.model import TinyCausalLM  # noqa: E402
+from skrull.worker.train import reduce_gradients  # noqa: E402
 
 VOCAB = 97
 #: A CPU-sized profile (the coefficients of examples/requests/tiny-cpu-dp2-cp2.json).

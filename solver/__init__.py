@@ -3,10 +3,10 @@
 Pure Python + numpy (and, for the exact model, pyscipopt / ortools); never imports the service or torch.
 """
 
-from solver.errors import InfeasibleError, InvalidPlanError, RequestError, SequenceTooLongError, SkrullError
-from solver.planning import solve
-from solver.types import Iteration, Microbatch, MicrobatchSpec, Parallel, Plan, Problem, Request, SolveInfo
-from solver.validate import validate_plan
+from skrull.solver.errors import InfeasibleError, InvalidPlanError, RequestError, SequenceTooLongError, SkrullError
+from skrull.solver.planning import solve
+from skrull.solver.types import Iteration, Microbatch, MicrobatchSpec, Parallel, Plan, Problem, Request, SolveInfo
+from skrull.solver.validate import validate_plan
 
 __all__ = [
     "InfeasibleError",

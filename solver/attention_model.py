@@ -30,7 +30,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from solver.profile import Profile
+from skrull.solver.profile import Profile
 
 TILE_ROWS = 128
 #: Achieved fraction of the dense attention rate by padded query rows of a piece (assumed, after WLB Fig. 10).

@@ -16,12 +16,12 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from solver.cost import CostModel
-from solver.errors import SkrullError
-from solver.metrics import imbalance_degree, peak_bucket_use, synchronized_makespan_ms, work_ms
-from solver.planners.registry import planner_names
-from solver.planning import solve
-from solver.types import Plan, Request
+from skrull.solver.cost import CostModel
+from skrull.solver.errors import SkrullError
+from skrull.solver.metrics import imbalance_degree, peak_bucket_use, synchronized_makespan_ms, work_ms
+from skrull.solver.planners.registry import planner_names
+from skrull.solver.planning import solve
+from skrull.solver.types import Plan, Request
 
 REFERENCE_SOLVER = "deepspeed"
 #: What ``compare`` runs by default: the heuristic, both exact backends, auto, then the baselines.

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from solver.profile import Profile
-from solver.types import MicrobatchSpec, Parallel
+from skrull.solver.profile import Profile
+from skrull.solver.types import MicrobatchSpec, Parallel
 
 MIB = float(2**20)
 

@@ -10,30 +10,26 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from solver.errors import RequestError
-from solver.profile import Profile
-from solver.types import Parallel, Request
-
-DISTRIBUTIONS_DIR_ENV = "SKRULL_DISTRIBUTIONS_DIR"
+from skrull.solver.errors import RequestError
+from skrull.solver.profile import Profile
+from skrull.solver.resources import DISTRIBUTIONS_DIR_ENV, bundled_dir, find_file, list_stems
+from skrull.solver.types import Parallel, Request
 
 
 def distributions_dir() -> Path:
-    env = os.environ.get(DISTRIBUTIONS_DIR_ENV)
-    if env:
-        return Path(env)
-    return Path(__file__).resolve().parent.parent / "distributions"
+    """The bundled distributions folder inside the installed package (``skrull/distributions``)."""
+    return bundled_dir("distributions")
 
 
 def distribution_names() -> tuple[str, ...]:
-    folder = distributions_dir()
-    return tuple(sorted(p.stem for p in folder.glob("*.json"))) if folder.is_dir() else ()
+    """Bundled distributions plus those in ``$SKRULL_DISTRIBUTIONS_DIR``."""
+    return list_stems("distributions", DISTRIBUTIONS_DIR_ENV)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -76,7 +72,9 @@ def load_distribution(name: str, *, field: str = "dataset") -> LengthDistributio
     names = distribution_names()
     if name not in names:
         raise RequestError(field, name, f"unknown dataset; bundled: {', '.join(names)}")
-    doc = json.loads((distributions_dir() / f"{name}.json").read_text(encoding="utf-8"))
+    found = find_file("distributions", DISTRIBUTIONS_DIR_ENV, f"{name}.json")
+    assert found is not None, name
+    doc = json.loads(found.read_text(encoding="utf-8"))
     return LengthDistribution(name=name, source=doc["source"], doc=doc)
 
 

@@ -35,7 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from solver.profile import CommCoeffs, ComputeCoeffs, Profile
+from skrull.solver.profile import CommCoeffs, ComputeCoeffs, Profile
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -11,9 +11,9 @@ import math
 from pathlib import Path
 from typing import Any
 
-from solver.errors import RequestError, SequenceTooLongError, UnknownSolverError
-from solver.profile import Profile, load_profile, profile_from_dict
-from solver.types import (
+from skrull.solver.errors import RequestError, SequenceTooLongError, UnknownSolverError
+from skrull.solver.profile import Profile, load_profile, profile_from_dict
+from skrull.solver.types import (
     DEFAULT_SHARDING,
     PLAN_SCHEMA,
     SHARDING_MODES,
@@ -74,7 +74,7 @@ def request_from_dict(doc: Any, *, known_solvers: tuple[str, ...] | None = None)
 
     solver = doc.get("solver", "skrull")
     if known_solvers is None:
-        from solver.planners.registry import planner_names
+        from skrull.solver.planners.registry import planner_names
 
         known_solvers = planner_names()
     if not isinstance(solver, str) or solver not in known_solvers:

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from solver.cost import CostModel
-from solver.types import Iteration, Plan
+from skrull.solver.cost import CostModel
+from skrull.solver.types import Iteration, Plan
 
 
 def iteration_imbalance(iteration: Iteration) -> float | None:

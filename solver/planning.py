@@ -5,11 +5,11 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from solver.cost import CostModel
-from solver.planners.base import PlannerOutput
-from solver.planners.registry import get_planner
-from solver.types import Iteration, Microbatch, Plan, Problem, Request, SolveInfo
-from solver.validate import validate_plan
+from skrull.solver.cost import CostModel
+from skrull.solver.planners.base import PlannerOutput
+from skrull.solver.planners.registry import get_planner
+from skrull.solver.types import Iteration, Microbatch, Plan, Problem, Request, SolveInfo
+from skrull.solver.validate import validate_plan
 
 
 def assemble_plan(problem: Problem, output: PlannerOutput, *, solver: str, wall_ms: float) -> Plan:

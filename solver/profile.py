@@ -10,14 +10,12 @@ from __future__ import annotations
 import copy
 import json
 import math
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from solver.errors import RequestError, UnknownProfileError
-
-PROFILES_DIR_ENV = "SKRULL_PROFILES_DIR"
+from skrull.solver.errors import RequestError, UnknownProfileError
+from skrull.solver.resources import PROFILES_DIR_ENV, bundled_dir, find_file, list_stems
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -121,11 +119,8 @@ def profile_from_dict(doc: Any, *, path: str = "profile") -> Profile:
 
 
 def profiles_dir() -> Path:
-    """Bundled profiles: ``$SKRULL_PROFILES_DIR`` or ``profiles/`` at the project root."""
-    env = os.environ.get(PROFILES_DIR_ENV)
-    if env:
-        return Path(env)
-    return Path(__file__).resolve().parent.parent / "profiles"
+    """The bundled profiles folder inside the installed package (``skrull/profiles``)."""
+    return bundled_dir("profiles")
 
 
 def profile_file_name(name: str) -> str:
@@ -133,10 +128,8 @@ def profile_file_name(name: str) -> str:
 
 
 def bundled_profile_names() -> tuple[str, ...]:
-    folder = profiles_dir()
-    if not folder.is_dir():
-        return ()
-    return tuple(sorted(p.stem.replace("__", "/") for p in folder.glob("*.json")))
+    """Bundled profiles plus those in ``$SKRULL_PROFILES_DIR`` (directories separated by ``os.pathsep``)."""
+    return tuple(stem.replace("__", "/") for stem in list_stems("profiles", PROFILES_DIR_ENV))
 
 
 def load_profile(name: str, *, path: str = "profile") -> Profile:
@@ -144,5 +137,7 @@ def load_profile(name: str, *, path: str = "profile") -> Profile:
     names = bundled_profile_names()
     if name not in names:
         raise UnknownProfileError(path, name, f"unknown profile; bundled: {', '.join(names) or 'none'}")
-    with open(profiles_dir() / profile_file_name(name), encoding="utf-8") as fh:
+    found = find_file("profiles", PROFILES_DIR_ENV, profile_file_name(name))
+    assert found is not None, name
+    with open(found, encoding="utf-8") as fh:
         return profile_from_dict(json.load(fh), path=path)

@@ -27,9 +27,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from xml.sax.saxutils import escape, quoteattr
 
-from solver.cost import CostModel
-from solver.errors import RequestError
-from solver.types import Plan
+from skrull.solver.cost import CostModel
+from skrull.solver.errors import RequestError
+from skrull.solver.types import Plan
 
 #: Fill colours of the segments and strips (colour-blind-safe Tableau 10 picks).
 COLOURS: dict[str, str] = {

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from solver.profile import Profile
+from skrull.solver.profile import Profile
 
 PLAN_SCHEMA = "skrull.plan/v1"
 SolveStatus = Literal["heuristic", "optimal", "feasible", "timeout"]

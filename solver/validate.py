@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import math
 
-from solver.cost import CostModel
-from solver.errors import InvalidPlanError
-from solver.types import PLAN_SCHEMA, SHARDING_MODES, SOLVE_STATUSES, Plan, Request
+from skrull.solver.cost import CostModel
+from skrull.solver.errors import InvalidPlanError
+from skrull.solver.types import PLAN_SCHEMA, SHARDING_MODES, SOLVE_STATUSES, Plan, Request
 
 #: Plans in JSON carry 6 decimals; estimates must match the reference model to this (ms).
 TOLERANCE_MS = 1e-5

@@ -23,9 +23,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from solver.errors import RequestError
-from solver.sharding import layout
-from solver.types import DEFAULT_SHARDING, Plan
+from skrull.solver.errors import RequestError
+from skrull.solver.sharding import layout
+from skrull.solver.types import DEFAULT_SHARDING, Plan
 
 
 def zigzag_chunks(num_tokens: int, group_size: int) -> list[tuple[int, int]]:

@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from solver.io import request_from_dict
-from solver.profile import Profile, profile_from_dict
-from solver.types import Request
+from skrull.solver.io import request_from_dict
+from skrull.solver.profile import Profile, profile_from_dict
+from skrull.solver.types import Request
 
 #: Round numbers so a reader can redo every estimate by hand (see tests/solver/test_cost.py).
 HAND_PROFILE: dict[str, Any] = {

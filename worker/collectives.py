@@ -20,7 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from solver.types import Plan
+from skrull.solver.types import Plan
 
 
 @dataclass(slots=True)

@@ -35,10 +35,10 @@ from typing import Any, Literal
 import torch
 import torch.distributed as dist
 
-from solver.errors import RequestError
-from worker.collectives import all_gather_slots, all_to_all_slots, reduce_scatter_slots, wait
-from worker.kernels import AttentionKernel
-from worker.layout import MicrobatchLayout
+from skrull.solver.errors import RequestError
+from skrull.worker.collectives import all_gather_slots, all_to_all_slots, reduce_scatter_slots, wait
+from skrull.worker.kernels import AttentionKernel
+from skrull.worker.layout import MicrobatchLayout
 
 CPMode = Literal["allgather", "ulysses"]
 CP_MODES: tuple[str, ...] = ("allgather", "ulysses")

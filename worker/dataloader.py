@@ -35,12 +35,12 @@ from typing import Any
 
 import torch
 
-from api.client import PlanningClient
-from corpus.order import global_batches
-from solver.errors import RequestError
-from worker.inputs import pack
-from worker.layout import MicrobatchLayout, layouts_from_view_dict
-from worker.loss import IGNORE_INDEX
+from skrull.api.client import PlanningClient
+from skrull.corpus.order import global_batches
+from skrull.solver.errors import RequestError
+from skrull.worker.inputs import pack
+from skrull.worker.layout import MicrobatchLayout, layouts_from_view_dict
+from skrull.worker.loss import IGNORE_INDEX
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -24,15 +24,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from solver.io import plan_from_dict, plan_to_dict
-from solver.types import Plan
-from worker.collectives import GroupRegistry
-from worker.dacp import DACPPlan, dacp_attention
-from worker.inputs import SyntheticData, pack, position_ids, unpack
-from worker.kernels import select_kernel
-from worker.launch import device_for, launch
-from worker.layout import rank_layouts
-from worker.model import AttentionLayer, sequence_attention
+from skrull.solver.io import plan_from_dict, plan_to_dict
+from skrull.solver.types import Plan
+from skrull.worker.collectives import GroupRegistry
+from skrull.worker.dacp import DACPPlan, dacp_attention
+from skrull.worker.inputs import SyntheticData, pack, position_ids, unpack
+from skrull.worker.kernels import select_kernel
+from skrull.worker.launch import device_for, launch
+from skrull.worker.layout import rank_layouts
+from skrull.worker.model import AttentionLayer, sequence_attention
 
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

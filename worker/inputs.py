@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from worker.layout import MicrobatchLayout
+from skrull.worker.layout import MicrobatchLayout
 
 Fetch = Callable[[int], torch.Tensor]
 

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from solver.errors import RequestError
+from skrull.solver.errors import RequestError
 
 KernelFn = Callable[..., torch.Tensor]
 KERNEL_NAMES: tuple[str, ...] = ("flash-attn", "torch-varlen", "sdpa", "reference")

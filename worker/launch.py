@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch.multiprocessing.spawn import ProcessExitedException, ProcessRaisedException, spawn
 
-from solver.errors import RequestError
+from skrull.solver.errors import RequestError
 
 BACKENDS: tuple[str, ...] = ("gloo", "nccl")
 

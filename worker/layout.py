@@ -25,10 +25,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from solver.errors import RequestError
-from solver.sharding import layout as plan_sharding_layout
-from solver.types import DEFAULT_SHARDING, Plan
-from solver.worker_view import RankMicrobatch, Shard, rank_view, zigzag_ranges
+from skrull.solver.errors import RequestError
+from skrull.solver.sharding import layout as plan_sharding_layout
+from skrull.solver.types import DEFAULT_SHARDING, Plan
+from skrull.solver.worker_view import RankMicrobatch, Shard, rank_view, zigzag_ranges
 
 Ranges = tuple[tuple[int, int], ...]
 ShardingRule = Callable[[int, int, int], Ranges]

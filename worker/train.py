@@ -17,15 +17,15 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from solver.types import Plan
-from solver.worker_view import rank_view
-from worker.collectives import GroupRegistry
-from worker.dacp import DACPPlan, dacp_attention
-from worker.inputs import SyntheticData, pack, position_ids
-from worker.kernels import AttentionKernel
-from worker.layout import rank_layouts
-from worker.loss import per_token_loss
-from worker.model import TinyCausalLM, sequence_attention
+from skrull.solver.types import Plan
+from skrull.solver.worker_view import rank_view
+from skrull.worker.collectives import GroupRegistry
+from skrull.worker.dacp import DACPPlan, dacp_attention
+from skrull.worker.inputs import SyntheticData, pack, position_ids
+from skrull.worker.kernels import AttentionKernel
+from skrull.worker.layout import rank_layouts
+from skrull.worker.loss import per_token_loss
+from skrull.worker.model import TinyCausalLM, sequence_attention
 
 
 def scheduled_backward(

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from worker.layout import MicrobatchLayout
+from skrull.worker.layout import MicrobatchLayout
 
 
 def _cu(layout: MicrobatchLayout, device: torch.device) -> torch.Tensor:

@@ -6,9 +6,9 @@ from typing import Any
 
 from fastapi import Request
 
-from api.errors import PROBLEM_MEDIA_TYPE
-from api.schemas import ProblemModel
-from api.service import Service
+from skrull.api.errors import PROBLEM_MEDIA_TYPE
+from skrull.api.schemas import ProblemModel
+from skrull.api.service import Service
 
 JSON = "application/json"
 

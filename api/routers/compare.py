@@ -10,12 +10,12 @@ import asyncio
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from api.errors import ApiProblem, invalid_field
-from api.execute import compare_table
-from api.limits import check_request_limits
-from api.routers.common import JSON, problems, service
-from api.schemas import CompareRequestIn, CompareTable, request_document
-from solver.planners.registry import planner_names
+from skrull.api.errors import ApiProblem, invalid_field
+from skrull.api.execute import compare_table
+from skrull.api.limits import check_request_limits
+from skrull.api.routers.common import JSON, problems, service
+from skrull.api.schemas import CompareRequestIn, CompareTable, request_document
+from skrull.solver.planners.registry import planner_names
 
 router = APIRouter(prefix="/v1", tags=["compare"])
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from api.routers.common import JSON, service
-from api.schemas import Health
+from skrull.api.routers.common import JSON, service
+from skrull.api.schemas import Health
 
 router = APIRouter(tags=["operations"])
 

@@ -8,11 +8,11 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 
-from api.errors import ApiProblem, invalid_field
-from api.pictures import timeline_svg, view_page
-from api.routers.common import problems, service
-from api.service import Service
-from api.store.base import JobRecord
+from skrull.api.errors import ApiProblem, invalid_field
+from skrull.api.pictures import timeline_svg, view_page
+from skrull.api.routers.common import problems, service
+from skrull.api.service import Service
+from skrull.api.store.base import JobRecord
 
 router = APIRouter(prefix="/v1/plans", tags=["pictures"])
 SVG = "image/svg+xml"

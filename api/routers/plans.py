@@ -7,10 +7,10 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import Response
 
-from api.errors import invalid_field
-from api.limits import check_request_limits, check_wait
-from api.routers.common import JSON, problems, service
-from api.schemas import PlanEnvelope, PlanRequestIn, envelope_json, request_document
+from skrull.api.errors import invalid_field
+from skrull.api.limits import check_request_limits, check_wait
+from skrull.api.routers.common import JSON, problems, service
+from skrull.api.schemas import PlanEnvelope, PlanRequestIn, envelope_json, request_document
 
 router = APIRouter(prefix="/v1/plans", tags=["plans"])
 

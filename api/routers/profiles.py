@@ -7,9 +7,9 @@ import json
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from api.errors import ApiProblem, invalid_field
-from api.routers.common import JSON, problems, service
-from api.schemas import ProfileList, ProfileModel, ProfileSummary
+from skrull.api.errors import ApiProblem, invalid_field
+from skrull.api.routers.common import JSON, problems, service
+from skrull.api.schemas import ProfileList, ProfileModel, ProfileSummary
 
 router = APIRouter(prefix="/v1/profiles", tags=["profiles"])
 

@@ -9,13 +9,13 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 
-from api.errors import ApiProblem, invalid_field
-from api.limits import check_wait
-from api.routers.common import JSON, problems, service
-from api.schemas import NotReady, RankViewModel
-from api.service import Service
-from api.store.base import IterationRecord, JobRecord
-from api.views import RenderedView
+from skrull.api.errors import ApiProblem, invalid_field
+from skrull.api.limits import check_wait
+from skrull.api.routers.common import JSON, problems, service
+from skrull.api.schemas import NotReady, RankViewModel
+from skrull.api.service import Service
+from skrull.api.store.base import IterationRecord, JobRecord
+from skrull.api.views import RenderedView
 
 router = APIRouter(prefix="/v1/plans", tags=["rank views"])
 

@@ -3,7 +3,7 @@ SQLite file path."""
 
 from __future__ import annotations
 
-from api.store.base import JobStore
+from skrull.api.store.base import JobStore
 
 
 def is_postgres_url(db: str) -> bool:
@@ -13,9 +13,9 @@ def is_postgres_url(db: str) -> bool:
 def open_store(db: str, *, sqlite_synchronous: str = "NORMAL", pool_size: int = 8) -> JobStore:
     """The job store at ``db`` (migrated to the current schema)."""
     if is_postgres_url(db):
-        from api.store.postgres import PostgresJobStore  # imported only where PostgreSQL is used
+        from skrull.api.store.postgres import PostgresJobStore  # imported only where PostgreSQL is used
 
         return PostgresJobStore(db, pool_size=pool_size)
-    from api.store.sqlite import SQLiteJobStore
+    from skrull.api.store.sqlite import SQLiteJobStore
 
     return SQLiteJobStore(db, synchronous=sqlite_synchronous)

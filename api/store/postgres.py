@@ -34,7 +34,7 @@ from typing import Any
 import psycopg
 from psycopg_pool import ConnectionPool
 
-from api.store.base import (
+from skrull.api.store.base import (
     ClaimedJob,
     IdempotencyConflictError,
     IterationRecord,
@@ -44,9 +44,9 @@ from api.store.base import (
     Recovered,
     SubmitOutcome,
 )
-from api.store.migrations import Migration, check_ordered, pending
-from api.store.open import is_postgres_url
-from api.store.rows import ITERATION_COLUMNS, JOB_COLUMNS, iteration_from_row, job_from_row
+from skrull.api.store.migrations import Migration, check_ordered, pending
+from skrull.api.store.open import is_postgres_url
+from skrull.api.store.rows import ITERATION_COLUMNS, JOB_COLUMNS, iteration_from_row, job_from_row
 
 log = logging.getLogger("skrull.store")
 

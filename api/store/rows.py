@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from api.store.base import IterationRecord, JobRecord
+from skrull.api.store.base import IterationRecord, JobRecord
 
 JOB_COLUMNS = (
     "id, status, solver, num_iterations, iterations_solved, num_sequences, num_gpus, time_budget_s, attempts, "

@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from api.store.base import (
+from skrull.api.store.base import (
     ClaimedJob,
     IdempotencyConflictError,
     IterationRecord,
@@ -29,8 +29,8 @@ from api.store.base import (
     Recovered,
     SubmitOutcome,
 )
-from api.store.migrations import Migration, check_ordered, pending
-from api.store.rows import JOB_COLUMNS, iteration_from_row, job_from_row
+from skrull.api.store.migrations import Migration, check_ordered, pending
+from skrull.api.store.rows import JOB_COLUMNS, iteration_from_row, job_from_row
 
 _SCHEMA_V1 = """
 CREATE TABLE IF NOT EXISTS jobs (

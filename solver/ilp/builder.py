@@ -23,8 +23,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from solver.cost import CostModel
-from solver.ilp.model import TIME_SCALE, LinearModel
+from skrull.solver.cost import CostModel
+from skrull.solver.ilp.model import TIME_SCALE, LinearModel
 
 #: One microbatch of a group, as sequence ids: (local ids per CP rank, sharded ids).
 GroupMicrobatch = tuple[tuple[tuple[int, ...], ...], tuple[int, ...]]

@@ -6,8 +6,8 @@ import time
 
 from ortools.sat.python import cp_model
 
-from solver.ilp.model import LinearModel
-from solver.ilp.result import STOP_MARGIN_S, BackendResult, IncumbentCallback
+from skrull.solver.ilp.model import LinearModel
+from skrull.solver.ilp.result import STOP_MARGIN_S, BackendResult, IncumbentCallback
 
 
 class _Incumbents(cp_model.CpSolverSolutionCallback):

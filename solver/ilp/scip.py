@@ -9,8 +9,8 @@ from typing import Any
 import pyscipopt
 from pyscipopt.scip import PY_SCIP_EVENTTYPE
 
-from solver.ilp.model import LinearModel
-from solver.ilp.result import STOP_MARGIN_S, BackendResult, IncumbentCallback
+from skrull.solver.ilp.model import LinearModel
+from skrull.solver.ilp.result import STOP_MARGIN_S, BackendResult, IncumbentCallback
 
 
 class _Incumbents(pyscipopt.Eventhdlr):

@@ -18,12 +18,12 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from solver.cost import CostModel
-from solver.ilp.builder import GroupMicrobatch, build_joint_model
-from solver.ilp.cpsat import solve_cpsat
-from solver.ilp.model import TIME_SCALE, LinearModel
-from solver.ilp.result import BackendResult, IncumbentCallback
-from solver.ilp.scip import solve_scip
+from skrull.solver.cost import CostModel
+from skrull.solver.ilp.builder import GroupMicrobatch, build_joint_model
+from skrull.solver.ilp.cpsat import solve_cpsat
+from skrull.solver.ilp.model import TIME_SCALE, LinearModel
+from skrull.solver.ilp.result import BackendResult, IncumbentCallback
+from skrull.solver.ilp.scip import solve_scip
 
 #: Largest exact model solved whole (binaries); larger problems go to LNS.
 EXACT_MAX_BINARIES = 40_000

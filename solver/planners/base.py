@@ -6,7 +6,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from solver.types import DEFAULT_SHARDING, MicrobatchSpec, Problem
+from skrull.solver.types import DEFAULT_SHARDING, MicrobatchSpec, Problem
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import random
 
-from solver.planners.base import PlannerOutput, all_sharded, contiguous_shares, plan_each_iteration
-from solver.types import MicrobatchSpec, Problem
+from skrull.solver.planners.base import PlannerOutput, all_sharded, contiguous_shares, plan_each_iteration
+from skrull.solver.types import MicrobatchSpec, Problem
 
 
 def deepspeed_batch(problem: Problem, _index: int, ids: tuple[int, ...]) -> list[MicrobatchSpec]:

@@ -44,10 +44,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from solver.cost import CostModel
-from solver.metrics import synchronized_iteration_ms
-from solver.planners.base import PlannerOutput, make_spec
-from solver.types import Iteration, Microbatch, MicrobatchSpec, Problem
+from skrull.solver.cost import CostModel
+from skrull.solver.metrics import synchronized_iteration_ms
+from skrull.solver.planners.base import PlannerOutput, make_spec
+from skrull.solver.types import Iteration, Microbatch, MicrobatchSpec, Problem
 
 
 def allowed_sizes(num_gpus: int) -> tuple[int, ...]:

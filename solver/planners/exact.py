@@ -19,20 +19,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from solver.cost import CostModel
-from solver.errors import SkrullError
-from solver.ilp.builder import GroupMicrobatch
-from solver.ilp.runner import Report, run_with_deadline
-from solver.ilp.search import EXACT_MAX_BINARIES, improve_lns, model_size, plan_time_ms, solve_exact
-from solver.planners.base import PlannerOutput, make_spec
-from solver.planners.baselines import packed_batch
-from solver.planners.dacp import dacp_place, round_robin_place
-from solver.planners.dynamic_cp import DynamicCpPlanner
-from solver.planners.hydraulis import HydraulisPlanner
-from solver.planners.local_search import improve
-from solver.planners.skrull import gds_dacp_batch
-from solver.planners.verl_kk import VerlKkPlanner
-from solver.types import MicrobatchSpec, Parallel, Problem
+from skrull.solver.cost import CostModel
+from skrull.solver.errors import SkrullError
+from skrull.solver.ilp.builder import GroupMicrobatch
+from skrull.solver.ilp.runner import Report, run_with_deadline
+from skrull.solver.ilp.search import EXACT_MAX_BINARIES, improve_lns, model_size, plan_time_ms, solve_exact
+from skrull.solver.planners.base import PlannerOutput, make_spec
+from skrull.solver.planners.baselines import packed_batch
+from skrull.solver.planners.dacp import dacp_place, round_robin_place
+from skrull.solver.planners.dynamic_cp import DynamicCpPlanner
+from skrull.solver.planners.hydraulis import HydraulisPlanner
+from skrull.solver.planners.local_search import improve
+from skrull.solver.planners.skrull import gds_dacp_batch
+from skrull.solver.planners.verl_kk import VerlKkPlanner
+from skrull.solver.types import MicrobatchSpec, Parallel, Problem
 
 Groups = list[list[GroupMicrobatch]]
 DEFAULT_BACKEND = "cpsat"

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from solver.planners.minmax_ilp import solve_minmax_pack
+from skrull.solver.planners.minmax_ilp import solve_minmax_pack
 
 
 def original_packing(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:

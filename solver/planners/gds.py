@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from solver.errors import InfeasibleError
+from skrull.solver.errors import InfeasibleError
 
 Placer = Callable[..., "list[int] | None"]
 

@@ -56,11 +56,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from solver.cost import MIB
-from solver.errors import InfeasibleError
-from solver.planners.base import PlannerOutput, make_spec
-from solver.planners.minmax_ilp import solve_minmax_pack
-from solver.types import MicrobatchSpec, Problem
+from skrull.solver.cost import MIB
+from skrull.solver.errors import InfeasibleError
+from skrull.solver.planners.base import PlannerOutput, make_spec
+from skrull.solver.planners.minmax_ilp import solve_minmax_pack
+from skrull.solver.types import MicrobatchSpec, Problem
 
 SHUFFLES = 100
 SHUFFLE_WORK_LIMIT = 400_000

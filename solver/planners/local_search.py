@@ -18,9 +18,9 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from solver.cost import CostModel
-from solver.ilp.builder import GroupMicrobatch
-from solver.planners.dacp import SHARDED, dacp_place
+from skrull.solver.cost import CostModel
+from skrull.solver.ilp.builder import GroupMicrobatch
+from skrull.solver.planners.dacp import SHARDED, dacp_place
 
 Groups = list[list[GroupMicrobatch]]
 #: How many of the largest sequences of a microbatch the LPT placement tries sharding first.

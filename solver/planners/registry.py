@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from solver.errors import UnknownSolverError
-from solver.planners.base import Planner
-from solver.planners.baselines import DeepSpeedPlanner, PackedPlanner, SortedPlanner
-from solver.planners.dynamic_cp import DynamicCpPlanner
-from solver.planners.exact import AutoPlanner, IlpPlanner
-from solver.planners.hydraulis import HydraulisPlanner
-from solver.planners.skrull import RoundRobinPlanner, SkrullPlanner
-from solver.planners.verl_kk import VerlKkPlanner
-from solver.planners.wlb import WlbPlanner
+from skrull.solver.errors import UnknownSolverError
+from skrull.solver.planners.base import Planner
+from skrull.solver.planners.baselines import DeepSpeedPlanner, PackedPlanner, SortedPlanner
+from skrull.solver.planners.dynamic_cp import DynamicCpPlanner
+from skrull.solver.planners.exact import AutoPlanner, IlpPlanner
+from skrull.solver.planners.hydraulis import HydraulisPlanner
+from skrull.solver.planners.skrull import RoundRobinPlanner, SkrullPlanner
+from skrull.solver.planners.verl_kk import VerlKkPlanner
+from skrull.solver.planners.wlb import WlbPlanner
 
 _REGISTRY: dict[str, Callable[[], Planner]] = {
     "skrull": SkrullPlanner,

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from solver.cost import CostModel
-from solver.planners.base import PlannerOutput, make_spec, plan_each_iteration
-from solver.planners.dacp import SHARDED, dacp_place, round_robin_place
-from solver.planners.gds import Placer, balance_dp, split_rank
-from solver.types import MicrobatchSpec, Problem
+from skrull.solver.cost import CostModel
+from skrull.solver.planners.base import PlannerOutput, make_spec, plan_each_iteration
+from skrull.solver.planners.dacp import SHARDED, dacp_place, round_robin_place
+from skrull.solver.planners.gds import Placer, balance_dp, split_rank
+from skrull.solver.types import MicrobatchSpec, Problem
 
 
 def gds_dacp_batch(

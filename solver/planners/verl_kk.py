@@ -33,10 +33,10 @@ import heapq
 import itertools
 from collections.abc import Sequence
 
-from solver.cost import CostModel
-from solver.errors import InfeasibleError
-from solver.planners.base import PlannerOutput, all_sharded
-from solver.types import MicrobatchSpec, Problem
+from skrull.solver.cost import CostModel
+from skrull.solver.errors import InfeasibleError
+from skrull.solver.planners.base import PlannerOutput, all_sharded
+from skrull.solver.types import MicrobatchSpec, Problem
 
 _State = list[tuple[float, list[int]]]  # k (sum, item positions) pairs, heaviest first
 

@@ -50,11 +50,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from solver.attention_model import AttentionKernelModel
-from solver.cost import MIB, CostModel
-from solver.planners.base import PlannerOutput, make_spec
-from solver.sharding import per_document_layout, per_sequence_layout
-from solver.types import MicrobatchSpec, Problem
+from skrull.solver.attention_model import AttentionKernelModel
+from skrull.solver.cost import MIB, CostModel
+from skrull.solver.planners.base import PlannerOutput, make_spec
+from skrull.solver.sharding import per_document_layout, per_sequence_layout
+from skrull.solver.types import MicrobatchSpec, Problem
 
 PENDING = -1
 ALPHAS: tuple[float, ...] = (0.25, 0.5, 1.0)

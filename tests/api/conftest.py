@@ -18,9 +18,9 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from api.app import create_app
-from api.settings import Settings
-from solver.planners import registry
+from skrull.api.app import create_app
+from skrull.api.settings import Settings
+from skrull.solver.planners import registry
 
 ROOT = Path(__file__).resolve().parents[2]
 PLUGINS = "tests.api.plugin_planners"
@@ -124,7 +124,7 @@ class LiveServer:
         cmd = [
             sys.executable,
             "-m",
-            "cli.main",
+            "skrull.cli.main",
             "serve",
             "--host",
             "127.0.0.1",
@@ -198,7 +198,16 @@ class SolverWorker:
             "PYTHONPATH": str(ROOT),
             **self.env,
         }
-        cmd = [sys.executable, "-m", "cli.main", "solver-worker", "--db", self.db, "--processes", str(self.processes)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "skrull.cli.main",
+            "solver-worker",
+            "--db",
+            self.db,
+            "--processes",
+            str(self.processes),
+        ]
         with open(self.log, "ab") as log:
             self.process = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout_s

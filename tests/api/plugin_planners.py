@@ -9,11 +9,11 @@ import signal
 import time
 from pathlib import Path
 
-from solver.errors import InfeasibleError
-from solver.planners.base import PlannerOutput
-from solver.planners.registry import register
-from solver.planners.skrull import SkrullPlanner
-from solver.types import Problem
+from skrull.solver.errors import InfeasibleError
+from skrull.solver.planners.base import PlannerOutput
+from skrull.solver.planners.registry import register
+from skrull.solver.planners.skrull import SkrullPlanner
+from skrull.solver.types import Problem
 
 SLEEP_ENV = "SKRULL_TEST_SLEEP_S"
 MARKER_ENV = "SKRULL_TEST_MARKER_DIR"

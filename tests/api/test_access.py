@@ -8,7 +8,7 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from api.access import RateLimiter
+from skrull.api.access import RateLimiter
 from tests.api.conftest import plan_request, running_app
 
 PROBLEM = "application/problem+json"
@@ -92,7 +92,7 @@ def test_a_bucket_never_allows_more_than_burst_plus_rate_times_elapsed(
 def test_the_client_sends_its_token_on_every_request() -> None:
     import httpx
 
-    from api.client import PlanningClient
+    from skrull.api.client import PlanningClient
 
     seen: list[str | None] = []
 

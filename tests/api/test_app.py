@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from api.schemas import CompareTable, PlanEnvelope, ProblemModel, RankViewModel
-from solver.io import plan_from_dict, request_from_dict
-from solver.validate import plan_problems
+from skrull.api.schemas import CompareTable, PlanEnvelope, ProblemModel, RankViewModel
+from skrull.solver.io import plan_from_dict, request_from_dict
+from skrull.solver.validate import plan_problems
 from tests.api.conftest import HAND_PROFILE, plan_request
 from tests.api.coverage import assert_views_cover_every_token_once
 

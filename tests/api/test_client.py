@@ -10,9 +10,9 @@ from typing import Any
 import httpx
 import pytest
 
-from api.client import PlanFailedError, PlanningClient, ServiceError
-from solver.io import request_from_dict
-from solver.validate import plan_problems
+from skrull.api.client import PlanFailedError, PlanningClient, ServiceError
+from skrull.solver.io import request_from_dict
+from skrull.solver.validate import plan_problems
 from tests.api.conftest import LiveServer, free_port, plan_request
 from tests.api.coverage import assert_views_cover_every_token_once
 
@@ -124,7 +124,7 @@ def test_unavailable_answers_are_retried_with_jittered_backoff_honouring_retry_a
         return httpx.Response(status, headers={"Retry-After": "0.2"} if status == 429 else {})
 
     sleeps: list[float] = []
-    monkeypatch.setattr("api.client.time.sleep", sleeps.append)
+    monkeypatch.setattr("skrull.api.client.time.sleep", sleeps.append)
     client = PlanningClient("http://planner", transport=httpx.MockTransport(handler), backoff_s=0.1, seed=1)
     assert client.submit(plan_request([[1]])) == "p1"
     assert calls == ["POST"] * 4

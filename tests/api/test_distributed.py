@@ -16,9 +16,9 @@ from typing import Any
 import httpx
 import psycopg
 
-from api.client import PlanningClient
-from solver.io import plan_from_dict, request_from_dict
-from solver.validate import plan_problems
+from skrull.api.client import PlanningClient
+from skrull.solver.io import plan_from_dict, request_from_dict
+from skrull.solver.validate import plan_problems
 from tests.api.conftest import plan_request
 
 FAST = {"SKRULL_IDLE_POLL_S": "2"}  # idle workers are woken by NOTIFY; this poll is only a safety net

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from api.schemas import ProblemModel
+from skrull.api.schemas import ProblemModel
 from tests.api.conftest import HAND_PROFILE, plan_request, running_app
 
 PROBLEM = "application/problem+json"

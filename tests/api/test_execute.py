@@ -10,13 +10,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from api.execute import assemble_plan_document, combined_status, solve_job
-from api.schemas import canonical_request_json
-from api.store.base import IterationRecord
-from solver.errors import InvalidPlanError
-from solver.io import plan_from_dict, plan_to_dict, request_from_dict
-from solver.planning import solve
-from solver.validate import plan_problems
+from skrull.api.execute import assemble_plan_document, combined_status, solve_job
+from skrull.api.schemas import canonical_request_json
+from skrull.api.store.base import IterationRecord
+from skrull.solver.errors import InvalidPlanError
+from skrull.solver.io import plan_from_dict, plan_to_dict, request_from_dict
+from skrull.solver.planning import solve
+from skrull.solver.validate import plan_problems
 from tests.api.conftest import plan_request
 
 STREAMED = frozenset({"skrull", "deepspeed", "packed", "round-robin"})

@@ -11,11 +11,11 @@ from typing import Any
 
 import httpx
 
-from api.client import PlanningClient
-from solver.datasets import synthesize_request
-from solver.io import parse_profile, plan_from_dict, request_from_dict, request_to_dict
-from solver.types import Parallel
-from solver.validate import plan_problems
+from skrull.api.client import PlanningClient
+from skrull.solver.datasets import synthesize_request
+from skrull.solver.io import parse_profile, plan_from_dict, request_from_dict, request_to_dict
+from skrull.solver.types import Parallel
+from skrull.solver.validate import plan_problems
 from tests.api.conftest import LiveServer, plan_request, running
 from tests.api.coverage import assert_views_cover_every_token_once
 

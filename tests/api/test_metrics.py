@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from api.metrics import Counter, Histogram, Metrics
+from skrull.api.metrics import Counter, Histogram, Metrics
 
 
 def test_histograms_are_cumulative_with_sum_and_count() -> None:

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import json
 
-from api.schemas import (
+from skrull.api.schemas import (
     PlanEnvelope,
     canonical_request_json,
     envelope_json,
     iteration_from_document,
     job_id_for,
 )
-from api.store.base import JobRecord
-from solver.io import plan_to_dict, request_from_dict
-from solver.planning import solve
+from skrull.api.store.base import JobRecord
+from skrull.solver.io import plan_to_dict, request_from_dict
+from skrull.solver.planning import solve
 from tests.api.conftest import HAND_PROFILE, plan_request
 
 

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from api.solving import describe_exit
-from solver.io import plan_from_dict, request_from_dict
-from solver.validate import plan_problems
+from skrull.api.solving import describe_exit
+from skrull.solver.io import plan_from_dict, request_from_dict
+from skrull.solver.validate import plan_problems
 from tests.api.conftest import plan_request, running_app
 
 

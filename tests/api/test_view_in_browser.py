@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from api.client import PlanningClient
+from skrull.api.client import PlanningClient
 from tests.api.conftest import LiveServer
 from tests.api.test_live_server import dataset_request
 

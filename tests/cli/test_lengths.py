@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from api.client import PlanningClient
-from corpus.order import global_batches
-from solver.io import request_from_dict
+from skrull.api.client import PlanningClient
+from skrull.corpus.order import global_batches
+from skrull.solver.io import request_from_dict
 from tests.api.conftest import LiveServer
 from tests.cli.test_main import skrull
 from tests.corpus.tiny import build_bpe_tokenizer, sample_texts

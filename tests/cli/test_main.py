@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from solver.io import plan_from_dict, read_json, request_from_dict
-from solver.validate import plan_problems
+from skrull.solver.io import plan_from_dict, read_json, request_from_dict
+from skrull.solver.validate import plan_problems
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples" / "requests"
@@ -19,7 +19,7 @@ EXAMPLES = ROOT / "examples" / "requests"
 
 def skrull(*args: str) -> subprocess.CompletedProcess[str]:
     exe = shutil.which("skrull", path=str(Path(sys.executable).parent))
-    cmd = [exe] if exe else [sys.executable, "-m", "cli.main"]
+    cmd = [exe] if exe else [sys.executable, "-m", "skrull.cli.main"]
     return subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=120, cwd=ROOT)
 
 

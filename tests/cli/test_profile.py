@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from solver.profile import profile_from_dict
+from skrull.solver.profile import profile_from_dict
 from tests.cli.test_main import ROOT, skrull
 
 NO_GPU = not torch.cuda.is_available()

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def serve(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "cli.main", "serve", *args],
+        [sys.executable, "-m", "skrull.cli.main", "serve", *args],
         capture_output=True,
         text=True,
         timeout=60,

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from corpus.order import global_batches, sample_order
-from solver.errors import RequestError
+from skrull.corpus.order import global_batches, sample_order
+from skrull.solver.errors import RequestError
 
 
 @given(n=st.integers(0, 500), size=st.integers(1, 64), seed=st.integers(0, 2**31), keep=st.booleans())

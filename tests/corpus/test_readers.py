@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from corpus import readers
-from corpus.readers import iter_rows
-from solver.errors import RequestError
+from skrull.corpus import readers
+from skrull.corpus.readers import iter_rows
+from skrull.solver.errors import RequestError
 
 ROWS = [{"text": "a" * (k % 37), "n": k} for k in range(300)]
 

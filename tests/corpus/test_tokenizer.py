@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from corpus.text import render_chat, text_extractor
-from corpus.tokenizer import load_tokenizer
-from solver.errors import RequestError
+from skrull.corpus.text import render_chat, text_extractor
+from skrull.corpus.tokenizer import load_tokenizer
+from skrull.solver.errors import RequestError
 from tests.corpus.tiny import sample_texts
 
 

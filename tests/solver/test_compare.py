@@ -6,14 +6,14 @@ import dataclasses
 
 import pytest
 
-from solver.compare import compare, default_solvers, format_table, parse_solver_spec
-from solver.cost import CostModel
-from solver.datasets import synthesize_request
-from solver.metrics import work_ms
-from solver.planners.registry import planner_names
-from solver.planning import solve
-from solver.profile import load_profile
-from solver.types import Parallel
+from skrull.solver.compare import compare, default_solvers, format_table, parse_solver_spec
+from skrull.solver.cost import CostModel
+from skrull.solver.datasets import synthesize_request
+from skrull.solver.metrics import work_ms
+from skrull.solver.planners.registry import planner_names
+from skrull.solver.planning import solve
+from skrull.solver.profile import load_profile
+from skrull.solver.types import Parallel
 from tests.conftest import make_request
 
 

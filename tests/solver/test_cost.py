@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from solver.cost import CostModel
-from solver.profile import Profile
-from solver.types import Parallel
+from skrull.solver.cost import CostModel
+from skrull.solver.profile import Profile
+from skrull.solver.types import Parallel
 
 
 def test_flops_is_linear_plus_quadratic(hand_profile: Profile) -> None:

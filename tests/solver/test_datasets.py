@@ -7,10 +7,10 @@ import json
 import numpy as np
 import pytest
 
-from solver.datasets import distribution_names, distributions_dir, load_distribution, synthesize_request
-from solver.errors import RequestError
-from solver.profile import load_profile
-from solver.types import Parallel
+from skrull.solver.datasets import distribution_names, distributions_dir, load_distribution, synthesize_request
+from skrull.solver.errors import RequestError
+from skrull.solver.profile import load_profile
+from skrull.solver.types import Parallel
 
 PROFILE = "h100-80g/qwen2.5-0.5b"
 

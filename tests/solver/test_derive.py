@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from solver.derive import GPUS, MODELS, PAPER_BUCKET_TOKENS, derive_profile, flops_coefficients
-from solver.profile import bundled_profile_names, load_profile, profile_file_name, profiles_dir
+from skrull.solver.derive import GPUS, MODELS, PAPER_BUCKET_TOKENS, derive_profile, flops_coefficients
+from skrull.solver.profile import bundled_profile_names, load_profile, profile_file_name, profiles_dir
 
 
 def test_qwen_05b_coefficients_match_the_contract_example() -> None:

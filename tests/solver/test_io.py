@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from solver.errors import RequestError, SequenceTooLongError, UnknownProfileError, UnknownSolverError
-from solver.io import plan_from_dict, plan_to_dict, read_json, request_from_dict, request_to_dict
-from solver.planning import solve
+from skrull.solver.errors import RequestError, SequenceTooLongError, UnknownProfileError, UnknownSolverError
+from skrull.solver.io import plan_from_dict, plan_to_dict, read_json, request_from_dict, request_to_dict
+from skrull.solver.planning import solve
 from tests.conftest import HAND_PROFILE
 
 GOOD: dict[str, Any] = {

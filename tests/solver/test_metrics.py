@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from solver.metrics import imbalance_degree, peak_bucket_use, synchronized_makespan_ms, tokens_run
-from solver.types import Iteration, Microbatch, Parallel, Plan, SolveInfo
+from skrull.solver.metrics import imbalance_degree, peak_bucket_use, synchronized_makespan_ms, tokens_run
+from skrull.solver.types import Iteration, Microbatch, Parallel, Plan, SolveInfo
 
 
 def mb(

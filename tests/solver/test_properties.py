@@ -9,11 +9,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from solver.cost import CostModel
-from solver.planners.registry import planner_names
-from solver.planning import solve
-from solver.types import Request
-from solver.validate import plan_problems
+from skrull.solver.cost import CostModel
+from skrull.solver.planners.registry import planner_names
+from skrull.solver.planning import solve
+from skrull.solver.types import Request
+from skrull.solver.validate import plan_problems
 from tests.conftest import make_request
 
 

@@ -10,12 +10,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from solver.cost import CostModel
-from solver.errors import RequestError
-from solver.io import parse_profile
-from solver.planning import solve
-from solver.render import AXIS_PX, iteration_timeline, plan_timelines, render_svg
-from solver.types import Parallel, Plan, Request
+from skrull.solver.cost import CostModel
+from skrull.solver.errors import RequestError
+from skrull.solver.io import parse_profile
+from skrull.solver.planning import solve
+from skrull.solver.render import AXIS_PX, iteration_timeline, plan_timelines, render_svg
+from skrull.solver.types import Parallel, Plan, Request
 
 SVG_NS = "{http://www.w3.org/2000/svg}"
 PROFILE = parse_profile("h100-80g/qwen2.5-0.5b")

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from solver.sharding import layout, per_document_layout, per_sequence_layout
+from skrull.solver.sharding import layout, per_document_layout, per_sequence_layout
 
 
 def test_per_document_hand_case_deals_the_remainder_round_robin() -> None:

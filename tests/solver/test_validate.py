@@ -6,10 +6,10 @@ import dataclasses
 
 import pytest
 
-from solver.errors import InvalidPlanError
-from solver.planning import solve
-from solver.types import Microbatch, Plan
-from solver.validate import plan_problems, validate_plan
+from skrull.solver.errors import InvalidPlanError
+from skrull.solver.planning import solve
+from skrull.solver.types import Microbatch, Plan
+from skrull.solver.validate import plan_problems, validate_plan
 from tests.conftest import make_request
 
 

@@ -6,12 +6,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from solver.errors import RequestError
-from solver.planners.base import PlannerOutput, make_spec
-from solver.planning import assemble_plan, solve
-from solver.types import Problem
-from solver.validate import validate_plan
-from solver.worker_view import rank_view, zigzag_chunks, zigzag_ranges
+from skrull.solver.errors import RequestError
+from skrull.solver.planners.base import PlannerOutput, make_spec
+from skrull.solver.planning import assemble_plan, solve
+from skrull.solver.types import Problem
+from skrull.solver.validate import validate_plan
+from skrull.solver.worker_view import rank_view, zigzag_chunks, zigzag_ranges
 from tests.conftest import make_request
 
 

@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from solver.planners.base import PlannerOutput
-from solver.planning import assemble_plan, solve
-from solver.types import MicrobatchSpec, Plan, Problem
-from solver.validate import validate_plan
+from skrull.solver.planners.base import PlannerOutput
+from skrull.solver.planning import assemble_plan, solve
+from skrull.solver.types import MicrobatchSpec, Plan, Problem
+from skrull.solver.validate import validate_plan
+from skrull.worker.execute import ExecuteConfig, LayerConfig, collect, compare, run_rank
+from skrull.worker.launch import launch
 from tests.conftest import make_request
-from worker.execute import ExecuteConfig, LayerConfig, collect, compare, run_rank
-from worker.launch import launch
 
 WORLD = 4
 TOLERANCE = 1e-4

@@ -12,15 +12,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from api.client import PlanningClient
-from corpus.order import global_batches
 from examples import train_tiny
-from solver.errors import RequestError
+from skrull.api.client import PlanningClient
+from skrull.corpus.order import global_batches
+from skrull.solver.errors import RequestError
+from skrull.worker.dataloader import PlannedBatches
+from skrull.worker.loss import per_token_loss
+from skrull.worker.model import TinyCausalLM, sequence_attention
+from skrull.worker.varlen import flash_attn_kwargs, hf_packed_kwargs, megatron_packed_seq_params, torch_varlen_kwargs
 from tests.api.conftest import LiveServer
-from worker.dataloader import PlannedBatches
-from worker.loss import per_token_loss
-from worker.model import TinyCausalLM, sequence_attention
-from worker.varlen import flash_attn_kwargs, hf_packed_kwargs, megatron_packed_seq_params, torch_varlen_kwargs
 
 
 @pytest.fixture(scope="module")

@@ -9,8 +9,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from solver.errors import RequestError
-from worker.kernels import available_kernels, select_kernel
+from skrull.solver.errors import RequestError
+from skrull.worker.kernels import available_kernels, select_kernel
 
 CPU = torch.device("cpu")
 
@@ -91,7 +91,7 @@ def test_reference_blocks_long_queries_without_changing_results(monkeypatch: pyt
     cu = cumsum([40])
     kernel = select_kernel(CPU, torch.float32, "reference")
     whole = kernel(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=40, max_seqlen_k=40)
-    monkeypatch.setattr("worker.kernels.REFERENCE_BLOCK_ROWS", 7)
+    monkeypatch.setattr("skrull.worker.kernels.REFERENCE_BLOCK_ROWS", 7)
     blocked = kernel(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=40, max_seqlen_k=40)
     assert torch.equal(whole, blocked)
 

@@ -8,11 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from solver.errors import RequestError
-from solver.planning import solve
-from solver.worker_view import rank_view
-from tests.conftest import make_request
-from worker.layout import (
+from skrull.solver.errors import RequestError
+from skrull.solver.planning import solve
+from skrull.solver.worker_view import rank_view
+from skrull.worker.layout import (
     MicrobatchLayout,
     ShardedSequence,
     contiguous_ranges,
@@ -20,6 +19,7 @@ from worker.layout import (
     rank_layouts,
     sharding_rule,
 )
+from tests.conftest import make_request
 
 
 @st.composite

@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 import torch
 
-from worker import dacp
-from worker.dacp import DACPPlan, dacp_attention
-from worker.kernels import AttentionKernel, select_kernel
-from worker.layout import MicrobatchLayout, ShardedSequence, zigzag_ranges
+from skrull.worker import dacp
+from skrull.worker.dacp import DACPPlan, dacp_attention
+from skrull.worker.kernels import AttentionKernel, select_kernel
+from skrull.worker.layout import MicrobatchLayout, ShardedSequence, zigzag_ranges
 
 CPU = torch.device("cpu")
 

@@ -12,16 +12,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from solver.planning import solve
-from solver.types import Plan, Problem
+from skrull.solver.planning import solve
+from skrull.solver.types import Plan, Problem
+from skrull.worker.collectives import GroupRegistry
+from skrull.worker.inputs import SyntheticData
+from skrull.worker.kernels import select_kernel
+from skrull.worker.launch import launch
+from skrull.worker.loss import count_supervised_tokens, per_token_loss
+from skrull.worker.model import TinyCausalLM
+from skrull.worker.train import scheduled_backward, unscheduled_backward
 from tests.conftest import make_request
-from worker.collectives import GroupRegistry
-from worker.inputs import SyntheticData
-from worker.kernels import select_kernel
-from worker.launch import launch
-from worker.loss import count_supervised_tokens, per_token_loss
-from worker.model import TinyCausalLM
-from worker.train import scheduled_backward, unscheduled_backward
 
 WORLD = 4
 LR = 0.5

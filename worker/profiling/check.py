@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from solver.cost import CostModel
-from solver.types import Plan
-from worker.profiling.fit import r_squared
+from skrull.solver.cost import CostModel
+from skrull.solver.types import Plan
+from skrull.worker.profiling.fit import r_squared
 
 
 def rank_compute_ms(plan: Plan, lengths: Sequence[int], model: CostModel, *, iteration: int) -> list[float]:

@@ -17,9 +17,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from worker.collectives import all_gather_slots
-from worker.launch import device_for, launch
-from worker.profiling.fit import CommSample
+from skrull.worker.collectives import all_gather_slots
+from skrull.worker.launch import device_for, launch
+from skrull.worker.profiling.fit import CommSample
 
 
 def _time_all_gathers(

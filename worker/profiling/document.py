@@ -26,7 +26,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from solver.derive import (
+from skrull.solver.derive import (
     MODELS,
     ModelConfig,
     TrainingSetup,
@@ -34,7 +34,7 @@ from solver.derive import (
     flops_coefficients,
     static_memory_bytes,
 )
-from worker.profiling.fit import (
+from skrull.worker.profiling.fit import (
     AttentionPoint,
     CommSample,
     ComputeSample,

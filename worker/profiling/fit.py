@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from solver.errors import SkrullError
+from skrull.solver.errors import SkrullError
 
 MIB = float(2**20)
 TILE_ROWS = 128

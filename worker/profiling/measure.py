@@ -22,11 +22,11 @@ from typing import Any
 
 import torch
 
-from solver.derive import MODELS, ModelConfig, flops_coefficients
-from worker.kernels import AttentionKernel
-from worker.layout import MicrobatchLayout
-from worker.model import DecoderLayer
-from worker.profiling.fit import AttentionPoint, ComputeSample, MemorySample
+from skrull.solver.derive import MODELS, ModelConfig, flops_coefficients
+from skrull.worker.kernels import AttentionKernel
+from skrull.worker.layout import MicrobatchLayout
+from skrull.worker.model import DecoderLayer
+from skrull.worker.profiling.fit import AttentionPoint, ComputeSample, MemorySample
 
 #: A small model for exercising the whole profiler on a CPU (tests, ``--device cpu``); not a real model.
 TINY = ModelConfig(

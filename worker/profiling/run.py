@@ -23,18 +23,18 @@ from typing import Any
 
 import torch
 
-from solver.cost import CostModel
-from solver.datasets import synthesize_request
-from solver.derive import GPUS, ModelConfig, TrainingSetup, derive_profile
-from solver.planning import solve
-from solver.profile import Profile
-from solver.types import Parallel, Problem
-from worker.kernels import select_kernel
-from worker.layout import rank_layouts
-from worker.profiling.check import CheckStats, check_stats, rank_compute_ms
-from worker.profiling.comm import measure_comm
-from worker.profiling.document import profile_document
-from worker.profiling.measure import (
+from skrull.solver.cost import CostModel
+from skrull.solver.datasets import synthesize_request
+from skrull.solver.derive import GPUS, ModelConfig, TrainingSetup, derive_profile
+from skrull.solver.planning import solve
+from skrull.solver.profile import Profile
+from skrull.solver.types import Parallel, Problem
+from skrull.worker.kernels import select_kernel
+from skrull.worker.layout import rank_layouts
+from skrull.worker.profiling.check import CheckStats, check_stats, rank_compute_ms
+from skrull.worker.profiling.comm import measure_comm
+from skrull.worker.profiling.document import profile_document
+from skrull.worker.profiling.measure import (
     Part,
     Timer,
     build_layer,

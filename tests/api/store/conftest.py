@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from api.store.base import JobStore
-from api.store.open import open_store
+from skrull.api.store.base import JobStore
+from skrull.api.store.open import open_store
 from tests.api.pg import temporary_database
 
 

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from api.store.base import IdempotencyConflictError, IterationRecord, JobStore, NewJob, ProfileConflictError
+from skrull.api.store.base import IdempotencyConflictError, IterationRecord, JobStore, NewJob, ProfileConflictError
 from tests.api.store.conftest import Backend
 
 REASON = json.dumps({"type": "urn:skrull:problem:solver-died", "detail": "died"})

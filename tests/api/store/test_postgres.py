@@ -11,9 +11,9 @@ import time
 import psycopg
 import pytest
 
-from api.store.base import NewJob
-from api.store.migrations import SchemaTooNewError
-from api.store.postgres import SCHEMA_VERSION, PostgresJobStore
+from skrull.api.store.base import NewJob
+from skrull.api.store.migrations import SchemaTooNewError
+from skrull.api.store.postgres import SCHEMA_VERSION, PostgresJobStore
 from tests.api.pg import temporary_database
 
 

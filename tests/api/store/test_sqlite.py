@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from api.store.migrations import SchemaTooNewError
-from api.store.sqlite import _SCHEMA_V1, SCHEMA_VERSION, SQLiteJobStore
+from skrull.api.store.migrations import SchemaTooNewError
+from skrull.api.store.sqlite import _SCHEMA_V1, SCHEMA_VERSION, SQLiteJobStore
 
 
 def test_uses_write_ahead_logging_on_a_real_file(tmp_path: Path) -> None:

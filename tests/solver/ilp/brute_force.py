@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator, Sequence
 
-from solver.cost import CostModel
+from skrull.solver.cost import CostModel
 
 
 def _partitions(items: list[int]) -> Iterator[list[list[int]]]:

@@ -3,10 +3,10 @@ returns what was encoded."""
 
 from __future__ import annotations
 
-from solver.cost import CostModel
-from solver.ilp.builder import build_joint_model
-from solver.planners.exact import specs_to_groups
-from solver.planning import solve
+from skrull.solver.cost import CostModel
+from skrull.solver.ilp.builder import build_joint_model
+from skrull.solver.planners.exact import specs_to_groups
+from skrull.solver.planning import solve
 from tests.conftest import make_request
 
 

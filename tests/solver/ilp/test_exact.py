@@ -10,10 +10,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from solver.cost import CostModel
-from solver.errors import SequenceTooLongError
-from solver.planning import solve
-from solver.types import Request
+from skrull.solver.cost import CostModel
+from skrull.solver.errors import SequenceTooLongError
+from skrull.solver.planning import solve
+from skrull.solver.types import Request
 from tests.conftest import make_request
 from tests.solver.ilp.brute_force import optimum_ms
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from solver.ilp.runner import run_with_deadline
+from skrull.solver.ilp.runner import run_with_deadline
 
 
 def _slow(report: Any, deadline: float) -> str:

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from solver.planners.base import Planner
-from solver.planning import assemble_plan
-from solver.types import Plan, Problem, Request
-from solver.validate import plan_problems
+from skrull.solver.planners.base import Planner
+from skrull.solver.planning import assemble_plan
+from skrull.solver.types import Plan, Problem, Request
+from skrull.solver.validate import plan_problems
 from tests.conftest import make_request
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from solver.planning import solve
+from skrull.solver.planning import solve
 from tests.conftest import make_request
 
 

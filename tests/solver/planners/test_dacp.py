@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from solver.planners.dacp import SHARDED, dacp_place, round_robin_place
+from skrull.solver.planners.dacp import SHARDED, dacp_place, round_robin_place
 
 
 def flops(s: int) -> float:

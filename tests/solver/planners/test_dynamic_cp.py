@@ -7,10 +7,10 @@ import dataclasses
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from solver.metrics import synchronized_makespan_ms
-from solver.planners.dynamic_cp import DynamicCpPlanner, allowed_sizes, block_start, cp_size_for
-from solver.planning import solve
-from solver.types import Problem, Request
+from skrull.solver.metrics import synchronized_makespan_ms
+from skrull.solver.planners.dynamic_cp import DynamicCpPlanner, allowed_sizes, block_start, cp_size_for
+from skrull.solver.planning import solve
+from skrull.solver.types import Problem, Request
 from tests.conftest import make_request
 from tests.solver.planners.peer_requests import planned, requests
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from solver.planners.fixed_length import fixed_length_greedy, fixed_length_ilp, original_packing
+from skrull.solver.planners.fixed_length import fixed_length_greedy, fixed_length_ilp, original_packing
 
 
 def max_attention(lengths: list[int], packs: list[list[int]]) -> int:

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from solver.planners.dacp import SHARDED, dacp_place
-from solver.planners.gds import balance_dp, split_rank
-from solver.planners.skrull import gds_dacp_batch
-from solver.types import Problem
+from skrull.solver.planners.dacp import SHARDED, dacp_place
+from skrull.solver.planners.gds import balance_dp, split_rank
+from skrull.solver.planners.skrull import gds_dacp_batch
+from skrull.solver.types import Problem
 from tests.conftest import make_request
 
 

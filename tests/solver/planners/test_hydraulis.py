@@ -7,7 +7,7 @@ from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 
-from solver.planners.hydraulis import (
+from skrull.solver.planners.hydraulis import (
     HydraulisPlanner,
     StrategyCosts,
     assign_sequences,
@@ -16,7 +16,7 @@ from solver.planners.hydraulis import (
     layout_replicas,
     minmax_pack,
 )
-from solver.types import Problem, Request
+from skrull.solver.types import Problem, Request
 from tests.conftest import HAND_PROFILE, make_request
 from tests.solver.planners.peer_requests import planned, requests
 

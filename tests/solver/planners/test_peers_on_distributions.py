@@ -6,11 +6,11 @@ import dataclasses
 
 import pytest
 
-from solver.datasets import distribution_names, synthesize_request
-from solver.planners.registry import PEERS
-from solver.planning import solve
-from solver.profile import load_profile
-from solver.types import Parallel
+from skrull.solver.datasets import distribution_names, synthesize_request
+from skrull.solver.planners.registry import PEERS
+from skrull.solver.planning import solve
+from skrull.solver.profile import load_profile
+from skrull.solver.types import Parallel
 
 
 @pytest.mark.parametrize("dataset", distribution_names())

@@ -9,9 +9,9 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from solver.planners.verl_kk import karmarkar_karp
-from solver.planning import solve
-from solver.types import Request
+from skrull.solver.planners.verl_kk import karmarkar_karp
+from skrull.solver.planning import solve
+from skrull.solver.types import Request
 from tests.conftest import HAND_PROFILE, make_request
 from tests.solver.planners.peer_requests import requests
 

@@ -7,12 +7,12 @@ import dataclasses
 
 from hypothesis import HealthCheck, given, settings
 
-from solver.attention_model import AttentionKernelModel
-from solver.planners.wlb import PENDING, WlbPlanner, choose_sharding, delay_stats, wlb_pack
-from solver.planning import solve
-from solver.profile import profile_from_dict
-from solver.types import Request
-from solver.worker_view import rank_view
+from skrull.solver.attention_model import AttentionKernelModel
+from skrull.solver.planners.wlb import PENDING, WlbPlanner, choose_sharding, delay_stats, wlb_pack
+from skrull.solver.planning import solve
+from skrull.solver.profile import profile_from_dict
+from skrull.solver.types import Request
+from skrull.solver.worker_view import rank_view
 from tests.conftest import HAND_PROFILE, make_request
 from tests.solver.planners.peer_requests import planned, requests
 

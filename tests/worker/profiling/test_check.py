@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from solver.cost import CostModel
-from solver.planners.base import PlannerOutput
-from solver.planning import assemble_plan
-from solver.profile import Profile
-from solver.types import MicrobatchSpec, Problem
+from skrull.solver.cost import CostModel
+from skrull.solver.planners.base import PlannerOutput
+from skrull.solver.planning import assemble_plan
+from skrull.solver.profile import Profile
+from skrull.solver.types import MicrobatchSpec, Problem
+from skrull.worker.profiling.check import check_stats, rank_compute_ms
 from tests.conftest import make_request
-from worker.profiling.check import check_stats, rank_compute_ms
 
 
 def test_rank_compute_is_local_plus_sharded_share_per_microbatch(hand_profile: Profile) -> None:

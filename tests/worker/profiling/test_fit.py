@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from solver.derive import MODELS, TrainingSetup, flops_coefficients
-from solver.profile import profile_from_dict
-from worker.profiling.fit import (
+from skrull.solver.derive import MODELS, TrainingSetup, flops_coefficients
+from skrull.solver.profile import profile_from_dict
+from skrull.worker.profiling.fit import (
     AttentionPoint,
     CommSample,
     ComputeSample,
@@ -139,7 +139,7 @@ def test_r_squared_of_perfect_and_mean_predictions() -> None:
 
 
 def test_profile_document_is_a_contract_profile_with_the_fitted_coefficients() -> None:
-    from worker.profiling.document import model_from_doc, profile_document
+    from skrull.worker.profiling.document import model_from_doc, profile_document
 
     compute = synthetic_compute(4.0, 2.0, noise=0.0)
     memory = [MemorySample(tokens=t, saved_bytes=50_000.0 * t) for t in (1024, 2048, 4096)]

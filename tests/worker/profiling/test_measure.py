@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from worker.kernels import select_kernel
-from worker.profiling.comm import measure_comm
-from worker.profiling.measure import (
+from skrull.worker.kernels import select_kernel
+from skrull.worker.profiling.comm import measure_comm
+from skrull.worker.profiling.measure import (
     TINY,
     Part,
     Timer,

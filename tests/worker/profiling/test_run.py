@@ -7,10 +7,10 @@ from typing import Any
 import pytest
 import torch
 
-from solver.profile import profile_from_dict
-from worker.profiling import measure as measure_module
-from worker.profiling.measure import TINY, sequence_flops
-from worker.profiling.run import ProfileOptions, compute_packs, length_grid, run_profile
+from skrull.solver.profile import profile_from_dict
+from skrull.worker.profiling import measure as measure_module
+from skrull.worker.profiling.measure import TINY, sequence_flops
+from skrull.worker.profiling.run import ProfileOptions, compute_packs, length_grid, run_profile
 
 
 def test_length_grid_and_packs_cover_linear_and_quadratic_terms() -> None:
