@@ -70,6 +70,9 @@ def model_from_doc(doc: Any) -> ModelConfig:
     values.setdefault("tied_embeddings", False)
     values.setdefault("qkv_bias", False)
     values.setdefault("source", "profile")
+    head_dim = doc.get("head_dim")
+    if isinstance(head_dim, int) and head_dim * int(doc["num_heads"]) != int(doc["hidden_size"]):
+        values.setdefault("head_dim_override", head_dim)  # derived profiles of Gemma-style configs
     return ModelConfig(**values)
 
 
