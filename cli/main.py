@@ -44,7 +44,7 @@ EXIT_USER_ERROR = 2
 
 def _add_source(p: argparse.ArgumentParser) -> None:
     src = p.add_argument_group("input: a request file, or a request synthesized from a bundled dataset")
-    src.add_argument("--request", "-r", metavar="FILE", help="request JSON (CONTRACT.md format)")
+    src.add_argument("--request", "-r", metavar="FILE", help="request JSON (docs/formats.md format)")
     src.add_argument("--dataset", metavar="NAME", help=f"length distribution: {', '.join(distribution_names())}")
     src.add_argument("--dp", type=int, default=4, help="data-parallel degree (with --dataset; default 4)")
     src.add_argument("--cp", type=int, default=8, help="context-parallel degree (with --dataset; default 8)")
@@ -218,7 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", "-o", metavar="FILE")
     p.set_defaults(func=cmd_request)
 
-    p = sub.add_parser("validate", help="check a plan against its request and the contract")
+    p = sub.add_parser("validate", help="check a plan against its request and docs/formats.md")
     p.add_argument("--request", "-r", required=True, metavar="FILE")
     p.add_argument("--plan", "-p", required=True, metavar="FILE")
     p.set_defaults(func=cmd_validate)

@@ -1,4 +1,4 @@
-"""The one registry of planners, by the names requests use (CONTRACT.md "Solver names")."""
+"""The one registry of planners, by the names requests use (docs/planners.md)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The measured profile document: the contract's fields fitted from raw measurements, which are kept.
 
-The result is a profile in CONTRACT.md's format (``compute``, ``comm``, ``memory.bucket_tokens``,
+The result is a profile in docs/formats.md format (``compute``, ``comm``, ``memory.bucket_tokens``,
 ``microbatch_ms``) that ``solver.profile.profile_from_dict`` reads, with ``"estimated": false`` and
 extra fields: where and when it was measured (``measured``), the model shape, every raw measurement,
 the fits' R^2 and the attention efficiency table. What was not measured says so and keeps the derived
