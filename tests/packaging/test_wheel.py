@@ -18,13 +18,16 @@ import socket
 import subprocess
 import sys
 import time
+import tomllib
 import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 
 import httpx
 import pytest
+from packaging.requirements import Requirement
 
 from skrull.solver.io import plan_from_dict, request_from_dict
 from skrull.solver.validate import plan_problems
@@ -64,8 +67,22 @@ def _run(args: list[str], cwd: Path) -> None:
     assert result.returncode == 0, f"{args}: exit {result.returncode}\n{result.stdout}\n{result.stderr}"
 
 
+def _check_build_backend() -> None:
+    """The wheel is built without isolation, so the backend pyproject.toml names must be installed here."""
+    for line in tomllib.loads((ROOT / "pyproject.toml").read_text())["build-system"]["requires"]:
+        requirement = Requirement(line)
+        try:
+            installed_version = metadata.version(requirement.name)
+        except metadata.PackageNotFoundError:
+            installed_version = None
+        assert installed_version is not None and requirement.specifier.contains(installed_version), (
+            f"building the wheel needs {requirement} (found {installed_version}): pip install '{requirement}'"
+        )
+
+
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installed]:
+    _check_build_backend()
     base = tmp_path_factory.mktemp("wheel")
     context = copy_build_context(base / "context")
     dist = base / "dist"
