@@ -184,3 +184,9 @@ def test_every_compose_command_is_one_the_cli_accepts() -> None:
         entrypoint = service.get("entrypoint", ["skrull", "serve"])
         assert entrypoint[0] == "skrull", (file, name)
         build_parser().parse_args([*entrypoint[1:], *service.get("command", [])])
+
+
+def test_the_readme_names_the_pinned_base_image_and_says_the_image_was_not_built_here(stages: list[Stage]) -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert f"`{stages[1].image}`" in readme
+    assert "Not run here:" in readme
