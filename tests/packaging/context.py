@@ -7,6 +7,7 @@ wheel test builds from exactly such a copy (a wheel that needs an excluded file 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -89,5 +90,6 @@ def copy_build_context(destination: Path, source: Path = ROOT) -> Path:
             if path.is_symlink():
                 (destination / prefix / name).symlink_to(os.readlink(path))
             else:
-                shutil.copy2(path, destination / prefix / name)
+                with contextlib.suppress(FileNotFoundError):  # a file another process removed meanwhile
+                    shutil.copy2(path, destination / prefix / name)
     return destination
