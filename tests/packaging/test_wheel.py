@@ -29,7 +29,8 @@ import httpx
 import pytest
 from packaging.requirements import Requirement
 
-from skrull.solver.io import plan_from_dict, request_from_dict
+from skrull.solver.io import plan_from_dict, plan_to_dict, request_from_dict
+from skrull.solver.planning import solve
 from skrull.solver.validate import plan_problems
 from skrull.solver.worker_view import rank_view
 from tests.packaging.context import IMAGE_EXTRAS, ROOT, WHEEL_COMMAND, copy_build_context
@@ -161,8 +162,13 @@ def test_skrull_profiles_lists_the_bundled_profiles(installed: Installed) -> Non
 def test_skrull_plan_plans_a_bundled_request_from_outside_the_tree(installed: Installed) -> None:
     request = shutil.copy(REQUEST, installed.workdir / "request.json")
     installed.run(installed.skrull, "plan", "-r", request, "-o", "plan.json")
-    plan = plan_from_dict(json.loads((installed.workdir / "plan.json").read_text()))
-    assert plan_problems(plan, request_from_dict(json.loads(REQUEST.read_text()))) == []
+    doc = json.loads((installed.workdir / "plan.json").read_text())
+    request_value = request_from_dict(json.loads(REQUEST.read_text()))
+    assert plan_problems(plan_from_dict(doc), request_value) == []
+    expected = plan_to_dict(solve(request_value))  # the source tree's planner: the same plan, but for timing
+    for plan_doc in (doc, expected):
+        del plan_doc["solve"]["wall_ms"]
+    assert doc == expected
     assert "valid:" in installed.run(installed.skrull, "validate", "-r", request, "-p", "plan.json").stdout
 
 
