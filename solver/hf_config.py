@@ -7,7 +7,9 @@ The keys read, with the defaults the model families' configuration classes use w
     tie_word_embeddings   default true for Gemma, false for the others
     attention_bias        q/k/v projection bias; Qwen2 always has it (its config has no such key)
 
-Mixture-of-experts configs are refused: one dense MLP per layer is what the cost model counts.
+Mixture-of-experts configs are refused: one dense MLP per layer is what the cost model counts. Norms
+beyond the two per layer (Gemma 2's extra ones, Qwen3's q/k norms) are not counted: a few thousand
+parameters per layer, far below the precision of the derivation.
 """
 
 from __future__ import annotations
