@@ -1,4 +1,4 @@
-"""Pydantic models of the wire formats (CONTRACT.md) and the explicit converters to and from the solver's
+"""Pydantic models of the wire formats (docs/formats.md) and the explicit converters to and from the solver's
 types. Pydantic stays at this edge: the planning library sees only its own frozen dataclasses.
 
 Request bodies are checked here for shape and JSON types (strict: ``"5"`` and ``true`` are not token
@@ -112,7 +112,7 @@ class SolveModel(BaseModel):
 
 
 class PlanModel(BaseModel):
-    """A ``skrull.plan/v1`` plan (CONTRACT.md "Plan")."""
+    """A ``skrull.plan/v1`` plan (docs/formats.md "Plan")."""
 
     model_config = ConfigDict(populate_by_name=True, extra="allow")
     schema_: Literal["skrull.plan/v1"] = Field(alias="schema")
@@ -168,7 +168,7 @@ class RankMicrobatchModel(BaseModel):
 
 
 class RankViewModel(BaseModel):
-    """One GPU's part of one iteration (CONTRACT.md "Worker view")."""
+    """One GPU's part of one iteration (docs/formats.md "Rank view")."""
 
     plan_id: str
     iteration: int
@@ -220,7 +220,7 @@ class MemoryModel(BaseModel):
 
 
 class ProfileModel(BaseModel):
-    """A profile (CONTRACT.md "Profile"); extra fields (sources, model config) are kept."""
+    """A profile (docs/formats.md "Profile"); extra fields (sources, model config) are kept."""
 
     model_config = ConfigDict(extra="allow")
     name: str

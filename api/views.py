@@ -1,4 +1,4 @@
-"""Rank views (CONTRACT.md "Worker view") rendered from stored iterations, cached in memory.
+"""Rank views (docs/formats.md "Rank view") rendered from stored iterations, cached in memory.
 
 A solved iteration never changes, so a rendered view is cached by (plan, iteration, rank) and its ETag
 is the iteration's digest plus the rank: a worker polling again gets 304 without a store read. Parsed

@@ -1,7 +1,7 @@
-"""Rebuild the percentile tables under distributions/ from the real traces in ../shared/data.
+"""Rebuild the percentile tables under distributions/ from the real length traces (CSV files named below).
 
 The traces themselves never enter the project; only these tables (with their source) do.
-Run: python bench/build_distributions.py [DATA_DIR]
+Run: python bench/build_distributions.py DATA_DIR      (the folder holding the trace files)
 """
 
 from __future__ import annotations
@@ -86,4 +86,6 @@ def main(data_dir: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parents[2] / "shared" / "data")
+    if len(sys.argv) != 2:
+        sys.exit("usage: python bench/build_distributions.py DATA_DIR   (the folder holding the trace CSV files)")
+    main(Path(sys.argv[1]))

@@ -1,7 +1,7 @@
 """Tokenizing throughput of ``skrull lengths``: MB of text per second per core with a byte-level BPE.
 
 Builds a byte-level BPE tokenizer (vocabulary 8192, trained in-process on the generated text) and a
-JSONL file of SFT-like rows, then times ``corpus.lengths.count_lengths`` (read + extract + batch encode)
+JSONL file of SFT-like rows, then times ``skrull.corpus.lengths.count_lengths`` (read + extract + batch encode)
 with the tokenizer library limited to one thread (``RAYON_NUM_THREADS=1``, so the figure is per core)
 and with every core. Prints a table; run ``python bench/lengths.py [--mb 40]``.
 """

@@ -5,7 +5,7 @@ skrull), ``fig3`` (Skrull Fig. 3: skrull over DeepSpeed and sorted batching), ``
 out-of-memory counts with and without rollback), ``wlb`` (WLB-LLM Table 2: imbalance degree and packing
 time), ``megatron`` (Megatron dynamic CP's 1.48x / 1.25x on GitHub- / CommonCrawl-shaped lengths).
 
-Everything is simulated: times come from ``solver.cost`` with the bundled H100 profiles (estimated, not
+Everything is simulated: times come from ``skrull.solver.cost`` with the bundled H100 profiles (estimated, not
 measured), so agreement in *direction* and *rough size* is what to look for; the printed notes say
 where and why the numbers differ. Prints Markdown; asserts nothing.
 Run: python bench/peers.py [--batches N] [--only peers,fig3,table3,wlb,megatron] [--ilp-seconds S]
@@ -49,7 +49,7 @@ def fmt_x(value: float) -> str:
 
 
 def efficiency(plan: Plan, request: Request) -> float:
-    """Estimated time per unit of the work the plan runs (``solver.metrics.work_ms``; fair to deferral)."""
+    """Estimated time per unit of the work the plan runs (``skrull.solver.metrics.work_ms``; fair to deferral)."""
     lengths = [s for b in request.batches for s in b]
     return plan.estimated_ms / work_ms(plan, lengths, CostModel(request.profile, bucket_tokens=request.bucket_tokens))
 
@@ -74,7 +74,7 @@ def section_peers(batches: int, seed: int) -> None:
     print("## Peers on every bundled distribution\n")
     print(
         "Speed relative to skrull, as time per unit of work (`(skrull ms / work) / (peer ms / work)`, work"
-        " summed over the sequences a plan runs, `solver.metrics.work_ms`, so deferring sequences is not"
+        " summed over the sequences a plan runs, `skrull.solver.metrics.work_ms`, so deferring sequences is not"
         " speed): above 1.00x the peer is faster. In brackets: the planner's estimated ms per iteration."
         f" {batches} batches.\n"
     )

@@ -11,7 +11,7 @@ client process with N concurrent clients (asyncio + httpx, one connection each):
   renders the view (store read, worker_view.rank_view), "cached" serves it again from memory, "304"
   sends If-None-Match.
 
-Each is measured twice: with httpx (what ``api.client`` uses) and with a minimal keep-alive HTTP/1.1
+Each is measured twice: with httpx (what ``skrull.api.client`` uses) and with a minimal keep-alive HTTP/1.1
 client written here. httpx spends about as much CPU per request as the server (~0.8 ms per rank view,
 ~2.4 ms per submit-and-wait); on a shared 2-core machine the httpx rows partly measure the client, the
 minimal-client rows measure the service.

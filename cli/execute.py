@@ -26,7 +26,7 @@ def add_parser(sub: Any) -> None:
         "execute",
         help="run a plan's attention layer on W local processes (gloo/nccl); --check against each sequence alone",
     )
-    p.add_argument("--request", "-r", required=True, metavar="FILE", help="request JSON (CONTRACT.md format)")
+    p.add_argument("--request", "-r", required=True, metavar="FILE", help="request JSON (docs/formats.md format)")
     p.add_argument("--solver", "-s", default=None, help="planner (default: the request's)")
     p.add_argument("--world-size", "-w", type=int, default=None, help="processes, = dp * cp (default: dp * cp)")
     p.add_argument("--backend", default="gloo", help="gloo (CPU) or nccl (one GPU per process); default gloo")

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from skrull.cli import derive as derive_cli
 from skrull.cli import execute as execute_cli
 from skrull.cli import lengths as lengths_cli
 from skrull.cli import profile as profile_cli
@@ -20,7 +21,6 @@ from skrull.cli import serve, solver_worker
 from skrull.cli import show as show_cli
 from skrull.solver.compare import compare, format_table, parse_solver_spec
 from skrull.solver.datasets import distribution_names, synthesize_request
-from skrull.solver.derive import GPUS, MODELS, derive_profile
 from skrull.solver.errors import RequestError, SkrullError
 from skrull.solver.io import (
     BACKENDS,
@@ -35,7 +35,7 @@ from skrull.solver.io import (
 )
 from skrull.solver.planners.registry import get_planner, planner_names
 from skrull.solver.planning import solve
-from skrull.solver.profile import bundled_profile_names, profile_file_name, profiles_dir
+from skrull.solver.profile import bundled_profile_names
 from skrull.solver.types import Parallel, Request
 from skrull.solver.validate import validate_plan
 
@@ -44,7 +44,7 @@ EXIT_USER_ERROR = 2
 
 def _add_source(p: argparse.ArgumentParser) -> None:
     src = p.add_argument_group("input: a request file, or a request synthesized from a bundled dataset")
-    src.add_argument("--request", "-r", metavar="FILE", help="request JSON (CONTRACT.md format)")
+    src.add_argument("--request", "-r", metavar="FILE", help="request JSON (docs/formats.md format)")
     src.add_argument("--dataset", metavar="NAME", help=f"length distribution: {', '.join(distribution_names())}")
     src.add_argument("--dp", type=int, default=4, help="data-parallel degree (with --dataset; default 4)")
     src.add_argument("--cp", type=int, default=8, help="context-parallel degree (with --dataset; default 8)")
@@ -189,24 +189,6 @@ def cmd_profiles(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_derive_profile(args: argparse.Namespace) -> int:
-    models = list(MODELS) if args.all else [args.model]
-    if args.gpu not in GPUS:
-        raise RequestError("--gpu", args.gpu, f"unknown GPU; known: {', '.join(GPUS)}")
-    for name in models:
-        if name not in MODELS:
-            raise RequestError("--model", name, f"unknown model; known: {', '.join(MODELS)}")
-        profile = derive_profile(MODELS[name], GPUS[args.gpu])
-        text = dumps(profile.to_dict())
-        if args.write_bundled:
-            path = profiles_dir() / profile_file_name(profile.name)
-            path.write_text(text + "\n", encoding="utf-8")
-            print(f"wrote {path}")
-        else:
-            _write(text, args.output)
-    return 0
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="skrull", description="Skrull: data scheduling for long-context SFT (DP x CP)."
@@ -236,7 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", "-o", metavar="FILE")
     p.set_defaults(func=cmd_request)
 
-    p = sub.add_parser("validate", help="check a plan against its request and the contract")
+    p = sub.add_parser("validate", help="check a plan against its request and docs/formats.md")
     p.add_argument("--request", "-r", required=True, metavar="FILE")
     p.add_argument("--plan", "-p", required=True, metavar="FILE")
     p.set_defaults(func=cmd_validate)
@@ -245,14 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("name", nargs="?")
     p.set_defaults(func=cmd_profiles)
 
-    p = sub.add_parser("derive-profile", help="derive a profile from a model config and GPU figures")
-    p.add_argument("--model", default="qwen2.5-0.5b", help=f"one of {', '.join(MODELS)}")
-    p.add_argument("--gpu", default="h100-80g", help=f"one of {', '.join(GPUS)}")
-    p.add_argument("--all", action="store_true", help="every known model")
-    p.add_argument("--write-bundled", action="store_true", help="(re)write the files under profiles/")
-    p.add_argument("--output", "-o", metavar="FILE")
-    p.set_defaults(func=cmd_derive_profile)
-
+    derive_cli.add_parser(sub)
     execute_cli.add_parser(sub)
     profile_cli.add_parser(sub)
     serve.add_parser(sub)

@@ -74,7 +74,7 @@ def lengths_request(
     bucket_tokens: int | None = None,
     group_capacity_tokens: int | None = None,
 ) -> dict[str, Any]:
-    """The request document of the loader's global batches (CONTRACT.md "Request").
+    """The request document of the loader's global batches (docs/formats.md "Request").
 
     A row longer than ``group_capacity_tokens`` (``cp * bucket``) cannot be placed by any planner: refused
     here naming the row, so the user can truncate (``--max-length``) or raise ``--cp``.

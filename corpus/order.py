@@ -9,7 +9,7 @@ so the sequence ids of a plan name the same samples on both sides without shippi
 
 The last, incomplete batch is dropped by default (``drop_last``), as Megatron-style loaders do.
 Sequence id ``k`` of a request built from batches ``first..`` is the ``k``-th sample over the
-concatenation of those batches (CONTRACT.md, "Request").
+concatenation of those batches (docs/formats.md, "Request").
 """
 
 from __future__ import annotations

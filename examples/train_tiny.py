@@ -3,7 +3,7 @@
     skrull serve --port 8000 &
     python examples/train_tiny.py --url http://127.0.0.1:8000 --dp 2 --cp 2 --iterations 8
 
-Each process iterates ``worker.dataloader.PlannedBatches``: the global batches of a seeded loader order
+Each process iterates ``skrull.worker.dataloader.PlannedBatches``: the global batches of a seeded loader order
 are submitted to the service ahead of time, this rank's views are prefetched, and each iteration
 arrives as packed microbatches (a varying number). Attention is DACP (worker/dacp.py) over the CP
 group; the loss is normalized per token over the whole iteration (worker/loss.py) and gradients are

@@ -1,4 +1,4 @@
-"""The reference cost model (CONTRACT.md; Skrull section 4.1 eqs. 1-7, eq. 8, appendix C).
+"""The reference cost model (docs/formats.md; Skrull section 4.1 eqs. 1-7, eq. 8, appendix C).
 
 For a sequence of S tokens (Skrull eq. 13 summed over layers, x3 for forward + backward):
 
@@ -133,7 +133,7 @@ class CostModel:
         return max(per_gpu, default=0.0)
 
     def lower_bound_ms(self, lengths: Sequence[int], parallel: Parallel) -> float:
-        """No plan under this model beats this (CONTRACT.md "Lower bound of an iteration").
+        """No plan under this model beats this (docs/formats.md "Cost model": the lower bound).
 
         ``max( sum ms_per_flop*FLOPs(S) / (dp*cp) + microbatch_ms * sum(S) / (bucket*dp*cp),
                ms_per_flop*FLOPs(S_max) / cp + microbatch_ms )``: the average GPU must compute its share

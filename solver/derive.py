@@ -4,6 +4,7 @@ Compute (Skrull appendix C.2, eq. 13, per layer forward, packed so b = 1):
     FLOPs_layer_fwd(S) = 20*h^2*S + 4*h*h_kv*S + 4*h*S^2
     flops_per_token    = 3 * layers * (20*h^2 + 4*h*h_kv)      (x3: forward + backward)
     flops_per_token_sq = 3 * layers * 4*h
+    (q = heads * head_dim is h for all but Gemma-style configs; ``flops_coefficients`` says how q enters)
     ms_per_tflop       = 1e3 / (peak_bf16_tflops * mfu)
 
 Communication (Skrull appendix C.3, eq. 15; Llama-3-style all-gather CP): forward all-gathers K and V
@@ -16,7 +17,7 @@ Memory (Skrull appendix C.1, ``Memory(S) = alpha*S + beta`` with beta ~ 0):
     static = weights (2P bytes, bf16) + gradients (2P, split over dp under ZeRO-2/3)
              + optimizer states (12P: fp32 master, Adam m and v; split over dp under ZeRO-1/2/3)
              (weights also split over dp under ZeRO-3)            [Rajbhandari et al., ZeRO, SC'20, sec. 3]
-    alpha  = layers * (12*h + 4*h_kv + 8*I) + 6*V bytes per token
+    alpha  = layers * (12*h + 4*h_kv + 8*I) + 6*V bytes per token   (8*h + 4*q for 12*h when q != h)
              (per layer, bf16, with flash-attention and no recompute inside the layer: norm inputs and
              outputs, Q/K/V and attention output, gate/up/SiLU/product of the SwiGLU MLP; Korthikanti et
              al. 2022, "Reducing Activation Recomputation", sec. 4, adapted to GQA and SwiGLU; plus bf16
@@ -35,6 +36,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from skrull.solver.gpus import GPUS as GPUS  # re-exported: callers take models and GPUs from here
+from skrull.solver.gpus import GpuSpec as GpuSpec
 from skrull.solver.profile import CommCoeffs, ComputeCoeffs, Profile
 
 
@@ -50,10 +53,17 @@ class ModelConfig:
     tied_embeddings: bool
     qkv_bias: bool
     source: str
+    #: The config's ``head_dim`` where ``num_heads * head_dim != hidden_size`` (Gemma); None: hidden / heads.
+    head_dim_override: int | None = None
 
     @property
     def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
+        return self.head_dim_override or self.hidden_size // self.num_heads
+
+    @property
+    def q_hidden_size(self) -> int:
+        """Width of the queries and of the attention output (``hidden_size`` unless head_dim is set apart)."""
+        return self.num_heads * self.head_dim
 
     @property
     def kv_hidden_size(self) -> int:
@@ -62,21 +72,11 @@ class ModelConfig:
     @property
     def num_params(self) -> int:
         """Parameter count from the config (embeddings, attention, SwiGLU MLP, RMSNorms)."""
-        h, kv, i = self.hidden_size, self.kv_hidden_size, self.intermediate_size
-        attn = h * h + 2 * h * kv + h * h + ((h + 2 * kv) if self.qkv_bias else 0)
+        h, q, kv, i = self.hidden_size, self.q_hidden_size, self.kv_hidden_size, self.intermediate_size
+        attn = h * q + 2 * h * kv + q * h + ((q + 2 * kv) if self.qkv_bias else 0)
         layer = attn + 3 * h * i + 2 * h
         embed = self.vocab_size * h * (1 if self.tied_embeddings else 2)
         return self.num_layers * layer + embed + h
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class GpuSpec:
-    name: str
-    memory_bytes: int
-    peak_bf16_tflops: float
-    cp_bus_bandwidth_gbs: float
-    dp_bandwidth_gbs: float
-    source: str
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -145,34 +145,26 @@ MODELS: dict[str, ModelConfig] = {
     ),
 }
 
-GPUS: dict[str, GpuSpec] = {
-    "h100-80g": GpuSpec(
-        name="h100-80g",
-        memory_bytes=80 * 2**30,
-        peak_bf16_tflops=989.0,
-        cp_bus_bandwidth_gbs=360.0,
-        dp_bandwidth_gbs=50.0,
-        source=(
-            "NVIDIA H100 SXM5 datasheet: 80 GB HBM3, 989 dense BF16 TFLOP/s, NVLink 4 at 900 GB/s; "
-            "achieved all-gather bus bandwidth ~360 GB/s within a node (nccl-tests figures, assumed); "
-            "400 Gb/s NDR InfiniBand per GPU = 50 GB/s for DP gradient traffic across nodes"
-        ),
-    ),
-}
-
 #: Training setups per model: Skrull's <DP=4, ZeRO-2> where it fits; Llama2-13B needs ZeRO-3 over DP=8
 #: to leave room for activations on 80 GB (ZeRO-2 at DP=4 keeps 72 GB of static state per GPU).
 SETUPS: dict[str, TrainingSetup] = {"llama2-13b": TrainingSetup(dp=8, zero_stage=3)}
 
-#: Buckets Skrull measured (section 5.1: "BucketSize 26K for Qwen2.5-0.5B and 13K for Qwen2.5-7B").
+#: Buckets Skrull measured (section 5.1: "BucketSize 26K for Qwen2.5-0.5B and 13K for Qwen2.5-7B"), on
+#: 80 GB H100s with the default setup; any other GPU or setup uses the derivation.
 PAPER_BUCKET_TOKENS: dict[str, int] = {"qwen2.5-0.5b": 26_000, "qwen2.5-7b": 13_000}
+PAPER_GPU = "h100-80g"
 
 
 def flops_coefficients(model: ModelConfig) -> tuple[float, float]:
-    """(flops_per_token, flops_per_token_sq): Skrull eq. 13 x layers x 3."""
-    h, kv = model.hidden_size, model.kv_hidden_size
-    per_token = 3 * model.num_layers * (20 * h * h + 4 * h * kv)
-    per_token_sq = 3 * model.num_layers * 4 * h
+    """(flops_per_token, flops_per_token_sq): Skrull eq. 13 x layers x 3.
+
+    Eq. 13's ``20*h^2`` is the query and output projections (``4*h^2``) plus the MLP (``16*h^2``), and its
+    ``4*h*S^2`` is the two attention matmuls; with queries of width ``q = heads * head_dim != h`` (Gemma)
+    those terms become ``4*h*q`` and ``4*q*S^2``. For every model with ``q == h`` this is eq. 13 exactly.
+    """
+    h, q, kv = model.hidden_size, model.q_hidden_size, model.kv_hidden_size
+    per_token = 3 * model.num_layers * (4 * h * q + 16 * h * h + 4 * h * kv)
+    per_token_sq = 3 * model.num_layers * 4 * q
     return float(per_token), float(per_token_sq)
 
 
@@ -190,8 +182,10 @@ def static_memory_bytes(model: ModelConfig, setup: TrainingSetup) -> float:
 
 
 def activation_bytes_per_token(model: ModelConfig) -> float:
-    h, kv, i = model.hidden_size, model.kv_hidden_size, model.intermediate_size
-    return float(model.num_layers * (12 * h + 4 * kv + 8 * i) + 6 * model.vocab_size)
+    """``layers * (8*h + 4*q + 4*h_kv + 8*I) + 6*V``: the module docstring's ``12*h`` with the queries and
+    attention output (``4*h`` of it) counted at their own width ``q``."""
+    h, q, kv, i = model.hidden_size, model.q_hidden_size, model.kv_hidden_size, model.intermediate_size
+    return float(model.num_layers * (8 * h + 4 * q + 4 * kv + 8 * i) + 6 * model.vocab_size)
 
 
 def derived_bucket_tokens(model: ModelConfig, gpu: GpuSpec, setup: TrainingSetup) -> int:
@@ -204,14 +198,15 @@ def derived_bucket_tokens(model: ModelConfig, gpu: GpuSpec, setup: TrainingSetup
 def derive_profile(model: ModelConfig, gpu: GpuSpec, setup: TrainingSetup | None = None) -> Profile:
     """A profile with every number's source; ``estimated: true`` until ``skrull profile`` measures it.
 
-    The bucket is Skrull's measured value where the paper gives one (Qwen2.5-0.5B, 7B), otherwise the
-    derivation; both are recorded under ``memory``.
+    The bucket is Skrull's measured value where the paper gives one (Qwen2.5-0.5B, 7B on 80 GB H100s
+    with the default setup), otherwise the derivation; both are recorded under ``memory``.
     """
     setup = setup or SETUPS.get(model.name, TrainingSetup())
     fpt, fpt_sq = flops_coefficients(model)
     bpt = comm_bytes_per_token(model)
     derived = derived_bucket_tokens(model, gpu, setup)
-    paper = PAPER_BUCKET_TOKENS.get(model.name)
+    measured_here = gpu.name == PAPER_GPU and setup == TrainingSetup()
+    paper = PAPER_BUCKET_TOKENS.get(model.name) if measured_here else None
     bucket = paper if paper is not None else derived
     ms_per_tflop = 1e3 / (gpu.peak_bf16_tflops * setup.mfu)
     ms_per_mib = 2**20 / (gpu.cp_bus_bandwidth_gbs * 1e9) * 1e3
@@ -225,6 +220,7 @@ def derive_profile(model: ModelConfig, gpu: GpuSpec, setup: TrainingSetup | None
             "num_layers": model.num_layers,
             "num_heads": model.num_heads,
             "num_kv_heads": model.num_kv_heads,
+            "head_dim": model.head_dim,
             "kv_hidden_size": model.kv_hidden_size,
             "intermediate_size": model.intermediate_size,
             "vocab_size": model.vocab_size,

@@ -1,4 +1,4 @@
-"""JSON reading and writing of requests and plans in the contract's formats (CONTRACT.md).
+"""JSON reading and writing of requests and plans in the contract's formats (docs/formats.md).
 
 Parsing validates everything a planner relies on and raises one ``RequestError`` naming the field (as a
 JSON path like ``batches[0][2]``) and its value. Unknown extra fields are allowed, as the contract says.

@@ -1,4 +1,4 @@
-"""Hardware/model profiles: the coefficients of the reference cost model (CONTRACT.md, "Profile").
+"""Hardware/model profiles: the coefficients of the reference cost model (docs/formats.md, "Profile").
 
 A profile is read from a bundled JSON file under ``profiles/`` (named ``<gpu>/<model>``, stored as
 ``profiles/<gpu>__<model>.json``) or given inline in a request. Only the contract's fields drive the

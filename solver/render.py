@@ -1,7 +1,7 @@
 """Pictures of plans: an iteration as a per-GPU timeline, written as plain SVG text (no plotting library).
 
 One lane per GPU (global rank). Each microbatch the GPU takes part in is a slot whose width is the
-microbatch's ``estimated_ms``; inside it, this GPU's part of the DACP time (CONTRACT.md, Skrull eqs. 1-5)
+microbatch's ``estimated_ms``; inside it, this GPU's part of the DACP time (docs/formats.md, Skrull eqs. 1-5)
 is split into three stacked segments
 
     overhead  = microbatch_ms

@@ -1,4 +1,4 @@
-"""Problems and plans as frozen values (CONTRACT.md, "Request" and "Plan").
+"""Problems and plans as frozen values (docs/formats.md, "Request" and "Plan").
 
 Plans name GPUs by logical rank (``g = dp_rank * cp + cp_rank`` in the static layout) and sequences by
 global id (the index over the concatenation of all batches), so a plan serializes, compares and tests

@@ -1,4 +1,4 @@
-"""One GPU's part of a plan (CONTRACT.md "Worker view"): what the service serves and the worker runs.
+"""One GPU's part of a plan (docs/formats.md "Rank view"): what the service serves and the worker runs.
 
 Sharding of a sequence of S tokens over a group of N GPUs (default "zigzag", the Llama-3 / load-balanced
 ring layout): the sequence is cut into 2N contiguous chunks and position p holds chunks p and 2N-1-p, so

@@ -140,7 +140,7 @@ class PlannedBatches:
     # -- planning ------------------------------------------------------------------------------------
 
     def request_document(self, chunk: int) -> dict[str, Any]:
-        """The request of global batches ``chunk * batches_per_plan ..`` (CONTRACT.md "Request")."""
+        """The request of global batches ``chunk * batches_per_plan ..`` (docs/formats.md "Request")."""
         first = chunk * self.batches_per_plan
         doc: dict[str, Any] = {
             "batches": [[self.lengths[i] for i in b] for b in self.batches[first : first + self.batches_per_plan]],

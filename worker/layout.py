@@ -4,7 +4,7 @@ Pure Python (no torch), so the layout is built and property-tested without a pro
 
 The packed buffer of GPU ``ranks[position]`` holds its local sequences whole (plan order), then its
 pieces of the sharded sequences (sequence order, then range order); ``cu_seqlens`` delimits every local
-sequence and every piece (CONTRACT.md "Worker view"). Position ids restart at 0 for each local sequence
+sequence and every piece (docs/formats.md "Rank view"). Position ids restart at 0 for each local sequence
 and are the global token positions for shard pieces, so rotary embeddings see the same positions as
 when the sequence runs whole.
 

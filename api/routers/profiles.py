@@ -1,4 +1,4 @@
-"""``/v1/profiles``: list, read and upload hardware/model profiles (CONTRACT.md "Profile")."""
+"""``/v1/profiles``: list, read and upload hardware/model profiles (docs/formats.md "Profile")."""
 
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ async def get_profile(name: str, request: Request) -> Response:
     },
 )
 async def upload_profile(request: Request) -> Response:
-    """The body is a profile document (CONTRACT.md "Profile") with a new ``name``; it is validated by the
+    """The body is a profile document (docs/formats.md "Profile") with a new ``name``; it is validated by the
     planning library, which names the field and value of any mistake."""
     svc = service(request)
     try:

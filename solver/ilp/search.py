@@ -20,10 +20,8 @@ from typing import Any
 
 from skrull.solver.cost import CostModel
 from skrull.solver.ilp.builder import GroupMicrobatch, build_joint_model
-from skrull.solver.ilp.cpsat import solve_cpsat
 from skrull.solver.ilp.model import TIME_SCALE, LinearModel
 from skrull.solver.ilp.result import BackendResult, IncumbentCallback
-from skrull.solver.ilp.scip import solve_scip
 
 #: Largest exact model solved whole (binaries); larger problems go to LNS.
 EXACT_MAX_BINARIES = 40_000
@@ -34,7 +32,23 @@ LNS_STEP_S = 1.0
 
 Groups = list[list[GroupMicrobatch]]
 Backend = Callable[..., BackendResult]
-BACKENDS: dict[str, Backend] = {"cpsat": solve_cpsat, "scip": solve_scip}
+
+
+def _solve_cpsat(*args: Any, **kwargs: Any) -> BackendResult:
+    """CP-SAT (ortools), imported on the first exact solve so that ``import skrull.solver`` needs numpy only."""
+    from skrull.solver.ilp.cpsat import solve_cpsat
+
+    return solve_cpsat(*args, **kwargs)
+
+
+def _solve_scip(*args: Any, **kwargs: Any) -> BackendResult:
+    """SCIP (pyscipopt), imported on the first exact solve."""
+    from skrull.solver.ilp.scip import solve_scip
+
+    return solve_scip(*args, **kwargs)
+
+
+BACKENDS: dict[str, Backend] = {"cpsat": _solve_cpsat, "scip": _solve_scip}
 
 
 def estimate_binaries(num_sequences: int, num_groups: int, group_size: int, num_slots: int) -> int:

@@ -1,4 +1,4 @@
-"""The one registry of planners, by the names requests use (CONTRACT.md "Solver names")."""
+"""The one registry of planners, by the names requests use (docs/planners.md)."""
 
 from __future__ import annotations
 
@@ -22,14 +22,14 @@ _REGISTRY: dict[str, Callable[[], Planner]] = {
     "packed": PackedPlanner,
     "sorted": SortedPlanner,
     "round-robin": RoundRobinPlanner,
-    # peers (README "Peers"): each one's decision logic on the reference cost model
+    # peers (docs/planners.md "Peers"): each one's decision logic on the reference cost model
     "wlb": WlbPlanner,
     "dynamic-cp": DynamicCpPlanner,
     "hydraulis": HydraulisPlanner,
     "verl-kk": VerlKkPlanner,
 }
 
-#: The peer systems' planners (README "Peers"), e.g. for a best-of planner to take ideas from.
+#: The peer systems' planners (docs/planners.md "Peers"), e.g. for a best-of planner to take ideas from.
 PEERS: tuple[str, ...] = ("wlb", "dynamic-cp", "hydraulis", "verl-kk")
 
 #: Planners that place every sequence with plain CP; ``compare`` reports speedups over the first.

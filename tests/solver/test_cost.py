@@ -1,4 +1,4 @@
-"""The reference model against hand computations of CONTRACT.md's formulas."""
+"""The reference model against hand computations of docs/formats.md's formulas."""
 
 from __future__ import annotations
 

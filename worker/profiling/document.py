@@ -1,6 +1,6 @@
 """The measured profile document: the contract's fields fitted from raw measurements, which are kept.
 
-The result is a profile in CONTRACT.md's format (``compute``, ``comm``, ``memory.bucket_tokens``,
+The result is a profile in docs/formats.md format (``compute``, ``comm``, ``memory.bucket_tokens``,
 ``microbatch_ms``) that ``solver.profile.profile_from_dict`` reads, with ``"estimated": false`` and
 extra fields: where and when it was measured (``measured``), the model shape, every raw measurement,
 the fits' R^2 and the attention efficiency table. What was not measured says so and keeps the derived
@@ -70,6 +70,9 @@ def model_from_doc(doc: Any) -> ModelConfig:
     values.setdefault("tied_embeddings", False)
     values.setdefault("qkv_bias", False)
     values.setdefault("source", "profile")
+    head_dim = doc.get("head_dim")
+    if isinstance(head_dim, int) and head_dim * int(doc["num_heads"]) != int(doc["hidden_size"]):
+        values.setdefault("head_dim_override", head_dim)  # derived profiles of Gemma-style configs
     return ModelConfig(**values)
 
 

@@ -1,6 +1,6 @@
 """Fitting the cost model's coefficients to measurements (numpy only; no torch, no GPU).
 
-What ``skrull profile`` measures and how each contract coefficient follows (CONTRACT.md "Profile";
+What ``skrull profile`` measures and how each contract coefficient follows (docs/formats.md "Profile";
 Skrull appendix C):
 
 - compute (eq. 14, ``T_comp = ms_per_tflop * FLOPs / 1e12 + fixed_ms``): least squares of relative

@@ -1,0 +1,138 @@
+"""``skrull derive-profile``: any config.json on any bundled or described GPU, written where the planner
+finds it, and one clear line for each mistake."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from skrull.cli.main import main
+from skrull.solver.derive import MODELS, TrainingSetup, derive_profile
+from skrull.solver.gpus import GPUS, gpu_from_figures
+from skrull.solver.hf_config import model_from_hf_config
+from skrull.solver.io import plan_from_dict, read_json
+from skrull.solver.profile import PROFILES_DIR_ENV, profile_from_dict
+from tests.solver.test_hf_config import CONFIGS
+
+
+def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = main(["derive-profile", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def write_config(folder: Path, name: str) -> Path:
+    path = folder / name / "config.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(CONFIGS[name]), encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize("model", sorted(CONFIGS))
+@pytest.mark.parametrize("gpu", sorted(GPUS))
+def test_every_architecture_on_every_bundled_gpu_is_the_derivation(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, model: str, gpu: str
+) -> None:
+    config = write_config(tmp_path, model)
+    code, out, err = run(capsys, "--hf-config", str(config), "--gpu", gpu)
+    expected = derive_profile(model_from_hf_config(CONFIGS[model], name=model), GPUS[gpu])
+    if expected.bucket_tokens < 1:  # e.g. Gemma-7B's ZeRO-2 states at DP=4 fill an L40S's 48 GB
+        assert (code, out) == (2, "") and "does not fit" in err
+        return
+    assert code == 0, err
+    assert json.loads(out) == json.loads(json.dumps(expected.to_dict()))
+    assert profile_from_dict(json.loads(out)).name == f"{gpu}/{model}"
+
+
+def test_figures_on_the_command_line_describe_a_gpu_without_a_bundled_spec(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    config = write_config(tmp_path, "mistral-7b-v0.1")
+    args = ("--peak-tflops", "400", "--nvlink-gbps", "300", "--memory-gib", "64", "--gpu-name", "mygpu")
+    code, out, err = run(capsys, "--hf-config", str(config), *args, "--name", "mistral")
+    assert code == 0, err
+    doc = json.loads(out)
+    gpu = gpu_from_figures(
+        name="mygpu", memory_gib=64, peak_bf16_tflops=400, link_bandwidth_gbs=300, source=doc["gpu"]["source"]
+    )
+    expected = derive_profile(model_from_hf_config(CONFIGS["mistral-7b-v0.1"], name="mistral"), gpu)
+    assert doc == json.loads(json.dumps(expected.to_dict()))
+    assert doc["name"] == "mygpu/mistral"
+    assert "400.0" in doc["gpu"]["source"] and "300.0" in doc["gpu"]["source"]
+
+
+def test_figures_override_a_bundled_gpu(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "--model", "qwen2.5-7b", "--gpu", "h100-80g", "--memory-gib", "94")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["name"] == "h100-80g-custom/qwen2.5-7b"
+    assert doc["gpu"]["memory_bytes"] == 94 * 2**30
+    assert doc["comm"]["ms_per_mib"] == derive_profile(MODELS["qwen2.5-7b"], GPUS["h100-80g"]).comm.ms_per_mib
+    assert doc["memory"]["bucket_tokens"] == doc["memory"]["derived_bucket_tokens"]
+
+
+def test_training_setup_flags_reach_the_static_memory(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "--model", "llama2-7b", "--dp", "8", "--zero-stage", "3", "--mfu", "0.5")
+    assert code == 0
+    expected = derive_profile(MODELS["llama2-7b"], GPUS["h100-80g"], TrainingSetup(dp=8, zero_stage=3, mfu=0.5))
+    assert json.loads(out) == json.loads(json.dumps(expected.to_dict()))
+
+
+def test_output_dir_feeds_the_planner_through_the_profiles_directory_variable(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = write_config(tmp_path, "llama-3-8b")
+    folder = tmp_path / "profiles"
+    code, out, err = run(capsys, "--hf-config", str(config), "--gpu", "a100-80g", "--output-dir", str(folder))
+    assert code == 0, err
+    written = folder / "a100-80g__llama-3-8b.json"
+    assert out.strip() == f"wrote {written}"
+    monkeypatch.setenv(PROFILES_DIR_ENV, str(folder))
+    assert main(["profiles"]) == 0
+    assert "a100-80g/llama-3-8b" in capsys.readouterr().out.split()
+    plan_file = tmp_path / "plan.json"
+    argv = ["plan", "--dataset", "sharegpt", "--dp", "2", "--cp", "4", "--per-rank", "8"]
+    assert main([*argv, "--profile", "a100-80g/llama-3-8b", "-o", str(plan_file)]) == 0
+    plan = plan_from_dict(read_json(plan_file))
+    assert plan.iterations
+
+
+def _error(capsys: pytest.CaptureFixture[str], *args: str) -> str:
+    code, out, err = run(capsys, *args)
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and err.startswith("skrull: error: ")
+    return err
+
+
+def test_mistakes_are_one_line_naming_the_flag_or_key(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    config = write_config(tmp_path, "gemma-2b")
+    assert "--memory-gib" in _error(capsys, "--hf-config", str(config), "--peak-tflops", "100", "--link-gbps", "50")
+    assert "--peak-tflops: nan" in _error(capsys, "--gpu", "a100-80g", "--peak-tflops", "nan")
+    assert "--link-gbps: -5.0" in _error(capsys, "--link-gbps", "-5", "--peak-tflops", "1", "--memory-gib", "1")
+    assert "--gpu: 'v100'" in _error(capsys, "--gpu", "v100")
+    assert "--model: 'gpt-9'" in _error(capsys, "--model", "gpt-9")
+    assert "--hf-config" in _error(capsys, "--model", "llama2-7b", "--hf-config", str(config))
+    assert "no such file" in _error(capsys, "--hf-config", str(tmp_path / "missing.json"))
+    bad = tmp_path / "moe.json"
+    bad.write_text(json.dumps({**CONFIGS["mistral-7b-v0.1"], "num_local_experts": 8}))
+    assert "moe.json: num_local_experts: 8" in _error(capsys, "--hf-config", str(bad))
+    (tmp_path / "broken.json").write_text("{")
+    assert "malformed JSON" in _error(capsys, "--hf-config", str(tmp_path / "broken.json"))
+
+
+def test_a_model_that_does_not_fit_says_so(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    huge: dict[str, Any] = {**CONFIGS["llama-3-8b"], "num_hidden_layers": 200}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(huge))
+    err = _error(capsys, "--hf-config", str(path), "--gpu", "l40s-48g", "--dp", "1")
+    assert "does not fit" in err and "--dp" in err
+
+
+def test_write_bundled_rewrites_the_bundled_files_unchanged(capsys: pytest.CaptureFixture[str]) -> None:
+    _error(capsys, "--all", "--write-bundled", "--output-dir", "x")
+    code, out, _ = run(capsys, "--all")
+    assert code == 0
+    assert out.count('"estimated": true') == len(MODELS)
