@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from skrull.api.store.base import IdempotencyConflictError, ProfileConflictError
-from skrull.solver.errors import InfeasibleError, InvalidPlanError, RequestError, SkrullError
+from skrull.solver.errors import InfeasibleError, InvalidPlanError, PlannerBugError, RequestError, SkrullError
 
 if TYPE_CHECKING:  # the web framework is imported where answers are rendered, so solver processes stay light
     from fastapi import FastAPI, Request
@@ -95,21 +95,48 @@ def from_request_error(exc: RequestError, *, status: int = 422, slug: str = "inv
 
 
 def from_skrull_error(exc: SkrullError) -> ApiProblem:
-    """Map the planning library's errors: request errors name the field; planner failures are 422 too
-    (the request cannot be planned), invalid plans are the service's own fault (500)."""
+    """Map the planning library's user errors: request errors name the field; planner failures are 422
+    too (the request cannot be planned); a plan given to the service that breaks the contract is 422."""
     if isinstance(exc, RequestError):
         return from_request_error(exc)
     if isinstance(exc, InvalidPlanError):
         return ApiProblem(
-            status=500,
+            status=422,
             slug="invalid-plan",
-            title="the planner produced an invalid plan",
+            title="the plan breaks the contract",
             detail=str(exc),
             problems=exc.problems[:20],
         )
     if isinstance(exc, InfeasibleError):
         return ApiProblem(status=422, slug="infeasible", title="no plan found", detail=str(exc))
     return ApiProblem(status=422, slug="invalid-request", title="invalid request", detail=str(exc))
+
+
+def from_planner_bug(exc: PlannerBugError) -> ApiProblem:
+    """A planner made a plan the validator refuses: the service's own fault, 500, never a user error."""
+    return ApiProblem(
+        status=500,
+        slug="planner-bug",
+        title="the planner produced an invalid plan",
+        detail=str(exc),
+        solver=exc.solver,
+        problems=exc.problems[:20],
+    )
+
+
+def from_failure(exc: BaseException) -> ApiProblem:
+    """Any failure of a solve as the problem stored with its job: user errors as their 4xx answer, a
+    planner bug or any other exception as a 500."""
+    if isinstance(exc, SkrullError):
+        return from_skrull_error(exc)
+    if isinstance(exc, PlannerBugError):
+        return from_planner_bug(exc)
+    return ApiProblem(
+        status=500,
+        slug="solver-error",
+        title="the solver failed",
+        detail=f"the solver raised {type(exc).__name__}: {exc}",
+    )
 
 
 def _loc_to_field(loc: Sequence[Any]) -> str:
@@ -191,8 +218,8 @@ def install_error_handlers(app: FastAPI, *, on_problem: Any = None) -> None:
         return render(request, exc)
 
     async def skrull_error(request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, SkrullError)
-        return render(request, from_skrull_error(exc))
+        assert isinstance(exc, (SkrullError, PlannerBugError))
+        return render(request, from_failure(exc))
 
     async def validation_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, RequestValidationError)
@@ -266,6 +293,7 @@ def install_error_handlers(app: FastAPI, *, on_problem: Any = None) -> None:
 
     app.add_exception_handler(ApiProblem, api_problem)
     app.add_exception_handler(SkrullError, skrull_error)
+    app.add_exception_handler(PlannerBugError, skrull_error)
     app.add_exception_handler(RequestValidationError, validation_error)
     app.add_exception_handler(IdempotencyConflictError, idempotency_conflict)
     app.add_exception_handler(ProfileConflictError, profile_conflict)

@@ -37,11 +37,10 @@ from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
 from typing import TYPE_CHECKING, Any
 
-from skrull.api.errors import ApiProblem, from_skrull_error
+from skrull.api.errors import ApiProblem, from_failure
 from skrull.api.execute import LeaseLostError, solve_job
 from skrull.api.store.base import ClaimedJob, IterationRecord, JobStore
 from skrull.api.store.open import open_store
-from skrull.solver.errors import SkrullError
 
 if TYPE_CHECKING:
     from skrull.api.settings import Settings
@@ -67,7 +66,6 @@ class WorkerConfig:
     synchronous: str
     lease_s: float
     idle_poll_s: float
-    stream_solvers: frozenset[str]
     plugins: tuple[str, ...]
 
 
@@ -94,16 +92,7 @@ class _Heartbeat:
 
 
 def _failure(exc: BaseException) -> str:
-    if isinstance(exc, SkrullError):
-        problem = from_skrull_error(exc)
-    else:
-        problem = ApiProblem(
-            status=500,
-            slug="solver-error",
-            title="the solver failed",
-            detail=f"the solver raised {type(exc).__name__}: {exc}",
-        )
-    return json.dumps(problem.document())
+    return json.dumps(from_failure(exc).document())
 
 
 def run_claimed(store: JobStore, job: ClaimedJob, config: WorkerConfig, events: Any) -> str:
@@ -119,11 +108,7 @@ def run_claimed(store: JobStore, job: ClaimedJob, config: WorkerConfig, events: 
     with _Heartbeat(store, job_id=job.job_id, owner=owner, lease_s=config.lease_s):
         try:
             plan_json, rest = solve_job(
-                job.job_id,
-                job.request_json,
-                stream_solvers=config.stream_solvers,
-                done=store.iterations(job.job_id),
-                publish=publish,
+                job.job_id, job.request_json, done=store.iterations(job.job_id), publish=publish
             )
         except LeaseLostError:
             return "lost"
@@ -201,7 +186,6 @@ class SolverPool:
         max_attempts: int,
         idle_poll_s: float,
         supervise_interval_s: float,
-        stream_solvers: frozenset[str],
         plugins: tuple[str, ...],
         hard_limit_s: Callable[[float], float],
         on_event: EventHandler,
@@ -211,7 +195,7 @@ class SolverPool:
         self.num_processes = num_processes
         self._lease_s, self._max_attempts = lease_s, max_attempts
         self._idle_poll_s, self._interval_s = idle_poll_s, supervise_interval_s
-        self._stream_solvers, self._plugins = stream_solvers, plugins
+        self._plugins = plugins
         self._hard_limit_s = hard_limit_s
         self._on_event = on_event
         self._ctx = multiprocessing.get_context("spawn")
@@ -236,7 +220,6 @@ class SolverPool:
             max_attempts=settings.max_attempts,
             idle_poll_s=settings.idle_poll_s,
             supervise_interval_s=settings.supervise_interval_s,
-            stream_solvers=settings.stream_solver_names,
             plugins=settings.plugin_modules,
             hard_limit_s=settings.hard_limit_s,
             on_event=on_event,
@@ -261,7 +244,6 @@ class SolverPool:
             synchronous=self._synchronous,
             lease_s=self._lease_s,
             idle_poll_s=self._idle_poll_s,
-            stream_solvers=self._stream_solvers,
             plugins=self._plugins,
         )
         process = self._ctx.Process(

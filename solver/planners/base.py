@@ -26,9 +26,16 @@ class PlannerOutput:
 
 
 class Planner(Protocol):
-    """Turns a problem into microbatch placements. Must never place more than a bucket holds."""
+    """Turns a problem into microbatch placements. Must never place more than a bucket holds.
+
+    ``streams_iterations``: the planner's plan of batch k depends on batch k alone (not on the other
+    batches, their count, the iteration index or the time budget's split), so a multi-batch request may
+    be solved one batch at a time (``solver.planning.solve_batch``) and each iteration published as
+    soon as it is solved, with no change to the plan's meaning. The planner declares it; no setting can.
+    """
 
     name: str
+    streams_iterations: bool
 
     def plan(self, problem: Problem) -> PlannerOutput: ...
 

@@ -62,6 +62,8 @@ def sorted_batch(problem: Problem, index: int, ids: tuple[int, ...]) -> list[Mic
 
 class DeepSpeedPlanner:
     name = "deepspeed"
+    #: each batch is placed from that batch alone
+    streams_iterations = True
 
     def plan(self, problem: Problem) -> PlannerOutput:
         return plan_each_iteration(problem, deepspeed_batch)
@@ -69,6 +71,8 @@ class DeepSpeedPlanner:
 
 class PackedPlanner:
     name = "packed"
+    #: each batch is placed from that batch alone
+    streams_iterations = True
 
     def plan(self, problem: Problem) -> PlannerOutput:
         return plan_each_iteration(problem, packed_batch)
@@ -76,6 +80,8 @@ class PackedPlanner:
 
 class SortedPlanner:
     name = "sorted"
+    #: the shuffle is seeded with the iteration index
+    streams_iterations = False
 
     def plan(self, problem: Problem) -> PlannerOutput:
         return plan_each_iteration(problem, sorted_batch)

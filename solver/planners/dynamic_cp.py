@@ -179,6 +179,8 @@ class DynamicCpPlanner:
     """Megatron-Core dynamic CP: power-of-two aligned groups per step, widened to fill idle GPUs."""
 
     name = "dynamic-cp"
+    #: its ``solve.stats`` (makespan) sum over the whole request
+    streams_iterations = False
 
     def __init__(
         self, *, sweep: int = 3, delta: float = 0.05, workload: str = "flops", workload_cp: bool = True

@@ -312,6 +312,8 @@ class HydraulisPlanner:
     """Heterogeneous CP degrees per replica (histogram DP), stage 1 greedy, stage 2 min-max ILP."""
 
     name = "hydraulis"
+    #: the strategy DP reads the whole request's length histogram
+    streams_iterations = False
 
     def __init__(
         self,

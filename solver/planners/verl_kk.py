@@ -130,6 +130,8 @@ class VerlKkPlanner:
     """verl's Karmarkar-Karp balancing over DP ranks and microbatches, all sequences sharded."""
 
     name = "verl-kk"
+    #: its ``solve.stats`` (repartitions) count over the whole request
+    streams_iterations = False
 
     def plan(self, problem: Problem) -> PlannerOutput:
         cache: dict[int, float] = {}

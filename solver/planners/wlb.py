@@ -202,6 +202,8 @@ class WlbPlanner:
     """WLB-LLM variable-length packing with multi-level outlier queues and adaptive CP sharding."""
 
     name = "wlb"
+    #: outlier queues carry sequences across batches
+    streams_iterations = False
 
     def __init__(
         self,
