@@ -79,6 +79,10 @@ class PlannerBugError(RuntimeError):
         more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
         super().__init__(f"planner {solver!r} produced an invalid plan (a planner bug): {head}{more}")
 
+    def __reduce__(self) -> tuple[type[PlannerBugError], tuple[str, list[str]]]:
+        # crosses process boundaries (solver and compare processes) with its fields intact
+        return (PlannerBugError, (self.solver, self.problems))
+
 
 def _short(value: Any, limit: int = 80) -> str:
     text = repr(value)

@@ -86,7 +86,19 @@ class InfeasiblePlanner:
         raise InfeasibleError(f"test planner refuses {len(problem.lengths)} sequences")
 
 
-TEST_PLANNERS = (SlowPlanner, CountedPlanner, CrashPlanner, CrashOncePlanner, InfeasiblePlanner)
+class InvalidPlanner:
+    """A planner bug: places every sequence twice (the validator refuses the plan)."""
+
+    name = "test-invalid"
+    #: solved whole
+    streams_iterations = False
+
+    def plan(self, problem: Problem) -> PlannerOutput:
+        output = SkrullPlanner().plan(problem)
+        return PlannerOutput(iterations=tuple(specs + specs for specs in output.iterations))
+
+
+TEST_PLANNERS = (SlowPlanner, CountedPlanner, CrashPlanner, CrashOncePlanner, InfeasiblePlanner, InvalidPlanner)
 
 
 def register_all() -> None:
