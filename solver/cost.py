@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from skrull.solver.profile import Profile
-from skrull.solver.types import MicrobatchSpec, Parallel
+from skrull.solver.types import Iteration, Microbatch, MicrobatchSpec, Parallel
 
 MIB = float(2**20)
 #: The profile gives compute speed in ms per TFLOP (10^12 FLOPs).
@@ -98,7 +98,7 @@ class CostCoefficients:
         """The plan-independent cost of running one sequence, summed over GPUs: its compute
         ``ms_per_flop * FLOPs(S)`` plus its share ``microbatch_ms * S / bucket_tokens`` of microbatch
         overheads (the average term of the contract's lower bound, per sequence)."""
-        return self.ms_per_flop * self.flops(num_tokens) + self.microbatch_ms * num_tokens / self.bucket_tokens
+        return self.ms_per_flop * self.flops(num_tokens) + self.microbatch_ms / self.bucket_tokens * num_tokens
 
 
 class CostModel:
@@ -222,6 +222,31 @@ class CostModel:
         """The iteration time of these microbatches (eq. 8): each priced with eqs. 1-5 (lengths by global
         sequence id), summed per GPU, the slowest GPU."""
         return self.iteration_time_ms(((mb.ranks, self.spec_time_ms(mb, lengths)) for mb in microbatches), num_gpus)
+
+    def price_iteration(
+        self, specs: Sequence[MicrobatchSpec], lengths: Sequence[int], *, parallel: Parallel, index: int
+    ) -> Iteration:
+        """A planner's placements of one iteration, priced: every microbatch (eqs. 1-5), the iteration
+        (eq. 8) and its lower bound over the sequences it actually runs (CONTRACT.md)."""
+        microbatches = tuple(
+            Microbatch(
+                step=s.step,
+                ranks=s.ranks,
+                local=s.local,
+                sharded=s.sharded,
+                estimated_ms=self.spec_time_ms(s, lengths),
+                sharding=s.sharding,
+            )
+            for s in specs
+        )
+        return Iteration(
+            index=index,
+            microbatches=microbatches,
+            estimated_ms=self.iteration_time_ms(
+                ((mb.ranks, mb.estimated_ms) for mb in microbatches), parallel.num_gpus
+            ),
+            lower_bound_ms=self.lower_bound_ms([lengths[i] for mb in microbatches for i in mb.seq_ids], parallel),
+        )
 
     def lower_bound_ms(self, lengths: Sequence[int], parallel: Parallel) -> float:
         """No plan under this model beats this (CONTRACT.md "Lower bound of an iteration").

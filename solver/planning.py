@@ -18,32 +18,8 @@ from skrull.solver.cost import CostModel
 from skrull.solver.errors import InvalidPlanError, PlannerBugError
 from skrull.solver.planners.base import PlannerOutput
 from skrull.solver.planners.registry import get_planner
-from skrull.solver.types import Iteration, Microbatch, MicrobatchSpec, Parallel, Plan, Problem, Request, SolveInfo
+from skrull.solver.types import Iteration, Parallel, Plan, Problem, Request, SolveInfo
 from skrull.solver.validate import validate_plan
-
-
-def estimate_iteration(
-    model: CostModel, specs: Sequence[MicrobatchSpec], lengths: Sequence[int], *, parallel: Parallel, index: int
-) -> Iteration:
-    """A planner's placements of one iteration, priced: every microbatch (eqs. 1-5), the iteration
-    (eq. 8) and its lower bound over the sequences it actually runs (CONTRACT.md)."""
-    microbatches = tuple(
-        Microbatch(
-            step=s.step,
-            ranks=s.ranks,
-            local=s.local,
-            sharded=s.sharded,
-            estimated_ms=model.spec_time_ms(s, lengths),
-            sharding=s.sharding,
-        )
-        for s in specs
-    )
-    return Iteration(
-        index=index,
-        microbatches=microbatches,
-        estimated_ms=model.iteration_time_ms(((mb.ranks, mb.estimated_ms) for mb in microbatches), parallel.num_gpus),
-        lower_bound_ms=model.lower_bound_ms([lengths[i] for mb in microbatches for i in mb.seq_ids], parallel),
-    )
 
 
 def make_plan(
@@ -80,7 +56,7 @@ def assemble_plan(problem: Problem, output: PlannerOutput, *, solver: str, wall_
     """Estimate every microbatch and iteration with the reference model and fill the ``solve`` block."""
     model = CostModel(problem.profile, bucket_tokens=problem.bucket_tokens)
     iterations = [
-        estimate_iteration(model, specs, problem.lengths, parallel=problem.parallel, index=index)
+        model.price_iteration(specs, problem.lengths, parallel=problem.parallel, index=index)
         for index, specs in enumerate(output.iterations)
     ]
     return make_plan(

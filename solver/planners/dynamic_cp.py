@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from skrull.solver.cost import CostModel
 from skrull.solver.metrics import synchronized_iteration_ms
 from skrull.solver.planners.base import PlannerOutput, make_spec
-from skrull.solver.types import Iteration, Microbatch, MicrobatchSpec, Problem
+from skrull.solver.types import MicrobatchSpec, Parallel, Problem
 
 
 def allowed_sizes(num_gpus: int) -> tuple[int, ...]:
@@ -251,7 +251,7 @@ class DynamicCpPlanner:
                 for step, groups in enumerate(steps)
                 for g in groups
             ]
-            estimated, sync_ms = _estimate(specs, lengths, model, num_gpus)
+            estimated, sync_ms = _estimate(specs, lengths, model, problem.parallel)
             if best is None or estimated < best[0] - 1e-9:
                 best = (estimated, m, specs, sync_ms)
         assert best is not None
@@ -259,19 +259,8 @@ class DynamicCpPlanner:
 
 
 def _estimate(
-    specs: Sequence[MicrobatchSpec], lengths: Sequence[int], model: CostModel, num_gpus: int
+    specs: Sequence[MicrobatchSpec], lengths: Sequence[int], model: CostModel, parallel: Parallel
 ) -> tuple[float, float]:
     """(contract iteration time, synchronized makespan) of one iteration's microbatches."""
-    mbs = tuple(
-        Microbatch(
-            step=s.step,
-            ranks=s.ranks,
-            local=s.local,
-            sharded=s.sharded,
-            estimated_ms=model.spec_time_ms(s, lengths),
-        )
-        for s in specs
-    )
-    contract = model.iteration_time_ms(((mb.ranks, mb.estimated_ms) for mb in mbs), num_gpus)
-    it = Iteration(index=0, microbatches=mbs, estimated_ms=contract, lower_bound_ms=0.0)
-    return contract, synchronized_iteration_ms(it, num_gpus)
+    it = model.price_iteration(specs, lengths, parallel=parallel, index=0)
+    return it.estimated_ms, synchronized_iteration_ms(it, parallel.num_gpus)

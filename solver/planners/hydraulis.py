@@ -56,7 +56,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from skrull.solver.cost import MIB
+from skrull.solver.cost import CostCoefficients, CostModel
 from skrull.solver.errors import InfeasibleError
 from skrull.solver.planners.base import PlannerOutput, make_spec
 from skrull.solver.planners.minmax_ilp import solve_minmax_pack
@@ -70,42 +70,25 @@ RELATIVE_GAP = 0.005
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StrategyCosts:
-    """Per-degree cost coefficients from the profile (see the module docstring)."""
+    """Per-degree costs from the reference model (see the module docstring): ``t_d`` and ``c_d`` are the
+    cost model's ``sharded_terms(d)`` (``solver.cost.CostCoefficients``)."""
 
-    ms_per_flop: float
-    flops_per_token: float
-    flops_per_token_sq: float
-    comm_ms_per_token: float
-    base_ms: float  # microbatch_ms + compute.fixed_ms
-    comm_fixed_ms: float
-    bucket_tokens: int
+    model: CostCoefficients
 
     @classmethod
     def from_problem(cls, problem: Problem) -> StrategyCosts:
-        p = problem.profile
-        return cls(
-            ms_per_flop=p.compute.ms_per_tflop / 1e12,
-            flops_per_token=p.compute.flops_per_token,
-            flops_per_token_sq=p.compute.flops_per_token_sq,
-            comm_ms_per_token=p.comm.ms_per_mib * p.comm.bytes_per_token / MIB,
-            base_ms=p.microbatch_ms + p.compute.fixed_ms,
-            comm_fixed_ms=p.comm.fixed_ms,
-            bucket_tokens=problem.bucket_tokens,
-        )
+        return cls(model=CostModel(problem.profile, bucket_tokens=problem.bucket_tokens).coefficients)
+
+    @property
+    def bucket_tokens(self) -> int:
+        return self.model.bucket_tokens
 
     def coefficients(self, degree: int) -> tuple[float, float, float]:
         """``(a, b, c)`` of ``t_d(s) = a*s^2 + b*s`` and the per-microbatch ``c_d``."""
-        a = self.ms_per_flop * self.flops_per_token_sq / degree
-        b = self.ms_per_flop * self.flops_per_token / degree
-        c = self.base_ms
-        if degree > 1:
-            b += self.comm_ms_per_token
-            c += self.comm_fixed_ms
-        return a, b, c
+        return self.model.sharded_terms(degree)
 
     def seq_ms(self, s: int, degree: int) -> float:
-        a, b, _ = self.coefficients(degree)
-        return a * s * s + b * s
+        return self.model.sharded_ms(s, degree)
 
     def amortized_ms(self, s: int, degree: int) -> float:
         """``t_d(s)`` plus the sequence's share of per-microbatch cost."""

@@ -51,7 +51,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from skrull.solver.attention_model import AttentionKernelModel
-from skrull.solver.cost import MIB, CostModel
+from skrull.solver.cost import CostModel
 from skrull.solver.planners.base import PlannerOutput, make_spec
 from skrull.solver.sharding import per_document_layout, per_sequence_layout
 from skrull.solver.types import MicrobatchSpec, Problem
@@ -71,17 +71,13 @@ class WlbPacking:
 
 
 def document_workload(problem: Problem) -> Callable[[int], float]:
-    """``W(d) = W_a(d) + W_l(d)`` in ms for a document sharded over the CP group (eq. 2)."""
-    profile = problem.profile
-    n = problem.parallel.cp
-    ms_per_flop = profile.compute.ms_per_tflop / 1e12
-    a = ms_per_flop * profile.compute.flops_per_token_sq / n
-    b = ms_per_flop * profile.compute.flops_per_token / n
-    if n > 1:
-        b += profile.comm.ms_per_mib * profile.comm.bytes_per_token / MIB
+    """``W(d) = W_a(d) + W_l(d)`` in ms for a document sharded over the CP group (eq. 2): the cost
+    model's ``sharded_ms(d, cp)`` (``solver.cost.CostCoefficients.sharded_terms``)."""
+    coefficients = CostModel(problem.profile, bucket_tokens=problem.bucket_tokens).coefficients
+    group_size = problem.parallel.cp
 
     def workload(d: int) -> float:
-        return a * d * d + b * d
+        return coefficients.sharded_ms(d, group_size)
 
     return workload
 
@@ -303,13 +299,11 @@ def _to_specs(microbatches: Sequence[Sequence[int]], problem: Problem, m: int) -
 def _efficiency(packing: WlbPacking, problem: Problem, model: CostModel, m: int) -> float:
     """Summed iteration estimates per unit of the work they run (``solver.metrics.work_ms``)."""
     lengths = problem.lengths
-    ms_per_flop = problem.profile.compute.ms_per_tflop / 1e12
-    per_token_mb = model.microbatch_overhead_ms / model.bucket_tokens
+    coefficients = model.coefficients
     total_ms = 0.0
     work = 0.0
     for mbs in packing.iterations:
         specs = _to_specs(mbs, problem, m)
-        times = ((s.ranks, model.spec_time_ms(s, lengths)) for s in specs)
-        total_ms += model.iteration_time_ms(times, problem.parallel.num_gpus)
-        work += sum(ms_per_flop * model.flops(lengths[i]) + per_token_mb * lengths[i] for s in specs for i in s.seq_ids)
+        total_ms += model.iteration_ms(specs, lengths, problem.parallel.num_gpus)
+        work += sum(coefficients.work_ms(lengths[i]) for s in specs for i in s.seq_ids)
     return total_ms / work if work > 0 else float("inf")
