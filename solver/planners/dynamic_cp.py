@@ -6,13 +6,27 @@ are powers of two up to G, each an *aligned contiguous block* (a group of size c
 c; such groups are pre-created at start-up, so no group is built at run time). A sequence listed on k
 ranks runs with CP = k; each GPU takes part in exactly one group per step.
 
-Decision logic, as in the public scheduler:
+What was checked against the public code, and where this planner departs from it. Checked: Megatron-
+Core's ``BalancedCPScheduler`` (the hybrid DP x CP scheduler of its data path, 2025) and the blog. The
+public scheduler prices a sequence at ``L^2 / cp``, gives it ``cp = max(1, 2^ceil(log2(L /
+max_seq_len_per_rank)))``, fills one microbatch by placing each sequence in the least-loaded existing
+group of its size or on free GPUs, closes the microbatch once the per-GPU loads are within a 5% slack
+(``delta``) or nothing else fits, trims the last sequence of the most-loaded group while that reduces
+the slack, and fills idle GPUs by doubling the smallest groups into consecutive ranks. Departures, each a
+choice of this project: (a) the per-step *workload quota* ``total work / (G * m) * (1 + delta)`` that
+makes a sequence wait (and, with ``workload_cp``, widens heavy sequences) is the blog's description, not
+the public scheduler, which uses the slack test and the trim; (b) the *sweep over the step count m* is
+the blog's small grid search, not in the public scheduler, which has no m; (c) the default work is the
+reference model's FLOPs, the public ``L^2 / cp`` is ``workload="l2"``; (d) the public scheduler first
+cuts the sorted sequences into work-balanced buckets, one per CP size, which is not modelled here.
+
+Decision logic, as implemented:
 
 1. Each sequence gets the CP size ``c(S) = 2^ceil(log2(S / bucket_tokens))`` (at least 1): the fewest
    GPUs whose memory holds it. The blog adds the workload side ("if a sample's workload exceeds the
    microbatch workload quota, it is given a larger CP size"): with ``workload_cp`` (the default) c is
    doubled until ``work(S) / c`` is within the per-GPU quota of a step (or c is the whole cluster);
-   ``workload_cp=False`` is the public synchronous scheduler's memory-only rule.
+   ``workload_cp=False`` is the public scheduler's memory-only rule.
 2. Sequences are taken in descending length. Each goes to the least-loaded group of its size that still
    has room (``sum(S) <= c * bucket_tokens`` in the group, eq. 7), a fresh aligned block of free GPUs
    counting as load 0, so new blocks are opened before groups are stacked. A sequence that would push an

@@ -2,6 +2,12 @@
 "Hydraulis: Balancing Large Transformer Model Training via Co-designing Parallel Strategies and Data
 Assignment", SIGMOD; seeds/hydraulis.txt and PEERS.md; facts only).
 
+What was checked: the paper and PEERS.md. The public code (PKU-DAIR/Hetu, examples/hydraulis) was not
+compared line by line. Departures, each a choice of this project: the per-strategy coefficients are the
+reference model's (Hydraulis profiles them); there is no pipeline, so the warm-up term is the
+per-microbatch cost ``c_d`` and the stage-2 sweep stops at the memory bound; stage 2 uses CP-SAT rather
+than CBC or SCIP; the shuffle count is cut for large batches (below).
+
 Here a *replica* is a DP replica running CP of some degree d on a contiguous block of d GPUs; replicas of
 one iteration may have different degrees (Hydraulis's heterogeneous strategies) and every sequence of a
 replica is sharded over its d GPUs (kept whole when d = 1).

@@ -2,6 +2,14 @@
 sharding (Wang et al., "WLB-LLM: Workload-Balanced 4D Parallelism for LLM Training", secs. 4-5;
 seeds/wlb-llm.txt).
 
+What was checked: WLB-LLM's packing and outlier delay have no public code (PEERS.md); they follow the
+paper's text and Alg. 1. Its public code covers only the per-document CP attention; the cuts in
+``solver/sharding.py`` follow the paper's sec. 5.1 and were not compared with that code. Departures,
+each a choice of this project: the workload is the reference model's (WLB profiles W_a and W_l
+offline), the microbatch count and the queue thresholds are searched per request (WLB takes them from
+its configuration and an offline tuning), and the kernel-time model for the sharding choice is
+``solver.attention_model`` rather than WLB's profiled kernel curves.
+
 Packing (sec. 4, Alg. 1), per global batch, into M = ``dp * m`` microbatches:
 
 * Workload of a document of d tokens (eq. 2): ``W(d) = W_a(d) + W_l(d)``, attention (quadratic) plus
