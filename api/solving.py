@@ -19,6 +19,7 @@ server's event loop, and a supervisor makes sure no job is left ``solving`` by a
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import importlib
 import json
@@ -69,8 +70,13 @@ class WorkerConfig:
     plugins: tuple[str, ...]
 
 
+#: A lease is renewed this many times per lease period, so two renewals can be lost (a stalled store,
+#: a long pause of the process) before it expires.
+RENEWALS_PER_LEASE = 3
+
+
 class _Heartbeat:
-    """Renews a lease every ``lease_s / 3`` while a job is being solved."""
+    """Renews a lease every ``lease_s / RENEWALS_PER_LEASE`` while a job is being solved."""
 
     def __init__(self, store: JobStore, *, job_id: str, owner: str, lease_s: float) -> None:
         self._store, self._job_id, self._owner, self._lease_s = store, job_id, owner, lease_s
@@ -78,7 +84,7 @@ class _Heartbeat:
         self._thread = threading.Thread(target=self._run, name="lease-heartbeat", daemon=True)
 
     def _run(self) -> None:
-        while not self._stop.wait(self._lease_s / 3):
+        while not self._stop.wait(self._lease_s / RENEWALS_PER_LEASE):
             if not self._store.heartbeat(job_id=self._job_id, owner=self._owner, lease_s=self._lease_s):
                 return
 
@@ -157,8 +163,10 @@ def describe_exit(exitcode: int | None) -> str:
 
 
 #: A process that dies sooner than this after starting counts as a crash loop: it is restarted after
-#: a delay that doubles with every such death, up to ``MAX_RESPAWN_DELAY_S``.
+#: a delay that starts at ``FIRST_RESPAWN_DELAY_S`` and doubles with every such death, up to
+#: ``MAX_RESPAWN_DELAY_S``.
 FAST_DEATH_S = 5.0
+FIRST_RESPAWN_DELAY_S = 0.5
 MAX_RESPAWN_DELAY_S = 30.0
 
 
@@ -191,13 +199,14 @@ class SolverPool:
         on_event: EventHandler,
     ) -> None:
         self._store = store
-        self._db, self._synchronous = db, synchronous
         self.num_processes = num_processes
-        self._lease_s, self._max_attempts = lease_s, max_attempts
-        self._idle_poll_s, self._interval_s = idle_poll_s, supervise_interval_s
-        self._plugins = plugins
+        self._max_attempts = max_attempts
+        self._interval_s = supervise_interval_s
         self._hard_limit_s = hard_limit_s
         self._on_event = on_event
+        self._config = WorkerConfig(
+            owner="", db=db, synchronous=synchronous, lease_s=lease_s, idle_poll_s=idle_poll_s, plugins=plugins
+        )
         self._ctx = multiprocessing.get_context("spawn")
         self._wake: Any = self._ctx.Queue()
         self._events: Any = self._ctx.Queue()
@@ -238,14 +247,7 @@ class SolverPool:
 
     def _spawn(self, slot: int, *, generation: int, fast_deaths: int = 0) -> _Slot:
         owner = f"{self.instance}:{slot}:{generation}"
-        config = WorkerConfig(
-            owner=owner,
-            db=self._db,
-            synchronous=self._synchronous,
-            lease_s=self._lease_s,
-            idle_poll_s=self._idle_poll_s,
-            plugins=self._plugins,
-        )
+        config = dataclasses.replace(self._config, owner=owner)
         process = self._ctx.Process(
             target=worker_main,
             args=(config, self._wake, self._events, self._stop),
@@ -357,7 +359,11 @@ class SolverPool:
                 self.wake()
         now = time.monotonic()
         slot.fast_deaths = slot.fast_deaths + 1 if now - slot.started_at < FAST_DEATH_S else 0
-        delay = 0.0 if slot.fast_deaths == 0 else min(MAX_RESPAWN_DELAY_S, 0.5 * 2 ** (slot.fast_deaths - 1))
+        delay = (
+            0.0
+            if slot.fast_deaths == 0
+            else min(MAX_RESPAWN_DELAY_S, FIRST_RESPAWN_DELAY_S * 2 ** (slot.fast_deaths - 1))
+        )
         if delay:
             log.warning("solver process slot %d is crash-looping; restarting in %.1f s", k, delay)
         slot.respawn_at = now + delay

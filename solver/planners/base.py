@@ -8,6 +8,17 @@ from typing import Protocol
 
 from skrull.solver.types import DEFAULT_SHARDING, MicrobatchSpec, Problem
 
+#: Seeds of per-iteration random streams are ``seed * SEED_STRIDE + iteration``: a prime above any
+#: iteration count a request may hold, so no two (seed, iteration) pairs share a stream.
+SEED_STRIDE = 1_000_003
+#: Estimates closer than this (ms) count as a tie, so float noise never decides between candidates.
+TIE_MS = 1e-9
+
+
+def iteration_seed(seed: int, iteration: int) -> int:
+    """The seed of iteration ``iteration``'s random stream under the request's ``seed``."""
+    return seed * SEED_STRIDE + iteration
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PlannerOutput:

@@ -60,7 +60,7 @@ from dataclasses import dataclass, field
 
 from skrull.solver.cost import CostModel
 from skrull.solver.metrics import synchronized_iteration_ms
-from skrull.solver.planners.base import PlannerOutput, make_spec
+from skrull.solver.planners.base import TIE_MS, PlannerOutput, make_spec
 from skrull.solver.types import MicrobatchSpec, Parallel, Problem
 
 
@@ -189,6 +189,12 @@ def _widen(groups: list[_Group], owner: list[_Group | None], num_gpus: int) -> N
             return
 
 
+#: Step counts tried from the memory minimum upward (the blog's small grid search around the knee).
+STEP_SWEEP = 3
+#: Slack over an even share of work a step may take: the public scheduler's balance slack (5%).
+BALANCE_SLACK = 0.05
+
+
 class DynamicCpPlanner:
     """Megatron-Core dynamic CP: power-of-two aligned groups per step, widened to fill idle GPUs."""
 
@@ -197,7 +203,12 @@ class DynamicCpPlanner:
     streams_iterations = False
 
     def __init__(
-        self, *, sweep: int = 3, delta: float = 0.05, workload: str = "flops", workload_cp: bool = True
+        self,
+        *,
+        sweep: int = STEP_SWEEP,
+        delta: float = BALANCE_SLACK,
+        workload: str = "flops",
+        workload_cp: bool = True,
     ) -> None:
         if workload not in ("flops", "l2"):
             raise ValueError(f"workload must be 'flops' or 'l2', got {workload!r}")
@@ -266,7 +277,7 @@ class DynamicCpPlanner:
                 for g in groups
             ]
             estimated, sync_ms = _estimate(specs, lengths, model, problem.parallel)
-            if best is None or estimated < best[0] - 1e-9:
+            if best is None or estimated < best[0] - TIE_MS:
                 best = (estimated, m, specs, sync_ms)
         assert best is not None
         return best[2], best[3]

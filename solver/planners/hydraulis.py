@@ -64,12 +64,23 @@ import numpy as np
 
 from skrull.solver.cost import CostCoefficients, CostModel
 from skrull.solver.errors import InfeasibleError
-from skrull.solver.planners.base import PlannerOutput, make_spec
+from skrull.solver.planners.base import TIE_MS, PlannerOutput, iteration_seed, make_spec
 from skrull.solver.planners.minmax_ilp import solve_minmax_pack
 from skrull.solver.types import MicrobatchSpec, Problem
 
+#: Stage-1 shuffles, as Hydraulis.
 SHUFFLES = 100
+#: Cap on ``shuffles * sequences * degrees`` per iteration: about a second of stage 1 in Python.
 SHUFFLE_WORK_LIMIT = 400_000
+#: Candidate replica layouts are ranked on this many shuffles (the best layout rarely changes with more;
+#: the chosen one then gets the full count).
+SCREEN_SHUFFLES = 8
+#: Hydraulis's stage-2 ILP time limit per call.
+ILP_TIME_LIMIT_S = 0.5
+#: Stage 2 tries this many feasible microbatch counts from the memory bound upward.
+MICROBATCH_SWEEP = 3
+#: The strategy DP keeps the first of two layouts whose slowest range differs by less than this (ms).
+DP_TIE_MS = 1e-12
 #: Stage 2 stops once its microbatch max is proven within this fraction of optimal.
 RELATIVE_GAP = 0.005
 
@@ -157,7 +168,7 @@ def choose_degrees(
                     used = r * d
                     cand = np.maximum(f[j, : g_count - used], max(total / r, floor) + c)
                     target = f[i, used:]
-                    better = np.nonzero(cand < target - 1e-12)[0]
+                    better = np.nonzero(cand < target - DP_TIE_MS)[0]
                     if better.size:
                         target[better] = cand[better]
                         for g in (better + used).tolist():
@@ -308,9 +319,9 @@ class HydraulisPlanner:
         self,
         *,
         shuffles: int = SHUFFLES,
-        screen_shuffles: int = 8,
-        ilp_time_limit_s: float = 0.5,
-        sweep: int = 3,
+        screen_shuffles: int = SCREEN_SHUFFLES,
+        ilp_time_limit_s: float = ILP_TIME_LIMIT_S,
+        sweep: int = MICROBATCH_SWEEP,
         heterogeneous: bool = True,
         deterministic: bool = False,
     ) -> None:
@@ -339,7 +350,7 @@ class HydraulisPlanner:
         hetero_iterations = 0
         replica_counts: list[int] = []
         for index, ids in enumerate(problem.batch_ids):
-            rng_seed = problem.seed * 1_000_003 + index
+            rng_seed = iteration_seed(problem.seed, index)
             candidates = [static]
             if self.heterogeneous:
                 candidates += [
@@ -428,7 +439,7 @@ class HydraulisPlanner:
                 parts = [[ids[k] for k in range(len(ids)) if where[k] == j] for j in range(m)]
                 parts = [p for p in parts if p]
                 time_ms = len(parts) * c + sum(costs.seq_ms(s, degree) for s in sizes)
-                if best is None or time_ms < best[0] - 1e-9:
+                if best is None or time_ms < best[0] - TIE_MS:
                     best = (time_ms, parts)
                 if len(parts) == lower:
                     break

@@ -65,7 +65,14 @@ from skrull.solver.sharding import per_document_layout, per_sequence_layout
 from skrull.solver.types import MicrobatchSpec, Problem
 
 PENDING = -1
+#: Candidate first thresholds, as fractions of a balanced microbatch's workload (module docstring).
 ALPHAS: tuple[float, ...] = (0.25, 0.5, 1.0)
+#: Microbatch counts per DP rank tried from the memory minimum ``m0`` upward.
+MICROBATCH_SWEEP = 3
+#: Token-weighted delay a candidate may cause, in iterations: the paper's reported figure (sec. 7.5).
+MAX_TOKEN_DELAY = 0.5
+#: Delays within this of the limit count as within it (float noise of a weighted mean).
+DELAY_TOLERANCE = 1e-12
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -215,7 +222,7 @@ class WlbPlanner:
         num_queues: int = 2,
         thresholds: Sequence[int] | None = None,
         microbatches_per_rank: int | None = None,
-        max_token_delay: float = 0.5,
+        max_token_delay: float = MAX_TOKEN_DELAY,
         adaptive_sharding: bool = True,
     ) -> None:
         if num_queues < 0:
@@ -234,7 +241,11 @@ class WlbPlanner:
         model = CostModel(problem.profile, bucket_tokens=problem.bucket_tokens)
         mean_tokens = sum(lengths) / max(1, len(problem.batch_ids))
         m0 = max(1, -(-int(mean_tokens) // (par.dp * s_max)))
-        ms = [self.microbatches_per_rank] if self.microbatches_per_rank is not None else [m0, m0 + 1, m0 + 2]
+        ms = (
+            [self.microbatches_per_rank]
+            if self.microbatches_per_rank is not None
+            else list(range(m0, m0 + MICROBATCH_SWEEP))
+        )
         mean_work = sum(workload(s) for s in lengths) / max(1, len(problem.batch_ids))
 
         best: tuple[tuple[int, float, int, int], WlbPacking, int, tuple[int, ...]] | None = None
@@ -259,7 +270,7 @@ class WlbPlanner:
                 )
                 delay = delay_stats(packing, lengths, problem.batch_ids)["avg_delay_iterations"]
                 ratio = _efficiency(packing, problem, model, m)
-                over = 0 if delay <= self.max_token_delay + 1e-12 else 1
+                over = 0 if delay <= self.max_token_delay + DELAY_TOLERANCE else 1
                 key = (over, ratio if not over else delay, len(limits), m)
                 if best is None or key < best[0]:
                     best = (key, packing, m, limits)
