@@ -32,7 +32,8 @@ from skrull.solver.types import (
     Request,
 )
 
-#: Plans in JSON carry 6 decimals; estimates must match the reference model to this (ms).
+#: Estimates must match the reference model to this (ms): plans written elsewhere may round them to 6 decimals
+#: (``solver.io`` writes them exactly).
 TOLERANCE_MS = 1e-5
 
 

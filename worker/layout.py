@@ -9,7 +9,8 @@ and are the global token positions for shard pieces, so rotary embeddings see th
 when the sequence runs whole.
 
 Context parallelism needs the layout of the whole group, not only this GPU's part: which token ranges
-every position holds (the sharding rule, by default the 2N-chunk zigzag of ``solver.worker_view``), and
+every position holds (the microbatch's sharding mode, cut by ``solver.sharding.group_ranges``, the same
+function ``solver.worker_view.rank_view`` cuts with; by default the 2N-chunk zigzag), and
 the order of the group's members inside a process group (``slot``: process groups rank their members
 in ascending global rank, whatever the order of ``ranks`` in the plan).
 
