@@ -23,6 +23,9 @@ if TYPE_CHECKING:  # the web framework is imported where answers are rendered, s
 
 PROBLEM_MEDIA_TYPE = "application/problem+json"
 _VALUE_LIMIT_CHARS = 200
+#: Violations listed in an invalid-plan problem: enough to debug from, bounded so a broken plan of a
+#: huge request does not make a huge answer.
+PROBLEMS_LISTED = 20
 _TYPE_TAGS = frozenset({"int", "float", "str", "bool", "none", "list", "dict"})
 
 log = logging.getLogger("skrull.api")
@@ -106,7 +109,7 @@ def from_skrull_error(exc: SkrullError) -> ApiProblem:
             slug="invalid-plan",
             title="the plan breaks the contract",
             detail=str(exc),
-            problems=exc.problems[:20],
+            problems=exc.problems[:PROBLEMS_LISTED],
         )
     if isinstance(exc, InfeasibleError):
         return ApiProblem(status=422, slug="infeasible", title="no plan found", detail=str(exc))
@@ -121,7 +124,7 @@ def from_planner_bug(exc: PlannerBugError) -> ApiProblem:
         title="the planner produced an invalid plan",
         detail=str(exc),
         solver=exc.solver,
-        problems=exc.problems[:20],
+        problems=exc.problems[:PROBLEMS_LISTED],
     )
 
 

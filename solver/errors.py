@@ -61,9 +61,7 @@ class InvalidPlanError(SkrullError):
 
     def __init__(self, problems: list[str]) -> None:
         self.problems = problems
-        head = "; ".join(problems[:5])
-        more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
-        super().__init__(f"invalid plan: {head}{more}")
+        super().__init__(f"invalid plan: {_summary(problems)}")
 
 
 class PlannerBugError(RuntimeError):
@@ -75,13 +73,22 @@ class PlannerBugError(RuntimeError):
     def __init__(self, solver: str, problems: list[str]) -> None:
         self.solver = solver
         self.problems = problems
-        head = "; ".join(problems[:5])
-        more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
-        super().__init__(f"planner {solver!r} produced an invalid plan (a planner bug): {head}{more}")
+        super().__init__(f"planner {solver!r} produced an invalid plan (a planner bug): {_summary(problems)}")
 
     def __reduce__(self) -> tuple[type[PlannerBugError], tuple[str, list[str]]]:
         # crosses process boundaries (solver and compare processes) with its fields intact
         return (PlannerBugError, (self.solver, self.problems))
+
+
+#: Problems quoted in an invalid plan's message (one line); the others are counted, and listed in full
+#: on the exception.
+PROBLEMS_IN_MESSAGE = 5
+
+
+def _summary(problems: list[str]) -> str:
+    head = "; ".join(problems[:PROBLEMS_IN_MESSAGE])
+    extra = len(problems) - PROBLEMS_IN_MESSAGE
+    return head + (f" (and {extra} more)" if extra > 0 else "")
 
 
 def _short(value: Any, limit: int = 80) -> str:

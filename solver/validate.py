@@ -35,10 +35,17 @@ from skrull.solver.types import (
 #: Estimates must match the reference model to this (ms): plans written elsewhere may round them to 6 decimals
 #: (``solver.io`` writes them exactly).
 TOLERANCE_MS = 1e-5
+#: Relative tolerance of estimate comparisons: float noise of summing in another order, nothing more.
+RELATIVE_TOLERANCE = 1e-9
+#: ``gap`` must match ``(objective - bound) / objective`` to this: plans written elsewhere may round it to
+#: 6 decimals.
+GAP_TOLERANCE = 1e-6
+#: Sequence ids listed in a "never scheduled" or "more than once" problem; the rest are elided.
+IDS_SHOWN = 10
 
 
 def _close(a: float, b: float) -> bool:
-    return math.isclose(a, b, rel_tol=1e-9, abs_tol=TOLERANCE_MS)
+    return math.isclose(a, b, rel_tol=RELATIVE_TOLERANCE, abs_tol=TOLERANCE_MS)
 
 
 class _Ledger:
@@ -70,9 +77,10 @@ class _Ledger:
         repeated = [i for i, n in enumerate(self.seen) if n > 1]
         out = []
         if missing:
-            out.append(f"sequences never scheduled: {missing[:10]}{' ...' if len(missing) > 10 else ''}")
+            out.append(f"sequences never scheduled: {missing[:IDS_SHOWN]}{' ...' if len(missing) > IDS_SHOWN else ''}")
         if repeated:
-            out.append(f"sequences scheduled more than once: {repeated[:10]}{' ...' if len(repeated) > 10 else ''}")
+            more = " ..." if len(repeated) > IDS_SHOWN else ""
+            out.append(f"sequences scheduled more than once: {repeated[:IDS_SHOWN]}{more}")
         return out
 
 
@@ -176,7 +184,9 @@ def solve_problems(plan: Plan) -> list[str]:
             problems.append(f"solve.bound_ms {solve.bound_ms} is above the objective {solve.objective_ms}")
         if solve.gap is None or (
             solve.objective_ms > 0
-            and not math.isclose(solve.gap, (solve.objective_ms - solve.bound_ms) / solve.objective_ms, abs_tol=1e-6)
+            and not math.isclose(
+                solve.gap, (solve.objective_ms - solve.bound_ms) / solve.objective_ms, abs_tol=GAP_TOLERANCE
+            )
         ):
             problems.append(f"solve.gap {solve.gap} != (objective - bound) / objective")
     return problems
