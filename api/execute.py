@@ -67,9 +67,9 @@ def from_record(record: IterationRecord) -> IterationResult:
     )
 
 
-def combine_records(request: Request, records: Sequence[IterationRecord], *, extra_wall_ms: float = 0.0) -> Plan:
+def combine_records(request: Request, records: Sequence[IterationRecord]) -> Plan:
     """The whole plan from stored iterations (``solver.planning.combine_iterations``), validated."""
-    return combine_iterations(request, [from_record(r) for r in records], extra_wall_ms=extra_wall_ms)
+    return combine_iterations(request, [from_record(r) for r in records])
 
 
 def solve_whole(job_id: str, request: Request) -> tuple[str, list[IterationRecord]]:

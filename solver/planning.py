@@ -159,10 +159,10 @@ def combined_status(statuses: Sequence[str], *, bound_known: bool) -> str:
     return "feasible" if bound_known else "heuristic"
 
 
-def combine_iterations(request: Request, results: Sequence[IterationResult], *, extra_wall_ms: float = 0.0) -> Plan:
+def combine_iterations(request: Request, results: Sequence[IterationResult]) -> Plan:
     """The whole plan from iterations solved one batch at a time, validated against the whole request.
 
-    ``wall_ms`` = the iterations' solve times plus ``extra_wall_ms`` and this assembly and validation;
+    ``wall_ms`` = the iterations' solve times plus this assembly and validation;
     ``bound_ms`` = the summed bounds when every iteration has one; ``pending`` = the union of the
     iterations' deferred ids. Per-planner ``stats`` are not additive and are not carried.
     """
@@ -181,5 +181,5 @@ def combine_iterations(request: Request, results: Sequence[IterationResult], *, 
         bound_ms=bound,
     )
     check_plan(plan, request)
-    wall_ms = sum(r.wall_ms for r in ordered) + extra_wall_ms + (time.perf_counter() - start) * 1e3
+    wall_ms = sum(r.wall_ms for r in ordered) + (time.perf_counter() - start) * 1e3
     return dataclasses.replace(plan, solve=dataclasses.replace(plan.solve, wall_ms=wall_ms))
