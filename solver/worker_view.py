@@ -31,6 +31,7 @@ __all__ = [
     "RankMicrobatch",
     "RankView",
     "Shard",
+    "plan_iteration",
     "plan_rank_view",
     "rank_view",
     "rank_view_from_dict",
@@ -146,11 +147,16 @@ def rank_view(iteration: Iteration, lengths: Sequence[int], *, parallel: Paralle
     return RankView(iteration=iteration.index, rank=rank, num_tokens_in_iteration=total, microbatches=mine)
 
 
-def plan_rank_view(plan: Plan, lengths: Sequence[int], *, iteration: int, rank: int) -> RankView:
-    """``rank_view`` of the plan's iteration number ``iteration`` (a ``RequestError`` when out of range)."""
+def plan_iteration(plan: Plan, iteration: int) -> Iteration:
+    """The plan's iteration number ``iteration`` (a ``RequestError`` naming the valid range otherwise)."""
     if not 0 <= iteration < len(plan.iterations):
         raise RequestError("iteration", iteration, f"must be in 0..{len(plan.iterations) - 1}")
-    return rank_view(plan.iterations[iteration], lengths, parallel=plan.parallel, rank=rank)
+    return plan.iterations[iteration]
+
+
+def plan_rank_view(plan: Plan, lengths: Sequence[int], *, iteration: int, rank: int) -> RankView:
+    """``rank_view`` of the plan's iteration number ``iteration``."""
+    return rank_view(plan_iteration(plan, iteration), lengths, parallel=plan.parallel, rank=rank)
 
 
 # -- reading a view document ----------------------------------------------------------------------------

@@ -37,7 +37,7 @@ from skrull.solver.sharding import (
     zigzag_ranges,
 )
 from skrull.solver.types import Iteration, Plan
-from skrull.solver.worker_view import RankMicrobatch, plan_rank_view, rank_view_from_dict
+from skrull.solver.worker_view import RankMicrobatch, plan_iteration, rank_view, rank_view_from_dict
 
 Ranges = tuple[tuple[int, int], ...]
 ShardingRule = Callable[[int, int, int], Ranges]
@@ -296,14 +296,8 @@ def rank_layouts(
 ) -> tuple[MicrobatchLayout, ...]:
     """Every microbatch GPU ``rank`` takes part in during ``iteration``, in step order: the plan's own
     worker view (``solver.worker_view.rank_view``), laid out."""
-    if 0 <= iteration < len(plan.iterations):
-        plan = dataclasses.replace(
-            plan,
-            iterations=tuple(
-                with_default_sharding(it, sharding) if k == iteration else it for k, it in enumerate(plan.iterations)
-            ),
-        )
-    view = plan_rank_view(plan, lengths, iteration=iteration, rank=rank)
+    it = with_default_sharding(plan_iteration(plan, iteration), sharding)
+    view = rank_view(it, lengths, parallel=plan.parallel, rank=rank)
     return tuple(layout_from_rank_microbatch(mb, lengths) for mb in view.microbatches)
 
 
