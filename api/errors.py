@@ -13,15 +13,19 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from skrull.api.store.base import IdempotencyConflictError, ProfileConflictError
-from skrull.solver.errors import InfeasibleError, InvalidPlanError, RequestError, SkrullError
+from skrull.solver.errors import InfeasibleError, InvalidPlanError, PlannerBugError, RequestError, SkrullError
 
 if TYPE_CHECKING:  # the web framework is imported where answers are rendered, so solver processes stay light
     from fastapi import FastAPI, Request
     from fastapi.exceptions import RequestValidationError
+    from starlette.exceptions import HTTPException as StarletteHTTPException
     from starlette.responses import Response
 
 PROBLEM_MEDIA_TYPE = "application/problem+json"
 _VALUE_LIMIT_CHARS = 200
+#: Violations listed in an invalid-plan problem: enough to debug from, bounded so a broken plan of a
+#: huge request does not make a huge answer.
+PROBLEMS_LISTED = 20
 _TYPE_TAGS = frozenset({"int", "float", "str", "bool", "none", "list", "dict"})
 
 log = logging.getLogger("skrull.api")
@@ -95,21 +99,48 @@ def from_request_error(exc: RequestError, *, status: int = 422, slug: str = "inv
 
 
 def from_skrull_error(exc: SkrullError) -> ApiProblem:
-    """Map the planning library's errors: request errors name the field; planner failures are 422 too
-    (the request cannot be planned), invalid plans are the service's own fault (500)."""
+    """Map the planning library's user errors: request errors name the field; planner failures are 422
+    too (the request cannot be planned); a plan given to the service that breaks the contract is 422."""
     if isinstance(exc, RequestError):
         return from_request_error(exc)
     if isinstance(exc, InvalidPlanError):
         return ApiProblem(
-            status=500,
+            status=422,
             slug="invalid-plan",
-            title="the planner produced an invalid plan",
+            title="the plan breaks the contract",
             detail=str(exc),
-            problems=exc.problems[:20],
+            problems=exc.problems[:PROBLEMS_LISTED],
         )
     if isinstance(exc, InfeasibleError):
         return ApiProblem(status=422, slug="infeasible", title="no plan found", detail=str(exc))
     return ApiProblem(status=422, slug="invalid-request", title="invalid request", detail=str(exc))
+
+
+def from_planner_bug(exc: PlannerBugError) -> ApiProblem:
+    """A planner made a plan the validator refuses: the service's own fault, 500, never a user error."""
+    return ApiProblem(
+        status=500,
+        slug="planner-bug",
+        title="the planner produced an invalid plan",
+        detail=str(exc),
+        solver=exc.solver,
+        problems=exc.problems[:PROBLEMS_LISTED],
+    )
+
+
+def from_failure(exc: BaseException) -> ApiProblem:
+    """Any failure of a solve as the problem stored with its job: user errors as their 4xx answer, a
+    planner bug or any other exception as a 500."""
+    if isinstance(exc, SkrullError):
+        return from_skrull_error(exc)
+    if isinstance(exc, PlannerBugError):
+        return from_planner_bug(exc)
+    return ApiProblem(
+        status=500,
+        slug="solver-error",
+        title="the solver failed",
+        detail=f"the solver raised {type(exc).__name__}: {exc}",
+    )
 
 
 def _loc_to_field(loc: Sequence[Any]) -> str:
@@ -176,98 +207,89 @@ def _documented_methods(request: Request) -> set[str]:
     return methods
 
 
+def _idempotency_problem(exc: IdempotencyConflictError) -> ApiProblem:
+    return ApiProblem(
+        status=409,
+        slug="idempotency-key-reused",
+        title="Idempotency-Key reused",
+        detail=str(exc),
+        field="Idempotency-Key",
+        value=exc.key,
+        plan_id=exc.job_id,
+    )
+
+
+def _profile_conflict_problem(exc: ProfileConflictError) -> ApiProblem:
+    return ApiProblem(
+        status=409, slug="profile-exists", title="profile exists", detail=str(exc), field="name", value=exc.name
+    )
+
+
+def _http_problem(request: Request, exc: StarletteHTTPException) -> ApiProblem:
+    """The framework's own refusals (no route, wrong method, undecodable body) as problems."""
+    if exc.status_code == 400:  # the body could not be decoded at all: the same answer as malformed JSON
+        return ApiProblem(
+            status=422,
+            slug="malformed-json",
+            title="malformed JSON",
+            field="body",
+            value=None,
+            detail=f"body: malformed JSON: {exc.detail}",
+        )
+    slug = {404: "not-found", 405: "method-not-allowed", 413: "body-too-large"}.get(exc.status_code, "http-error")
+    detail = str(exc.detail)
+    headers = dict(exc.headers or {})
+    if exc.status_code == 405:  # every method the API documents on this path, not only the first route's
+        allowed = _documented_methods(request)
+        if allowed:
+            headers["Allow"] = ", ".join(sorted(allowed))
+    if exc.status_code == 404 and detail == "Not Found":
+        detail = f"no route for {request.method} {request.url.path}"
+    return ApiProblem(status=exc.status_code, slug=slug, title=slug.replace("-", " "), detail=detail, headers=headers)
+
+
+def _problem_for(request: Request, exc: Exception) -> ApiProblem:
+    """The one mapping from an exception raised while answering a request to its problem."""
+    from fastapi.exceptions import RequestValidationError
+    from starlette.exceptions import HTTPException as StarletteHTTPException
+
+    if isinstance(exc, ApiProblem):
+        return exc
+    if isinstance(exc, (SkrullError, PlannerBugError)):
+        return from_failure(exc)
+    if isinstance(exc, RequestValidationError):
+        return from_validation_error(exc)
+    if isinstance(exc, IdempotencyConflictError):
+        return _idempotency_problem(exc)
+    if isinstance(exc, ProfileConflictError):
+        return _profile_conflict_problem(exc)
+    if isinstance(exc, StarletteHTTPException):
+        return _http_problem(request, exc)
+    log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+    return ApiProblem(
+        status=500, slug="internal-error", title="internal error", detail=f"the service failed: {type(exc).__name__}"
+    )
+
+
 def install_error_handlers(app: FastAPI, *, on_problem: Any = None) -> None:
     """Route every failure through ``problem_response``; ``on_problem(status, slug)`` counts them."""
     from fastapi.exceptions import RequestValidationError
     from starlette.exceptions import HTTPException as StarletteHTTPException
 
-    def render(request: Request, problem: ApiProblem) -> Response:
+    async def handle(request: Request, exc: Exception) -> Response:
+        problem = _problem_for(request, exc)
         if on_problem is not None:
             on_problem(problem.status, problem.slug)
         return problem_response(problem, instance=request.url.path)
 
-    async def api_problem(request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, ApiProblem)
-        return render(request, exc)
-
-    async def skrull_error(request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, SkrullError)
-        return render(request, from_skrull_error(exc))
-
-    async def validation_error(request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, RequestValidationError)
-        return render(request, from_validation_error(exc))
-
-    async def idempotency_conflict(request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, IdempotencyConflictError)
-        return render(
-            request,
-            ApiProblem(
-                status=409,
-                slug="idempotency-key-reused",
-                title="Idempotency-Key reused",
-                detail=str(exc),
-                field="Idempotency-Key",
-                value=exc.key,
-                plan_id=exc.job_id,
-            ),
-        )
-
-    async def profile_conflict(request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, ProfileConflictError)
-        return render(
-            request,
-            ApiProblem(
-                status=409, slug="profile-exists", title="profile exists", detail=str(exc), field="name", value=exc.name
-            ),
-        )
-
-    async def http_error(request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, StarletteHTTPException)
-        if exc.status_code == 400:  # the body could not be decoded at all: the same answer as malformed JSON
-            return render(
-                request,
-                ApiProblem(
-                    status=422,
-                    slug="malformed-json",
-                    title="malformed JSON",
-                    field="body",
-                    value=None,
-                    detail=f"body: malformed JSON: {exc.detail}",
-                ),
-            )
-        slug = {404: "not-found", 405: "method-not-allowed", 413: "body-too-large"}.get(exc.status_code, "http-error")
-        detail = str(exc.detail)
-        headers = dict(exc.headers or {})
-        if exc.status_code == 405:  # every method the API documents on this path, not only the first route's
-            allowed = _documented_methods(request)
-            if allowed:
-                headers["Allow"] = ", ".join(sorted(allowed))
-        if exc.status_code == 404 and detail == "Not Found":
-            detail = f"no route for {request.method} {request.url.path}"
-        problem = ApiProblem(
-            status=exc.status_code,
-            slug=slug,
-            title=slug.replace("-", " "),
-            detail=detail,
-            headers=headers,
-        )
-        return render(request, problem)
-
-    async def internal_error(request: Request, exc: Exception) -> Response:
-        log.exception("unhandled error on %s %s", request.method, request.url.path)
-        problem = ApiProblem(
-            status=500,
-            slug="internal-error",
-            title="internal error",
-            detail=f"the service failed: {type(exc).__name__}",
-        )
-        return render(request, problem)
-
-    app.add_exception_handler(ApiProblem, api_problem)
-    app.add_exception_handler(SkrullError, skrull_error)
-    app.add_exception_handler(RequestValidationError, validation_error)
-    app.add_exception_handler(IdempotencyConflictError, idempotency_conflict)
-    app.add_exception_handler(ProfileConflictError, profile_conflict)
-    app.add_exception_handler(StarletteHTTPException, http_error)
-    app.add_exception_handler(Exception, internal_error)
+    for kind in (
+        ApiProblem,
+        SkrullError,
+        PlannerBugError,
+        RequestValidationError,
+        IdempotencyConflictError,
+        ProfileConflictError,
+        StarletteHTTPException,
+        Exception,
+    ):
+        app.add_exception_handler(kind, handle)

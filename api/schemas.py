@@ -16,8 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt
 
 from skrull.api.store.base import JobRecord
 from skrull.solver.io import DEFAULT_PROFILE, DEFAULT_TIME_BUDGET_S, request_from_dict, request_to_dict
-from skrull.solver.types import Iteration, Microbatch, Request
-from skrull.solver.worker_view import RankView
+from skrull.solver.sharding import DEFAULT_SHARDING, SHARDING_MODES
+from skrull.solver.types import Request
 
 JobStatusName = Literal["queued", "solving", "solved", "failed"]
 
@@ -88,12 +88,18 @@ class ProblemModel(BaseModel):
     value: Any = None
 
 
+ShardingName = Literal[SHARDING_MODES]  # type: ignore[valid-type]  # the one vocabulary, solver.sharding
+
+
 class MicrobatchModel(BaseModel):
     step: int
     ranks: list[int]
     local: list[list[int]]
     sharded: list[int]
     estimated_ms: float
+    sharding: ShardingName = Field(
+        DEFAULT_SHARDING, description="how the sharded sequences are cut over the group (absent: zigzag)"
+    )
 
 
 class IterationModel(BaseModel):
@@ -109,6 +115,7 @@ class SolveModel(BaseModel):
     objective_ms: float
     bound_ms: float | None
     gap: float | None
+    stats: dict[str, float] | None = Field(None, description="planner-specific figures (absent for most planners)")
 
 
 class PlanModel(BaseModel):
@@ -165,6 +172,7 @@ class RankMicrobatchModel(BaseModel):
     shards: list[ShardModel]
     cu_seqlens: list[int]
     max_seqlen: int
+    sharding: ShardingName = Field(DEFAULT_SHARDING, description="the microbatch's sharding mode (absent: zigzag)")
 
 
 class RankViewModel(BaseModel):
@@ -263,30 +271,6 @@ def canonical_request_json(request: Request) -> str:
 def job_id_for(canonical_json: str) -> str:
     """Content address of a request: the first 128 bits of SHA-256 of its canonical JSON, in hex."""
     return hashlib.sha256(canonical_json.encode()).hexdigest()[:32]
-
-
-def rank_view_document(view: RankView, *, plan_id: str) -> dict[str, Any]:
-    """The worker view in the contract's JSON (``RankViewModel``)."""
-    return view.to_dict(plan_id=plan_id)
-
-
-def iteration_from_document(doc: dict[str, Any]) -> Iteration:
-    """A stored iteration (the contract's JSON, written by this service) as the solver's type."""
-    return Iteration(
-        index=doc["index"],
-        microbatches=tuple(
-            Microbatch(
-                step=mb["step"],
-                ranks=tuple(mb["ranks"]),
-                local=tuple(tuple(ids) for ids in mb["local"]),
-                sharded=tuple(mb["sharded"]),
-                estimated_ms=mb["estimated_ms"],
-            )
-            for mb in doc["microbatches"]
-        ),
-        estimated_ms=doc["estimated_ms"],
-        lower_bound_ms=doc["lower_bound_ms"],
-    )
 
 
 def envelope_json(job: JobRecord) -> bytes:

@@ -45,11 +45,6 @@ class Settings(BaseSettings):
     solve_timeout_grace_s: float = Field(10.0, ge=0, description="hard limit = factor * time_budget_s + grace")
     supervise_interval_s: float = Field(0.5, gt=0, description="how often leases and deadlines are checked")
     idle_poll_s: float = Field(1.0, gt=0, description="an idle solver process re-checks the queue this often")
-    stream_solvers: str = Field(
-        "skrull,deepspeed,packed,round-robin",
-        description="planners whose iterations are planned independently: multi-iteration requests are "
-        "solved one batch at a time and each iteration is published as soon as it is solved",
-    )
     plugins: str = Field("", description="comma-separated modules imported at start (they may register planners)")
 
     max_body_bytes: int = Field(8 * 2**20, ge=1024, description="largest request body accepted")
@@ -91,10 +86,6 @@ class Settings(BaseSettings):
     @property
     def read_token_set(self) -> frozenset[str]:
         return frozenset(t.strip() for t in self.read_tokens.split(",") if t.strip())
-
-    @property
-    def stream_solver_names(self) -> frozenset[str]:
-        return frozenset(s.strip() for s in self.stream_solvers.split(",") if s.strip())
 
     @property
     def plugin_modules(self) -> tuple[str, ...]:

@@ -19,6 +19,7 @@ server's event loop, and a supervisor makes sure no job is left ``solving`` by a
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import importlib
 import json
@@ -37,11 +38,10 @@ from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
 from typing import TYPE_CHECKING, Any
 
-from skrull.api.errors import ApiProblem, from_skrull_error
+from skrull.api.errors import ApiProblem, from_failure
 from skrull.api.execute import LeaseLostError, solve_job
 from skrull.api.store.base import ClaimedJob, IterationRecord, JobStore
 from skrull.api.store.open import open_store
-from skrull.solver.errors import SkrullError
 
 if TYPE_CHECKING:
     from skrull.api.settings import Settings
@@ -67,12 +67,16 @@ class WorkerConfig:
     synchronous: str
     lease_s: float
     idle_poll_s: float
-    stream_solvers: frozenset[str]
     plugins: tuple[str, ...]
 
 
+#: A lease is renewed this many times per lease period, so two renewals can be lost (a stalled store,
+#: a long pause of the process) before it expires.
+RENEWALS_PER_LEASE = 3
+
+
 class _Heartbeat:
-    """Renews a lease every ``lease_s / 3`` while a job is being solved."""
+    """Renews a lease every ``lease_s / RENEWALS_PER_LEASE`` while a job is being solved."""
 
     def __init__(self, store: JobStore, *, job_id: str, owner: str, lease_s: float) -> None:
         self._store, self._job_id, self._owner, self._lease_s = store, job_id, owner, lease_s
@@ -80,7 +84,7 @@ class _Heartbeat:
         self._thread = threading.Thread(target=self._run, name="lease-heartbeat", daemon=True)
 
     def _run(self) -> None:
-        while not self._stop.wait(self._lease_s / 3):
+        while not self._stop.wait(self._lease_s / RENEWALS_PER_LEASE):
             if not self._store.heartbeat(job_id=self._job_id, owner=self._owner, lease_s=self._lease_s):
                 return
 
@@ -94,16 +98,7 @@ class _Heartbeat:
 
 
 def _failure(exc: BaseException) -> str:
-    if isinstance(exc, SkrullError):
-        problem = from_skrull_error(exc)
-    else:
-        problem = ApiProblem(
-            status=500,
-            slug="solver-error",
-            title="the solver failed",
-            detail=f"the solver raised {type(exc).__name__}: {exc}",
-        )
-    return json.dumps(problem.document())
+    return json.dumps(from_failure(exc).document())
 
 
 def run_claimed(store: JobStore, job: ClaimedJob, config: WorkerConfig, events: Any) -> str:
@@ -119,11 +114,7 @@ def run_claimed(store: JobStore, job: ClaimedJob, config: WorkerConfig, events: 
     with _Heartbeat(store, job_id=job.job_id, owner=owner, lease_s=config.lease_s):
         try:
             plan_json, rest = solve_job(
-                job.job_id,
-                job.request_json,
-                stream_solvers=config.stream_solvers,
-                done=store.iterations(job.job_id),
-                publish=publish,
+                job.job_id, job.request_json, done=store.iterations(job.job_id), publish=publish
             )
         except LeaseLostError:
             return "lost"
@@ -172,8 +163,10 @@ def describe_exit(exitcode: int | None) -> str:
 
 
 #: A process that dies sooner than this after starting counts as a crash loop: it is restarted after
-#: a delay that doubles with every such death, up to ``MAX_RESPAWN_DELAY_S``.
+#: a delay that starts at ``FIRST_RESPAWN_DELAY_S`` and doubles with every such death, up to
+#: ``MAX_RESPAWN_DELAY_S``.
 FAST_DEATH_S = 5.0
+FIRST_RESPAWN_DELAY_S = 0.5
 MAX_RESPAWN_DELAY_S = 30.0
 
 
@@ -201,19 +194,19 @@ class SolverPool:
         max_attempts: int,
         idle_poll_s: float,
         supervise_interval_s: float,
-        stream_solvers: frozenset[str],
         plugins: tuple[str, ...],
         hard_limit_s: Callable[[float], float],
         on_event: EventHandler,
     ) -> None:
         self._store = store
-        self._db, self._synchronous = db, synchronous
         self.num_processes = num_processes
-        self._lease_s, self._max_attempts = lease_s, max_attempts
-        self._idle_poll_s, self._interval_s = idle_poll_s, supervise_interval_s
-        self._stream_solvers, self._plugins = stream_solvers, plugins
+        self._max_attempts = max_attempts
+        self._interval_s = supervise_interval_s
         self._hard_limit_s = hard_limit_s
         self._on_event = on_event
+        self._config = WorkerConfig(
+            owner="", db=db, synchronous=synchronous, lease_s=lease_s, idle_poll_s=idle_poll_s, plugins=plugins
+        )
         self._ctx = multiprocessing.get_context("spawn")
         self._wake: Any = self._ctx.Queue()
         self._events: Any = self._ctx.Queue()
@@ -236,7 +229,6 @@ class SolverPool:
             max_attempts=settings.max_attempts,
             idle_poll_s=settings.idle_poll_s,
             supervise_interval_s=settings.supervise_interval_s,
-            stream_solvers=settings.stream_solver_names,
             plugins=settings.plugin_modules,
             hard_limit_s=settings.hard_limit_s,
             on_event=on_event,
@@ -255,15 +247,7 @@ class SolverPool:
 
     def _spawn(self, slot: int, *, generation: int, fast_deaths: int = 0) -> _Slot:
         owner = f"{self.instance}:{slot}:{generation}"
-        config = WorkerConfig(
-            owner=owner,
-            db=self._db,
-            synchronous=self._synchronous,
-            lease_s=self._lease_s,
-            idle_poll_s=self._idle_poll_s,
-            stream_solvers=self._stream_solvers,
-            plugins=self._plugins,
-        )
+        config = dataclasses.replace(self._config, owner=owner)
         process = self._ctx.Process(
             target=worker_main,
             args=(config, self._wake, self._events, self._stop),
@@ -375,7 +359,11 @@ class SolverPool:
                 self.wake()
         now = time.monotonic()
         slot.fast_deaths = slot.fast_deaths + 1 if now - slot.started_at < FAST_DEATH_S else 0
-        delay = 0.0 if slot.fast_deaths == 0 else min(MAX_RESPAWN_DELAY_S, 0.5 * 2 ** (slot.fast_deaths - 1))
+        delay = (
+            0.0
+            if slot.fast_deaths == 0
+            else min(MAX_RESPAWN_DELAY_S, FIRST_RESPAWN_DELAY_S * 2 ** (slot.fast_deaths - 1))
+        )
         if delay:
             log.warning("solver process slot %d is crash-looping; restarting in %.1f s", k, delay)
         slot.respawn_at = now + delay

@@ -3,7 +3,8 @@
 A solved iteration never changes, so a rendered view is cached by (plan, iteration, rank) and its ETag
 is the iteration's digest plus the rank: a worker polling again gets 304 without a store read. Parsed
 iterations and the request's lengths are cached too, so the first view of each rank costs one
-``solver.worker_view.rank_view`` call.
+``solver.worker_view.rank_view`` call. Iterations and requests are read with ``solver.io``, the same
+readers every other part of the project uses, so a view is the library's view of the stored plan.
 """
 
 from __future__ import annotations
@@ -14,9 +15,9 @@ import threading
 from collections import OrderedDict
 from typing import Generic, TypeVar
 
-from skrull.api.schemas import iteration_from_document, rank_view_document
 from skrull.api.store.base import IterationRecord, JobStore
-from skrull.solver.types import Iteration, Parallel, Plan, SolveInfo
+from skrull.solver.io import iteration_from_dict, request_from_dict
+from skrull.solver.types import Iteration, Parallel, Problem
 from skrull.solver.worker_view import rank_view
 
 K = TypeVar("K")
@@ -63,22 +64,30 @@ class RankViews:
         self._store = store
         self._views: LRU[tuple[str, int, int], RenderedView] = LRU(max_views)
         self._iterations: LRU[tuple[str, int], Iteration] = LRU(max(16, max_views // 8))
-        self._jobs: LRU[str, tuple[tuple[int, ...], Parallel, int]] = LRU(max_jobs)
+        self._jobs: LRU[str, tuple[tuple[int, ...], Parallel]] = LRU(max_jobs)
 
     def cached(self, job_id: str, iteration: int, rank: int) -> RenderedView | None:
         return self._views.get((job_id, iteration, rank))
 
-    def _job(self, job_id: str) -> tuple[tuple[int, ...], Parallel, int]:
+    def _job(self, job_id: str) -> tuple[tuple[int, ...], Parallel]:
+        """The stored request's lengths by global sequence id and its layout (read with ``solver.io``)."""
         entry = self._jobs.get(job_id)
         if entry is None:
             text = self._store.request_json(job_id)
             assert text is not None, f"job {job_id} has iterations but no request"
-            doc = json.loads(text)
-            lengths = tuple(n for batch in doc["batches"] for n in batch)
-            bucket = doc.get("bucket_tokens") or doc["profile"]["memory"]["bucket_tokens"]
-            entry = (lengths, Parallel(dp=doc["parallel"]["dp"], cp=doc["parallel"]["cp"]), int(bucket))
+            request = request_from_dict(json.loads(text))
+            entry = (Problem.from_request(request).lengths, request.parallel)
             self._jobs.put(job_id, entry)
         return entry
+
+    def iteration(self, record: IterationRecord) -> Iteration:
+        """A stored iteration, read with ``solver.io.iteration_from_dict`` (cached)."""
+        key = (record.job_id, record.index)
+        it = self._iterations.get(key)
+        if it is None:
+            it = iteration_from_dict(json.loads(record.doc_json), field=f"iterations[{record.index}]")
+            self._iterations.put(key, it)
+        return it
 
     def render(self, record: IterationRecord, rank: int) -> RenderedView:
         """The view of ``rank`` in a stored iteration (blocking: store reads on a cache miss)."""
@@ -86,22 +95,9 @@ class RankViews:
         hit = self._views.get(key)
         if hit is not None:
             return hit
-        lengths, parallel, bucket = self._job(record.job_id)
-        it = self._iterations.get((record.job_id, record.index))
-        if it is None:
-            it = iteration_from_document(json.loads(record.doc_json))
-            self._iterations.put((record.job_id, record.index), it)
-        # rank_view reads plan.iterations[iteration]: a one-iteration plan at position 0, renumbered after.
-        holder = Plan(
-            solver="",
-            parallel=parallel,
-            bucket_tokens=bucket,
-            iterations=(it,),
-            pending=(),
-            solve=SolveInfo(wall_ms=0.0, status="heuristic", objective_ms=it.estimated_ms),
-        )
-        view = dataclasses.replace(rank_view(holder, lengths, iteration=0, rank=rank), iteration=record.index)
-        body = json.dumps(rank_view_document(view, plan_id=record.job_id), separators=(",", ":")).encode()
+        lengths, parallel = self._job(record.job_id)
+        view = rank_view(self.iteration(record), lengths, parallel=parallel, rank=rank)
+        body = json.dumps(view.to_dict(plan_id=record.job_id), separators=(",", ":")).encode()
         rendered = RenderedView(etag=view_etag(record, rank), body=body)
         self._views.put(key, rendered)
         return rendered

@@ -98,7 +98,6 @@ def run(backend: str, processes: int, jobs: list[NewJob]) -> tuple[float, int]:
             max_attempts=2,
             idle_poll_s=1.0,
             supervise_interval_s=0.5,
-            stream_solvers=frozenset({"skrull"}),
             plugins=(),
             hard_limit_s=lambda budget: 3 * budget + 10,
             on_event=lambda event: None,

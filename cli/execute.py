@@ -16,9 +16,14 @@ from typing import Any
 from skrull.solver.errors import RequestError, SkrullError
 from skrull.solver.io import read_json, request_from_dict
 from skrull.solver.planning import solve
-from skrull.solver.types import Problem
+from skrull.solver.sharding import SHARDING_MODES
+from skrull.solver.types import Plan, Problem
 
 EXIT_CHECK_FAILED = 1
+#: Default ``--tolerance``: float32 runs match the float64 reference to ~1e-6; 16-bit floats keep 8 (bf16)
+#: or 11 (fp16) mantissa bits, so their outputs differ from it by ~1e-2 after a layer.
+TOLERANCE_FLOAT32 = 1e-4
+TOLERANCE_16_BIT = 5e-2
 
 
 def add_parser(sub: Any) -> None:
@@ -32,7 +37,11 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--backend", default="gloo", help="gloo (CPU) or nccl (one GPU per process); default gloo")
     p.add_argument("--check", action="store_true", help="compare with each sequence run alone; exit 1 on mismatch")
     p.add_argument("--cp-mode", default="allgather", help="allgather (Llama 3) or ulysses (all-to-all)")
-    p.add_argument("--sharding", default="zigzag", help="zigzag (default, the worker view's) or contiguous")
+    p.add_argument(
+        "--sharding",
+        default="zigzag",
+        help=f"cut of microbatches the plan leaves at the default: {', '.join(SHARDING_MODES)} (default zigzag)",
+    )
     p.add_argument("--kernel", default=None, help="flash-attn, torch-varlen, sdpa or reference (default: best)")
     p.add_argument("--dtype", default="float32", help="float32 (default), bfloat16 or float16")
     p.add_argument("--hidden-size", type=int, default=64)
@@ -41,7 +50,12 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--head-dim", type=int, default=16)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--warmup", type=int, default=1, help="untimed passes over the plan first (default 1)")
-    p.add_argument("--tolerance", type=float, default=None, help="max abs error (default 1e-4; 5e-2 in 16 bits)")
+    p.add_argument(
+        "--tolerance",
+        type=float,
+        default=None,
+        help=f"max abs error (default {TOLERANCE_FLOAT32:g}; {TOLERANCE_16_BIT:g} in 16 bits)",
+    )
     p.set_defaults(func=cmd_execute)
 
 
@@ -50,30 +64,17 @@ def _positive(flag: str, value: int) -> None:
         raise RequestError(flag, value, "must be an integer >= 1")
 
 
-def cmd_execute(args: argparse.Namespace) -> int:
-    try:
-        import torch
-
-        from skrull.worker.dacp import CP_MODES
-        from skrull.worker.execute import DTYPES, ExecuteConfig, LayerConfig, compare, execute_plan
-        from skrull.worker.kernels import select_kernel
-        from skrull.worker.launch import LaunchError, check_backend
-        from skrull.worker.layout import SHARDING_RULES
-    except ImportError as exc:
-        raise SkrullError(f"skrull execute needs torch ({exc.name} missing): pip install 'skrull[worker]'") from None
-    doc = read_json(args.request, field="--request")
-    if isinstance(doc, dict) and args.solver is not None:
-        doc["solver"] = args.solver
-    request = request_from_dict(doc)
-    num_gpus = request.parallel.num_gpus
+def _check_options(
+    args: argparse.Namespace, *, num_gpus: int, cp_modes: tuple[str, ...], dtypes: tuple[str, ...]
+) -> int:
+    """Refuse bad options with the flag and the value; the world size to launch."""
     world_size = num_gpus if args.world_size is None else args.world_size
     if world_size != num_gpus:
         raise RequestError("--world-size", world_size, f"must equal parallel.dp * parallel.cp = {num_gpus}")
-    check_backend(args.backend, world_size)
     for flag, value, known in (
-        ("--cp-mode", args.cp_mode, CP_MODES),
-        ("--sharding", args.sharding, tuple(SHARDING_RULES)),
-        ("--dtype", args.dtype, tuple(DTYPES)),
+        ("--cp-mode", args.cp_mode, cp_modes),
+        ("--sharding", args.sharding, SHARDING_MODES),
+        ("--dtype", args.dtype, dtypes),
     ):
         if value not in known:
             raise RequestError(flag, value, f"unknown; known: {', '.join(known)}")
@@ -92,25 +93,10 @@ def cmd_execute(args: argparse.Namespace) -> int:
         raise RequestError("--head-dim", args.head_dim, "must be even (rotary embedding)")
     if args.backend == "gloo" and args.dtype != "float32":
         raise RequestError("--dtype", args.dtype, "gloo runs on CPU: use float32")
-    select_kernel(torch.device("cuda" if args.backend == "nccl" else "cpu"), DTYPES[args.dtype], args.kernel)
-    tolerance = args.tolerance if args.tolerance is not None else (1e-4 if args.dtype == "float32" else 5e-2)
-    config = ExecuteConfig(
-        layer=LayerConfig(
-            hidden_size=args.hidden_size, num_heads=args.heads, num_kv_heads=args.kv_heads, head_dim=args.head_dim
-        ),
-        seed=args.seed,
-        cp_mode=args.cp_mode,
-        kernel=args.kernel,
-        sharding=args.sharding,
-        dtype=args.dtype,
-        warmup_passes=args.warmup,
-    )
-    plan = solve(request)
-    lengths = Problem.from_request(request).lengths
-    try:
-        result = execute_plan(plan, lengths, world_size=world_size, backend=args.backend, config=config)
-    except LaunchError as exc:
-        raise SkrullError(f"worker process failed: {exc}") from None
+    return world_size
+
+
+def _print_timings(plan: Plan, result: Any, args: argparse.Namespace, world_size: int) -> None:
     par = plan.parallel
     num_mb = sum(len(it.microbatches) for it in plan.iterations)
     print(
@@ -127,11 +113,12 @@ def cmd_execute(args: argparse.Namespace) -> int:
             f"| {t.rank:4d} | {t.microbatches:12d} | {t.local_tokens:12d} | {t.piece_tokens:12d} "
             f"| {t.seconds * 1e3:10.1f} | {t.tokens_per_s:8.0f} |"
         )
-    if not args.check:
-        return 0
-    rows = compare(result, lengths, config=config, tolerance=tolerance)
+
+
+def _print_check(rows: Any, num_sequences: int) -> int:
+    """The check table; the exit status (``EXIT_CHECK_FAILED`` when a tensor is beyond tolerance)."""
     print()
-    print(f"check: every sequence alone in one process (float64, plain causal SDPA), {len(result.outputs)} sequences")
+    print(f"check: every sequence alone in one process (float64, plain causal SDPA), {num_sequences} sequences")
     print()
     print("| tensor                | max abs error | tolerance | ok  |")
     print("|-----------------------|---------------|-----------|-----|")
@@ -150,3 +137,48 @@ def cmd_execute(args: argparse.Namespace) -> int:
     print()
     print(f"check passed: {len(rows)} tensors within tolerance")
     return 0
+
+
+def cmd_execute(args: argparse.Namespace) -> int:
+    try:
+        import torch
+
+        from skrull.worker.dacp import CP_MODES
+        from skrull.worker.execute import DTYPES, ExecuteConfig, LayerConfig, compare, execute_plan
+        from skrull.worker.kernels import select_kernel
+        from skrull.worker.launch import LaunchError, check_backend
+    except ImportError as exc:
+        raise SkrullError(f"skrull execute needs torch ({exc.name} missing): pip install 'skrull[worker]'") from None
+    doc = read_json(args.request, field="--request")
+    if isinstance(doc, dict) and args.solver is not None:
+        doc["solver"] = args.solver
+    request = request_from_dict(doc)
+    world_size = _check_options(
+        args, num_gpus=request.parallel.num_gpus, cp_modes=tuple(CP_MODES), dtypes=tuple(DTYPES)
+    )
+    check_backend(args.backend, world_size)
+    select_kernel(torch.device("cuda" if args.backend == "nccl" else "cpu"), DTYPES[args.dtype], args.kernel)
+    tolerance = args.tolerance
+    if tolerance is None:
+        tolerance = TOLERANCE_FLOAT32 if args.dtype == "float32" else TOLERANCE_16_BIT
+    config = ExecuteConfig(
+        layer=LayerConfig(
+            hidden_size=args.hidden_size, num_heads=args.heads, num_kv_heads=args.kv_heads, head_dim=args.head_dim
+        ),
+        seed=args.seed,
+        cp_mode=args.cp_mode,
+        kernel=args.kernel,
+        sharding=args.sharding,
+        dtype=args.dtype,
+        warmup_passes=args.warmup,
+    )
+    plan = solve(request)
+    lengths = Problem.from_request(request).lengths
+    try:
+        result = execute_plan(plan, lengths, world_size=world_size, backend=args.backend, config=config)
+    except LaunchError as exc:
+        raise SkrullError(f"worker process failed: {exc}") from None
+    _print_timings(plan, result, args, world_size)
+    if not args.check:
+        return 0
+    return _print_check(compare(result, lengths, config=config, tolerance=tolerance), len(result.outputs))

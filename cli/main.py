@@ -1,7 +1,8 @@
 """``skrull``: plan, compare, build requests, validate plans, list and derive profiles.
 
 User mistakes end with one line on stderr (``skrull: error: <field>: <value>: <reason>``) and exit
-status 2; never a traceback or a partial plan.
+status 2; never a traceback or a partial plan. A planner that produces an invalid plan is a bug of the
+project, not a user mistake: one line (``skrull: planner bug: ...``) and exit status 3.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from skrull.cli import serve, solver_worker
 from skrull.cli import show as show_cli
 from skrull.solver.compare import compare, format_table, parse_solver_spec
 from skrull.solver.datasets import distribution_names, synthesize_request
-from skrull.solver.errors import RequestError, SkrullError
+from skrull.solver.errors import PlannerBugError, RequestError, SkrullError
 from skrull.solver.io import (
     BACKENDS,
     DEFAULT_PROFILE,
@@ -40,6 +41,8 @@ from skrull.solver.types import Parallel, Request
 from skrull.solver.validate import validate_plan
 
 EXIT_USER_ERROR = 2
+#: A planner produced a plan the validator refuses (``PlannerBugError``): not the user's mistake.
+EXIT_PLANNER_BUG = 3
 
 
 def _add_source(p: argparse.ArgumentParser) -> None:
@@ -245,6 +248,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SkrullError as exc:
         print(f"skrull: error: {exc}", file=sys.stderr)
         return EXIT_USER_ERROR
+    except PlannerBugError as exc:
+        print(f"skrull: planner bug: {exc}", file=sys.stderr)
+        return EXIT_PLANNER_BUG
     except BrokenPipeError:  # e.g. `skrull plan ... | head`
         return 0
 

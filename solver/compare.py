@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from skrull.solver.cost import CostModel
-from skrull.solver.errors import SkrullError
+from skrull.solver.errors import PlannerBugError, SkrullError
 from skrull.solver.metrics import imbalance_degree, peak_bucket_use, synchronized_makespan_ms, work_ms
 from skrull.solver.planners.registry import planner_names
 from skrull.solver.planning import solve
@@ -74,7 +74,7 @@ def compare(request: Request, solvers: Sequence[str] | None = None) -> tuple[lis
         solver, backend = parse_solver_spec(name)
         try:
             plans[name] = solve(dataclasses.replace(request, solver=solver, backend=backend or request.backend))
-        except SkrullError as exc:
+        except (SkrullError, PlannerBugError) as exc:  # one planner's failure is its row, not the table's
             errors[name] = str(exc)
     reference = plans.get(REFERENCE_SOLVER)
     lengths = [s for batch in request.batches for s in batch]

@@ -17,16 +17,88 @@ in integers as ``N * sum_{local[j]} S + sum_{sharded} S <= N * bucket_tokens`` s
 validator never disagree through rounding.
 
 Iteration time (eq. 8): the max over GPUs of the summed Time of the microbatches each GPU takes part in.
+
+The model's coefficients are public (``CostModel.coefficients``, one ``CostCoefficients`` in ms per FLOP
+and ms per token), and so are the derived terms planners reason with, so no planner re-derives them
+from the profile: ``CostCoefficients.sharded_terms(N)`` is ``(a, b, c)`` of a sequence sharded over a
+group of N, ``t_N(S) = a*S^2 + b*S`` and the per-microbatch fixed cost ``c`` (Hydraulis's per-strategy
+cost, WLB-LLM's document workload), and ``CostModel.iteration_ms`` is the one "iteration time of these
+microbatches" (eq. 8 over placements priced with eqs. 1-5).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
 
 from skrull.solver.profile import Profile
-from skrull.solver.types import MicrobatchSpec, Parallel
+from skrull.solver.types import Iteration, Microbatch, MicrobatchSpec, Parallel
 
 MIB = float(2**20)
+#: The profile gives compute speed in ms per TFLOP (10^12 FLOPs).
+FLOPS_PER_TFLOP = 1e12
+
+
+class Placement(Protocol):
+    """What pricing a microbatch needs: its group and where its sequences sit (a ``MicrobatchSpec`` or a
+    ``Microbatch``)."""
+
+    @property
+    def ranks(self) -> tuple[int, ...]: ...
+
+    @property
+    def local(self) -> tuple[tuple[int, ...], ...]: ...
+
+    @property
+    def sharded(self) -> tuple[int, ...]: ...
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CostCoefficients:
+    """The reference model's coefficients in the units planners compute with (CONTRACT.md):
+
+    ``ms_per_flop = compute.ms_per_tflop / 1e12``, ``comm_ms_per_token = comm.ms_per_mib *
+    comm.bytes_per_token / 2^20``, the fixed costs in ms, the memory bucket in tokens.
+    """
+
+    flops_per_token: float
+    flops_per_token_sq: float
+    ms_per_flop: float
+    compute_fixed_ms: float
+    comm_ms_per_token: float
+    comm_fixed_ms: float
+    microbatch_ms: float
+    bucket_tokens: int
+
+    def flops(self, num_tokens: int) -> float:
+        """``FLOPs(S) = flops_per_token * S + flops_per_token_sq * S^2`` (eq. 13 over layers, x3)."""
+        return self.flops_per_token * num_tokens + self.flops_per_token_sq * num_tokens * num_tokens
+
+    def sharded_terms(self, group_size: int) -> tuple[float, float, float]:
+        """``(a, b, c)``: a sequence of S tokens sharded over ``group_size`` GPUs costs each of them
+        ``t(S) = a*S^2 + b*S`` (its FLOPs over N, eq. 5, plus its K/V traffic, eq. 16, when N > 1), and a
+        microbatch of such sequences costs ``c + sum t(S)`` with ``c = microbatch_ms + compute.fixed_ms +
+        comm.fixed_ms * [N > 1]``. Exact for an all-sharded microbatch whose communication is not
+        hidden behind local compute (there is none)."""
+        a = self.ms_per_flop * self.flops_per_token_sq / group_size
+        b = self.ms_per_flop * self.flops_per_token / group_size
+        c = self.microbatch_ms + self.compute_fixed_ms
+        if group_size > 1:
+            b += self.comm_ms_per_token
+            c += self.comm_fixed_ms
+        return a, b, c
+
+    def sharded_ms(self, num_tokens: int, group_size: int) -> float:
+        """``t(S) = a*S^2 + b*S`` of ``sharded_terms``: a sequence's marginal time on each GPU of its group."""
+        a, b, _ = self.sharded_terms(group_size)
+        return a * num_tokens * num_tokens + b * num_tokens
+
+    def work_ms(self, num_tokens: int) -> float:
+        """The plan-independent cost of running one sequence, summed over GPUs: its compute
+        ``ms_per_flop * FLOPs(S)`` plus its share ``microbatch_ms * S / bucket_tokens`` of microbatch
+        overheads (the average term of the contract's lower bound, per sequence)."""
+        return self.ms_per_flop * self.flops(num_tokens) + self.microbatch_ms / self.bucket_tokens * num_tokens
 
 
 class CostModel:
@@ -49,11 +121,25 @@ class CostModel:
         self.bucket_tokens = profile.bucket_tokens if bucket_tokens is None else bucket_tokens
         self._fpt = profile.compute.flops_per_token
         self._fpt_sq = profile.compute.flops_per_token_sq
-        self._ms_per_flop = profile.compute.ms_per_tflop / 1e12
+        self._ms_per_flop = profile.compute.ms_per_tflop / FLOPS_PER_TFLOP
         self._comp_fixed_ms = profile.compute.fixed_ms
         self._comm_ms_per_token = profile.comm.ms_per_mib * profile.comm.bytes_per_token / MIB
         self._comm_fixed_ms = profile.comm.fixed_ms
         self._mb_ms = profile.microbatch_ms
+
+    @property
+    def coefficients(self) -> CostCoefficients:
+        """The model's coefficients (see ``CostCoefficients``)."""
+        return CostCoefficients(
+            flops_per_token=self._fpt,
+            flops_per_token_sq=self._fpt_sq,
+            ms_per_flop=self._ms_per_flop,
+            compute_fixed_ms=self._comp_fixed_ms,
+            comm_ms_per_token=self._comm_ms_per_token,
+            comm_fixed_ms=self._comm_fixed_ms,
+            microbatch_ms=self._mb_ms,
+            bucket_tokens=self.bucket_tokens,
+        )
 
     # --- per-sequence and per-kernel terms -------------------------------------------------------
     def flops(self, num_tokens: int) -> float:
@@ -113,7 +199,7 @@ class CostModel:
         limit = group_size * self.bucket_tokens
         return all(group_size * sum(lens) + sharded <= limit for lens in local_lengths)
 
-    def spec_time_ms(self, spec: MicrobatchSpec, lengths: Sequence[int]) -> float:
+    def spec_time_ms(self, spec: MicrobatchSpec | Placement, lengths: Sequence[int]) -> float:
         """Time of a planner's microbatch, looking lengths up by global sequence id."""
         return self.microbatch_time_ms(
             [[lengths[i] for i in ids] for ids in spec.local], [lengths[i] for i in spec.sharded]
@@ -131,6 +217,36 @@ class CostModel:
             for g in ranks:
                 per_gpu[g] += time_ms
         return max(per_gpu, default=0.0)
+
+    def iteration_ms(self, microbatches: Iterable[Placement], lengths: Sequence[int], num_gpus: int) -> float:
+        """The iteration time of these microbatches (eq. 8): each priced with eqs. 1-5 (lengths by global
+        sequence id), summed per GPU, the slowest GPU."""
+        return self.iteration_time_ms(((mb.ranks, self.spec_time_ms(mb, lengths)) for mb in microbatches), num_gpus)
+
+    def price_iteration(
+        self, specs: Sequence[MicrobatchSpec], lengths: Sequence[int], *, parallel: Parallel, index: int
+    ) -> Iteration:
+        """A planner's placements of one iteration, priced: every microbatch (eqs. 1-5), the iteration
+        (eq. 8) and its lower bound over the sequences it actually runs (CONTRACT.md)."""
+        microbatches = tuple(
+            Microbatch(
+                step=s.step,
+                ranks=s.ranks,
+                local=s.local,
+                sharded=s.sharded,
+                estimated_ms=self.spec_time_ms(s, lengths),
+                sharding=s.sharding,
+            )
+            for s in specs
+        )
+        return Iteration(
+            index=index,
+            microbatches=microbatches,
+            estimated_ms=self.iteration_time_ms(
+                ((mb.ranks, mb.estimated_ms) for mb in microbatches), parallel.num_gpus
+            ),
+            lower_bound_ms=self.lower_bound_ms([lengths[i] for mb in microbatches for i in mb.seq_ids], parallel),
+        )
 
     def lower_bound_ms(self, lengths: Sequence[int], parallel: Parallel) -> float:
         """No plan under this model beats this (docs/formats.md "Cost model": the lower bound).

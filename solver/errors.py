@@ -1,8 +1,12 @@
-"""Errors for user mistakes (bad requests, impossible placements).
+"""Errors for user mistakes (bad requests, impossible placements), and the one error that is not.
 
 Every user-facing error is a ``ValueError`` subclass that names the offending field and value, so the
-CLI can print one clear line and the service can map it to one problem+json answer. ``assert`` is kept
-for internal invariants only.
+CLI can print one clear line (exit status 2) and the service can map it to one problem+json answer
+(422). ``assert`` is kept for internal invariants only.
+
+``PlannerBugError`` is the exception: a planner produced a plan that breaks the contract. That is a
+defect of the project, not of the request, so it is no ``SkrullError``: the service answers 500 and the
+CLI exits with its own status (3).
 """
 
 from __future__ import annotations
@@ -52,13 +56,39 @@ class InfeasibleError(SkrullError):
 
 
 class InvalidPlanError(SkrullError):
-    """A plan broke the contract; ``problems`` lists every violation found."""
+    """A plan given to the project (``skrull validate``) broke the contract; ``problems`` lists every
+    violation found. A plan the project's own planner made is checked with ``PlannerBugError`` instead."""
 
     def __init__(self, problems: list[str]) -> None:
         self.problems = problems
-        head = "; ".join(problems[:5])
-        more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
-        super().__init__(f"invalid plan: {head}{more}")
+        super().__init__(f"invalid plan: {_summary(problems)}")
+
+
+class PlannerBugError(RuntimeError):
+    """A planner's plan failed the independent validator: a bug in the planner, never a user error.
+
+    ``solver`` names the planner; ``problems`` lists every violation the validator found.
+    """
+
+    def __init__(self, solver: str, problems: list[str]) -> None:
+        self.solver = solver
+        self.problems = problems
+        super().__init__(f"planner {solver!r} produced an invalid plan (a planner bug): {_summary(problems)}")
+
+    def __reduce__(self) -> tuple[type[PlannerBugError], tuple[str, list[str]]]:
+        # crosses process boundaries (solver and compare processes) with its fields intact
+        return (PlannerBugError, (self.solver, self.problems))
+
+
+#: Problems quoted in an invalid plan's message (one line); the others are counted, and listed in full
+#: on the exception.
+PROBLEMS_IN_MESSAGE = 5
+
+
+def _summary(problems: list[str]) -> str:
+    head = "; ".join(problems[:PROBLEMS_IN_MESSAGE])
+    extra = len(problems) - PROBLEMS_IN_MESSAGE
+    return head + (f" (and {extra} more)" if extra > 0 else "")
 
 
 def _short(value: Any, limit: int = 80) -> str:

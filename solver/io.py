@@ -144,34 +144,46 @@ def request_to_dict(request: Request, *, inline_profile: bool = False) -> dict[s
     return doc
 
 
-def _round(x: float) -> float:
-    return round(x, 6)
+# -- plans: the one writer and the one reader of the plan document (CONTRACT.md "Plan") ----------------
+#
+# Numbers are written as they are (JSON keeps a float exactly), so ``plan_from_dict(plan_to_dict(p)) == p``
+# for every plan: what the service stores, serves and views is the plan the planner made.
 
 
-def _microbatch_to_dict(mb: Microbatch) -> dict[str, Any]:
+def microbatch_to_dict(mb: Microbatch) -> dict[str, Any]:
     """A microbatch in the contract's shape; ``sharding`` appears only when it is not the default."""
     doc: dict[str, Any] = {
         "step": mb.step,
         "ranks": list(mb.ranks),
         "local": [list(ids) for ids in mb.local],
         "sharded": list(mb.sharded),
-        "estimated_ms": _round(mb.estimated_ms),
+        "estimated_ms": mb.estimated_ms,
     }
     if mb.sharding != DEFAULT_SHARDING:
         doc["sharding"] = mb.sharding
     return doc
 
 
+def iteration_to_dict(it: Iteration) -> dict[str, Any]:
+    """One iteration of a plan document (also what the service stores per published iteration)."""
+    return {
+        "index": it.index,
+        "microbatches": [microbatch_to_dict(mb) for mb in it.microbatches],
+        "estimated_ms": it.estimated_ms,
+        "lower_bound_ms": it.lower_bound_ms,
+    }
+
+
 def _solve_to_dict(solve: SolveInfo) -> dict[str, Any]:
     doc: dict[str, Any] = {
-        "wall_ms": _round(solve.wall_ms),
+        "wall_ms": solve.wall_ms,
         "status": solve.status,
-        "objective_ms": _round(solve.objective_ms),
-        "bound_ms": None if solve.bound_ms is None else _round(solve.bound_ms),
-        "gap": None if solve.gap is None else _round(solve.gap),
+        "objective_ms": solve.objective_ms,
+        "bound_ms": solve.bound_ms,
+        "gap": solve.gap,
     }
     if solve.stats:
-        doc["stats"] = {name: _round(value) for name, value in solve.stats}
+        doc["stats"] = dict(solve.stats)
     return doc
 
 
@@ -181,94 +193,106 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
         "solver": plan.solver,
         "parallel": {"dp": plan.parallel.dp, "cp": plan.parallel.cp},
         "bucket_tokens": plan.bucket_tokens,
-        "iterations": [
-            {
-                "index": it.index,
-                "microbatches": [_microbatch_to_dict(mb) for mb in it.microbatches],
-                "estimated_ms": _round(it.estimated_ms),
-                "lower_bound_ms": _round(it.lower_bound_ms),
-            }
-            for it in plan.iterations
-        ],
+        "iterations": [iteration_to_dict(it) for it in plan.iterations],
         "pending": list(plan.pending),
         "solve": _solve_to_dict(plan.solve),
     }
 
 
+def _object(value: Any, field: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise RequestError(field, value, "must be a JSON object")
+    return value
+
+
 def _ids(value: Any, field: str) -> tuple[int, ...]:
     if not isinstance(value, list):
         raise RequestError(field, value, "must be a list of sequence ids")
-    for k, v in enumerate(value):
-        _int(v, f"{field}[{k}]", minimum=0)
-    return tuple(value)
+    return tuple(_int(v, f"{field}[{k}]", minimum=0) for k, v in enumerate(value))
 
 
 def _float(value: Any, field: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise RequestError(field, value, "must be a number")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise RequestError(field, value, "must be a finite number")
     return float(value)
 
 
-def plan_from_dict(doc: Any) -> Plan:
-    """Read a plan document (for validating plans produced elsewhere). Checks shape, not content."""
-    if not isinstance(doc, dict):
-        raise RequestError("plan", doc, "must be a JSON object")
-    if doc.get("schema") != PLAN_SCHEMA:
-        raise RequestError("schema", doc.get("schema"), f"must be {PLAN_SCHEMA!r}")
-    iterations = []
-    for i, it in enumerate(doc.get("iterations") or []):
-        path = f"iterations[{i}]"
-        mbs = []
-        for m, mb in enumerate(it.get("microbatches") or []):
-            mpath = f"{path}.microbatches[{m}]"
-            local = mb.get("local")
-            if not isinstance(local, list):
-                raise RequestError(f"{mpath}.local", local, "must be a list of id lists")
-            sharding = mb.get("sharding", DEFAULT_SHARDING)
-            if sharding not in SHARDING_MODES:
-                raise RequestError(f"{mpath}.sharding", sharding, f"must be one of {', '.join(SHARDING_MODES)}")
-            mbs.append(
-                Microbatch(
-                    step=_int(mb.get("step"), f"{mpath}.step", minimum=0),
-                    ranks=_ids(mb.get("ranks"), f"{mpath}.ranks"),
-                    local=tuple(_ids(ids, f"{mpath}.local[{j}]") for j, ids in enumerate(local)),
-                    sharded=_ids(mb.get("sharded"), f"{mpath}.sharded"),
-                    estimated_ms=_float(mb.get("estimated_ms"), f"{mpath}.estimated_ms"),
-                    sharding=sharding,
-                )
-            )
-        iterations.append(
-            Iteration(
-                index=_int(it.get("index"), f"{path}.index", minimum=0),
-                microbatches=tuple(mbs),
-                estimated_ms=_float(it.get("estimated_ms"), f"{path}.estimated_ms"),
-                lower_bound_ms=_float(it.get("lower_bound_ms"), f"{path}.lower_bound_ms"),
-            )
-        )
-    solve = doc.get("solve") or {}
+def _optional_float(value: Any, field: str) -> float | None:
+    return None if value is None else _float(value, field)
+
+
+def microbatch_from_dict(doc: Any, *, field: str = "microbatch") -> Microbatch:
+    mb = _object(doc, field)
+    local = mb.get("local")
+    if not isinstance(local, list):
+        raise RequestError(f"{field}.local", local, "must be a list of id lists")
+    sharding = mb.get("sharding", DEFAULT_SHARDING)
+    if sharding not in SHARDING_MODES:
+        raise RequestError(f"{field}.sharding", sharding, f"must be one of {', '.join(SHARDING_MODES)}")
+    return Microbatch(
+        step=_int(mb.get("step"), f"{field}.step", minimum=0),
+        ranks=_ids(mb.get("ranks"), f"{field}.ranks"),
+        local=tuple(_ids(ids, f"{field}.local[{j}]") for j, ids in enumerate(local)),
+        sharded=_ids(mb.get("sharded"), f"{field}.sharded"),
+        estimated_ms=_float(mb.get("estimated_ms"), f"{field}.estimated_ms"),
+        sharding=sharding,
+    )
+
+
+def iteration_from_dict(doc: Any, *, field: str = "iteration") -> Iteration:
+    """Read one iteration of a plan document (``iteration_to_dict``'s inverse); checks shape, not content."""
+    it = _object(doc, field)
+    microbatches = it.get("microbatches")
+    if not isinstance(microbatches, list):
+        raise RequestError(f"{field}.microbatches", microbatches, "must be a list of microbatches")
+    return Iteration(
+        index=_int(it.get("index"), f"{field}.index", minimum=0),
+        microbatches=tuple(
+            microbatch_from_dict(mb, field=f"{field}.microbatches[{m}]") for m, mb in enumerate(microbatches)
+        ),
+        estimated_ms=_float(it.get("estimated_ms"), f"{field}.estimated_ms"),
+        lower_bound_ms=_float(it.get("lower_bound_ms"), f"{field}.lower_bound_ms"),
+    )
+
+
+def _solve_from_dict(doc: Any) -> SolveInfo:
+    solve = _object(doc, "solve")
     status = solve.get("status")
     if status not in SOLVE_STATUSES:
         raise RequestError("solve.status", status, f"must be one of {', '.join(SOLVE_STATUSES)}")
-    bound = solve.get("bound_ms")
-    gap = solve.get("gap")
     stats = solve.get("stats", {})
     if not isinstance(stats, dict):
         raise RequestError("solve.stats", stats, "must be an object of named numbers")
-    stats_t = tuple((str(k), _float(v, f"solve.stats.{k}")) for k, v in stats.items())
+    return SolveInfo(
+        wall_ms=_float(solve.get("wall_ms"), "solve.wall_ms"),
+        status=status,
+        objective_ms=_float(solve.get("objective_ms"), "solve.objective_ms"),
+        bound_ms=_optional_float(solve.get("bound_ms"), "solve.bound_ms"),
+        gap=_optional_float(solve.get("gap"), "solve.gap"),
+        stats=tuple((str(k), _float(v, f"solve.stats.{k}")) for k, v in stats.items()),
+    )
+
+
+def plan_from_dict(doc: Any) -> Plan:
+    """Read a plan document (``plan_to_dict``'s inverse): the service's stored plans, plans produced
+    elsewhere. Checks shape and JSON types and names the field of any mistake; content is the
+    validator's (``solver.validate``)."""
+    plan = _object(doc, "plan")
+    if plan.get("schema") != PLAN_SCHEMA:
+        raise RequestError("schema", plan.get("schema"), f"must be {PLAN_SCHEMA!r}")
+    solver = plan.get("solver")
+    if not isinstance(solver, str):
+        raise RequestError("solver", solver, "must be the planner's name")
+    iterations = plan.get("iterations")
+    if not isinstance(iterations, list):
+        raise RequestError("iterations", iterations, "must be a list of iterations")
     return Plan(
-        solver=str(doc.get("solver")),
-        parallel=parse_parallel(doc.get("parallel")),
-        bucket_tokens=_int(doc.get("bucket_tokens"), "bucket_tokens", minimum=1),
-        iterations=tuple(iterations),
-        pending=_ids(doc.get("pending", []), "pending"),
-        solve=SolveInfo(
-            wall_ms=_float(solve.get("wall_ms"), "solve.wall_ms"),
-            status=status,
-            objective_ms=_float(solve.get("objective_ms"), "solve.objective_ms"),
-            bound_ms=None if bound is None else _float(bound, "solve.bound_ms"),
-            gap=None if gap is None else _float(gap, "solve.gap"),
-            stats=stats_t,
-        ),
+        solver=solver,
+        parallel=parse_parallel(plan.get("parallel")),
+        bucket_tokens=_int(plan.get("bucket_tokens"), "bucket_tokens", minimum=1),
+        iterations=tuple(iteration_from_dict(it, field=f"iterations[{i}]") for i, it in enumerate(iterations)),
+        pending=_ids(plan.get("pending", []), "pending"),
+        solve=_solve_from_dict(plan.get("solve")),
     )
 
 

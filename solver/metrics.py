@@ -73,11 +73,8 @@ def tokens_run(plan: Plan, lengths: Sequence[int]) -> int:
 
 def work_ms(plan: Plan, lengths: Sequence[int], model: CostModel) -> float:
     """Summed per-sequence work of everything the plan runs (module docstring)."""
-    ms_per_flop = model.profile.compute.ms_per_tflop / 1e12
-    per_token_mb = model.microbatch_overhead_ms / model.bucket_tokens
-    total = 0.0
-    for it in plan.iterations:
-        for mb in it.microbatches:
-            for i in mb.seq_ids:
-                total += ms_per_flop * model.flops(lengths[i]) + per_token_mb * lengths[i]
+    coefficients = model.coefficients
+    total = sum(
+        coefficients.work_ms(lengths[i]) for it in plan.iterations for mb in it.microbatches for i in mb.seq_ids
+    )
     return total / plan.parallel.num_gpus

@@ -1,65 +1,83 @@
-"""Run a planner on a request and turn its placements into a validated, estimated plan."""
+"""Run a planner on a request and turn its placements into a validated, estimated plan.
+
+This is the one place a plan is assembled: ``assemble_plan`` from a planner's output for the whole
+request, ``combine_iterations`` from iterations solved one batch at a time (the service streams those,
+``solve_batch``); both price with the reference model and fill the ``solve`` block with ``make_plan``.
+A plan that fails the independent validator is a ``PlannerBugError``: the planner's fault, not the
+request's.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 from skrull.solver.cost import CostModel
+from skrull.solver.errors import InvalidPlanError, PlannerBugError
 from skrull.solver.planners.base import PlannerOutput
 from skrull.solver.planners.registry import get_planner
-from skrull.solver.types import Iteration, Microbatch, Plan, Problem, Request, SolveInfo
+from skrull.solver.types import Iteration, Parallel, Plan, Problem, Request, SolveInfo
 from skrull.solver.validate import validate_plan
 
 
-def assemble_plan(problem: Problem, output: PlannerOutput, *, solver: str, wall_ms: float) -> Plan:
-    """Estimate every microbatch and iteration with the reference model and fill the ``solve`` block.
-
-    The plan's objective is the summed iteration time over all iterations; each iteration's lower bound
-    is the contract's bound over the sequences that iteration actually runs.
-    """
-    model = CostModel(problem.profile, bucket_tokens=problem.bucket_tokens)
-    lengths = problem.lengths
-    iterations = []
-    for index, specs in enumerate(output.iterations):
-        microbatches = tuple(
-            Microbatch(
-                step=s.step,
-                ranks=s.ranks,
-                local=s.local,
-                sharded=s.sharded,
-                estimated_ms=model.spec_time_ms(s, lengths),
-                sharding=s.sharding,
-            )
-            for s in specs
-        )
-        iteration_ms = model.iteration_time_ms(
-            ((mb.ranks, mb.estimated_ms) for mb in microbatches), problem.parallel.num_gpus
-        )
-        bound = model.lower_bound_ms([lengths[i] for mb in microbatches for i in mb.seq_ids], problem.parallel)
-        iterations.append(
-            Iteration(index=index, microbatches=microbatches, estimated_ms=iteration_ms, lower_bound_ms=bound)
-        )
+def make_plan(
+    *,
+    solver: str,
+    parallel: Parallel,
+    bucket_tokens: int,
+    iterations: Sequence[Iteration],
+    pending: Sequence[int],
+    wall_ms: float,
+    status: str,
+    bound_ms: float | None,
+    stats: tuple[tuple[str, float], ...] = (),
+) -> Plan:
+    """The plan with its ``solve`` block: ``objective_ms`` = summed iteration estimates and, when a
+    bound is known, ``gap = (objective - bound) / objective`` (0 for an empty objective)."""
     objective = sum(it.estimated_ms for it in iterations)
-    bound_ms = output.bound_ms
     gap = None
     if bound_ms is not None:
         gap = (objective - bound_ms) / objective if objective > 0 else 0.0
     return Plan(
         solver=solver,
-        parallel=problem.parallel,
-        bucket_tokens=problem.bucket_tokens,
+        parallel=parallel,
+        bucket_tokens=bucket_tokens,
         iterations=tuple(iterations),
-        pending=output.pending,
+        pending=tuple(pending),
         solve=SolveInfo(
-            wall_ms=wall_ms,
-            status=output.status,
-            objective_ms=objective,
-            bound_ms=bound_ms,
-            gap=gap,
-            stats=output.stats,
+            wall_ms=wall_ms, status=status, objective_ms=objective, bound_ms=bound_ms, gap=gap, stats=stats
         ),
     )
+
+
+def assemble_plan(problem: Problem, output: PlannerOutput, *, solver: str, wall_ms: float) -> Plan:
+    """Estimate every microbatch and iteration with the reference model and fill the ``solve`` block."""
+    model = CostModel(problem.profile, bucket_tokens=problem.bucket_tokens)
+    iterations = [
+        model.price_iteration(specs, problem.lengths, parallel=problem.parallel, index=index)
+        for index, specs in enumerate(output.iterations)
+    ]
+    return make_plan(
+        solver=solver,
+        parallel=problem.parallel,
+        bucket_tokens=problem.bucket_tokens,
+        iterations=iterations,
+        pending=output.pending,
+        wall_ms=wall_ms,
+        status=output.status,
+        bound_ms=output.bound_ms,
+        stats=output.stats,
+    )
+
+
+def check_plan(plan: Plan, request: Request) -> None:
+    """Validate a plan the project's planner made: a violation is a ``PlannerBugError``."""
+    try:
+        validate_plan(plan, request)
+    except InvalidPlanError as exc:
+        raise PlannerBugError(plan.solver, exc.problems) from None
 
 
 def solve(request: Request) -> Plan:
@@ -72,6 +90,96 @@ def solve(request: Request) -> Plan:
     planner = get_planner(request.solver)
     output = planner.plan(problem)
     plan = assemble_plan(problem, output, solver=request.solver, wall_ms=0.0)
-    validate_plan(plan, request)
+    check_plan(plan, request)
     wall_ms = (time.perf_counter() - start) * 1e3
+    return dataclasses.replace(plan, solve=dataclasses.replace(plan.solve, wall_ms=wall_ms))
+
+
+# -- one batch at a time -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class IterationResult:
+    """One iteration solved on its own: the iteration (global sequence ids, its own index) and its part
+    of the plan's ``solve`` block."""
+
+    iteration: Iteration
+    wall_ms: float
+    status: str
+    bound_ms: float | None = None
+    pending: tuple[int, ...] = ()
+
+
+def streams_iterations(solver: str) -> bool:
+    """Whether ``solver`` plans every batch from that batch alone (``Planner.streams_iterations``), so
+    a multi-batch request may be solved, and published, one batch at a time with the same meaning."""
+    return bool(get_planner(solver).streams_iterations)
+
+
+def shift_iteration(iteration: Iteration, *, offset: int, index: int) -> Iteration:
+    """A one-batch plan's iteration renumbered to global sequence ids (``id + offset``) and ``index``."""
+    return dataclasses.replace(
+        iteration,
+        index=index,
+        microbatches=tuple(
+            dataclasses.replace(
+                mb,
+                local=tuple(tuple(i + offset for i in ids) for ids in mb.local),
+                sharded=tuple(i + offset for i in mb.sharded),
+            )
+            for mb in iteration.microbatches
+        ),
+    )
+
+
+def solve_batch(request: Request, index: int) -> IterationResult:
+    """Batch ``index`` of ``request`` planned alone, with its share ``time_budget_s / batches`` of the
+    budget, as iteration ``index`` in the request's global sequence ids (validated on its own)."""
+    offset = sum(len(b) for b in request.batches[:index])
+    sub = dataclasses.replace(
+        request, batches=(request.batches[index],), time_budget_s=request.time_budget_s / len(request.batches)
+    )
+    plan = solve(sub)
+    return IterationResult(
+        iteration=shift_iteration(plan.iterations[0], offset=offset, index=index),
+        wall_ms=plan.solve.wall_ms,
+        status=plan.solve.status,
+        bound_ms=plan.solve.bound_ms,
+        pending=tuple(i + offset for i in plan.pending),
+    )
+
+
+def combined_status(statuses: Sequence[str], *, bound_known: bool) -> str:
+    """The status of a plan made of separately solved iterations: ``timeout`` if any timed out,
+    ``optimal`` if all are, ``feasible`` when a bound is known, else ``heuristic``."""
+    if "timeout" in statuses:
+        return "timeout"
+    if statuses and all(s == "optimal" for s in statuses):
+        return "optimal"
+    return "feasible" if bound_known else "heuristic"
+
+
+def combine_iterations(request: Request, results: Sequence[IterationResult]) -> Plan:
+    """The whole plan from iterations solved one batch at a time, validated against the whole request.
+
+    ``wall_ms`` = the iterations' solve times plus this assembly and validation;
+    ``bound_ms`` = the summed bounds when every iteration has one; ``pending`` = the union of the
+    iterations' deferred ids. Per-planner ``stats`` are not additive and are not carried.
+    """
+    start = time.perf_counter()
+    ordered = sorted(results, key=lambda r: r.iteration.index)
+    bounds = [r.bound_ms for r in ordered]
+    bound = sum(b for b in bounds if b is not None) if all(b is not None for b in bounds) else None
+    plan = make_plan(
+        solver=request.solver,
+        parallel=request.parallel,
+        bucket_tokens=request.bucket_tokens,
+        iterations=[r.iteration for r in ordered],
+        pending=sorted(i for r in ordered for i in r.pending),
+        wall_ms=0.0,
+        status=combined_status([r.status for r in ordered], bound_known=bound is not None),
+        bound_ms=bound,
+    )
+    check_plan(plan, request)
+    wall_ms = sum(r.wall_ms for r in ordered) + (time.perf_counter() - start) * 1e3
     return dataclasses.replace(plan, solve=dataclasses.replace(plan.solve, wall_ms=wall_ms))

@@ -1,11 +1,18 @@
-"""How a microbatch's sharded sequences are cut over the N GPUs of its group (``solver.types.SHARDING_MODES``).
+"""The one vocabulary of how a microbatch's sharded sequences are cut over the N GPUs of its group.
 
-All three modes give every position about ``sum(S) / N`` tokens, which is what the cost model charges
-(eq. 7); they differ in which tokens, and so in how causal attention work and kernel tiles fall:
+The plan (``Microbatch.sharding``), the worker view, the worker's buffer layout (worker/layout.py) and
+``skrull execute --sharding`` all name a cut by one of ``SHARDING_MODES`` and get its ranges from
+``group_ranges``. Every mode gives every position about ``sum(S) / N`` tokens, which is what the cost
+model charges (eq. 7); they differ in which tokens, and so in how causal attention work and kernel tiles
+fall:
 
-* ``zigzag`` (the default, Llama-3 style load-balanced ring layout, ``solver.worker_view``): every
-  sequence is cut into 2N contiguous chunks, chunk k holding ``S // 2N + 1`` tokens for ``k < S % 2N``
-  and ``S // 2N`` otherwise; position p takes chunks p and 2N-1-p.
+* ``zigzag`` (the default, the Llama-3 style load-balanced ring layout, CONTRACT.md "Worker view"):
+  every sequence is cut into 2N contiguous chunks, chunk k holding ``S // 2N + 1`` tokens for
+  ``k < S % 2N`` and ``S // 2N`` otherwise (the remainder goes to the leading chunks, no padding);
+  position p takes chunks p and 2N-1-p, so every position gets one early and one late chunk.
+* ``contiguous`` (the plain ring layout): position p holds the p-th of N contiguous blocks (remainder to
+  the leading blocks). Causal attention work is unbalanced (the last block attends to the whole
+  sequence); no planner chooses it, the worker offers it for comparison.
 * ``per-sequence`` (WLB-LLM sec. 3.1 / 5.1, "per-sequence sharding", what Plain-4D CP does): the sharded
   sequences are packed, in the microbatch's order, into one buffer of ``T = sum(S)`` tokens and that
   buffer is cut zigzag as above. Chunks are large (good kernel efficiency) but a document's late, heavy
@@ -18,29 +25,53 @@ All three modes give every position about ``sum(S) / N`` tokens, which is what t
   consecutive pieces, piece k (of ``r // N + 1`` tokens for ``k < r % N``, else ``r // N``) going to
   position ``(start + k) mod N``; the count each position gets equals dealing the tokens one by one.
 
-Every function returns ``ranges[k][p]``: the ``[start, end)`` token ranges of the k-th sequence that
+``group_ranges`` returns ``ranges[k][p]``: the ``[start, end)`` token ranges of the k-th sequence that
 position p holds, ascending, adjacent ranges merged, empty ones omitted; over all positions they cover
-each sequence exactly once.
+each sequence exactly once. A sequence shorter than 2N tokens leaves some positions empty.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 Ranges = tuple[tuple[int, int], ...]
+#: A cut of one sequence on its own: ``(num_tokens, group_size, position) -> ranges``.
+SequenceRule = Callable[[int, int, int], Ranges]
+
+DEFAULT_SHARDING = "zigzag"
 
 
-def _chunks(num_tokens: int, parts: int) -> list[tuple[int, int]]:
-    """``parts`` contiguous chunks, the first ``num_tokens % parts`` one token longer (the zigzag rule of
-    ``solver.worker_view.zigzag_chunks``, applied here to a packed buffer)."""
+def chunks(num_tokens: int, parts: int) -> list[tuple[int, int]]:
+    """``parts`` contiguous chunks ``[start, end)`` in order, the first ``num_tokens % parts`` one token
+    longer (the zigzag rule's 2N chunks, also used on a packed buffer)."""
     base, extra = divmod(num_tokens, parts)
-    chunks = []
+    out = []
     start = 0
     for k in range(parts):
         end = start + base + (1 if k < extra else 0)
-        chunks.append((start, end))
+        out.append((start, end))
         start = end
-    return chunks
+    return out
+
+
+def _check_position(group_size: int, position: int) -> None:
+    if not 0 <= position < group_size:
+        raise ValueError(f"position {position} outside a group of {group_size}")
+
+
+def zigzag_ranges(num_tokens: int, group_size: int, position: int) -> Ranges:
+    """Token ranges position ``position`` of an N-GPU group holds: chunks p and 2N-1-p (non-empty)."""
+    _check_position(group_size, position)
+    cut = chunks(num_tokens, 2 * group_size)
+    picked = (cut[position], cut[2 * group_size - 1 - position])
+    return tuple(r for r in picked if r[1] > r[0])
+
+
+def contiguous_ranges(num_tokens: int, group_size: int, position: int) -> Ranges:
+    """Position p holds the p-th of N contiguous blocks (remainder to the leading blocks)."""
+    _check_position(group_size, position)
+    start, end = chunks(num_tokens, group_size)[position]
+    return ((start, end),) if end > start else ()
 
 
 def _merge(ranges: list[tuple[int, int]]) -> Ranges:
@@ -56,9 +87,8 @@ def _merge(ranges: list[tuple[int, int]]) -> Ranges:
 def per_sequence_layout(lengths: Sequence[int], group_size: int) -> list[list[Ranges]]:
     """WLB-LLM's per-sequence sharding: the packed buffer of all sequences, cut zigzag."""
     n = group_size
-    total = sum(lengths)
-    chunks = _chunks(total, 2 * n)
-    held = [(chunks[p], chunks[2 * n - 1 - p]) for p in range(n)]
+    cut = chunks(sum(lengths), 2 * n)
+    held = [(cut[p], cut[2 * n - 1 - p]) for p in range(n)]
     out: list[list[Ranges]] = []
     offset = 0
     for s in lengths:
@@ -96,11 +126,27 @@ def per_document_layout(lengths: Sequence[int], group_size: int) -> list[list[Ra
     return out
 
 
+#: Modes that cut each sequence on its own.
+SEQUENCE_RULES: dict[str, SequenceRule] = {"zigzag": zigzag_ranges, "contiguous": contiguous_ranges}
+#: Modes that cut the microbatch's sharded sequences together.
+MICROBATCH_LAYOUTS: dict[str, Callable[[Sequence[int], int], list[list[Ranges]]]] = {
+    "per-sequence": per_sequence_layout,
+    "per-document": per_document_layout,
+}
+#: Every mode a plan, a worker view or the worker may name.
+SHARDING_MODES: tuple[str, ...] = ("zigzag", "per-sequence", "per-document", "contiguous")
+
+
+def group_ranges(mode: str, lengths: Sequence[int], group_size: int) -> list[tuple[Ranges, ...]]:
+    """``ranges[k][p]`` of the sequences of ``lengths`` (in the microbatch's order) cut by ``mode``."""
+    if mode in SEQUENCE_RULES:
+        rule = SEQUENCE_RULES[mode]
+        return [tuple(rule(s, group_size, p) for p in range(group_size)) for s in lengths]
+    if mode in MICROBATCH_LAYOUTS:
+        return [tuple(per_position) for per_position in MICROBATCH_LAYOUTS[mode](lengths, group_size)]
+    raise ValueError(f"unknown sharding mode {mode!r}; known: {', '.join(SHARDING_MODES)}")
+
+
 def layout(mode: str, lengths: Sequence[int], group_size: int) -> list[list[Ranges]]:
-    """``ranges[k][p]`` for a non-default sharding mode (the default ``zigzag`` lives in
-    ``solver.worker_view``, one sequence at a time)."""
-    if mode == "per-sequence":
-        return per_sequence_layout(lengths, group_size)
-    if mode == "per-document":
-        return per_document_layout(lengths, group_size)
-    raise ValueError(f"unknown sharding mode {mode!r}")
+    """``group_ranges`` as lists (kept for callers that index and compare lists)."""
+    return [list(per_position) for per_position in group_ranges(mode, lengths, group_size)]

@@ -12,15 +12,13 @@ from typing import Literal
 
 from skrull.solver.profile import Profile
 
+# How a microbatch's sharded sequences are cut over its group: one vocabulary, ``solver.sharding``.
+from skrull.solver.sharding import DEFAULT_SHARDING as DEFAULT_SHARDING
+from skrull.solver.sharding import SHARDING_MODES as SHARDING_MODES
+
 PLAN_SCHEMA = "skrull.plan/v1"
 SolveStatus = Literal["heuristic", "optimal", "feasible", "timeout"]
 SOLVE_STATUSES: tuple[str, ...] = ("heuristic", "optimal", "feasible", "timeout")
-#: How a microbatch's sharded sequences are cut over its group (solver/worker_view.py, solver/sharding.py):
-#: ``zigzag`` (default: each sequence in 2N chunks, position p takes p and 2N-1-p), ``per-sequence`` (the
-#: sharded sequences packed into one buffer, that buffer cut zigzag: WLB-LLM's per-sequence sharding) and
-#: ``per-document`` (each sequence in 2N equal chunks, the remainder dealt round-robin: WLB-LLM sec. 5.1).
-SHARDING_MODES: tuple[str, ...] = ("zigzag", "per-sequence", "per-document")
-DEFAULT_SHARDING = "zigzag"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -21,107 +21,158 @@ import math
 
 from skrull.solver.cost import CostModel
 from skrull.solver.errors import InvalidPlanError
-from skrull.solver.types import PLAN_SCHEMA, SHARDING_MODES, SOLVE_STATUSES, Plan, Request
+from skrull.solver.types import (
+    PLAN_SCHEMA,
+    SHARDING_MODES,
+    SOLVE_STATUSES,
+    Iteration,
+    Microbatch,
+    Parallel,
+    Plan,
+    Request,
+)
 
-#: Plans in JSON carry 6 decimals; estimates must match the reference model to this (ms).
+#: Estimates must match the reference model to this (ms): plans written elsewhere may round them to 6 decimals
+#: (``solver.io`` writes them exactly).
 TOLERANCE_MS = 1e-5
+#: Relative tolerance of estimate comparisons: float noise of summing in another order, nothing more.
+RELATIVE_TOLERANCE = 1e-9
+#: ``gap`` must match ``(objective - bound) / objective`` to this: plans written elsewhere may round it to
+#: 6 decimals.
+GAP_TOLERANCE = 1e-6
+#: Sequence ids listed in a "never scheduled" or "more than once" problem; the rest are elided.
+IDS_SHOWN = 10
 
 
 def _close(a: float, b: float) -> bool:
-    return math.isclose(a, b, rel_tol=1e-9, abs_tol=TOLERANCE_MS)
+    return math.isclose(a, b, rel_tol=RELATIVE_TOLERANCE, abs_tol=TOLERANCE_MS)
 
 
-def plan_problems(plan: Plan, request: Request) -> list[str]:
-    """Every contract violation of ``plan`` for ``request`` (empty when the plan is valid)."""
+class _Ledger:
+    """Which sequence ids a plan schedules, where: counts every appearance and reports unknown ids and
+    sequences that run before their own batch."""
+
+    def __init__(self, request: Request, problems: list[str]) -> None:
+        self.lengths: list[int] = []
+        self.batch_of: list[int] = []
+        for b, batch in enumerate(request.batches):
+            self.lengths.extend(batch)
+            self.batch_of.extend([b] * len(batch))
+        self.seen = [0] * len(self.lengths)
+        self.problems = problems
+
+    def count(self, seq_id: int, where: str, iteration: int | None) -> bool:
+        if not 0 <= seq_id < len(self.lengths):
+            self.problems.append(f"{where}: unknown sequence id {seq_id}")
+            return False
+        self.seen[seq_id] += 1
+        if iteration is not None and iteration < self.batch_of[seq_id]:
+            self.problems.append(
+                f"{where}: sequence {seq_id} of batch {self.batch_of[seq_id]} runs early, in iteration {iteration}"
+            )
+        return True
+
+    def completeness_problems(self) -> list[str]:
+        missing = [i for i, n in enumerate(self.seen) if n == 0]
+        repeated = [i for i, n in enumerate(self.seen) if n > 1]
+        out = []
+        if missing:
+            out.append(f"sequences never scheduled: {missing[:IDS_SHOWN]}{' ...' if len(missing) > IDS_SHOWN else ''}")
+        if repeated:
+            more = " ..." if len(repeated) > IDS_SHOWN else ""
+            out.append(f"sequences scheduled more than once: {repeated[:IDS_SHOWN]}{more}")
+        return out
+
+
+def layout_problems(plan: Plan, request: Request) -> tuple[list[str], bool]:
+    """The plan's schema, layout, bucket and iteration numbering against the request; and whether the
+    rest of the plan can be checked at all (its layout and numbering are the request's)."""
     problems: list[str] = []
     par = request.parallel
-    bucket = request.bucket_tokens
     if plan.schema != PLAN_SCHEMA:
         problems.append(f"schema is {plan.schema!r}, not {PLAN_SCHEMA!r}")
     if plan.parallel != par:
         problems.append(f"parallel is dp={plan.parallel.dp} cp={plan.parallel.cp}, request has dp={par.dp} cp={par.cp}")
-        return problems
-    if plan.bucket_tokens != bucket:
-        problems.append(f"bucket_tokens is {plan.bucket_tokens}, request has {bucket}")
+        return problems, False
+    if plan.bucket_tokens != request.bucket_tokens:
+        problems.append(f"bucket_tokens is {plan.bucket_tokens}, request has {request.bucket_tokens}")
     if [it.index for it in plan.iterations] != list(range(len(request.batches))):
         problems.append(f"iterations must be numbered 0..{len(request.batches) - 1}, one per batch")
-        return problems
+        return problems, False
+    return problems, True
 
-    lengths: list[int] = []
-    batch_of: list[int] = []
-    for b, batch in enumerate(request.batches):
-        lengths.extend(batch)
-        batch_of.extend([b] * len(batch))
-    seen = [0] * len(lengths)
-    model = CostModel(request.profile, bucket_tokens=bucket)
+
+def microbatch_problems(
+    mb: Microbatch, *, where: str, iteration: int, num_gpus: int, model: CostModel, ledger: _Ledger
+) -> tuple[list[str], bool, bool]:
+    """One microbatch: group, local lists, sharding mode, ids, memory (eq. 7) and estimate (eqs. 1-5);
+    whether it is well formed enough to count in its iteration's time, and whether all its ids are known
+    (so it counts in the iteration's bound)."""
+    problems: list[str] = []
+    if not mb.ranks or len(set(mb.ranks)) != len(mb.ranks) or any(not 0 <= g < num_gpus for g in mb.ranks):
+        return [f"{where}: ranks {list(mb.ranks)} must be distinct GPUs in 0..{num_gpus - 1}"], False, False
+    if len(mb.local) != len(mb.ranks):
+        return [f"{where}: {len(mb.local)} local lists for {len(mb.ranks)} ranks"], False, False
+    if len(mb.ranks) == 1 and mb.sharded:
+        problems.append(f"{where}: sequences sharded over a one-GPU group")
+    if mb.sharding not in SHARDING_MODES:
+        problems.append(f"{where}: sharding {mb.sharding!r} is not one of {', '.join(SHARDING_MODES)}")
+    ok = all(ledger.count(i, where, iteration) for i in mb.seq_ids)
+    if not mb.seq_ids:
+        problems.append(f"{where}: holds no sequence")
+    if not ok:
+        return problems, True, False
+    lengths = ledger.lengths
+    local_lengths = [[lengths[i] for i in ids] for ids in mb.local]
+    sharded_lengths = [lengths[i] for i in mb.sharded]
+    if not model.fits(local_lengths, sharded_lengths):
+        use = max(model.bucket_use_tokens(local_lengths, sharded_lengths))
+        problems.append(f"{where}: a GPU holds {use:.1f} tokens, over bucket_tokens={model.bucket_tokens}")
+    expected = model.microbatch_time_ms(local_lengths, sharded_lengths)
+    if not _close(mb.estimated_ms, expected):
+        problems.append(f"{where}: estimated_ms {mb.estimated_ms} != reference {expected:.6f}")
+    return problems, True, True
+
+
+def iteration_problems(it: Iteration, *, par: Parallel, model: CostModel, ledger: _Ledger) -> list[str]:
+    """Every microbatch of one iteration, distinct steps per GPU, the iteration estimate (eq. 8) and its
+    lower bound (never beaten by a static-layout plan)."""
+    problems: list[str] = []
     num_gpus = par.num_gpus
+    steps_of_gpu: list[set[int]] = [set() for _ in range(num_gpus)]
+    well_formed: list[tuple[tuple[int, ...], float]] = []
+    ids: list[int] = []
+    for m, mb in enumerate(it.microbatches):
+        where = f"iterations[{it.index}].microbatches[{m}]"
+        found, counted, known = microbatch_problems(
+            mb, where=where, iteration=it.index, num_gpus=num_gpus, model=model, ledger=ledger
+        )
+        problems.extend(found)
+        if known:
+            ids.extend(mb.seq_ids)
+        if not counted:
+            continue
+        well_formed.append((mb.ranks, mb.estimated_ms))
+        for g in mb.ranks:
+            if mb.step in steps_of_gpu[g]:
+                problems.append(f"{where}: GPU {g} has two microbatches at step {mb.step}")
+            steps_of_gpu[g].add(mb.step)
+    expected_it = model.iteration_time_ms(well_formed, num_gpus)
+    if not _close(it.estimated_ms, expected_it):
+        problems.append(f"iterations[{it.index}]: estimated_ms {it.estimated_ms} != reference {expected_it:.6f}")
+    bound = model.lower_bound_ms([ledger.lengths[i] for i in ids], par)
+    if not _close(it.lower_bound_ms, bound):
+        problems.append(f"iterations[{it.index}]: lower_bound_ms {it.lower_bound_ms} != reference {bound:.6f}")
+    static = all(mb.ranks == par.cp_group(mb.ranks[0] // par.cp) for mb in it.microbatches if mb.ranks)
+    if it.estimated_ms < bound - TOLERANCE_MS and static:
+        problems.append(f"iterations[{it.index}]: estimated_ms {it.estimated_ms} beats the lower bound {bound}")
+    return problems
 
-    def count(seq_id: int, where: str, iteration: int | None) -> bool:
-        if not 0 <= seq_id < len(lengths):
-            problems.append(f"{where}: unknown sequence id {seq_id}")
-            return False
-        seen[seq_id] += 1
-        if iteration is not None and iteration < batch_of[seq_id]:
-            problems.append(
-                f"{where}: sequence {seq_id} of batch {batch_of[seq_id]} runs early, in iteration {iteration}"
-            )
-        return True
 
-    for it in plan.iterations:
-        steps_of_gpu: list[set[int]] = [set() for _ in range(num_gpus)]
-        ids_in_iteration: list[int] = []
-        well_formed: list[tuple[tuple[int, ...], float]] = []
-        for m, mb in enumerate(it.microbatches):
-            where = f"iterations[{it.index}].microbatches[{m}]"
-            if not mb.ranks or len(set(mb.ranks)) != len(mb.ranks) or any(not 0 <= g < num_gpus for g in mb.ranks):
-                problems.append(f"{where}: ranks {list(mb.ranks)} must be distinct GPUs in 0..{num_gpus - 1}")
-                continue
-            if len(mb.local) != len(mb.ranks):
-                problems.append(f"{where}: {len(mb.local)} local lists for {len(mb.ranks)} ranks")
-                continue
-            well_formed.append((mb.ranks, mb.estimated_ms))
-            if len(mb.ranks) == 1 and mb.sharded:
-                problems.append(f"{where}: sequences sharded over a one-GPU group")
-            if mb.sharding not in SHARDING_MODES:
-                problems.append(f"{where}: sharding {mb.sharding!r} is not one of {', '.join(SHARDING_MODES)}")
-            for g in mb.ranks:
-                if mb.step in steps_of_gpu[g]:
-                    problems.append(f"{where}: GPU {g} has two microbatches at step {mb.step}")
-                steps_of_gpu[g].add(mb.step)
-            ok = all(count(i, where, it.index) for i in mb.seq_ids)
-            if not mb.seq_ids:
-                problems.append(f"{where}: holds no sequence")
-            if not ok:
-                continue
-            ids_in_iteration.extend(mb.seq_ids)
-            local_lengths = [[lengths[i] for i in ids] for ids in mb.local]
-            sharded_lengths = [lengths[i] for i in mb.sharded]
-            if not model.fits(local_lengths, sharded_lengths):
-                use = max(model.bucket_use_tokens(local_lengths, sharded_lengths))
-                problems.append(f"{where}: a GPU holds {use:.1f} tokens, over bucket_tokens={bucket}")
-            expected = model.microbatch_time_ms(local_lengths, sharded_lengths)
-            if not _close(mb.estimated_ms, expected):
-                problems.append(f"{where}: estimated_ms {mb.estimated_ms} != reference {expected:.6f}")
-        expected_it = model.iteration_time_ms(well_formed, num_gpus)
-        if not _close(it.estimated_ms, expected_it):
-            problems.append(f"iterations[{it.index}]: estimated_ms {it.estimated_ms} != reference {expected_it:.6f}")
-        bound = model.lower_bound_ms([lengths[i] for i in ids_in_iteration], par)
-        if not _close(it.lower_bound_ms, bound):
-            problems.append(f"iterations[{it.index}]: lower_bound_ms {it.lower_bound_ms} != reference {bound:.6f}")
-        if it.estimated_ms < bound - TOLERANCE_MS and all(
-            mb.ranks == par.cp_group(mb.ranks[0] // par.cp) for mb in it.microbatches if mb.ranks
-        ):
-            problems.append(f"iterations[{it.index}]: estimated_ms {it.estimated_ms} beats the lower bound {bound}")
-
-    for i in plan.pending:
-        count(i, "pending", None)
-    missing = [i for i, n in enumerate(seen) if n == 0]
-    repeated = [i for i, n in enumerate(seen) if n > 1]
-    if missing:
-        problems.append(f"sequences never scheduled: {missing[:10]}{' ...' if len(missing) > 10 else ''}")
-    if repeated:
-        problems.append(f"sequences scheduled more than once: {repeated[:10]}{' ...' if len(repeated) > 10 else ''}")
-
+def solve_problems(plan: Plan) -> list[str]:
+    """The ``solve`` block: a known status, objective = summed iteration estimates, bound <= objective,
+    gap = (objective - bound) / objective."""
+    problems: list[str] = []
     solve = plan.solve
     if solve.status not in SOLVE_STATUSES:
         problems.append(f"solve.status {solve.status!r} is not one of {', '.join(SOLVE_STATUSES)}")
@@ -133,9 +184,27 @@ def plan_problems(plan: Plan, request: Request) -> list[str]:
             problems.append(f"solve.bound_ms {solve.bound_ms} is above the objective {solve.objective_ms}")
         if solve.gap is None or (
             solve.objective_ms > 0
-            and not math.isclose(solve.gap, (solve.objective_ms - solve.bound_ms) / solve.objective_ms, abs_tol=1e-6)
+            and not math.isclose(
+                solve.gap, (solve.objective_ms - solve.bound_ms) / solve.objective_ms, abs_tol=GAP_TOLERANCE
+            )
         ):
             problems.append(f"solve.gap {solve.gap} != (objective - bound) / objective")
+    return problems
+
+
+def plan_problems(plan: Plan, request: Request) -> list[str]:
+    """Every contract violation of ``plan`` for ``request`` (empty when the plan is valid)."""
+    problems, checkable = layout_problems(plan, request)
+    if not checkable:
+        return problems
+    ledger = _Ledger(request, problems)
+    model = CostModel(request.profile, bucket_tokens=request.bucket_tokens)
+    for it in plan.iterations:
+        problems.extend(iteration_problems(it, par=request.parallel, model=model, ledger=ledger))
+    for i in plan.pending:
+        ledger.count(i, "pending", None)
+    problems.extend(ledger.completeness_problems())
+    problems.extend(solve_problems(plan))
     return problems
 
 

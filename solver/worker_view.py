@@ -1,16 +1,15 @@
 """One GPU's part of a plan (docs/formats.md "Rank view"): what the service serves and the worker runs.
 
-Sharding of a sequence of S tokens over a group of N GPUs (default "zigzag", the Llama-3 / load-balanced
-ring layout): the sequence is cut into 2N contiguous chunks and position p holds chunks p and 2N-1-p, so
-every position gets one early and one late chunk and causal attention work is balanced. When S is not
-divisible by 2N, chunk k has ``S // 2N + 1`` tokens for ``k < S % 2N`` and ``S // 2N`` otherwise (the
-remainder goes to the leading chunks, no padding); positions then differ by at most one token. A
-sequence shorter than 2N tokens leaves some chunks, and possibly some positions, empty; empty ranges
-are omitted.
+``rank_view`` is the one function that turns a planned iteration into a GPU's view: the service renders
+its answers with it (api/views.py), ``skrull execute`` and the training loop build their buffers from it
+(worker/layout.py ``rank_layouts``), and the data loader checks the views it fetches against the same
+cuts (``solver.sharding.group_ranges``). ``RankView.to_dict`` writes the view document and
+``rank_view_from_dict`` reads it back.
 
-A microbatch may name another ``sharding`` mode (``per-sequence`` or ``per-document``, WLB-LLM sec. 5;
-the cuts are defined in ``solver/sharding.py``); its view then carries ``"sharding"`` and the ranges of
-that mode. A sequence some position holds no token of still gets an entry there, with no ranges.
+Sharding of the sequences of a microbatch over its N GPUs follows the microbatch's ``sharding`` mode
+(``solver.sharding``; the default ``zigzag`` cuts each sequence into 2N chunks, position p taking chunks
+p and 2N-1-p, the remainder to the leading chunks). A view of a non-default mode carries ``"sharding"``.
+Every sharded sequence gets an entry at every position, with no ranges where it holds no token.
 
 The packed buffer of a GPU for one microbatch holds its local sequences (in the plan's order) and then
 its pieces of the sharded sequences (each piece in range order); ``cu_seqlens`` delimits every local
@@ -21,33 +20,29 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any
 
 from skrull.solver.errors import RequestError
-from skrull.solver.sharding import layout
-from skrull.solver.types import DEFAULT_SHARDING, Plan
+from skrull.solver.sharding import DEFAULT_SHARDING, SHARDING_MODES, chunks, group_ranges, zigzag_ranges
+from skrull.solver.types import Iteration, Microbatch, Parallel, Plan
+
+__all__ = [
+    "RankMicrobatch",
+    "RankView",
+    "Shard",
+    "plan_iteration",
+    "plan_rank_view",
+    "rank_view",
+    "rank_view_from_dict",
+    "zigzag_chunks",
+    "zigzag_ranges",
+]
 
 
 def zigzag_chunks(num_tokens: int, group_size: int) -> list[tuple[int, int]]:
     """The 2N chunks ``[start, end)`` of a sequence, in order."""
-    parts = 2 * group_size
-    base, extra = divmod(num_tokens, parts)
-    chunks = []
-    start = 0
-    for k in range(parts):
-        end = start + base + (1 if k < extra else 0)
-        chunks.append((start, end))
-        start = end
-    return chunks
-
-
-def zigzag_ranges(num_tokens: int, group_size: int, position: int) -> tuple[tuple[int, int], ...]:
-    """Token ranges position ``position`` of an N-GPU group holds: chunks p and 2N-1-p (non-empty)."""
-    if not 0 <= position < group_size:
-        raise ValueError(f"position {position} outside a group of {group_size}")
-    chunks = zigzag_chunks(num_tokens, group_size)
-    picked = (chunks[position], chunks[2 * group_size - 1 - position])
-    return tuple(r for r in picked if r[1] > r[0])
+    return chunks(num_tokens, 2 * group_size)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -76,6 +71,22 @@ class RankMicrobatch:
     def num_tokens(self) -> int:
         return self.cu_seqlens[-1]
 
+    def to_dict(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {
+            "step": self.step,
+            "ranks": list(self.ranks),
+            "position": self.position,
+            "local": list(self.local),
+            "shards": [
+                {"id": s.seq_id, "length": s.num_tokens, "ranges": [list(r) for r in s.ranges]} for s in self.shards
+            ],
+            "cu_seqlens": list(self.cu_seqlens),
+            "max_seqlen": self.max_seqlen,
+        }
+        if self.sharding != DEFAULT_SHARDING:
+            doc["sharding"] = self.sharding
+        return doc
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RankView:
@@ -85,71 +96,138 @@ class RankView:
     microbatches: tuple[RankMicrobatch, ...]
 
     def to_dict(self, *, plan_id: str | None = None) -> dict[str, Any]:
+        """The worker-view document (CONTRACT.md "Worker view")."""
         return {
             "plan_id": plan_id,
             "iteration": self.iteration,
             "rank": self.rank,
             "num_tokens_in_iteration": self.num_tokens_in_iteration,
-            "microbatches": [
-                {
-                    "step": mb.step,
-                    "ranks": list(mb.ranks),
-                    "position": mb.position,
-                    "local": list(mb.local),
-                    "shards": [
-                        {"id": s.seq_id, "length": s.num_tokens, "ranges": [list(r) for r in s.ranges]}
-                        for s in mb.shards
-                    ],
-                    "cu_seqlens": list(mb.cu_seqlens),
-                    "max_seqlen": mb.max_seqlen,
-                    **({} if mb.sharding == DEFAULT_SHARDING else {"sharding": mb.sharding}),
-                }
-                for mb in self.microbatches
-            ],
+            "microbatches": [mb.to_dict() for mb in self.microbatches],
         }
 
 
-def rank_view(plan: Plan, lengths: Sequence[int], *, iteration: int, rank: int) -> RankView:
+def _cumsum(values: Sequence[int]) -> tuple[int, ...]:
+    out = [0]
+    for v in values:
+        out.append(out[-1] + v)
+    return tuple(out)
+
+
+def _rank_microbatch(mb: Microbatch, lengths: Sequence[int], position: int) -> RankMicrobatch:
+    local = mb.local[position]
+    cuts = group_ranges(mb.sharding, [lengths[i] for i in mb.sharded], len(mb.ranks))
+    shards = tuple(Shard(seq_id=i, num_tokens=lengths[i], ranges=cuts[k][position]) for k, i in enumerate(mb.sharded))
+    pieces = [lengths[i] for i in local] + [end - start for s in shards for start, end in s.ranges]
+    return RankMicrobatch(
+        step=mb.step,
+        ranks=mb.ranks,
+        position=position,
+        local=local,
+        shards=shards,
+        cu_seqlens=_cumsum(pieces),
+        max_seqlen=max(pieces, default=0),
+        sharding=mb.sharding,
+    )
+
+
+def rank_view(iteration: Iteration, lengths: Sequence[int], *, parallel: Parallel, rank: int) -> RankView:
     """GPU ``rank``'s microbatches of ``iteration``, in step order, with its shard ranges and buffer layout.
 
-    ``lengths`` are the request's lengths by global sequence id. Unknown iterations or ranks are a
-    ``RequestError`` naming the valid range.
+    ``lengths`` are the request's lengths by global sequence id; the view's ``iteration`` is the
+    iteration's own ``index``. A rank outside ``parallel`` is a ``RequestError`` naming the valid range.
     """
-    if not 0 <= iteration < len(plan.iterations):
-        raise RequestError("iteration", iteration, f"must be in 0..{len(plan.iterations) - 1}")
-    num_gpus = plan.parallel.num_gpus
+    num_gpus = parallel.num_gpus
     if not 0 <= rank < num_gpus:
         raise RequestError("rank", rank, f"must be in 0..{num_gpus - 1}")
-    it = plan.iterations[iteration]
-    total = sum(lengths[i] for mb in it.microbatches for i in mb.seq_ids)
-    mine = []
-    for mb in sorted((mb for mb in it.microbatches if rank in mb.ranks), key=lambda m: m.step):
-        position = mb.ranks.index(rank)
-        local = mb.local[position]
-        if mb.sharding == DEFAULT_SHARDING:
-            shards = tuple(
-                Shard(seq_id=i, num_tokens=lengths[i], ranges=zigzag_ranges(lengths[i], len(mb.ranks), position))
-                for i in mb.sharded
-            )
-        else:
-            cuts = layout(mb.sharding, [lengths[i] for i in mb.sharded], len(mb.ranks))
-            shards = tuple(
-                Shard(seq_id=i, num_tokens=lengths[i], ranges=cuts[k][position]) for k, i in enumerate(mb.sharded)
-            )
-        pieces = [lengths[i] for i in local] + [end - start for s in shards for start, end in s.ranges]
-        cu = [0]
-        for n in pieces:
-            cu.append(cu[-1] + n)
-        mine.append(
-            RankMicrobatch(
-                step=mb.step,
-                ranks=mb.ranks,
-                position=position,
-                local=local,
-                shards=shards,
-                cu_seqlens=tuple(cu),
-                max_seqlen=max(pieces, default=0),
-                sharding=mb.sharding,
-            )
-        )
-    return RankView(iteration=iteration, rank=rank, num_tokens_in_iteration=total, microbatches=tuple(mine))
+    total = sum(lengths[i] for mb in iteration.microbatches for i in mb.seq_ids)
+    mine = tuple(
+        _rank_microbatch(mb, lengths, mb.ranks.index(rank))
+        for mb in sorted((mb for mb in iteration.microbatches if rank in mb.ranks), key=lambda m: m.step)
+    )
+    return RankView(iteration=iteration.index, rank=rank, num_tokens_in_iteration=total, microbatches=mine)
+
+
+def plan_iteration(plan: Plan, iteration: int) -> Iteration:
+    """The plan's iteration number ``iteration`` (a ``RequestError`` naming the valid range otherwise)."""
+    if not 0 <= iteration < len(plan.iterations):
+        raise RequestError("iteration", iteration, f"must be in 0..{len(plan.iterations) - 1}")
+    return plan.iterations[iteration]
+
+
+def plan_rank_view(plan: Plan, lengths: Sequence[int], *, iteration: int, rank: int) -> RankView:
+    """``rank_view`` of the plan's iteration number ``iteration``."""
+    return rank_view(plan_iteration(plan, iteration), lengths, parallel=plan.parallel, rank=rank)
+
+
+# -- reading a view document ----------------------------------------------------------------------------
+
+
+def _view_int(value: Any, field: str, *, minimum: int = 0) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise RequestError(field, value, f"must be an integer >= {minimum}")
+    return value
+
+
+def _view_ints(value: Any, field: str) -> tuple[int, ...]:
+    if not isinstance(value, list):
+        raise RequestError(field, value, "must be a list of integers")
+    return tuple(_view_int(v, f"{field}[{k}]") for k, v in enumerate(value))
+
+
+def _shard_from_dict(doc: Any, field: str) -> Shard:
+    if not isinstance(doc, dict):
+        raise RequestError(field, doc, 'must be an object like {"id": 3, "length": 10, "ranges": [[0, 5]]}')
+    ranges = doc.get("ranges")
+    if not isinstance(ranges, list):
+        raise RequestError(f"{field}.ranges", ranges, "must be a list of [start, end) pairs")
+    pairs = []
+    for k, r in enumerate(ranges):
+        pair = _view_ints(r, f"{field}.ranges[{k}]")
+        if len(pair) != 2 or pair[0] > pair[1]:
+            raise RequestError(f"{field}.ranges[{k}]", r, "must be a pair [start, end) with start <= end")
+        pairs.append((pair[0], pair[1]))
+    return Shard(
+        seq_id=_view_int(doc.get("id"), f"{field}.id"),
+        num_tokens=_view_int(doc.get("length"), f"{field}.length", minimum=1),
+        ranges=tuple(pairs),
+    )
+
+
+def _rank_microbatch_from_dict(doc: Any, field: str) -> RankMicrobatch:
+    if not isinstance(doc, dict):
+        raise RequestError(field, doc, "must be a worker-view microbatch object")
+    shards = doc.get("shards")
+    if not isinstance(shards, list):
+        raise RequestError(f"{field}.shards", shards, "must be a list of shard objects")
+    sharding = doc.get("sharding", DEFAULT_SHARDING)
+    if sharding not in SHARDING_MODES:
+        raise RequestError(f"{field}.sharding", sharding, f"must be one of {', '.join(SHARDING_MODES)}")
+    cu = _view_ints(doc.get("cu_seqlens"), f"{field}.cu_seqlens")
+    local = _view_ints(doc.get("local"), f"{field}.local")
+    if len(cu) < len(local) + 1 or cu[0] != 0 or any(b < a for a, b in pairwise(cu)):
+        raise RequestError(f"{field}.cu_seqlens", list(cu), "must rise from 0, one offset per local sequence and piece")
+    return RankMicrobatch(
+        step=_view_int(doc.get("step"), f"{field}.step"),
+        ranks=_view_ints(doc.get("ranks"), f"{field}.ranks"),
+        position=_view_int(doc.get("position"), f"{field}.position"),
+        local=local,
+        shards=tuple(_shard_from_dict(s, f"{field}.shards[{k}]") for k, s in enumerate(shards)),
+        cu_seqlens=cu,
+        max_seqlen=_view_int(doc.get("max_seqlen"), f"{field}.max_seqlen"),
+        sharding=sharding,
+    )
+
+
+def rank_view_from_dict(doc: Any) -> RankView:
+    """Read a worker-view document (``GET /v1/plans/{id}/ranks/{rank}``); checks shape, not content."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("microbatches"), list):
+        raise RequestError("view", doc, "must be a worker-view object with a 'microbatches' list")
+    microbatches = tuple(
+        _rank_microbatch_from_dict(m, f"view.microbatches[{k}]") for k, m in enumerate(doc["microbatches"])
+    )
+    return RankView(
+        iteration=_view_int(doc.get("iteration"), "view.iteration"),
+        rank=_view_int(doc.get("rank"), "view.rank"),
+        num_tokens_in_iteration=_view_int(doc.get("num_tokens_in_iteration"), "view.num_tokens_in_iteration"),
+        microbatches=microbatches,
+    )

@@ -42,6 +42,9 @@ from skrull.worker.inputs import pack
 from skrull.worker.layout import MicrobatchLayout, layouts_from_view_dict
 from skrull.worker.loss import IGNORE_INDEX
 
+#: Plan submissions in flight: the chunk being trained on and the next one (submitted ahead).
+PLANS_IN_FLIGHT = 2
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ReadyMicrobatch:
@@ -132,7 +135,7 @@ class PlannedBatches:
             self.batches = self.batches[:num_iterations]
         self._plans: dict[int, Future[str]] = {}
         self._lock = threading.Lock()
-        self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="skrull-plans")
+        self._pool = ThreadPoolExecutor(max_workers=PLANS_IN_FLIGHT, thread_name_prefix="skrull-plans")
 
     def __len__(self) -> int:
         return len(self.batches)

@@ -9,7 +9,8 @@ and are the global token positions for shard pieces, so rotary embeddings see th
 when the sequence runs whole.
 
 Context parallelism needs the layout of the whole group, not only this GPU's part: which token ranges
-every position holds (the sharding rule, by default the 2N-chunk zigzag of ``solver.worker_view``), and
+every position holds (the microbatch's sharding mode, cut by ``solver.sharding.group_ranges``, the same
+function ``solver.worker_view.rank_view`` cuts with; by default the 2N-chunk zigzag), and
 the order of the group's members inside a process group (``slot``: process groups rank their members
 in ascending global rank, whatever the order of ``ranks`` in the plan).
 
@@ -21,41 +22,43 @@ its row in that buffer.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from skrull.solver.errors import RequestError
-from skrull.solver.sharding import layout as plan_sharding_layout
-from skrull.solver.types import DEFAULT_SHARDING, Plan
-from skrull.solver.worker_view import RankMicrobatch, Shard, rank_view, zigzag_ranges
+from skrull.solver.sharding import (
+    DEFAULT_SHARDING,
+    SEQUENCE_RULES,
+    SHARDING_MODES,
+    contiguous_ranges,
+    group_ranges,
+    zigzag_ranges,
+)
+from skrull.solver.types import Iteration, Plan
+from skrull.solver.worker_view import RankMicrobatch, plan_iteration, rank_view, rank_view_from_dict
 
 Ranges = tuple[tuple[int, int], ...]
 ShardingRule = Callable[[int, int, int], Ranges]
-ShardingName = Literal["zigzag", "contiguous"]
 
+__all__ = ["SHARDING_MODES", "contiguous_ranges", "zigzag_ranges"]
 
-def contiguous_ranges(num_tokens: int, group_size: int, position: int) -> Ranges:
-    """Position p holds the p-th of N contiguous blocks (remainder to the leading blocks).
-
-    The plain ring layout: causal attention work is unbalanced (the last block attends to the whole
-    sequence); kept for comparison and to exercise the attention on arbitrary ranges.
-    """
-    if not 0 <= position < group_size:
-        raise ValueError(f"position {position} outside a group of {group_size}")
-    base, extra = divmod(num_tokens, group_size)
-    start = position * base + min(position, extra)
-    end = start + base + (1 if position < extra else 0)
-    return ((start, end),) if end > start else ()
-
-
-SHARDING_RULES: dict[str, ShardingRule] = {"zigzag": zigzag_ranges, "contiguous": contiguous_ranges}
+#: The per-sequence cuts by name (``solver.sharding``: the plan's and the worker's one vocabulary).
+SHARDING_RULES: dict[str, ShardingRule] = SEQUENCE_RULES
 
 
 def sharding_rule(name: str) -> ShardingRule:
     if name not in SHARDING_RULES:
         raise RequestError("sharding", name, f"unknown sharding; known: {', '.join(SHARDING_RULES)}")
     return SHARDING_RULES[name]
+
+
+def check_sharding(name: str, *, field: str = "sharding") -> str:
+    """``name`` if it is a mode of ``solver.sharding.SHARDING_MODES``, else a ``RequestError``."""
+    if name not in SHARDING_MODES:
+        raise RequestError(field, name, f"unknown sharding; known: {', '.join(SHARDING_MODES)}")
+    return name
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -237,26 +240,26 @@ def _cumsum(values: Sequence[int]) -> tuple[int, ...]:
 
 
 def layout_from_rank_microbatch(
-    mb: RankMicrobatch, lengths: Mapping[int, int] | Sequence[int], *, sharding: str = "zigzag"
+    mb: RankMicrobatch, lengths: Mapping[int, int] | Sequence[int], *, sharding: str = DEFAULT_SHARDING
 ) -> MicrobatchLayout:
-    """The layout of one worker-view microbatch; the rest of the group's ranges follow the sharding rule.
+    """The layout of one worker-view microbatch; the rest of the group's ranges follow its sharding mode
+    (the view's own, else ``sharding``), cut by ``solver.sharding.group_ranges`` as ``rank_view`` cuts.
 
-    The view's own ranges, ``cu_seqlens`` and ``max_seqlen`` must agree with the rule (a view built
+    The view's own ranges, ``cu_seqlens`` and ``max_seqlen`` must agree with the mode (a view built
     with another rule is refused rather than silently mis-gathered).
     """
-    if mb.sharding != DEFAULT_SHARDING:  # the plan chose the cut for this microbatch (WLB-LLM modes)
-        sharding = mb.sharding
-    group_ranges = _group_ranges(sharding, [s.num_tokens for s in mb.shards], len(mb.ranks))
+    mode = mb.sharding if mb.sharding != DEFAULT_SHARDING else check_sharding(sharding)
+    cuts = group_ranges(mode, [s.num_tokens for s in mb.shards], len(mb.ranks))
     sharded = tuple(
         ShardedSequence(seq_id=s.seq_id, num_tokens=s.num_tokens, ranges=ranges)
-        for s, ranges in zip(mb.shards, group_ranges, strict=True)
+        for s, ranges in zip(mb.shards, cuts, strict=True)
     )
     for s, view_shard in zip(sharded, mb.shards, strict=True):
         if s.ranges[mb.position] != view_shard.ranges:
             raise RequestError(
                 f"microbatches[step={mb.step}].shards[id={s.seq_id}].ranges",
                 [list(r) for r in view_shard.ranges],
-                f"do not follow the {sharding!r} sharding rule (expected {[list(r) for r in s.ranges[mb.position]]})",
+                f"do not follow the {mode!r} sharding rule (expected {[list(r) for r in s.ranges[mb.position]]})",
             )
     layout = MicrobatchLayout(
         step=mb.step,
@@ -273,84 +276,41 @@ def layout_from_rank_microbatch(
     return layout
 
 
+def with_default_sharding(iteration: Iteration, sharding: str) -> Iteration:
+    """The iteration with ``sharding`` in place of the default mode (a worker-side comparison of cuts;
+    microbatches whose plan chose a mode keep it)."""
+    check_sharding(sharding)
+    if sharding == DEFAULT_SHARDING:
+        return iteration
+    return dataclasses.replace(
+        iteration,
+        microbatches=tuple(
+            dataclasses.replace(mb, sharding=sharding) if mb.sharding == DEFAULT_SHARDING and mb.sharded else mb
+            for mb in iteration.microbatches
+        ),
+    )
+
+
 def rank_layouts(
-    plan: Plan, lengths: Sequence[int], *, iteration: int, rank: int, sharding: str = "zigzag"
+    plan: Plan, lengths: Sequence[int], *, iteration: int, rank: int, sharding: str = DEFAULT_SHARDING
 ) -> tuple[MicrobatchLayout, ...]:
-    """Every microbatch GPU ``rank`` takes part in during ``iteration``, in step order."""
-    if sharding == "zigzag":
-        view = rank_view(plan, lengths, iteration=iteration, rank=rank)
-        return tuple(layout_from_rank_microbatch(mb, lengths) for mb in view.microbatches)
-    sharding_rule(sharding)  # refuse an unknown name up front
-    it = plan.iterations[iteration]
-    out = []
-    for mb in sorted((m for m in it.microbatches if rank in m.ranks), key=lambda m: m.step):
-        n = len(mb.ranks)
-        position = mb.ranks.index(rank)
-        mode = mb.sharding if mb.sharding != DEFAULT_SHARDING else sharding
-        group_ranges = _group_ranges(mode, [lengths[i] for i in mb.sharded], n)
-        out.append(
-            MicrobatchLayout(
-                step=mb.step,
-                ranks=mb.ranks,
-                position=position,
-                local_ids=mb.local[position],
-                local_lengths=tuple(lengths[i] for i in mb.local[position]),
-                sharded=tuple(
-                    ShardedSequence(seq_id=i, num_tokens=lengths[i], ranges=ranges)
-                    for i, ranges in zip(mb.sharded, group_ranges, strict=True)
-                ),
-            )
-        )
-    return tuple(out)
+    """Every microbatch GPU ``rank`` takes part in during ``iteration``, in step order: the plan's own
+    worker view (``solver.worker_view.rank_view``), laid out."""
+    it = with_default_sharding(plan_iteration(plan, iteration), sharding)
+    view = rank_view(it, lengths, parallel=plan.parallel, rank=rank)
+    return tuple(layout_from_rank_microbatch(mb, lengths) for mb in view.microbatches)
 
 
-def _group_ranges(mode: str, lengths: Sequence[int], group_size: int) -> list[tuple[Ranges, ...]]:
-    """Every position's ranges of each sharded sequence: a per-sequence rule (zigzag, contiguous) or one
-    of the plan's whole-microbatch modes (``per-sequence``, ``per-document``; solver/sharding.py)."""
-    if mode in SHARDING_RULES:
-        rule = SHARDING_RULES[mode]
-        return [tuple(rule(s, group_size, p) for p in range(group_size)) for s in lengths]
-    return [tuple(per_position) for per_position in plan_sharding_layout(mode, lengths, group_size)]
-
-
-def layouts_from_view_dict(doc: Any, *, sharding: str = "zigzag") -> tuple[int, tuple[MicrobatchLayout, ...]]:
-    """``(num_tokens_in_iteration, layouts)`` from a worker-view document (``GET .../ranks/{rank}``).
+def layouts_from_view_dict(doc: Any, *, sharding: str = DEFAULT_SHARDING) -> tuple[int, tuple[MicrobatchLayout, ...]]:
+    """``(num_tokens_in_iteration, layouts)`` from a worker-view document (``GET .../ranks/{rank}``), read
+    with ``solver.worker_view.rank_view_from_dict``.
 
     Local sequence lengths are read off ``cu_seqlens``; shard lengths off ``shards[].length``.
     """
-    if not isinstance(doc, dict) or not isinstance(doc.get("microbatches"), list):
-        raise RequestError("view", doc, "must be a worker-view object with a 'microbatches' list")
-    total = doc.get("num_tokens_in_iteration")
-    if isinstance(total, bool) or not isinstance(total, int) or total < 0:
-        raise RequestError("view.num_tokens_in_iteration", total, "must be an integer >= 0")
+    view = rank_view_from_dict(doc)
     layouts = []
-    for k, m in enumerate(doc["microbatches"]):
-        where = f"view.microbatches[{k}]"
-        try:
-            local = tuple(int(i) for i in m["local"])
-            cu = tuple(int(c) for c in m["cu_seqlens"])
-            shards = tuple(
-                Shard(
-                    seq_id=int(s["id"]),
-                    num_tokens=int(s["length"]),
-                    ranges=tuple((int(a), int(b)) for a, b in s["ranges"]),
-                )
-                for s in m["shards"]
-            )
-            mb = RankMicrobatch(
-                step=int(m["step"]),
-                ranks=tuple(int(r) for r in m["ranks"]),
-                position=int(m["position"]),
-                local=local,
-                shards=shards,
-                cu_seqlens=cu,
-                max_seqlen=int(m["max_seqlen"]),
-                sharding=str(m.get("sharding", DEFAULT_SHARDING)),
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise RequestError(where, m, f"malformed microbatch ({exc})") from None
-        if len(cu) < len(local) + 1:
-            raise RequestError(f"{where}.cu_seqlens", list(cu), "shorter than the local sequences need")
-        local_lengths = {i: cu[j + 1] - cu[j] for j, i in enumerate(local)}
+    for mb in view.microbatches:
+        cu = mb.cu_seqlens
+        local_lengths = {i: cu[j + 1] - cu[j] for j, i in enumerate(mb.local)}
         layouts.append(layout_from_rank_microbatch(mb, local_lengths, sharding=sharding))
-    return total, tuple(layouts)
+    return view.num_tokens_in_iteration, tuple(layouts)

@@ -18,7 +18,7 @@ import torch.distributed as dist
 from torch import nn
 
 from skrull.solver.types import Plan
-from skrull.solver.worker_view import rank_view
+from skrull.solver.worker_view import plan_rank_view
 from skrull.worker.collectives import GroupRegistry
 from skrull.worker.dacp import DACPPlan, dacp_attention
 from skrull.worker.inputs import SyntheticData, pack, position_ids
@@ -46,7 +46,7 @@ def scheduled_backward(
     """
     lengths = data.lengths
     vocab = model.lm_head.out_features
-    num_tokens = rank_view(plan, lengths, iteration=iteration, rank=rank).num_tokens_in_iteration
+    num_tokens = plan_rank_view(plan, lengths, iteration=iteration, rank=rank).num_tokens_in_iteration
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     for layout in rank_layouts(plan, lengths, iteration=iteration, rank=rank):
         group = registry.get(layout.ranks) if layout.communicates else None

@@ -8,6 +8,17 @@ from typing import Protocol
 
 from skrull.solver.types import DEFAULT_SHARDING, MicrobatchSpec, Problem
 
+#: Seeds of per-iteration random streams are ``seed * SEED_STRIDE + iteration``: a prime above any
+#: iteration count a request may hold, so no two (seed, iteration) pairs share a stream.
+SEED_STRIDE = 1_000_003
+#: Estimates closer than this (ms) count as a tie, so float noise never decides between candidates.
+TIE_MS = 1e-9
+
+
+def iteration_seed(seed: int, iteration: int) -> int:
+    """The seed of iteration ``iteration``'s random stream under the request's ``seed``."""
+    return seed * SEED_STRIDE + iteration
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PlannerOutput:
@@ -26,9 +37,16 @@ class PlannerOutput:
 
 
 class Planner(Protocol):
-    """Turns a problem into microbatch placements. Must never place more than a bucket holds."""
+    """Turns a problem into microbatch placements. Must never place more than a bucket holds.
+
+    ``streams_iterations``: the planner's plan of batch k depends on batch k alone (not on the other
+    batches, their count, the iteration index or the time budget's split), so a multi-batch request may
+    be solved one batch at a time (``solver.planning.solve_batch``) and each iteration published as
+    soon as it is solved, with no change to the plan's meaning. The planner declares it; no setting can.
+    """
 
     name: str
+    streams_iterations: bool
 
     def plan(self, problem: Problem) -> PlannerOutput: ...
 

@@ -15,7 +15,13 @@ from __future__ import annotations
 
 import random
 
-from skrull.solver.planners.base import PlannerOutput, all_sharded, contiguous_shares, plan_each_iteration
+from skrull.solver.planners.base import (
+    PlannerOutput,
+    all_sharded,
+    contiguous_shares,
+    iteration_seed,
+    plan_each_iteration,
+)
 from skrull.solver.types import MicrobatchSpec, Problem
 
 
@@ -52,7 +58,7 @@ def sorted_batch(problem: Problem, index: int, ids: tuple[int, ...]) -> list[Mic
     lengths = problem.lengths
     ordered = sorted(ids, key=lambda i: (lengths[i], i))
     groups = [ordered[k : k + par.dp] for k in range(0, len(ordered), par.dp)]
-    random.Random(problem.seed * 1_000_003 + index).shuffle(groups)
+    random.Random(iteration_seed(problem.seed, index)).shuffle(groups)
     specs: list[MicrobatchSpec] = []
     for step, group in enumerate(groups):
         for dp_rank, i in enumerate(group):
@@ -62,6 +68,8 @@ def sorted_batch(problem: Problem, index: int, ids: tuple[int, ...]) -> list[Mic
 
 class DeepSpeedPlanner:
     name = "deepspeed"
+    #: each batch is placed from that batch alone
+    streams_iterations = True
 
     def plan(self, problem: Problem) -> PlannerOutput:
         return plan_each_iteration(problem, deepspeed_batch)
@@ -69,6 +77,8 @@ class DeepSpeedPlanner:
 
 class PackedPlanner:
     name = "packed"
+    #: each batch is placed from that batch alone
+    streams_iterations = True
 
     def plan(self, problem: Problem) -> PlannerOutput:
         return plan_each_iteration(problem, packed_batch)
@@ -76,6 +86,8 @@ class PackedPlanner:
 
 class SortedPlanner:
     name = "sorted"
+    #: the shuffle is seeded with the iteration index
+    streams_iterations = False
 
     def plan(self, problem: Problem) -> PlannerOutput:
         return plan_each_iteration(problem, sorted_batch)

@@ -79,6 +79,41 @@ class _Buckets:
         return False
 
 
+def _place_in_order(
+    lengths: Sequence[int],
+    order: Sequence[int],
+    state: _Buckets,
+    *,
+    choose_rank: Callable[[_Buckets], int],
+    rollback: bool,
+) -> list[int] | None:
+    """The placement loop Alg. 1 and B.2 share: in ``order``, each sequence goes whole to
+    ``choose_rank``'s rank, else to the rank with the most bucket left, if it fits there; else it is
+    sharded if every rank can take S/N; else a local sequence is rolled back (Alg. 3) and the same
+    sequence is tried again (Alg. 1 line 19). ``None`` when nothing can be rolled back."""
+    n = state.n
+    ret = [SHARDED] * len(lengths)
+    pos = 0
+    while pos < len(order):
+        i = order[pos]
+        s = lengths[i]
+        t = choose_rank(state)
+        if state.remain[t] < n * s:
+            t = state.argmax_remain()
+        if state.remain[t] >= n * s:
+            state.put_local(i, s, t)
+            ret[i] = t
+        elif state.remain[state.argmin_remain()] >= s:
+            state.put_sharded(s)
+            ret[i] = SHARDED
+        elif rollback and state.rollback(state.argmin_remain(), lengths, ret):
+            continue
+        else:
+            return None
+        pos += 1
+    return ret
+
+
 def dacp_place(
     lengths: Sequence[int],
     *,
@@ -94,29 +129,9 @@ def dacp_place(
     sequence is rolled back (Alg. 3) and the same sequence is tried again. Returns ``None`` when the
     microbatch cannot be placed (rollback impossible, or disabled with ``rollback=False``).
     """
-    n = group_size
     order = sorted(range(len(lengths)), key=lengths.__getitem__)
-    state = _Buckets(n, bucket_tokens, flops)
-    ret = [SHARDED] * len(lengths)
-    pos = 0
-    while pos < len(order):
-        i = order[pos]
-        s = lengths[i]
-        t = state.argmin_load()
-        if state.remain[t] < n * s:
-            t = state.argmax_remain()
-        if state.remain[t] >= n * s:
-            state.put_local(i, s, t)
-            ret[i] = t
-        elif state.remain[state.argmin_remain()] >= s:
-            state.put_sharded(s)
-            ret[i] = SHARDED
-        elif rollback and state.rollback(state.argmin_remain(), lengths, ret):
-            continue  # Alg. 1 line 19: try the same sequence again
-        else:
-            return None
-        pos += 1
-    return ret
+    state = _Buckets(group_size, bucket_tokens, flops)
+    return _place_in_order(lengths, order, state, choose_rank=_Buckets.argmin_load, rollback=rollback)
 
 
 def round_robin_place(
@@ -130,22 +145,5 @@ def round_robin_place(
     """Skrull appendix B.2 round-robin placement: in the given order, each sequence goes whole to the
     rank with the most bucket left if it fits, else it is sharded if every rank can take S/N, else a
     local sequence is rolled back (memory only: no compute balancing, ``L`` is None in Alg. 3)."""
-    n = group_size
-    state = _Buckets(n, bucket_tokens, None)
-    ret = [SHARDED] * len(lengths)
-    i = 0
-    while i < len(lengths):
-        s = lengths[i]
-        t = state.argmax_remain()
-        if state.remain[t] >= n * s:
-            state.put_local(i, s, t)
-            ret[i] = t
-        elif state.remain[state.argmin_remain()] >= s:
-            state.put_sharded(s)
-            ret[i] = SHARDED
-        elif rollback and state.rollback(state.argmin_remain(), lengths, ret):
-            continue
-        else:
-            return None
-        i += 1
-    return ret
+    state = _Buckets(group_size, bucket_tokens, None)
+    return _place_in_order(lengths, range(len(lengths)), state, choose_rank=_Buckets.argmax_remain, rollback=rollback)

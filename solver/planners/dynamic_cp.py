@@ -6,13 +6,27 @@ are powers of two up to G, each an *aligned contiguous block* (a group of size c
 c; such groups are pre-created at start-up, so no group is built at run time). A sequence listed on k
 ranks runs with CP = k; each GPU takes part in exactly one group per step.
 
-Decision logic, as in the public scheduler:
+What was checked against the public code, and where this planner departs from it. Checked: Megatron-
+Core's ``BalancedCPScheduler`` (the hybrid DP x CP scheduler of its data path, 2025) and the blog. The
+public scheduler prices a sequence at ``L^2 / cp``, gives it ``cp = max(1, 2^ceil(log2(L /
+max_seq_len_per_rank)))``, fills one microbatch by placing each sequence in the least-loaded existing
+group of its size or on free GPUs, closes the microbatch once the per-GPU loads are within a 5% slack
+(``delta``) or nothing else fits, trims the last sequence of the most-loaded group while that reduces
+the slack, and fills idle GPUs by doubling the smallest groups into consecutive ranks. Departures, each a
+choice of this project: (a) the per-step *workload quota* ``total work / (G * m) * (1 + delta)`` that
+makes a sequence wait (and, with ``workload_cp``, widens heavy sequences) is the blog's description, not
+the public scheduler, which uses the slack test and the trim; (b) the *sweep over the step count m* is
+the blog's small grid search, not in the public scheduler, which has no m; (c) the default work is the
+reference model's FLOPs, the public ``L^2 / cp`` is ``workload="l2"``; (d) the public scheduler first
+cuts the sorted sequences into work-balanced buckets, one per CP size, which is not modelled here.
+
+Decision logic, as implemented:
 
 1. Each sequence gets the CP size ``c(S) = 2^ceil(log2(S / bucket_tokens))`` (at least 1): the fewest
    GPUs whose memory holds it. The blog adds the workload side ("if a sample's workload exceeds the
    microbatch workload quota, it is given a larger CP size"): with ``workload_cp`` (the default) c is
    doubled until ``work(S) / c`` is within the per-GPU quota of a step (or c is the whole cluster);
-   ``workload_cp=False`` is the public synchronous scheduler's memory-only rule.
+   ``workload_cp=False`` is the public scheduler's memory-only rule.
 2. Sequences are taken in descending length. Each goes to the least-loaded group of its size that still
    has room (``sum(S) <= c * bucket_tokens`` in the group, eq. 7), a fresh aligned block of free GPUs
    counting as load 0, so new blocks are opened before groups are stacked. A sequence that would push an
@@ -46,8 +60,8 @@ from dataclasses import dataclass, field
 
 from skrull.solver.cost import CostModel
 from skrull.solver.metrics import synchronized_iteration_ms
-from skrull.solver.planners.base import PlannerOutput, make_spec
-from skrull.solver.types import Iteration, Microbatch, MicrobatchSpec, Problem
+from skrull.solver.planners.base import TIE_MS, PlannerOutput, make_spec
+from skrull.solver.types import MicrobatchSpec, Parallel, Problem
 
 
 def allowed_sizes(num_gpus: int) -> tuple[int, ...]:
@@ -175,13 +189,26 @@ def _widen(groups: list[_Group], owner: list[_Group | None], num_gpus: int) -> N
             return
 
 
+#: Step counts tried from the memory minimum upward (the blog's small grid search around the knee).
+STEP_SWEEP = 3
+#: Slack over an even share of work a step may take: the public scheduler's balance slack (5%).
+BALANCE_SLACK = 0.05
+
+
 class DynamicCpPlanner:
     """Megatron-Core dynamic CP: power-of-two aligned groups per step, widened to fill idle GPUs."""
 
     name = "dynamic-cp"
+    #: its ``solve.stats`` (makespan) sum over the whole request
+    streams_iterations = False
 
     def __init__(
-        self, *, sweep: int = 3, delta: float = 0.05, workload: str = "flops", workload_cp: bool = True
+        self,
+        *,
+        sweep: int = STEP_SWEEP,
+        delta: float = BALANCE_SLACK,
+        workload: str = "flops",
+        workload_cp: bool = True,
     ) -> None:
         if workload not in ("flops", "l2"):
             raise ValueError(f"workload must be 'flops' or 'l2', got {workload!r}")
@@ -249,27 +276,16 @@ class DynamicCpPlanner:
                 for step, groups in enumerate(steps)
                 for g in groups
             ]
-            estimated, sync_ms = _estimate(specs, lengths, model, num_gpus)
-            if best is None or estimated < best[0] - 1e-9:
+            estimated, sync_ms = _estimate(specs, lengths, model, problem.parallel)
+            if best is None or estimated < best[0] - TIE_MS:
                 best = (estimated, m, specs, sync_ms)
         assert best is not None
         return best[2], best[3]
 
 
 def _estimate(
-    specs: Sequence[MicrobatchSpec], lengths: Sequence[int], model: CostModel, num_gpus: int
+    specs: Sequence[MicrobatchSpec], lengths: Sequence[int], model: CostModel, parallel: Parallel
 ) -> tuple[float, float]:
     """(contract iteration time, synchronized makespan) of one iteration's microbatches."""
-    mbs = tuple(
-        Microbatch(
-            step=s.step,
-            ranks=s.ranks,
-            local=s.local,
-            sharded=s.sharded,
-            estimated_ms=model.spec_time_ms(s, lengths),
-        )
-        for s in specs
-    )
-    contract = model.iteration_time_ms(((mb.ranks, mb.estimated_ms) for mb in mbs), num_gpus)
-    it = Iteration(index=0, microbatches=mbs, estimated_ms=contract, lower_bound_ms=0.0)
-    return contract, synchronized_iteration_ms(it, num_gpus)
+    it = model.price_iteration(specs, lengths, parallel=parallel, index=0)
+    return it.estimated_ms, synchronized_iteration_ms(it, parallel.num_gpus)

@@ -2,6 +2,12 @@
 "Hydraulis: Balancing Large Transformer Model Training via Co-designing Parallel Strategies and Data
 Assignment", SIGMOD; seeds/hydraulis.txt and PEERS.md; facts only).
 
+What was checked: the paper and PEERS.md. The public code (PKU-DAIR/Hetu, examples/hydraulis) was not
+compared line by line. Departures, each a choice of this project: the per-strategy coefficients are the
+reference model's (Hydraulis profiles them); there is no pipeline, so the warm-up term is the
+per-microbatch cost ``c_d`` and the stage-2 sweep stops at the memory bound; stage 2 uses CP-SAT rather
+than CBC or SCIP; the shuffle count is cut for large batches (below).
+
 Here a *replica* is a DP replica running CP of some degree d on a contiguous block of d GPUs; replicas of
 one iteration may have different degrees (Hydraulis's heterogeneous strategies) and every sequence of a
 replica is sharded over its d GPUs (kept whole when d = 1).
@@ -56,56 +62,50 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from skrull.solver.cost import MIB
+from skrull.solver.cost import CostCoefficients, CostModel
 from skrull.solver.errors import InfeasibleError
-from skrull.solver.planners.base import PlannerOutput, make_spec
+from skrull.solver.planners.base import TIE_MS, PlannerOutput, iteration_seed, make_spec
 from skrull.solver.planners.minmax_ilp import solve_minmax_pack
 from skrull.solver.types import MicrobatchSpec, Problem
 
+#: Stage-1 shuffles, as Hydraulis.
 SHUFFLES = 100
+#: Cap on ``shuffles * sequences * degrees`` per iteration: about a second of stage 1 in Python.
 SHUFFLE_WORK_LIMIT = 400_000
+#: Candidate replica layouts are ranked on this many shuffles (the best layout rarely changes with more;
+#: the chosen one then gets the full count).
+SCREEN_SHUFFLES = 8
+#: Hydraulis's stage-2 ILP time limit per call.
+ILP_TIME_LIMIT_S = 0.5
+#: Stage 2 tries this many feasible microbatch counts from the memory bound upward.
+MICROBATCH_SWEEP = 3
+#: The strategy DP keeps the first of two layouts whose slowest range differs by less than this (ms).
+DP_TIE_MS = 1e-12
 #: Stage 2 stops once its microbatch max is proven within this fraction of optimal.
 RELATIVE_GAP = 0.005
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StrategyCosts:
-    """Per-degree cost coefficients from the profile (see the module docstring)."""
+    """Per-degree costs from the reference model (see the module docstring): ``t_d`` and ``c_d`` are the
+    cost model's ``sharded_terms(d)`` (``solver.cost.CostCoefficients``)."""
 
-    ms_per_flop: float
-    flops_per_token: float
-    flops_per_token_sq: float
-    comm_ms_per_token: float
-    base_ms: float  # microbatch_ms + compute.fixed_ms
-    comm_fixed_ms: float
-    bucket_tokens: int
+    model: CostCoefficients
 
     @classmethod
     def from_problem(cls, problem: Problem) -> StrategyCosts:
-        p = problem.profile
-        return cls(
-            ms_per_flop=p.compute.ms_per_tflop / 1e12,
-            flops_per_token=p.compute.flops_per_token,
-            flops_per_token_sq=p.compute.flops_per_token_sq,
-            comm_ms_per_token=p.comm.ms_per_mib * p.comm.bytes_per_token / MIB,
-            base_ms=p.microbatch_ms + p.compute.fixed_ms,
-            comm_fixed_ms=p.comm.fixed_ms,
-            bucket_tokens=problem.bucket_tokens,
-        )
+        return cls(model=CostModel(problem.profile, bucket_tokens=problem.bucket_tokens).coefficients)
+
+    @property
+    def bucket_tokens(self) -> int:
+        return self.model.bucket_tokens
 
     def coefficients(self, degree: int) -> tuple[float, float, float]:
         """``(a, b, c)`` of ``t_d(s) = a*s^2 + b*s`` and the per-microbatch ``c_d``."""
-        a = self.ms_per_flop * self.flops_per_token_sq / degree
-        b = self.ms_per_flop * self.flops_per_token / degree
-        c = self.base_ms
-        if degree > 1:
-            b += self.comm_ms_per_token
-            c += self.comm_fixed_ms
-        return a, b, c
+        return self.model.sharded_terms(degree)
 
     def seq_ms(self, s: int, degree: int) -> float:
-        a, b, _ = self.coefficients(degree)
-        return a * s * s + b * s
+        return self.model.sharded_ms(s, degree)
 
     def amortized_ms(self, s: int, degree: int) -> float:
         """``t_d(s)`` plus the sequence's share of per-microbatch cost."""
@@ -168,7 +168,7 @@ def choose_degrees(
                     used = r * d
                     cand = np.maximum(f[j, : g_count - used], max(total / r, floor) + c)
                     target = f[i, used:]
-                    better = np.nonzero(cand < target - 1e-12)[0]
+                    better = np.nonzero(cand < target - DP_TIE_MS)[0]
                     if better.size:
                         target[better] = cand[better]
                         for g in (better + used).tolist():
@@ -312,14 +312,16 @@ class HydraulisPlanner:
     """Heterogeneous CP degrees per replica (histogram DP), stage 1 greedy, stage 2 min-max ILP."""
 
     name = "hydraulis"
+    #: the strategy DP reads the whole request's length histogram
+    streams_iterations = False
 
     def __init__(
         self,
         *,
         shuffles: int = SHUFFLES,
-        screen_shuffles: int = 8,
-        ilp_time_limit_s: float = 0.5,
-        sweep: int = 3,
+        screen_shuffles: int = SCREEN_SHUFFLES,
+        ilp_time_limit_s: float = ILP_TIME_LIMIT_S,
+        sweep: int = MICROBATCH_SWEEP,
         heterogeneous: bool = True,
         deterministic: bool = False,
     ) -> None:
@@ -348,7 +350,7 @@ class HydraulisPlanner:
         hetero_iterations = 0
         replica_counts: list[int] = []
         for index, ids in enumerate(problem.batch_ids):
-            rng_seed = problem.seed * 1_000_003 + index
+            rng_seed = iteration_seed(problem.seed, index)
             candidates = [static]
             if self.heterogeneous:
                 candidates += [
@@ -437,7 +439,7 @@ class HydraulisPlanner:
                 parts = [[ids[k] for k in range(len(ids)) if where[k] == j] for j in range(m)]
                 parts = [p for p in parts if p]
                 time_ms = len(parts) * c + sum(costs.seq_ms(s, degree) for s in sizes)
-                if best is None or time_ms < best[0] - 1e-9:
+                if best is None or time_ms < best[0] - TIE_MS:
                     best = (time_ms, parts)
                 if len(parts) == lower:
                     break

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any, cast
 
 from skrull.solver.errors import UnknownSolverError
 from skrull.solver.planners.base import Planner
@@ -14,10 +15,24 @@ from skrull.solver.planners.skrull import RoundRobinPlanner, SkrullPlanner
 from skrull.solver.planners.verl_kk import VerlKkPlanner
 from skrull.solver.planners.wlb import WlbPlanner
 
+
+def solved_whole(factory: Callable[[], Any]) -> Callable[[], Planner]:
+    """A planner class that does not declare ``Planner.streams_iterations`` yet: it plans the whole
+    request at once (the exact planners split one budget over the iterations), so it does not stream."""
+
+    def make() -> Planner:
+        planner = factory()
+        if not hasattr(planner, "streams_iterations"):
+            planner.streams_iterations = False
+        return cast(Planner, planner)
+
+    return make
+
+
 _REGISTRY: dict[str, Callable[[], Planner]] = {
     "skrull": SkrullPlanner,
-    "ilp": IlpPlanner,
-    "auto": AutoPlanner,
+    "ilp": solved_whole(IlpPlanner),
+    "auto": solved_whole(AutoPlanner),
     "deepspeed": DeepSpeedPlanner,
     "packed": PackedPlanner,
     "sorted": SortedPlanner,

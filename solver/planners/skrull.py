@@ -65,6 +65,8 @@ class SkrullPlanner:
     """GDS + DACP heuristic (Skrull section 4.3), faithful to Algs. 1-3; see ``dacp`` and ``gds``."""
 
     name = "skrull"
+    #: GDS + DACP place each batch from that batch alone
+    streams_iterations = True
 
     def plan(self, problem: Problem) -> PlannerOutput:
         return plan_each_iteration(problem, lambda p, _i, ids: gds_dacp_batch(p, ids, place=dacp_place))
@@ -74,6 +76,8 @@ class RoundRobinPlanner:
     """GDS microbatches with Skrull appendix B.2's round-robin in-group placement (with rollback)."""
 
     name = "round-robin"
+    #: each batch is placed from that batch alone
+    streams_iterations = True
 
     def plan(self, problem: Problem) -> PlannerOutput:
         return plan_each_iteration(problem, lambda p, _i, ids: gds_dacp_batch(p, ids, place=round_robin_place))

@@ -1,17 +1,31 @@
-"""``verl-kk``: verl's sequence balancing with Karmarkar-Karp, as used in its SFT/RL trainers.
+"""``verl-kk``: verl's sequence balancing with Karmarkar-Karp, as its PPO trainer and workers use it.
 
-What verl does (its public trainer and ``seqlen_balancing`` utilities; facts only):
+What was checked against the public code (volcengine/verl at b178a3c, January 2026; facts only):
+
+* DP balancing lives in the PPO trainer, not the SFT trainer: ``RayPPOTrainer._balance_batch``
+  (verl/trainer/ppo/ray_trainer.py) partitions the rollout batch over the DP ranks with KK and
+  ``equal_size=True``; ``verl/trainer/fsdp_sft_trainer.py`` uses none of ``seqlen_balancing``. This
+  planner applies the PPO trainer's DP step to an SFT batch: a departure.
+* Microbatches: ``rearrange_micro_batches`` (verl/utils/seqlen_balancing.py, used by the actor and critic
+  workers under ``use_dynamic_bsz``) takes ``m = min(len, ceil(sum(S) / max_token_len))`` and a KK
+  partition with free counts; ``max_token_len`` is only asserted to be at least the longest sequence,
+  parts are not checked against it.
+* Workload ``calculate_workload`` = ``24576*S + S^2``.
+
+What this planner does:
 
 1. Balance the global batch over the DP ranks: a Karmarkar-Karp k-way partition (largest differencing
-   method, Karmarkar & Karp 1982) of the sequences' workloads with *equal counts* per rank.
+   method, Karmarkar & Karp 1982) of the sequences' workloads with *equal counts* per rank (verl asserts
+   that k divides the count; here zero-weight placeholders pad it, so counts differ by at most one).
 2. Dynamic batch size per rank: ``m = ceil(sum(S) / max_token_len)`` microbatches, then a second KK
    partition of that rank's workloads into m parts (counts free).
 3. Workload ``24576*S + S^2`` in verl: a linear (GEMM) term plus the quadratic attention term with the
    ratio of one model. Here the same shape comes from the profile: ``FLOPs(S) = flops_per_token*S +
    flops_per_token_sq*S^2`` (Skrull eq. 13), so the ratio is the model's, not a constant.
 4. Every sequence is sharded over the rank's whole sequence-parallel (CP) group (Ulysses in verl).
-5. Microbatches are ordered with the lighter ones at the ends (for a pipeline's warm-up and cool-down);
-   the contract's model has no pipeline, so this changes no estimate, only the step order.
+5. Microbatches are ordered with the lighter ones at the ends (verl's ``use_dynamic_bsz_balance``, for a
+   pipeline's warm-up and cool-down); the contract's model has no pipeline, so this changes no estimate,
+   only the step order.
 
 The known failure: KK balances workload, not tokens, so a part can exceed ``max_token_len`` and the run
 runs out of memory (``max_token_len`` is only used to count microbatches). A plan here must be valid, so
@@ -130,6 +144,8 @@ class VerlKkPlanner:
     """verl's Karmarkar-Karp balancing over DP ranks and microbatches, all sequences sharded."""
 
     name = "verl-kk"
+    #: its ``solve.stats`` (repartitions) count over the whole request
+    streams_iterations = False
 
     def plan(self, problem: Problem) -> PlannerOutput:
         cache: dict[int, float] = {}

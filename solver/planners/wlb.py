@@ -2,6 +2,14 @@
 sharding (Wang et al., "WLB-LLM: Workload-Balanced 4D Parallelism for LLM Training", secs. 4-5;
 seeds/wlb-llm.txt).
 
+What was checked: WLB-LLM's packing and outlier delay have no public code (PEERS.md); they follow the
+paper's text and Alg. 1. Its public code covers only the per-document CP attention; the cuts in
+``solver/sharding.py`` follow the paper's sec. 5.1 and were not compared with that code. Departures,
+each a choice of this project: the workload is the reference model's (WLB profiles W_a and W_l
+offline), the microbatch count and the queue thresholds are searched per request (WLB takes them from
+its configuration and an offline tuning), and the kernel-time model for the sharding choice is
+``solver.attention_model`` rather than WLB's profiled kernel curves.
+
 Packing (sec. 4, Alg. 1), per global batch, into M = ``dp * m`` microbatches:
 
 * Workload of a document of d tokens (eq. 2): ``W(d) = W_a(d) + W_l(d)``, attention (quadratic) plus
@@ -51,13 +59,20 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from skrull.solver.attention_model import AttentionKernelModel
-from skrull.solver.cost import MIB, CostModel
+from skrull.solver.cost import CostModel
 from skrull.solver.planners.base import PlannerOutput, make_spec
 from skrull.solver.sharding import per_document_layout, per_sequence_layout
 from skrull.solver.types import MicrobatchSpec, Problem
 
 PENDING = -1
+#: Candidate first thresholds, as fractions of a balanced microbatch's workload (module docstring).
 ALPHAS: tuple[float, ...] = (0.25, 0.5, 1.0)
+#: Microbatch counts per DP rank tried from the memory minimum ``m0`` upward.
+MICROBATCH_SWEEP = 3
+#: Token-weighted delay a candidate may cause, in iterations: the paper's reported figure (sec. 7.5).
+MAX_TOKEN_DELAY = 0.5
+#: Delays within this of the limit count as within it (float noise of a weighted mean).
+DELAY_TOLERANCE = 1e-12
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -71,17 +86,13 @@ class WlbPacking:
 
 
 def document_workload(problem: Problem) -> Callable[[int], float]:
-    """``W(d) = W_a(d) + W_l(d)`` in ms for a document sharded over the CP group (eq. 2)."""
-    profile = problem.profile
-    n = problem.parallel.cp
-    ms_per_flop = profile.compute.ms_per_tflop / 1e12
-    a = ms_per_flop * profile.compute.flops_per_token_sq / n
-    b = ms_per_flop * profile.compute.flops_per_token / n
-    if n > 1:
-        b += profile.comm.ms_per_mib * profile.comm.bytes_per_token / MIB
+    """``W(d) = W_a(d) + W_l(d)`` in ms for a document sharded over the CP group (eq. 2): the cost
+    model's ``sharded_ms(d, cp)`` (``solver.cost.CostCoefficients.sharded_terms``)."""
+    coefficients = CostModel(problem.profile, bucket_tokens=problem.bucket_tokens).coefficients
+    group_size = problem.parallel.cp
 
     def workload(d: int) -> float:
-        return a * d * d + b * d
+        return coefficients.sharded_ms(d, group_size)
 
     return workload
 
@@ -202,6 +213,8 @@ class WlbPlanner:
     """WLB-LLM variable-length packing with multi-level outlier queues and adaptive CP sharding."""
 
     name = "wlb"
+    #: outlier queues carry sequences across batches
+    streams_iterations = False
 
     def __init__(
         self,
@@ -209,7 +222,7 @@ class WlbPlanner:
         num_queues: int = 2,
         thresholds: Sequence[int] | None = None,
         microbatches_per_rank: int | None = None,
-        max_token_delay: float = 0.5,
+        max_token_delay: float = MAX_TOKEN_DELAY,
         adaptive_sharding: bool = True,
     ) -> None:
         if num_queues < 0:
@@ -228,7 +241,11 @@ class WlbPlanner:
         model = CostModel(problem.profile, bucket_tokens=problem.bucket_tokens)
         mean_tokens = sum(lengths) / max(1, len(problem.batch_ids))
         m0 = max(1, -(-int(mean_tokens) // (par.dp * s_max)))
-        ms = [self.microbatches_per_rank] if self.microbatches_per_rank is not None else [m0, m0 + 1, m0 + 2]
+        ms = (
+            [self.microbatches_per_rank]
+            if self.microbatches_per_rank is not None
+            else list(range(m0, m0 + MICROBATCH_SWEEP))
+        )
         mean_work = sum(workload(s) for s in lengths) / max(1, len(problem.batch_ids))
 
         best: tuple[tuple[int, float, int, int], WlbPacking, int, tuple[int, ...]] | None = None
@@ -253,7 +270,7 @@ class WlbPlanner:
                 )
                 delay = delay_stats(packing, lengths, problem.batch_ids)["avg_delay_iterations"]
                 ratio = _efficiency(packing, problem, model, m)
-                over = 0 if delay <= self.max_token_delay + 1e-12 else 1
+                over = 0 if delay <= self.max_token_delay + DELAY_TOLERANCE else 1
                 key = (over, ratio if not over else delay, len(limits), m)
                 if best is None or key < best[0]:
                     best = (key, packing, m, limits)
@@ -301,13 +318,11 @@ def _to_specs(microbatches: Sequence[Sequence[int]], problem: Problem, m: int) -
 def _efficiency(packing: WlbPacking, problem: Problem, model: CostModel, m: int) -> float:
     """Summed iteration estimates per unit of the work they run (``solver.metrics.work_ms``)."""
     lengths = problem.lengths
-    ms_per_flop = problem.profile.compute.ms_per_tflop / 1e12
-    per_token_mb = model.microbatch_overhead_ms / model.bucket_tokens
+    coefficients = model.coefficients
     total_ms = 0.0
     work = 0.0
     for mbs in packing.iterations:
         specs = _to_specs(mbs, problem, m)
-        times = ((s.ranks, model.spec_time_ms(s, lengths)) for s in specs)
-        total_ms += model.iteration_time_ms(times, problem.parallel.num_gpus)
-        work += sum(ms_per_flop * model.flops(lengths[i]) + per_token_mb * lengths[i] for s in specs for i in s.seq_ids)
+        total_ms += model.iteration_ms(specs, lengths, problem.parallel.num_gpus)
+        work += sum(coefficients.work_ms(lengths[i]) for s in specs for i in s.seq_ids)
     return total_ms / work if work > 0 else float("inf")

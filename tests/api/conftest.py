@@ -59,7 +59,6 @@ def service_settings(db: Path, **overrides: Any) -> Settings:
         "db": db,
         "solver_processes": 1,
         "plugins": PLUGINS,
-        "stream_solvers": "skrull,deepspeed,packed,round-robin,test-slow",
         "supervise_interval_s": 0.1,
         "idle_poll_s": 0.5,
         **overrides,
@@ -116,7 +115,6 @@ class LiveServer:
         env = {
             **os.environ,
             "SKRULL_PLUGINS": PLUGINS,
-            "SKRULL_STREAM_SOLVERS": "skrull,deepspeed,packed,round-robin,test-slow",
             "SKRULL_SUPERVISE_INTERVAL_S": "0.1",
             "PYTHONPATH": str(ROOT),
             **self.env,
@@ -193,7 +191,6 @@ class SolverWorker:
         env = {
             **os.environ,
             "SKRULL_PLUGINS": PLUGINS,
-            "SKRULL_STREAM_SOLVERS": "skrull,deepspeed,packed,round-robin,test-slow",
             "SKRULL_SUPERVISE_INTERVAL_S": "0.1",
             "PYTHONPATH": str(ROOT),
             **self.env,

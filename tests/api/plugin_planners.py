@@ -23,6 +23,8 @@ class SlowPlanner:
     """Skrull, after sleeping ``$SKRULL_TEST_SLEEP_S`` (default 0.3 s) per call."""
 
     name = "test-slow"
+    #: Skrull after a sleep: streams as Skrull does
+    streams_iterations = True
 
     def plan(self, problem: Problem) -> PlannerOutput:
         time.sleep(float(os.environ.get(SLEEP_ENV, "0.3")))
@@ -35,6 +37,8 @@ class CountedPlanner:
     solved."""
 
     name = "test-counted"
+    #: solved whole
+    streams_iterations = False
 
     def plan(self, problem: Problem) -> PlannerOutput:
         time.sleep(float(os.environ.get(SLEEP_ENV, "0.3")))
@@ -49,6 +53,8 @@ class CrashPlanner:
     """Kills its own process, as an out-of-memory killer would."""
 
     name = "test-crash"
+    #: solved whole
+    streams_iterations = False
 
     def plan(self, problem: Problem) -> PlannerOutput:
         os.kill(os.getpid(), signal.SIGKILL)
@@ -59,6 +65,8 @@ class CrashOncePlanner:
     """Kills its process the first time it sees a problem (a marker file remembers), then plans it."""
 
     name = "test-crash-once"
+    #: solved whole
+    streams_iterations = False
 
     def plan(self, problem: Problem) -> PlannerOutput:
         key = hashlib.sha256(repr(problem.lengths).encode()).hexdigest()[:16]
@@ -71,12 +79,26 @@ class CrashOncePlanner:
 
 class InfeasiblePlanner:
     name = "test-infeasible"
+    #: solved whole
+    streams_iterations = False
 
     def plan(self, problem: Problem) -> PlannerOutput:
         raise InfeasibleError(f"test planner refuses {len(problem.lengths)} sequences")
 
 
-TEST_PLANNERS = (SlowPlanner, CountedPlanner, CrashPlanner, CrashOncePlanner, InfeasiblePlanner)
+class InvalidPlanner:
+    """A planner bug: places every sequence twice (the validator refuses the plan)."""
+
+    name = "test-invalid"
+    #: solved whole
+    streams_iterations = False
+
+    def plan(self, problem: Problem) -> PlannerOutput:
+        output = SkrullPlanner().plan(problem)
+        return PlannerOutput(iterations=tuple(specs + specs for specs in output.iterations))
+
+
+TEST_PLANNERS = (SlowPlanner, CountedPlanner, CrashPlanner, CrashOncePlanner, InfeasiblePlanner, InvalidPlanner)
 
 
 def register_all() -> None:

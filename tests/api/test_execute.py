@@ -10,23 +10,24 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from skrull.api.execute import assemble_plan_document, combined_status, solve_job
+from skrull.api.execute import combine_records, solve_job
 from skrull.api.schemas import canonical_request_json
 from skrull.api.store.base import IterationRecord
-from skrull.solver.errors import InvalidPlanError
+from skrull.solver.errors import PlannerBugError
 from skrull.solver.io import plan_from_dict, plan_to_dict, request_from_dict
-from skrull.solver.planning import solve
+from skrull.solver.planners.registry import get_planner, planner_names
+from skrull.solver.planning import combined_status, solve, streams_iterations
 from skrull.solver.validate import plan_problems
 from tests.api.conftest import plan_request
 
-STREAMED = frozenset({"skrull", "deepspeed", "packed", "round-robin"})
+STREAMED = frozenset(name for name in planner_names() if get_planner(name).streams_iterations)
 
 #: Lengths up to 100 tokens fit one GPU of the hand profile (bucket 100), so every cp is placeable.
 BATCHES = st.lists(st.lists(st.integers(1, 100), min_size=1, max_size=12), min_size=1, max_size=5)
 
 
 def run(
-    doc: dict[str, Any], *, stream: frozenset[str] = STREAMED, done: list[IterationRecord] | None = None
+    doc: dict[str, Any], *, done: list[IterationRecord] | None = None
 ) -> tuple[dict[str, Any], list[IterationRecord], list[IterationRecord]]:
     published: list[IterationRecord] = []
 
@@ -35,7 +36,7 @@ def run(
         return True
 
     canonical = canonical_request_json(request_from_dict(doc))
-    plan_json, rest = solve_job("job", canonical, stream_solvers=stream, done=done or [], publish=publish)
+    plan_json, rest = solve_job("job", canonical, done=done or [], publish=publish)
     return json.loads(plan_json), published, rest
 
 
@@ -56,7 +57,12 @@ def test_batch_by_batch_solving_equals_solving_the_whole_request(
     assert plan_problems(plan_from_dict(streamed), request_from_dict(doc)) == []
 
 
-def test_planners_not_listed_as_streamed_are_solved_whole() -> None:
+def test_the_planners_declare_which_of_them_stream() -> None:
+    assert {"skrull", "deepspeed", "packed", "round-robin"} == STREAMED
+    assert not streams_iterations("sorted") and not streams_iterations("wlb")
+
+
+def test_planners_that_do_not_stream_are_solved_whole() -> None:
     doc = plan_request([[10, 20], [30]], solver="sorted", seed=4)
     plan, published, rest = run(doc)
     assert published == [] and [r.index for r in rest] == [0, 1]
@@ -79,8 +85,8 @@ def test_an_assembled_plan_that_breaks_the_contract_is_refused() -> None:
     broken = json.loads(rest[0].doc_json)
     broken["microbatches"][0]["sharded"] = broken["microbatches"][0]["sharded"] + [0]
     records = [*published, IterationRecord(**{**_fields(rest[0]), "doc_json": json.dumps(broken)})]
-    with pytest.raises(InvalidPlanError):
-        assemble_plan_document(request_from_dict(doc), records)
+    with pytest.raises(PlannerBugError):
+        combine_records(request_from_dict(doc), records)
 
 
 def _fields(record: IterationRecord) -> dict[str, Any]:
@@ -97,4 +103,4 @@ def _fields(record: IterationRecord) -> dict[str, Any]:
     ],
 )
 def test_the_whole_plans_status_combines_the_batches(statuses: list[str], bound: bool, expected: str) -> None:
-    assert combined_status(statuses, bound) == expected
+    assert combined_status(statuses, bound_known=bound) == expected

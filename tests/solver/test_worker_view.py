@@ -11,7 +11,7 @@ from skrull.solver.planners.base import PlannerOutput, make_spec
 from skrull.solver.planning import assemble_plan, solve
 from skrull.solver.types import Problem
 from skrull.solver.validate import validate_plan
-from skrull.solver.worker_view import rank_view, zigzag_chunks, zigzag_ranges
+from skrull.solver.worker_view import plan_rank_view, zigzag_chunks, zigzag_ranges
 from tests.conftest import make_request
 
 
@@ -42,7 +42,7 @@ def test_rank_views_cover_every_token_of_the_iteration_once() -> None:
     lengths = [s for b in request.batches for s in b]
     tokens: dict[int, list[int]] = {i: [] for i in range(len(lengths))}
     for rank in range(6):
-        view = rank_view(plan, lengths, iteration=0, rank=rank)
+        view = plan_rank_view(plan, lengths, iteration=0, rank=rank)
         assert view.num_tokens_in_iteration == sum(lengths)
         assert [mb.step for mb in view.microbatches] == sorted(mb.step for mb in view.microbatches)
         for mb in view.microbatches:
@@ -62,15 +62,15 @@ def test_unknown_iteration_or_rank_names_the_valid_range() -> None:
     request = make_request([[10, 20]], dp=1, cp=2)
     plan = solve(request)
     with pytest.raises(RequestError, match=r"0\.\.0"):
-        rank_view(plan, [10, 20], iteration=1, rank=0)
+        plan_rank_view(plan, [10, 20], iteration=1, rank=0)
     with pytest.raises(RequestError, match=r"0\.\.1"):
-        rank_view(plan, [10, 20], iteration=0, rank=2)
+        plan_rank_view(plan, [10, 20], iteration=0, rank=2)
 
 
 def test_view_serializes_in_the_contract_shape() -> None:
     request = make_request([[10, 150]], dp=1, cp=2, bucket=100)
     plan = solve(request)
-    doc = rank_view(plan, [10, 150], iteration=0, rank=1).to_dict(plan_id="p1")
+    doc = plan_rank_view(plan, [10, 150], iteration=0, rank=1).to_dict(plan_id="p1")
     assert set(doc) == {"plan_id", "iteration", "rank", "num_tokens_in_iteration", "microbatches"}
     mb = doc["microbatches"][0]
     assert set(mb) == {"step", "ranks", "position", "local", "shards", "cu_seqlens", "max_seqlen"}
@@ -88,7 +88,7 @@ def test_views_of_other_sharding_modes_cover_every_token_once(mode: str) -> None
     tokens: dict[int, list[int]] = {i: [] for i in range(4)}
     held = []
     for rank in range(3):
-        view = rank_view(plan, lengths, iteration=0, rank=rank)
+        view = plan_rank_view(plan, lengths, iteration=0, rank=rank)
         (mb,) = view.microbatches
         assert mb.sharding == mode and view.to_dict()["microbatches"][0]["sharding"] == mode
         assert [s.seq_id for s in mb.shards] == [0, 1, 2, 3]  # an entry per sharded sequence, even if empty

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from skrull.solver.errors import RequestError
 from skrull.solver.planning import solve
-from skrull.solver.worker_view import rank_view
+from skrull.solver.worker_view import plan_rank_view
 from skrull.worker.layout import (
     MicrobatchLayout,
     ShardedSequence,
@@ -99,7 +99,7 @@ def test_layouts_match_the_worker_view_for_every_rank() -> None:
     lengths = [s for b in request.batches for s in b]
     for iteration in range(len(plan.iterations)):
         for rank in range(6):
-            view = rank_view(plan, lengths, iteration=iteration, rank=rank)
+            view = plan_rank_view(plan, lengths, iteration=iteration, rank=rank)
             mine = rank_layouts(plan, lengths, iteration=iteration, rank=rank)
             assert [m.cu_seqlens for m in mine] == [m.cu_seqlens for m in view.microbatches]
             assert [m.max_seqlen for m in mine] == [m.max_seqlen for m in view.microbatches]
@@ -119,7 +119,7 @@ def test_contiguous_sharding_gives_each_position_one_block() -> None:
 def test_view_with_ranges_of_another_rule_is_refused_with_the_field() -> None:
     request = make_request([[10, 150]], dp=1, cp=2, bucket=100)
     plan = solve(request)
-    doc = rank_view(plan, [10, 150], iteration=0, rank=0).to_dict()
+    doc = plan_rank_view(plan, [10, 150], iteration=0, rank=0).to_dict()
     doc["microbatches"][0]["shards"][0]["ranges"] = [[0, 75]]
     with pytest.raises(RequestError, match=r"shards\[id=1\]\.ranges"):
         layouts_from_view_dict(doc)

@@ -76,24 +76,10 @@ def model_from_doc(doc: Any) -> ModelConfig:
     return ModelConfig(**values)
 
 
-def profile_document(
-    *,
-    name: str,
-    model: ModelConfig,
-    measured: dict[str, Any],
-    compute_samples: Sequence[ComputeSample],
-    attention_points: Sequence[AttentionPoint],
-    memory_samples: Sequence[MemorySample],
-    comm_samples: Sequence[CommSample],
-    capacity_bytes: float,
-    setup: TrainingSetup,
-    bytes_per_value: int,
-    derived_comm: dict[str, float],
-    derived_microbatch_ms: float,
+def _memory_section(
+    model: ModelConfig, memory_samples: Sequence[MemorySample], *, capacity_bytes: float, setup: TrainingSetup
 ) -> dict[str, Any]:
-    """Fit every coefficient and lay the profile out in the contract's format (see module docstring)."""
-    per_token, per_token_sq = flops_coefficients(model)
-    ms_per_tflop, fixed_ms, compute_r2 = fit_compute(compute_samples)
+    """The ``memory`` block: activation bytes per token fitted per layer, the static bytes, the bucket."""
     saved_alpha, beta_layer, memory_r2 = fit_activation_bytes(memory_samples)
     peaks = [m for m in memory_samples if m.peak_bytes is not None]
     peak_alpha = None
@@ -109,6 +95,29 @@ def profile_document(
         static_bytes=static,
         activation_bytes_per_token=alpha,
     )
+    return {
+        "bucket_tokens": bucket,
+        "activation_bytes_per_token": round(alpha, 3),
+        "activation_bytes_per_token_per_layer": round(alpha_layer, 3),
+        "saved_bytes_per_token_per_layer": round(saved_alpha, 3),
+        "peak_bytes_per_token_per_layer": None if peak_alpha is None else round(peak_alpha, 3),
+        "activation_bytes_fixed_per_layer": round(beta_layer, 3),
+        "logits_bytes_per_token": logits_bytes,
+        "static_bytes": static,
+        "capacity_bytes": capacity_bytes,
+        "reserve_fraction": setup.reserve_fraction,
+        "r2": round(memory_r2, 6),
+        "source": "per layer: the larger of the slopes of bytes saved for backward (unique storages) and of "
+        "the allocator's forward peak (GPU) vs tokens; x layers, + logits; "
+        "static: weights, gradients and Adam states under the setup's ZeRO stage (solver/derive.py)",
+        "samples": [dataclasses.asdict(s) for s in memory_samples],
+    }
+
+
+def _comm_section(
+    model: ModelConfig, comm_samples: Sequence[CommSample], *, bytes_per_value: int, derived_comm: dict[str, float]
+) -> dict[str, Any]:
+    """The ``comm`` block: fitted from timed all-gathers, else the derived values."""
     comm: dict[str, Any] = {"bytes_per_token": comm_bytes_per_token(model, bytes_per_value=bytes_per_value)}
     if comm_samples:
         ms_per_mib, per_collective_ms, comm_r2 = fit_comm(comm_samples)
@@ -128,44 +137,54 @@ def profile_document(
             measured=False,
             source="one GPU: no collective to time; derived values kept (solver/derive.py)",
         )
+    return comm
+
+
+def _compute_section(model: ModelConfig, compute_samples: Sequence[ComputeSample]) -> dict[str, Any]:
+    """The ``compute`` block: FLOPs coefficients from the model, ms per TFLOP fitted on timed packs."""
+    per_token, per_token_sq = flops_coefficients(model)
+    ms_per_tflop, fixed_ms, compute_r2 = fit_compute(compute_samples)
+    return {
+        "flops_per_token": per_token,
+        "flops_per_token_sq": per_token_sq,
+        "ms_per_tflop": round(ms_per_tflop, 6),
+        "fixed_ms": round(fixed_ms, 6),
+        "r2": round(compute_r2, 6),
+        "source": "flops: Skrull eq. 13 x layers x 3; ms: layers x one decoder layer forward+backward, "
+        "least squares over packs of sequences",
+        "samples": [{"lengths": list(s.lengths), "flops": s.flops, "ms": round(s.ms, 6)} for s in compute_samples],
+    }
+
+
+def profile_document(
+    *,
+    name: str,
+    model: ModelConfig,
+    measured: dict[str, Any],
+    compute_samples: Sequence[ComputeSample],
+    attention_points: Sequence[AttentionPoint],
+    memory_samples: Sequence[MemorySample],
+    comm_samples: Sequence[CommSample],
+    capacity_bytes: float,
+    setup: TrainingSetup,
+    bytes_per_value: int,
+    derived_comm: dict[str, float],
+    derived_microbatch_ms: float,
+) -> dict[str, Any]:
+    """Fit every coefficient and lay the profile out in the contract's format (see module docstring)."""
     return {
         "name": name,
         "estimated": False,
         "measured": measured,
         "model": _model_doc(model),
         "setup": dataclasses.asdict(setup),
-        "compute": {
-            "flops_per_token": per_token,
-            "flops_per_token_sq": per_token_sq,
-            "ms_per_tflop": round(ms_per_tflop, 6),
-            "fixed_ms": round(fixed_ms, 6),
-            "r2": round(compute_r2, 6),
-            "source": "flops: Skrull eq. 13 x layers x 3; ms: layers x one decoder layer forward+backward, "
-            "least squares over packs of sequences",
-            "samples": [{"lengths": list(s.lengths), "flops": s.flops, "ms": round(s.ms, 6)} for s in compute_samples],
-        },
+        "compute": _compute_section(model, compute_samples),
         "attention": {
             "source": "causal attention forward+backward alone, one sequence per length; FLOPs 3 x 4*h*S^2",
             "by_query_tokens": attention_efficiency(attention_points),
         },
-        "comm": comm,
-        "memory": {
-            "bucket_tokens": bucket,
-            "activation_bytes_per_token": round(alpha, 3),
-            "activation_bytes_per_token_per_layer": round(alpha_layer, 3),
-            "saved_bytes_per_token_per_layer": round(saved_alpha, 3),
-            "peak_bytes_per_token_per_layer": None if peak_alpha is None else round(peak_alpha, 3),
-            "activation_bytes_fixed_per_layer": round(beta_layer, 3),
-            "logits_bytes_per_token": logits_bytes,
-            "static_bytes": static,
-            "capacity_bytes": capacity_bytes,
-            "reserve_fraction": setup.reserve_fraction,
-            "r2": round(memory_r2, 6),
-            "source": "per layer: the larger of the slopes of bytes saved for backward (unique storages) and of "
-            "the allocator's forward peak (GPU) vs tokens; x layers, + logits; "
-            "static: weights, gradients and Adam states under the setup's ZeRO stage (solver/derive.py)",
-            "samples": [dataclasses.asdict(s) for s in memory_samples],
-        },
+        "comm": _comm_section(model, comm_samples, bytes_per_value=bytes_per_value, derived_comm=derived_comm),
+        "memory": _memory_section(model, memory_samples, capacity_bytes=capacity_bytes, setup=setup),
         "microbatch_ms": derived_microbatch_ms,
         "microbatch_source": "derived (solver/derive.py): framework overhead is outside a one-layer measurement",
     }

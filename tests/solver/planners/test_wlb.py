@@ -12,7 +12,7 @@ from skrull.solver.planners.wlb import PENDING, WlbPlanner, choose_sharding, del
 from skrull.solver.planning import solve
 from skrull.solver.profile import profile_from_dict
 from skrull.solver.types import Request
-from skrull.solver.worker_view import rank_view
+from skrull.solver.worker_view import plan_rank_view
 from tests.conftest import HAND_PROFILE, make_request
 from tests.solver.planners.peer_requests import planned, requests
 
@@ -133,7 +133,7 @@ def test_plan_and_worker_view_carry_the_chosen_sharding() -> None:
     assert modes == {"per-document"}
     covered: dict[int, int] = {}
     for rank in (0, 1):
-        view = rank_view(plan, lengths, iteration=0, rank=rank)
+        view = plan_rank_view(plan, lengths, iteration=0, rank=rank)
         for mb in view.microbatches:
             assert view.to_dict()["microbatches"][0]["sharding"] == "per-document"
             for shard in mb.shards:
