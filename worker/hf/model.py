@@ -1,0 +1,77 @@
+"""A Hugging Face causal LM from a ``config.json`` alone: seeded random weights, nothing downloaded.
+
+Every process of a run builds the model on the CPU from the same seed, so all hold the same weights
+without broadcasting them, then moves it to its device. The architectures whose attention goes through
+``transformers``' attention interface with rotary positions from ``position_ids`` qualify; Llama and
+Qwen2 are checked (tests/worker/hf), Mistral and Qwen3 share the same attention path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from skrull.solver.errors import RequestError
+from skrull.solver.io import read_json
+from skrull.worker.hf.attention import register
+
+#: ``model_type`` values of config.json that run under DACP.
+SUPPORTED_MODEL_TYPES: tuple[str, ...] = ("llama", "qwen2", "mistral", "qwen3")
+
+
+def read_model_config(path: str | Path, *, field: str = "--model-config") -> dict[str, Any]:
+    """The ``config.json`` document, checked for what DACP needs (one clear error naming the field)."""
+    doc = read_json(str(path), field=field)
+    check_model_config(doc, field=field)
+    assert isinstance(doc, dict)
+    return doc
+
+
+def check_model_config(doc: Any, *, field: str = "--model-config") -> None:
+    if not isinstance(doc, dict):
+        raise RequestError(field, doc, "must be a Hugging Face config.json object")
+    model_type = doc.get("model_type")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise RequestError(
+            f"{field}.model_type", model_type, f"unsupported; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
+        )
+    for key in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads"):
+        value = doc.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise RequestError(f"{field}.{key}", value, "must be an integer >= 1")
+    heads, kv_heads = doc["num_attention_heads"], doc.get("num_key_value_heads", doc["num_attention_heads"])
+    if isinstance(kv_heads, bool) or not isinstance(kv_heads, int) or kv_heads < 1 or heads % kv_heads:
+        raise RequestError(f"{field}.num_key_value_heads", kv_heads, f"must divide num_attention_heads ({heads})")
+    if doc.get("use_sliding_window"):
+        raise RequestError(f"{field}.use_sliding_window", True, "sliding-window attention does not run under DACP")
+    dropout = doc.get("attention_dropout", 0.0)
+    if dropout not in (0, 0.0):
+        raise RequestError(f"{field}.attention_dropout", dropout, "must be 0 (no attention dropout under DACP)")
+
+
+def build_model(
+    config: Mapping[str, Any],
+    *,
+    seed: int,
+    device: torch.device | None = None,
+    dtype: torch.dtype = torch.float32,
+    attn_implementation: str | None = None,
+) -> Any:
+    """``AutoModelForCausalLM.from_config`` with weights drawn from ``seed`` on the CPU, in train mode.
+
+    ``attn_implementation`` defaults to DACP (registered here); the plain reference passes ``"eager"``.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    check_model_config(dict(config))
+    doc = dict(config)
+    hf_config = AutoConfig.for_model(doc.pop("model_type"), **doc)
+    implementation = attn_implementation or register()
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(hf_config, attn_implementation=implementation, dtype=torch.float32)
+    model.to(device=device or torch.device("cpu"), dtype=dtype)
+    model.train()
+    return model
