@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from skrull.cli import execute as execute_cli
+from skrull.cli import finetune as finetune_cli
 from skrull.cli import lengths as lengths_cli
 from skrull.cli import profile as profile_cli
 from skrull.cli import serve, solver_worker
@@ -254,6 +255,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_derive_profile)
 
     execute_cli.add_parser(sub)
+    finetune_cli.add_parser(sub)
     profile_cli.add_parser(sub)
     serve.add_parser(sub)
     solver_worker.add_parser(sub)

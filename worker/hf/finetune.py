@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from skrull.solver.io import plan_from_dict, plan_to_dict
 from skrull.solver.types import Plan
@@ -81,18 +82,15 @@ def step_sequences(plan: Plan, step: int) -> tuple[int, ...]:
     return tuple(sorted(i for mb in it.microbatches for i in mb.seq_ids))
 
 
-def finetune_rank(
-    rank: int,
-    world_size: int,
-    backend: str,
-    plan_doc: dict[str, Any],
-    lengths: tuple[int, ...],
-    config: FinetuneConfig,
-    out_dir: str,
-) -> None:
-    """One process of ``finetune_plan`` (inside the process group): results to ``rank{rank}.pt``."""
-    plan = plan_from_dict(plan_doc)
-    device = device_for(backend, rank)
+def run_finetune_rank(
+    plan: Plan, lengths: Sequence[int], *, config: FinetuneConfig, rank: int, device: torch.device
+) -> dict[str, Any]:
+    """GPU ``rank``'s part of every step (inside an initialized process group; collective over the world).
+
+    Returns ``{"records": [StepRecord...], "kernel": name, "work": (microbatches, tokens)}``; gradients are
+    recorded on rank 0 only (they are the world's sum, the same on every rank).
+    """
+    lengths = tuple(lengths)
     dtype = DTYPES[config.dtype]
     model = build_model(config.model_config, seed=config.seed, device=device, dtype=dtype)
     optimizer = torch.optim.SGD(model.parameters(), lr=config.lr)
@@ -119,7 +117,7 @@ def finetune_rank(
             loss_chunk_tokens=config.loss_chunk_tokens,
         )
         slowest = torch.tensor([result.seconds], dtype=torch.float64, device=device)
-        torch.distributed.all_reduce(slowest, op=torch.distributed.ReduceOp.MAX)
+        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
         if step < 0:
             continue
         grads = {}
@@ -138,8 +136,28 @@ def finetune_rank(
         microbatches += result.microbatches
         tokens += result.tokens
         optimizer.step()
-    torch.save(
-        {"records": records, "kernel": kernel.name, "work": (microbatches, tokens)}, Path(out_dir) / f"rank{rank}.pt"
+    return {"records": records, "kernel": kernel.name, "work": (microbatches, tokens)}
+
+
+def finetune_rank(
+    rank: int,
+    world_size: int,
+    backend: str,
+    plan_doc: dict[str, Any],
+    lengths: tuple[int, ...],
+    config: FinetuneConfig,
+    out_dir: str,
+) -> None:
+    """One process of ``finetune_plan``: ``run_finetune_rank``, then ``rank{rank}.pt`` under ``out_dir``."""
+    part = run_finetune_rank(
+        plan_from_dict(plan_doc), lengths, config=config, rank=rank, device=device_for(backend, rank)
+    )
+    torch.save(part, Path(out_dir) / f"rank{rank}.pt")
+
+
+def result_from_parts(parts: Sequence[dict[str, Any]]) -> FinetuneResult:
+    return FinetuneResult(
+        steps=tuple(parts[0]["records"]), kernel=parts[0]["kernel"], work=tuple(p["work"] for p in parts)
     )
 
 
@@ -151,9 +169,7 @@ def finetune_plan(
     with tempfile.TemporaryDirectory(prefix="skrull-finetune-") as tmp:
         launch(finetune_rank, world_size=world_size, backend=backend, args=(plan_to_dict(plan), lengths, config, tmp))
         parts = [torch.load(Path(tmp) / f"rank{r}.pt", weights_only=False) for r in range(world_size)]
-    return FinetuneResult(
-        steps=tuple(parts[0]["records"]), kernel=parts[0]["kernel"], work=tuple(p["work"] for p in parts)
-    )
+    return result_from_parts(parts)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -188,6 +204,8 @@ def check_steps(
     vocab = int(model.config.vocab_size)
     checks = []
     for record in result.steps:
+        if not record.grads:
+            raise ValueError("the run recorded no gradients (FinetuneConfig.record_grads)")
         optimizer.zero_grad(set_to_none=False)
         loss = plain_step(model, [data.lm_tokens(i, vocab)[0] for i in step_sequences(plan, record.step)])
         worst = ("-", 0.0)

@@ -20,6 +20,8 @@ from skrull.worker.hf.attention import register
 
 #: ``model_type`` values of config.json that run under DACP.
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = ("llama", "qwen2", "mistral", "qwen3")
+#: Largest size field accepted (int32: tensor dimensions and token ids).
+MAX_SIZE = 2**31 - 1
 
 
 def read_model_config(path: str | Path, *, field: str = "--model-config") -> dict[str, Any]:
@@ -40,8 +42,8 @@ def check_model_config(doc: Any, *, field: str = "--model-config") -> None:
         )
     for key in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads"):
         value = doc.get(key)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise RequestError(f"{field}.{key}", value, "must be an integer >= 1")
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_SIZE:
+            raise RequestError(f"{field}.{key}", value, f"must be an integer in 1..{MAX_SIZE}")
     heads, kv_heads = doc["num_attention_heads"], doc.get("num_key_value_heads", doc["num_attention_heads"])
     if isinstance(kv_heads, bool) or not isinstance(kv_heads, int) or kv_heads < 1 or heads % kv_heads:
         raise RequestError(f"{field}.num_key_value_heads", kv_heads, f"must divide num_attention_heads ({heads})")
@@ -71,7 +73,9 @@ def build_model(
     hf_config = AutoConfig.for_model(doc.pop("model_type"), **doc)
     implementation = attn_implementation or register()
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(hf_config, attn_implementation=implementation, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]
+        hf_config, attn_implementation=implementation, dtype=torch.float32
+    )
     model.to(device=device or torch.device("cpu"), dtype=dtype)
     model.train()
     return model

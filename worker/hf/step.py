@@ -73,7 +73,7 @@ def causal_lm_loss(
     if loss_chunk_tokens is None:
         logits = model(**kwargs).logits[0]
         return per_token_loss(logits, labels, num_tokens_in_iteration=num_targets)
-    hidden = model.base_model(**kwargs).last_hidden_state[0]
+    hidden: torch.Tensor = model.base_model(**kwargs).last_hidden_state[0]
     head = model.get_output_embeddings()
 
     def chunk_loss(h: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -82,7 +82,8 @@ def causal_lm_loss(
     total = hidden.new_zeros((), dtype=torch.float32)
     for start in range(0, hidden.shape[0], loss_chunk_tokens):
         end = start + loss_chunk_tokens
-        total = total + checkpoint(chunk_loss, hidden[start:end], labels[start:end], use_reentrant=False)
+        part: torch.Tensor = checkpoint(chunk_loss, hidden[start:end], labels[start:end], use_reentrant=False)
+        total = total + part
     return total / num_targets
 
 
