@@ -13,8 +13,8 @@ import argparse
 import sys
 from typing import Any
 
+from skrull.cli.processes import add_process_arguments, request_for_processes
 from skrull.solver.errors import RequestError, SkrullError
-from skrull.solver.io import read_json, request_from_dict
 from skrull.solver.planning import solve
 from skrull.solver.types import Problem
 
@@ -26,20 +26,13 @@ def add_parser(sub: Any) -> None:
         "execute",
         help="run a plan's attention layer on W local processes (gloo/nccl); --check against each sequence alone",
     )
-    p.add_argument("--request", "-r", required=True, metavar="FILE", help="request JSON (CONTRACT.md format)")
-    p.add_argument("--solver", "-s", default=None, help="planner (default: the request's)")
-    p.add_argument("--world-size", "-w", type=int, default=None, help="processes, = dp * cp (default: dp * cp)")
-    p.add_argument("--backend", default="gloo", help="gloo (CPU) or nccl (one GPU per process); default gloo")
+    add_process_arguments(p)
     p.add_argument("--check", action="store_true", help="compare with each sequence run alone; exit 1 on mismatch")
-    p.add_argument("--cp-mode", default="allgather", help="allgather (Llama 3) or ulysses (all-to-all)")
     p.add_argument("--sharding", default="zigzag", help="zigzag (default, the worker view's) or contiguous")
-    p.add_argument("--kernel", default=None, help="flash-attn, torch-varlen, sdpa or reference (default: best)")
-    p.add_argument("--dtype", default="float32", help="float32 (default), bfloat16 or float16")
     p.add_argument("--hidden-size", type=int, default=64)
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--kv-heads", type=int, default=2)
     p.add_argument("--head-dim", type=int, default=16)
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--warmup", type=int, default=1, help="untimed passes over the plan first (default 1)")
     p.add_argument("--tolerance", type=float, default=None, help="max abs error (default 1e-4; 5e-2 in 16 bits)")
     p.set_defaults(func=cmd_execute)
@@ -52,31 +45,16 @@ def _positive(flag: str, value: int) -> None:
 
 def cmd_execute(args: argparse.Namespace) -> int:
     try:
-        import torch
+        import torch  # noqa: F401
 
-        from skrull.worker.dacp import CP_MODES
-        from skrull.worker.execute import DTYPES, ExecuteConfig, LayerConfig, compare, execute_plan
-        from skrull.worker.kernels import select_kernel
-        from skrull.worker.launch import LaunchError, check_backend
+        from skrull.worker.execute import ExecuteConfig, LayerConfig, compare, execute_plan
+        from skrull.worker.launch import LaunchError
         from skrull.worker.layout import SHARDING_RULES
     except ImportError as exc:
         raise SkrullError(f"skrull execute needs torch ({exc.name} missing): pip install 'skrull[worker]'") from None
-    doc = read_json(args.request, field="--request")
-    if isinstance(doc, dict) and args.solver is not None:
-        doc["solver"] = args.solver
-    request = request_from_dict(doc)
-    num_gpus = request.parallel.num_gpus
-    world_size = num_gpus if args.world_size is None else args.world_size
-    if world_size != num_gpus:
-        raise RequestError("--world-size", world_size, f"must equal parallel.dp * parallel.cp = {num_gpus}")
-    check_backend(args.backend, world_size)
-    for flag, value, known in (
-        ("--cp-mode", args.cp_mode, CP_MODES),
-        ("--sharding", args.sharding, tuple(SHARDING_RULES)),
-        ("--dtype", args.dtype, tuple(DTYPES)),
-    ):
-        if value not in known:
-            raise RequestError(flag, value, f"unknown; known: {', '.join(known)}")
+    request, world_size = request_for_processes(args)
+    if args.sharding not in SHARDING_RULES:
+        raise RequestError("--sharding", args.sharding, f"unknown; known: {', '.join(SHARDING_RULES)}")
     if args.warmup < 0:
         raise RequestError("--warmup", args.warmup, "must be an integer >= 0")
     for flag, value in (
@@ -90,9 +68,6 @@ def cmd_execute(args: argparse.Namespace) -> int:
         raise RequestError("--kv-heads", args.kv_heads, f"must divide --heads ({args.heads})")
     if args.head_dim % 2:
         raise RequestError("--head-dim", args.head_dim, "must be even (rotary embedding)")
-    if args.backend == "gloo" and args.dtype != "float32":
-        raise RequestError("--dtype", args.dtype, "gloo runs on CPU: use float32")
-    select_kernel(torch.device("cuda" if args.backend == "nccl" else "cpu"), DTYPES[args.dtype], args.kernel)
     tolerance = args.tolerance if args.tolerance is not None else (1e-4 if args.dtype == "float32" else 5e-2)
     config = ExecuteConfig(
         layer=LayerConfig(

@@ -16,8 +16,9 @@ import argparse
 import sys
 from typing import Any
 
+from skrull.cli.processes import add_process_arguments, request_for_processes
 from skrull.solver.errors import RequestError, SkrullError
-from skrull.solver.io import plan_from_dict, read_json, request_from_dict
+from skrull.solver.io import plan_from_dict, read_json
 from skrull.solver.planning import solve
 from skrull.solver.types import Plan, Problem, Request
 from skrull.solver.validate import validate_plan
@@ -31,18 +32,11 @@ def add_parser(sub: Any) -> None:
         help="train a Hugging Face model (config.json, random weights) under a plan on W processes; --check",
     )
     p.add_argument("--model-config", "-m", required=True, metavar="FILE", help="Hugging Face config.json")
-    p.add_argument("--request", "-r", required=True, metavar="FILE", help="request JSON (CONTRACT.md format)")
+    add_process_arguments(p)
     p.add_argument("--plan", "-p", default=None, metavar="FILE", help="run this plan (validated) instead of solving")
-    p.add_argument("--solver", "-s", default=None, help="planner (default: the request's)")
-    p.add_argument("--world-size", "-w", type=int, default=None, help="processes, = dp * cp (default: dp * cp)")
-    p.add_argument("--backend", default="gloo", help="gloo (CPU) or nccl (one GPU per process); default gloo")
     p.add_argument("--steps", "-n", type=int, default=1, help="optimizer steps (default 1)")
     p.add_argument("--check", action="store_true", help="compare each step with the plain HF step; exit 1 on mismatch")
     p.add_argument("--lr", type=float, default=0.05, help="SGD learning rate (default 0.05)")
-    p.add_argument("--seed", type=int, default=0, help="weights and token ids (default 0)")
-    p.add_argument("--cp-mode", default="allgather", help="allgather (Llama 3) or ulysses (all-to-all)")
-    p.add_argument("--kernel", default=None, help="flash-attn, torch-varlen, sdpa or reference (default: best)")
-    p.add_argument("--dtype", default="float32", help="float32 (default), bfloat16 or float16 (nccl only)")
     p.add_argument("--loss-chunk-tokens", type=int, default=None, help="LM head + loss in chunks of this many rows")
     p.add_argument("--warmup", type=int, default=0, help="untimed steps first, not applied (default 0)")
     p.add_argument("--tolerance", type=float, default=None, help="max relative error (default 1e-4; 5e-2 in 16 bits)")
@@ -59,31 +53,18 @@ def _load_plan(args: argparse.Namespace, request: Request) -> Plan:
 
 def cmd_finetune(args: argparse.Namespace) -> int:
     try:
-        import torch
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
 
-        from skrull.worker.dacp import CP_MODES
-        from skrull.worker.execute import DTYPES
         from skrull.worker.hf.finetune import FinetuneConfig, check_steps, finetune_plan
         from skrull.worker.hf.model import read_model_config
-        from skrull.worker.kernels import select_kernel
-        from skrull.worker.launch import LaunchError, check_backend
+        from skrull.worker.launch import LaunchError
     except ImportError as exc:
         raise SkrullError(
             f"skrull finetune needs torch and transformers ({exc.name} missing): pip install 'skrull[worker,hf]'"
         ) from None
     model_config = read_model_config(args.model_config)
-    doc = read_json(args.request, field="--request")
-    if isinstance(doc, dict) and args.solver is not None:
-        doc["solver"] = args.solver
-    request = request_from_dict(doc)
-    num_gpus = request.parallel.num_gpus
-    world_size = num_gpus if args.world_size is None else args.world_size
-    if world_size != num_gpus:
-        raise RequestError("--world-size", world_size, f"must equal parallel.dp * parallel.cp = {num_gpus}")
-    check_backend(args.backend, world_size)
-    for flag, value, known in (("--cp-mode", args.cp_mode, CP_MODES), ("--dtype", args.dtype, tuple(DTYPES))):
-        if value not in known:
-            raise RequestError(flag, value, f"unknown; known: {', '.join(known)}")
+    request, world_size = request_for_processes(args)
     if args.steps < 1:
         raise RequestError("--steps", args.steps, "must be an integer >= 1")
     if args.warmup < 0:
@@ -92,9 +73,6 @@ def cmd_finetune(args: argparse.Namespace) -> int:
         raise RequestError("--loss-chunk-tokens", args.loss_chunk_tokens, "must be an integer >= 1")
     if not args.lr > 0:
         raise RequestError("--lr", args.lr, "must be a number > 0")
-    if args.backend == "gloo" and args.dtype != "float32":
-        raise RequestError("--dtype", args.dtype, "gloo runs on CPU: use float32")
-    select_kernel(torch.device("cuda" if args.backend == "nccl" else "cpu"), DTYPES[args.dtype], args.kernel)
     tolerance = args.tolerance if args.tolerance is not None else (1e-4 if args.dtype == "float32" else 5e-2)
     plan = _load_plan(args, request)
     if not plan.iterations:

@@ -31,7 +31,7 @@ from skrull.worker.collectives import GroupRegistry
 from skrull.worker.dataloader import ready_microbatch
 from skrull.worker.execute import DTYPES
 from skrull.worker.hf.model import build_model
-from skrull.worker.hf.step import plain_step, scheduled_step
+from skrull.worker.hf.step import dacp_plans, plain_step, scheduled_step
 from skrull.worker.inputs import SyntheticData
 from skrull.worker.kernels import select_kernel
 from skrull.worker.launch import device_for, launch
@@ -102,10 +102,12 @@ def run_finetune_rank(
     microbatches = tokens = 0
     for step in range(-config.warmup_steps, config.steps):
         iteration = iteration_of(plan, max(step, 0))
+        # inputs and DACP index tensors are ready before the step starts (a loader builds them ahead)
         ready = [
             ready_microbatch(layout, lambda i: data.lm_tokens(i, vocab), loss_normalizer=0, device=device)
             for layout in rank_layouts(plan, lengths, iteration=iteration, rank=rank)
         ]
+        plans = dacp_plans(ready, registry=registry, kernel=kernel, device=device, cp_mode=config.cp_mode)
         optimizer.zero_grad(set_to_none=False)
         result = scheduled_step(
             model,
@@ -115,6 +117,7 @@ def run_finetune_rank(
             device=device,
             cp_mode=config.cp_mode,
             loss_chunk_tokens=config.loss_chunk_tokens,
+            plans=plans,
         )
         slowest = torch.tensor([result.seconds], dtype=torch.float64, device=device)
         dist.all_reduce(slowest, op=dist.ReduceOp.MAX)

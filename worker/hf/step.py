@@ -87,6 +87,27 @@ def causal_lm_loss(
     return total / num_targets
 
 
+def dacp_plans(
+    microbatches: Sequence[ReadyMicrobatch],
+    *,
+    registry: GroupRegistry,
+    kernel: AttentionKernel,
+    device: torch.device,
+    cp_mode: str = "allgather",
+) -> list[DACPPlan]:
+    """Each microbatch's DACP plan (index tensors on ``device``; needs no communication)."""
+    return [
+        DACPPlan.build(
+            mb.layout,
+            group=registry.get(mb.layout.ranks) if mb.layout.communicates else None,
+            kernel=kernel,
+            device=device,
+            mode=cp_mode,
+        )
+        for mb in microbatches
+    ]
+
+
 def scheduled_step(
     model: Any,
     microbatches: Sequence[ReadyMicrobatch],
@@ -96,19 +117,25 @@ def scheduled_step(
     device: torch.device,
     cp_mode: str = "allgather",
     loss_chunk_tokens: int | None = None,
+    plans: Sequence[DACPPlan] | None = None,
 ) -> StepResult:
     """This rank's microbatches in step order, then gradients and loss summed over the world.
 
     Collective over the whole world (every rank calls it once per step, idle or not). Gradients
-    accumulate into ``.grad``: zero them before, step the optimizer after.
+    accumulate into ``.grad``: zero them before, step the optimizer after. ``plans`` are the
+    microbatches' ``DACPPlan`` when built ahead (``dacp_plans``, e.g. while the previous step runs).
     """
+    if device.type == "cuda":  # the step's time starts when the previous work on the device is done
+        torch.cuda.synchronize(device)
     start = time.perf_counter()
+    if plans is None:
+        plans = dacp_plans(microbatches, registry=registry, kernel=kernel, device=device, cp_mode=cp_mode)
+    if len(plans) != len(microbatches):
+        raise ValueError(f"{len(plans)} DACP plans for {len(microbatches)} microbatches")
     num_targets = global_target_count(microbatches, device=device)
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     tokens = 0
-    for mb in microbatches:
-        group = registry.get(mb.layout.ranks) if mb.layout.communicates else None
-        plan = DACPPlan.build(mb.layout, group=group, kernel=kernel, device=device, mode=cp_mode)
+    for mb, plan in zip(microbatches, plans, strict=True):
         kwargs, labels = model_inputs(mb, plan)
         loss = causal_lm_loss(model, kwargs, labels, num_targets=num_targets, loss_chunk_tokens=loss_chunk_tokens)
         loss.backward()  # type: ignore[no-untyped-call]
