@@ -39,6 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run from a checkout without installing
     sys.path.insert(0, str(ROOT))
 
+from examples.train_tiny import TINY_PROFILE  # noqa: E402  (buckets of 64 tokens: CP already at a few hundred)
 from skrull.api.client import PlanningClient  # noqa: E402
 from skrull.solver.datasets import load_distribution  # noqa: E402
 from skrull.worker.collectives import GroupRegistry  # noqa: E402
@@ -48,15 +49,6 @@ from skrull.worker.hf.model import build_model, read_model_config  # noqa: E402
 from skrull.worker.hf.step import scheduled_step  # noqa: E402
 from skrull.worker.kernels import select_kernel  # noqa: E402
 from skrull.worker.launch import device_for, launch  # noqa: E402
-
-#: A CPU-sized profile: buckets of 64 tokens, so a few hundred tokens already need context parallelism.
-TINY_PROFILE: dict[str, Any] = {
-    "name": "tiny-cpu",
-    "compute": {"flops_per_token": 1e9, "flops_per_token_sq": 1e5, "ms_per_tflop": 2.0, "fixed_ms": 0.5},
-    "comm": {"bytes_per_token": 2**20, "ms_per_mib": 0.001, "fixed_ms": 0.2},
-    "memory": {"bucket_tokens": 64},
-    "microbatch_ms": 3.0,
-}
 
 
 def make_dataset(args: argparse.Namespace, *, vocab_size: int, max_tokens: int) -> list[list[int]]:

@@ -54,6 +54,8 @@ class ReadyMicrobatch:
     position_ids: torch.Tensor
     cu_seqlens: torch.Tensor
     max_seqlen: int
+    #: The iteration's input tokens (or ``supervised_tokens``); the Hugging Face step counts target
+    #: labels over the world instead (worker/hf/step.py, docs/finetune.md).
     loss_normalizer: int
 
     @property

@@ -47,6 +47,15 @@ def check_model_config(doc: Any, *, field: str = "--model-config") -> None:
     heads, kv_heads = doc["num_attention_heads"], doc.get("num_key_value_heads", doc["num_attention_heads"])
     if isinstance(kv_heads, bool) or not isinstance(kv_heads, int) or kv_heads < 1 or heads % kv_heads:
         raise RequestError(f"{field}.num_key_value_heads", kv_heads, f"must divide num_attention_heads ({heads})")
+    head_dim = doc.get("head_dim")
+    if head_dim is None:
+        if doc["hidden_size"] % heads:
+            raise RequestError(
+                f"{field}.hidden_size", doc["hidden_size"], f"must be a multiple of num_attention_heads ({heads})"
+            )
+        head_dim = doc["hidden_size"] // heads
+    if isinstance(head_dim, bool) or not isinstance(head_dim, int) or not 2 <= head_dim <= MAX_SIZE or head_dim % 2:
+        raise RequestError(f"{field}.head_dim", head_dim, "must be an even integer >= 2 (rotary embedding)")
     if doc.get("use_sliding_window"):
         raise RequestError(f"{field}.use_sliding_window", True, "sliding-window attention does not run under DACP")
     dropout = doc.get("attention_dropout", 0.0)

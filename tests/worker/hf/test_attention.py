@@ -104,6 +104,9 @@ def test_a_forward_without_the_plan_is_refused() -> None:
         ({"vocab_size": 10**30}, "vocab_size: 1000000000000000000000000000000: must be an integer in 1.."),
         ({"num_hidden_layers": 2.5}, "num_hidden_layers: 2.5: must be an integer"),
         ({"num_attention_heads": True}, "num_attention_heads: True: must be an integer"),
+        ({"hidden_size": 66}, "hidden_size: 66: must be a multiple of num_attention_heads (4)"),
+        ({"head_dim": 7}, "head_dim: 7: must be an even integer >= 2"),
+        ({"head_dim": "16"}, "head_dim: '16': must be an even integer"),
     ],
 )
 def test_configs_that_cannot_run_under_dacp_are_refused(change: dict[str, Any], message: str) -> None:
