@@ -3,7 +3,7 @@
 Every process of a run builds the model on the CPU from the same seed, so all hold the same weights
 without broadcasting them, then moves it to its device. The architectures whose attention goes through
 ``transformers``' attention interface with rotary positions from ``position_ids`` qualify; Llama and
-Qwen2 are checked (tests/worker/hf), Mistral and Qwen3 share the same attention path.
+Qwen2 are checked (tests/worker/hf); Mistral and Qwen3 share the same attention path and are accepted.
 """
 
 from __future__ import annotations
@@ -58,6 +58,10 @@ def check_model_config(doc: Any, *, field: str = "--model-config") -> None:
         raise RequestError(f"{field}.head_dim", head_dim, "must be an even integer >= 2 (rotary embedding)")
     if doc.get("use_sliding_window"):
         raise RequestError(f"{field}.use_sliding_window", True, "sliding-window attention does not run under DACP")
+    if doc["model_type"] == "mistral" and doc.get("sliding_window") is not None:
+        raise RequestError(
+            f"{field}.sliding_window", doc["sliding_window"], "sliding-window attention does not run under DACP (null)"
+        )
     dropout = doc.get("attention_dropout", 0.0)
     if dropout not in (0, 0.0):
         raise RequestError(f"{field}.attention_dropout", dropout, "must be 0 (no attention dropout under DACP)")

@@ -107,6 +107,7 @@ def test_a_forward_without_the_plan_is_refused() -> None:
         ({"hidden_size": 66}, "hidden_size: 66: must be a multiple of num_attention_heads (4)"),
         ({"head_dim": 7}, "head_dim: 7: must be an even integer >= 2"),
         ({"head_dim": "16"}, "head_dim: '16': must be an even integer"),
+        ({"model_type": "mistral", "sliding_window": 4096}, "sliding_window: 4096: sliding-window attention"),
     ],
 )
 def test_configs_that_cannot_run_under_dacp_are_refused(change: dict[str, Any], message: str) -> None:
