@@ -114,3 +114,27 @@ def test_configs_that_cannot_run_under_dacp_are_refused(change: dict[str, Any], 
     doc = {**config("qwen2-tiny"), **change}
     with pytest.raises(RequestError, match=message.replace("(", r"\(").replace(")", r"\)")):
         check_model_config(doc)
+
+
+def test_a_non_default_scaling_is_applied_like_eager_attention() -> None:
+    """Models whose layers scale scores by other than 1/sqrt(head_dim) get exactly that scaling."""
+    from transformers.models.qwen2.modeling_qwen2 import eager_attention_forward
+
+    from skrull.worker.hf.attention import dacp_attention_forward
+
+    gen = torch.Generator().manual_seed(0)
+    layout = local_layout((3, 0))  # rows 0..4 and 5..11: two sequences of 5 and 7 tokens (LENGTHS[3], [0])
+    q, k, v = (torch.randn(1, h, 12, 8, generator=gen) for h in (4, 2, 2))
+    plan = DACPPlan.build(
+        layout, group=None, kernel=select_kernel(torch.device("cpu"), torch.float32), device=torch.device("cpu")
+    )
+
+    class Layer(torch.nn.Module):
+        num_key_value_groups = 2
+        training = False
+
+    got, _ = dacp_attention_forward(Layer(), q, k, v, None, scaling=0.7, skrull_dacp=plan)
+    for a, b in ((0, 5), (5, 12)):
+        mask = torch.full((b - a, b - a), float("-inf")).triu(1)[None, None]
+        want, _ = eager_attention_forward(Layer(), q[:, :, a:b], k[:, :, a:b], v[:, :, a:b], mask, scaling=0.7)
+        assert torch.allclose(got[:, a:b], want, atol=1e-6)
