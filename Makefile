@@ -5,14 +5,14 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test lint bench clean profiles
+.PHONY: setup demo test lint bench clean profiles gpu-check
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	# The CPU build of torch this machine carries; on a GPU machine the CUDA build already installed is kept.
 	$(BIN)/python -c 'import torch' 2>/dev/null || $(BIN)/pip install --quiet 'torch==2.13.0'
-	$(BIN)/pip install --quiet -e '.[dev,worker,api,viz,data]'
+	$(BIN)/pip install --quiet -e '.[dev,worker,api,viz,data,hf]'
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -38,6 +38,22 @@ bench: $(STAMP)
 
 profiles: $(STAMP)
 	$(BIN)/skrull derive-profile --all --write-bundled
+
+# GPU acceptance on a machine with CUDA GPUs (docs/finetune.md): flash-attn, the GPU tests, a measured
+# profile (kept under docs/gpu-check/ with the device and the date), its predictions checked against
+# measured microbatch times (median within 15%), and a measured training step per planner.
+GPU_CHECK := docs/gpu-check
+
+gpu-check: $(STAMP)
+	@$(BIN)/python -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else "make gpu-check: needs a CUDA GPU and torch sees none (torch.cuda.is_available() is False); nothing was run")'
+	$(BIN)/python -c 'import flash_attn' 2>/dev/null || $(BIN)/pip install --no-build-isolation flash-attn
+	$(BIN)/python -m pytest -q -m gpu
+	mkdir -p $(GPU_CHECK)
+	$(BIN)/skrull profile --model qwen2.5-0.5b --gpus $$($(BIN)/python -c 'import torch; print(torch.cuda.device_count())') \
+		--output $(GPU_CHECK)/profile.json
+	$(BIN)/skrull profile --check $(GPU_CHECK)/profile.json --max-median-error 0.15 > $(GPU_CHECK)/profile-check.md; \
+		status=$$?; cat $(GPU_CHECK)/profile-check.md; exit $$status
+	$(BIN)/python bench/finetune_step.py --profile $(GPU_CHECK)/profile.json --out docs/finetune-step.md
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -13,8 +13,8 @@ import argparse
 import sys
 from typing import Any
 
+from skrull.cli.processes import add_process_arguments, request_for_processes
 from skrull.solver.errors import RequestError, SkrullError
-from skrull.solver.io import read_json, request_from_dict
 from skrull.solver.planning import solve
 from skrull.solver.sharding import SHARDING_MODES
 from skrull.solver.types import Plan, Problem
@@ -31,24 +31,17 @@ def add_parser(sub: Any) -> None:
         "execute",
         help="run a plan's attention layer on W local processes (gloo/nccl); --check against each sequence alone",
     )
-    p.add_argument("--request", "-r", required=True, metavar="FILE", help="request JSON (docs/formats.md format)")
-    p.add_argument("--solver", "-s", default=None, help="planner (default: the request's)")
-    p.add_argument("--world-size", "-w", type=int, default=None, help="processes, = dp * cp (default: dp * cp)")
-    p.add_argument("--backend", default="gloo", help="gloo (CPU) or nccl (one GPU per process); default gloo")
+    add_process_arguments(p)
     p.add_argument("--check", action="store_true", help="compare with each sequence run alone; exit 1 on mismatch")
-    p.add_argument("--cp-mode", default="allgather", help="allgather (Llama 3) or ulysses (all-to-all)")
     p.add_argument(
         "--sharding",
         default="zigzag",
         help=f"cut of microbatches the plan leaves at the default: {', '.join(SHARDING_MODES)} (default zigzag)",
     )
-    p.add_argument("--kernel", default=None, help="flash-attn, torch-varlen, sdpa or reference (default: best)")
-    p.add_argument("--dtype", default="float32", help="float32 (default), bfloat16 or float16")
     p.add_argument("--hidden-size", type=int, default=64)
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--kv-heads", type=int, default=2)
     p.add_argument("--head-dim", type=int, default=16)
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--warmup", type=int, default=1, help="untimed passes over the plan first (default 1)")
     p.add_argument(
         "--tolerance",
@@ -64,20 +57,10 @@ def _positive(flag: str, value: int) -> None:
         raise RequestError(flag, value, "must be an integer >= 1")
 
 
-def _check_options(
-    args: argparse.Namespace, *, num_gpus: int, cp_modes: tuple[str, ...], dtypes: tuple[str, ...]
-) -> int:
-    """Refuse bad options with the flag and the value; the world size to launch."""
-    world_size = num_gpus if args.world_size is None else args.world_size
-    if world_size != num_gpus:
-        raise RequestError("--world-size", world_size, f"must equal parallel.dp * parallel.cp = {num_gpus}")
-    for flag, value, known in (
-        ("--cp-mode", args.cp_mode, cp_modes),
-        ("--sharding", args.sharding, SHARDING_MODES),
-        ("--dtype", args.dtype, dtypes),
-    ):
-        if value not in known:
-            raise RequestError(flag, value, f"unknown; known: {', '.join(known)}")
+def _check_layer_options(args: argparse.Namespace) -> None:
+    """Refuse bad options of this command (the shared ones are checked by ``request_for_processes``)."""
+    if args.sharding not in SHARDING_MODES:
+        raise RequestError("--sharding", args.sharding, f"unknown; known: {', '.join(SHARDING_MODES)}")
     if args.warmup < 0:
         raise RequestError("--warmup", args.warmup, "must be an integer >= 0")
     for flag, value in (
@@ -91,9 +74,6 @@ def _check_options(
         raise RequestError("--kv-heads", args.kv_heads, f"must divide --heads ({args.heads})")
     if args.head_dim % 2:
         raise RequestError("--head-dim", args.head_dim, "must be even (rotary embedding)")
-    if args.backend == "gloo" and args.dtype != "float32":
-        raise RequestError("--dtype", args.dtype, "gloo runs on CPU: use float32")
-    return world_size
 
 
 def _print_timings(plan: Plan, result: Any, args: argparse.Namespace, world_size: int) -> None:
@@ -141,23 +121,14 @@ def _print_check(rows: Any, num_sequences: int) -> int:
 
 def cmd_execute(args: argparse.Namespace) -> int:
     try:
-        import torch
+        import torch  # noqa: F401
 
-        from skrull.worker.dacp import CP_MODES
-        from skrull.worker.execute import DTYPES, ExecuteConfig, LayerConfig, compare, execute_plan
-        from skrull.worker.kernels import select_kernel
-        from skrull.worker.launch import LaunchError, check_backend
+        from skrull.worker.execute import ExecuteConfig, LayerConfig, compare, execute_plan
+        from skrull.worker.launch import LaunchError
     except ImportError as exc:
         raise SkrullError(f"skrull execute needs torch ({exc.name} missing): pip install 'skrull[worker]'") from None
-    doc = read_json(args.request, field="--request")
-    if isinstance(doc, dict) and args.solver is not None:
-        doc["solver"] = args.solver
-    request = request_from_dict(doc)
-    world_size = _check_options(
-        args, num_gpus=request.parallel.num_gpus, cp_modes=tuple(CP_MODES), dtypes=tuple(DTYPES)
-    )
-    check_backend(args.backend, world_size)
-    select_kernel(torch.device("cuda" if args.backend == "nccl" else "cpu"), DTYPES[args.dtype], args.kernel)
+    request, world_size = request_for_processes(args)
+    _check_layer_options(args)
     tolerance = args.tolerance
     if tolerance is None:
         tolerance = TOLERANCE_FLOAT32 if args.dtype == "float32" else TOLERANCE_16_BIT

@@ -16,6 +16,7 @@ from typing import Any
 
 from skrull.cli import derive as derive_cli
 from skrull.cli import execute as execute_cli
+from skrull.cli import finetune as finetune_cli
 from skrull.cli import lengths as lengths_cli
 from skrull.cli import profile as profile_cli
 from skrull.cli import serve, solver_worker
@@ -232,6 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     derive_cli.add_parser(sub)
     execute_cli.add_parser(sub)
+    finetune_cli.add_parser(sub)
     profile_cli.add_parser(sub)
     serve.add_parser(sub)
     solver_worker.add_parser(sub)

@@ -43,6 +43,13 @@ def add_parser(sub: Any) -> None:
     chk.add_argument("--per-rank", type=int, default=16, help="sequences per DP rank")
     chk.add_argument("--bucket-tokens", type=int, default=None, help="override the profile's bucket")
     chk.add_argument("--seed", type=int, default=0)
+    chk.add_argument(
+        "--max-median-error",
+        type=float,
+        default=None,
+        metavar="FRACTION",
+        help="exit 1 when the overall median relative error exceeds this (e.g. 0.15)",
+    )
     p.set_defaults(func=cmd_profile)
 
 
@@ -77,6 +84,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
             raise RequestError(flag, value, "must be an integer >= 1")
     if device.type == "cuda" and args.gpus > torch.cuda.device_count():
         raise RequestError("--gpus", args.gpus, f"only {torch.cuda.device_count()} GPU(s) visible")
+    if args.max_median_error is not None and not args.max_median_error > 0:
+        raise RequestError("--max-median-error", args.max_median_error, "must be a fraction > 0")
     if args.check:
         return _check(args, device=device, dtype=dtype, model_from_doc=model_from_doc, run_check=run_check)
     if args.model not in PROFILE_MODELS:
@@ -167,4 +176,11 @@ def _check(args: argparse.Namespace, *, device: Any, dtype: Any, model_from_doc:
                 f"{dataset}: measured iteration compute (slowest rank) skrull {times['skrull']:.2f} ms vs "
                 f"deepspeed {times['deepspeed']:.2f} ms: {times['deepspeed'] / times['skrull']:.2f}x"
             )
+    limit = args.max_median_error
+    if limit is not None and not overall.median_abs_rel_error <= limit:
+        print(
+            f"skrull: error: check failed: median relative error {overall.median_abs_rel_error:.1%} > {limit:.1%}",
+            file=sys.stderr,
+        )
+        return 1
     return 0

@@ -57,6 +57,8 @@ class ReadyMicrobatch:
     position_ids: torch.Tensor
     cu_seqlens: torch.Tensor
     max_seqlen: int
+    #: The iteration's input tokens (or ``supervised_tokens``); the Hugging Face step counts target
+    #: labels over the world instead (worker/hf/step.py, docs/finetune.md).
     loss_normalizer: int
 
     @property
@@ -72,6 +74,35 @@ class ReadyIteration:
     sample_indices: tuple[int, ...]
     loss_normalizer: int
     blocked_s: float
+
+
+def ready_microbatch(
+    layout: MicrobatchLayout,
+    fetch: Callable[[int], tuple[torch.Tensor, torch.Tensor]],
+    *,
+    loss_normalizer: int,
+    device: torch.device,
+) -> ReadyMicrobatch:
+    """Pack one microbatch: ``fetch(seq_id)`` gives a whole sequence's ``(input_ids, labels)``, aligned.
+
+    Labels are sliced with their tokens, so a shard piece keeps the targets of its own rows (the label of
+    a piece's last row is the next token of the sequence, held by another piece or another GPU).
+    """
+    if layout.num_tokens:
+        ids = pack(layout, lambda i: fetch(i)[0])
+        labels = pack(layout, lambda i: fetch(i)[1])
+    else:
+        ids = labels = torch.zeros(0, dtype=torch.long)
+    return ReadyMicrobatch(
+        step=layout.step,
+        layout=layout,
+        input_ids=ids.to(device),
+        labels=labels.to(device),
+        position_ids=torch.tensor(layout.position_ids, dtype=torch.long, device=device),
+        cu_seqlens=torch.tensor(layout.cu_seqlens, dtype=torch.int32, device=device),
+        max_seqlen=layout.max_seqlen,
+        loss_normalizer=loss_normalizer,
+    )
 
 
 def _as_tensor(value: Any, field: str, index: int) -> torch.Tensor:
@@ -208,29 +239,13 @@ class PlannedBatches:
                 cache[seq_id] = self._sample(samples[seq_id - self._first_id(iteration)])
             return cache[seq_id]
 
-        ready = []
-        for layout in layouts:
-            if layout.num_tokens:
-                ids = pack(layout, lambda i: fetch(i)[0])
-                labels = pack(layout, lambda i: fetch(i)[1])
-            else:
-                ids = labels = torch.zeros(0, dtype=torch.long)
-            ready.append(
-                ReadyMicrobatch(
-                    step=layout.step,
-                    layout=layout,
-                    input_ids=ids.to(self.device),
-                    labels=labels.to(self.device),
-                    position_ids=torch.tensor(layout.position_ids, dtype=torch.long, device=self.device),
-                    cu_seqlens=torch.tensor(layout.cu_seqlens, dtype=torch.int32, device=self.device),
-                    max_seqlen=layout.max_seqlen,
-                    loss_normalizer=normalizer,
-                )
-            )
+        ready = tuple(
+            ready_microbatch(layout, fetch, loss_normalizer=normalizer, device=self.device) for layout in layouts
+        )
         return ReadyIteration(
             iteration=iteration,
             plan_id=plan_id,
-            microbatches=tuple(ready),
+            microbatches=ready,
             sample_indices=tuple(samples),
             loss_normalizer=normalizer,
             blocked_s=blocked_s,

@@ -74,3 +74,11 @@ class SyntheticData:
         g = self._generator(seq_id, 2)
         ids = torch.randint(0, vocab_size, (self.lengths[seq_id] + 1,), generator=g)
         return ids[:-1], ids[1:]
+
+    def lm_tokens(self, seq_id: int, vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(input_ids, labels)`` of a causal-LM sample of S random tokens: labels are the next token of
+        the same sequence and ``-100`` at its last token (S - 1 targets, what Hugging Face's shifted loss
+        takes from ``labels=input_ids``)."""
+        g = self._generator(seq_id, 3)
+        ids = torch.randint(0, vocab_size, (self.lengths[seq_id],), generator=g)
+        return ids, torch.cat([ids[1:], torch.full((1,), -100, dtype=torch.long)])

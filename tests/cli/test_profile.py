@@ -44,6 +44,13 @@ def test_cpu_dry_run_writes_a_contract_profile_and_checks_it(tmp_path: Path) -> 
     assert check.returncode == 0, check.stderr
     assert "| llama3-sft-mix | skrull |" in check.stdout and "| llama3-sft-mix | deepspeed |" in check.stdout
     assert "overall: median abs error" in check.stdout and "R^2" in check.stdout
+    strict = skrull(
+        "profile", "--check", str(target), "--device", "cpu", "--dp", "1", "--cp", "2", "--per-rank", "3",
+        "--bucket-tokens", "128", "--repeats", "1", "--dataset", "llama3-sft-mix", "--solvers", "skrull",
+        "--max-median-error", "1e-9",
+    )  # fmt: skip
+    assert strict.returncode == 1 and "overall: median abs error" in strict.stdout
+    assert strict.stderr.count("\n") == 1 and strict.stderr.startswith("skrull: error: check failed: median")
 
 
 def test_check_refuses_a_profile_without_the_model_shape(tmp_path: Path) -> None:
@@ -62,6 +69,7 @@ def test_check_refuses_a_profile_without_the_model_shape(tmp_path: Path) -> None
         (["--device", "cpu", "--model", "gpt-9"], "--model: 'gpt-9': unknown model"),
         (["--device", "cpu", "--model", "tiny", "--max-tokens", "64"], "--max-tokens: 64: must be >= 128"),
         (["--device", "cpu", "--dtype", "float8"], "--dtype: 'float8': unknown"),
+        (["--device", "cpu", "--max-median-error", "nan"], "--max-median-error: nan: must be a fraction > 0"),
     ],
 )
 def test_mistakes_end_with_one_line(args: list[str], message: str) -> None:

@@ -1,0 +1,142 @@
+"""``skrull finetune``: train a Hugging Face model from its config.json under a plan; ``--check`` it.
+
+Plans the request (or reads ``--plan``, validated against it), builds the model from ``--model-config``
+with seeded random weights (nothing is downloaded), spawns ``--world-size`` processes (gloo on CPU,
+NCCL with one GPU each) and runs ``--steps`` SGD steps, step s under the plan's iteration
+``s mod iterations``, on seeded random token ids of the request's lengths. ``--check`` replays every
+step as a plain single-process Hugging Face training step over the same global batch (padded, no
+packing, no CP) and compares the loss and every parameter gradient: it prints the largest relative
+error and "check passed", or "check failed" with exit status 1. torch and transformers are imported
+only when the command runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from skrull.cli.processes import add_process_arguments, request_for_processes
+from skrull.solver.errors import RequestError, SkrullError
+from skrull.solver.io import plan_from_dict, read_json
+from skrull.solver.planning import solve
+from skrull.solver.types import Plan, Problem, Request
+from skrull.solver.validate import validate_plan
+
+EXIT_CHECK_FAILED = 1
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "finetune",
+        help="train a Hugging Face model (config.json, random weights) under a plan on W processes; --check",
+    )
+    p.add_argument("--model-config", "-m", required=True, metavar="FILE", help="Hugging Face config.json")
+    add_process_arguments(p)
+    p.add_argument("--plan", "-p", default=None, metavar="FILE", help="run this plan (validated) instead of solving")
+    p.add_argument("--steps", "-n", type=int, default=1, help="optimizer steps (default 1)")
+    p.add_argument("--check", action="store_true", help="compare each step with the plain HF step; exit 1 on mismatch")
+    p.add_argument("--lr", type=float, default=0.05, help="SGD learning rate (default 0.05)")
+    p.add_argument("--loss-chunk-tokens", type=int, default=None, help="LM head + loss in chunks of this many rows")
+    p.add_argument("--warmup", type=int, default=0, help="untimed steps first, not applied (default 0)")
+    p.add_argument("--tolerance", type=float, default=None, help="max relative error (default 1e-4; 5e-2 in 16 bits)")
+    p.set_defaults(func=cmd_finetune)
+
+
+def _load_plan(args: argparse.Namespace, request: Request) -> Plan:
+    if args.plan is None:
+        return solve(request)
+    plan = plan_from_dict(read_json(args.plan, field="--plan"))
+    validate_plan(plan, request)
+    return plan
+
+
+def cmd_finetune(args: argparse.Namespace) -> int:
+    try:
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+
+        from skrull.worker.hf.finetune import FinetuneConfig, check_steps, finetune_plan
+        from skrull.worker.hf.model import read_model_config
+        from skrull.worker.launch import LaunchError
+    except ImportError as exc:
+        raise SkrullError(
+            f"skrull finetune needs torch and transformers ({exc.name} missing): pip install 'skrull[worker,hf]'"
+        ) from None
+    model_config = read_model_config(args.model_config)
+    request, world_size = request_for_processes(args)
+    if args.steps < 1:
+        raise RequestError("--steps", args.steps, "must be an integer >= 1")
+    if args.warmup < 0:
+        raise RequestError("--warmup", args.warmup, "must be an integer >= 0")
+    if args.loss_chunk_tokens is not None and args.loss_chunk_tokens < 1:
+        raise RequestError("--loss-chunk-tokens", args.loss_chunk_tokens, "must be an integer >= 1")
+    if not args.lr > 0:
+        raise RequestError("--lr", args.lr, "must be a number > 0")
+    tolerance = args.tolerance if args.tolerance is not None else (1e-4 if args.dtype == "float32" else 5e-2)
+    plan = _load_plan(args, request)
+    if not plan.iterations:
+        raise RequestError("--request", args.request, "the plan has no iteration to train on")
+    lengths = Problem.from_request(request).lengths
+    config = FinetuneConfig(
+        model_config=model_config,
+        steps=args.steps,
+        seed=args.seed,
+        lr=args.lr,
+        cp_mode=args.cp_mode,
+        kernel=args.kernel,
+        dtype=args.dtype,
+        record_grads=args.check,
+        loss_chunk_tokens=args.loss_chunk_tokens,
+        warmup_steps=args.warmup,
+    )
+    try:
+        result = finetune_plan(plan, lengths, world_size=world_size, backend=args.backend, config=config)
+    except LaunchError as exc:
+        raise SkrullError(f"worker process failed: {exc}") from None
+    par = plan.parallel
+    wide = sum(1 for it in plan.iterations for mb in it.microbatches if mb.sharded and len(mb.ranks) > par.cp)
+    sharded = sum(len(mb.sharded) for it in plan.iterations for mb in it.microbatches)
+    print(
+        f"model: {model_config['model_type']} ({model_config['num_hidden_layers']} layers, hidden "
+        f"{model_config['hidden_size']}, {model_config['num_attention_heads']} heads / "
+        f"{model_config.get('num_key_value_heads', model_config['num_attention_heads'])} kv heads)"
+    )
+    print(
+        f"plan: {plan.solver}, {len(plan.iterations)} iteration(s), DP{par.dp} x CP{par.cp}, {sharded} sharded "
+        f"sequence(s), {wide} microbatch(es) on groups wider than CP, {len(plan.pending)} pending; "
+        f"{world_size} processes ({args.backend}), kernel {result.kernel}, cp {args.cp_mode}, {args.dtype}"
+    )
+    print()
+    print("| step | iteration | target tokens | loss | step ms (slowest rank) |")
+    print("|------|-----------|---------------|------|------------------------|")
+    for r in result.steps:
+        print(f"| {r.step:4d} | {r.iteration:9d} | {r.num_targets:13d} | {r.loss:.6f} | {r.seconds * 1e3:22.1f} |")
+    if not args.check:
+        return 0
+    checks = check_steps(plan, lengths, result, config=config)
+    print()
+    print("check: the plain Hugging Face step (one process, padded global batch, eager attention, float32)")
+    print()
+    print("| step | loss | reference loss | loss rel. error | worst gradient | rel. error |")
+    print("|------|------|----------------|-----------------|----------------|------------|")
+    for c in checks:
+        print(
+            f"| {c.step:4d} | {c.loss:.6f} | {c.reference_loss:.6f} | {c.loss_rel_error:.2e} "
+            f"| {c.worst_grad[0]} | {c.worst_grad[1]:.2e} |"
+        )
+    worst = max(checks, key=lambda c: c.max_rel_error)
+    print()
+    print(
+        f"largest relative error: {worst.max_rel_error:.3e} (step {worst.step}; loss and "
+        f"{worst.grads_checked} parameter gradients per step; tolerance {tolerance:.1e})"
+    )
+    if worst.max_rel_error > tolerance or worst.max_rel_error != worst.max_rel_error:
+        print("check failed")
+        print(
+            f"skrull: error: check failed: relative error {worst.max_rel_error:.3e} > {tolerance:.1e}",
+            file=sys.stderr,
+        )
+        return EXIT_CHECK_FAILED
+    print("check passed")
+    return 0

@@ -1,0 +1,53 @@
+"""The options and checks every command that spawns one process per GPU shares (execute, finetune).
+
+``--request``/``--solver`` give the plan's request, ``--world-size`` must equal ``dp * cp``, the backend
+must be runnable here (gloo on CPU, NCCL with one GPU per process), and the CP mode, dtype and kernel
+must be known and usable on that backend. torch is imported only when the checks run.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from skrull.solver.errors import RequestError
+from skrull.solver.io import read_json, request_from_dict
+from skrull.solver.types import Request
+
+
+def add_process_arguments(p: Any) -> None:
+    p.add_argument("--request", "-r", required=True, metavar="FILE", help="request JSON (docs/formats.md format)")
+    p.add_argument("--solver", "-s", default=None, help="planner (default: the request's)")
+    p.add_argument("--world-size", "-w", type=int, default=None, help="processes, = dp * cp (default: dp * cp)")
+    p.add_argument("--backend", default="gloo", help="gloo (CPU) or nccl (one GPU per process); default gloo")
+    p.add_argument("--cp-mode", default="allgather", help="allgather (Llama 3) or ulysses (all-to-all)")
+    p.add_argument("--kernel", default=None, help="flash-attn, torch-varlen, sdpa or reference (default: best)")
+    p.add_argument("--dtype", default="float32", help="float32 (default), bfloat16 or float16 (nccl only)")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def request_for_processes(args: argparse.Namespace) -> tuple[Request, int]:
+    """``(request, world_size)`` once every shared option is checked (one clear error otherwise)."""
+    import torch
+
+    from skrull.worker.dacp import CP_MODES
+    from skrull.worker.execute import DTYPES
+    from skrull.worker.kernels import select_kernel
+    from skrull.worker.launch import check_backend
+
+    doc = read_json(args.request, field="--request")
+    if isinstance(doc, dict) and args.solver is not None:
+        doc["solver"] = args.solver
+    request = request_from_dict(doc)
+    num_gpus = request.parallel.num_gpus
+    world_size = num_gpus if args.world_size is None else args.world_size
+    if world_size != num_gpus:
+        raise RequestError("--world-size", world_size, f"must equal parallel.dp * parallel.cp = {num_gpus}")
+    check_backend(args.backend, world_size)
+    for flag, value, known in (("--cp-mode", args.cp_mode, CP_MODES), ("--dtype", args.dtype, tuple(DTYPES))):
+        if value not in known:
+            raise RequestError(flag, value, f"unknown; known: {', '.join(known)}")
+    if args.backend == "gloo" and args.dtype != "float32":
+        raise RequestError("--dtype", args.dtype, "gloo runs on CPU: use float32")
+    select_kernel(torch.device("cuda" if args.backend == "nccl" else "cpu"), DTYPES[args.dtype], args.kernel)
+    return request, world_size

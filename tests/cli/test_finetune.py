@@ -1,0 +1,111 @@
+"""``skrull finetune``: real gloo processes, a passing and a failing check, one clear line per mistake."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.cli.test_main import EXAMPLES, ROOT, skrull
+from tests.conftest import HAND_PROFILE
+
+MODELS = ROOT / "examples" / "models"
+
+
+@pytest.fixture
+def wide_request(tmp_path: Path) -> Path:
+    """DP2 x CP2, bucket 64: dynamic-cp shards the 120- and 100-token sequences over all 4 GPUs."""
+    path = tmp_path / "wide.json"
+    doc = {
+        "batches": [[120, 9, 100, 5, 30, 2, 60, 17]],
+        "parallel": {"dp": 2, "cp": 2},
+        "profile": {**HAND_PROFILE, "memory": {"bucket_tokens": 64}},
+        "solver": "dynamic-cp",
+    }
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_check_passes_on_groups_wider_than_cp(wide_request: Path) -> None:
+    out = skrull(
+        "finetune",
+        "--model-config",
+        str(MODELS / "qwen2-tiny.json"),
+        "--request",
+        str(wide_request),
+        "--world-size",
+        "4",
+        "--backend",
+        "gloo",
+        "--steps",
+        "2",
+        "--check",
+    )
+    assert out.returncode == 0, out.stderr
+    assert "plan: dynamic-cp" in out.stdout and "2 microbatch(es) on groups wider than CP" in out.stdout
+    largest = [line for line in out.stdout.splitlines() if line.startswith("largest relative error: ")]
+    assert len(largest) == 1 and float(largest[0].split()[3]) <= 1e-4
+    assert out.stdout.rstrip().endswith("check passed")
+    steps = [line for line in out.stdout.splitlines() if line.startswith("|    ")]
+    assert len(steps) == 4  # two steps run, two steps checked
+
+
+def test_check_beyond_tolerance_prints_check_failed_and_exits_1() -> None:
+    out = skrull(
+        "finetune",
+        "-m",
+        str(MODELS / "llama-tiny.json"),
+        "-r",
+        str(EXAMPLES / "tiny-cpu-dp2-cp2.json"),
+        "--solver",
+        "skrull",
+        "--check",
+        "--tolerance",
+        "1e-15",
+    )
+    assert out.returncode == 1, out.stderr
+    assert "check failed" in out.stdout
+    assert out.stderr.strip().count("\n") == 0 and out.stderr.startswith("skrull: error: check failed")
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--world-size", "3"], "--world-size: 3: must equal parallel.dp * parallel.cp = 4"),
+        (["--backend", "nccl"], "--backend: 'nccl': needs CUDA GPUs"),
+        (["--steps", "0"], "--steps: 0: must be an integer >= 1"),
+        (["--cp-mode", "ring"], "--cp-mode: 'ring': unknown"),
+        (["--dtype", "bfloat16"], "--dtype: 'bfloat16': gloo runs on CPU"),
+        (["--solver", "magic"], "solver: 'magic': unknown solver"),
+        (["--lr", "nan"], "--lr: nan: must be a number > 0"),
+        (["--loss-chunk-tokens", "0"], "--loss-chunk-tokens: 0: must be an integer >= 1"),
+    ],
+)
+def test_mistakes_end_with_one_line_naming_the_field(extra: list[str], message: str) -> None:
+    out = skrull(
+        "finetune", "-m", str(MODELS / "qwen2-tiny.json"), "-r", str(EXAMPLES / "tiny-cpu-dp2-cp2.json"), *extra
+    )
+    assert out.returncode == 2, out.stdout
+    assert out.stderr.startswith("skrull: error: ") and out.stderr.strip().count("\n") == 0
+    assert message in out.stderr
+
+
+def test_a_model_config_that_cannot_run_is_refused(tmp_path: Path) -> None:
+    config = json.loads((MODELS / "qwen2-tiny.json").read_text())
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**config, "model_type": "bert"}))
+    out = skrull("finetune", "-m", str(path), "-r", str(EXAMPLES / "tiny-cpu-dp2-cp2.json"))
+    assert out.returncode == 2
+    assert "--model-config.model_type: 'bert': unsupported" in out.stderr
+
+
+def test_a_plan_file_is_validated_against_the_request(tmp_path: Path) -> None:
+    plan = skrull("plan", "-r", str(EXAMPLES / "contract-example.json"), "--compact")
+    assert plan.returncode == 0, plan.stderr
+    path = tmp_path / "plan.json"
+    path.write_text(plan.stdout)
+    out = skrull("finetune", "-m", str(MODELS / "qwen2-tiny.json"), "-r", str(EXAMPLES / "tiny-cpu-dp2-cp2.json"),
+                 "--plan", str(path))  # fmt: skip
+    assert out.returncode == 2
+    assert out.stderr.startswith("skrull: error: ") and out.stderr.strip().count("\n") == 0

@@ -1,0 +1,80 @@
+"""DACP attention as a ``transformers`` attention implementation.
+
+``register()`` adds ``"skrull_dacp"`` to ``transformers.AttentionInterface``; a model built with
+``attn_implementation="skrull_dacp"`` (worker/hf/model.py) then calls ``dacp_attention_forward`` in every
+layer with the layer's projected, rotated queries, keys and values. The microbatch's ``DACPPlan``
+(worker/dacp.py: which rows are local sequences, which are shard pieces, the group and its collectives)
+travels as the keyword argument ``skrull_dacp`` of the model's forward, which ``transformers`` hands
+unchanged to the attention function of every layer (worker/hf/inputs.py builds it).
+
+Shapes: ``transformers`` passes ``[batch, heads, tokens, head_dim]`` and expects ``[batch, tokens, heads,
+head_dim]`` back; a planned microbatch is one packed row (batch 1), so the function works on ``[T, H, D]``
+in flash-attention's varlen spelling, the kernels' convention (worker/kernels.py: flash-attn varlen on a
+GPU, the float32 reference on a CPU). Rows past the layout's ``num_tokens`` are padding (a member of a
+group that holds no token of the microbatch still runs one dummy row so the model can run, and joins the
+group's collectives); their output is zero and, their labels being ``-100``, they add nothing to the loss.
+
+No attention mask is built: the implementation is not registered with ``transformers``' mask interface,
+so the model passes ``attention_mask=None`` and the plan alone says which token sees which.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+from skrull.worker.dacp import DACPPlan, dacp_attention
+
+#: The ``attn_implementation`` name models are built with.
+ATTN_IMPLEMENTATION = "skrull_dacp"
+#: The forward keyword argument carrying the microbatch's ``DACPPlan``.
+PLAN_KWARG = "skrull_dacp"
+
+
+def dacp_attention_forward(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """Causal DACP attention over one packed microbatch (see the module docstring)."""
+    plan = kwargs.get(PLAN_KWARG)
+    if not isinstance(plan, DACPPlan):
+        raise ValueError(
+            f"attn_implementation {ATTN_IMPLEMENTATION!r} needs the microbatch's plan: call the model with "
+            f"{PLAN_KWARG}=<DACPPlan> (skrull.worker.hf.inputs.model_inputs)"
+        )
+    if query.shape[0] != 1:
+        raise ValueError(f"a planned microbatch is one packed row; got a batch of {query.shape[0]}")
+    if attention_mask is not None:
+        raise ValueError("a planned microbatch takes no attention mask (the plan delimits the sequences)")
+    if dropout:
+        raise ValueError(f"attention dropout {dropout} is not supported under DACP (set attention_dropout to 0)")
+    if kwargs.get("sliding_window"):
+        raise ValueError(f"sliding-window attention ({kwargs['sliding_window']}) is not supported under DACP")
+    q, k, v = (t[0].transpose(0, 1).contiguous() for t in (query, key, value))  # [T, H, D]
+    head_dim = q.shape[-1]
+    if scaling is not None and not math.isclose(scaling, head_dim**-0.5, rel_tol=1e-12):
+        q = q * (scaling * math.sqrt(head_dim))  # the kernels scale by 1/sqrt(D)
+    rows, num_tokens = q.shape[0], plan.layout.num_tokens
+    if rows < num_tokens:
+        raise ValueError(f"the buffer has {rows} rows, the microbatch layout {num_tokens}")
+    out = dacp_attention(q[:num_tokens], k[:num_tokens], v[:num_tokens], plan)
+    if rows > num_tokens:
+        out = torch.cat([out, out.new_zeros(rows - num_tokens, *out.shape[1:])])
+    return out.unsqueeze(0), None
+
+
+def register() -> str:
+    """Register the implementation with ``transformers`` (idempotent); returns its name."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTN_IMPLEMENTATION, dacp_attention_forward)
+    return ATTN_IMPLEMENTATION

@@ -1,0 +1,233 @@
+"""``skrull finetune``: N optimizer steps of a Hugging Face model under a plan on W processes, and the check.
+
+``finetune_plan`` spawns one process per GPU rank (worker/launch.py). Each builds the same model from the
+config and the seed (worker/hf/model.py), the process groups the plan uses, and for step ``s`` runs
+iteration ``s mod len(plan.iterations)``: its microbatches packed from seeded random token ids
+(``SyntheticData.lm_tokens``: the same ids in every process for a sequence id), forward and backward
+with DACP attention, gradients summed over the world (worker/hf/step.py), one SGD step. Rank 0 records
+the loss and, for ``--check``, every parameter's gradient of every step.
+
+``check_steps`` replays the same steps in this process with the plain Hugging Face training step
+(``plain_step``: the step's global batch right-padded, eager attention, no packing, no CP), the same
+initial weights and the same optimizer, and compares. Errors are relative to the reference's magnitude:
+``|loss - loss_ref| / |loss_ref|`` and, per parameter, ``max|g - g_ref| / max|g_ref|`` (an all-zero
+reference gradient compares absolutely).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from skrull.solver.io import plan_from_dict, plan_to_dict
+from skrull.solver.types import Plan
+from skrull.worker.collectives import GroupRegistry
+from skrull.worker.dataloader import ready_microbatch
+from skrull.worker.execute import DTYPES
+from skrull.worker.hf.model import build_model
+from skrull.worker.hf.step import dacp_plans, plain_step, scheduled_step
+from skrull.worker.inputs import SyntheticData
+from skrull.worker.kernels import select_kernel
+from skrull.worker.launch import device_for, launch
+from skrull.worker.layout import rank_layouts
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FinetuneConfig:
+    model_config: dict[str, Any]
+    steps: int = 1
+    seed: int = 0
+    lr: float = 0.05
+    cp_mode: str = "allgather"
+    kernel: str | None = None
+    dtype: str = "float32"
+    record_grads: bool = False
+    loss_chunk_tokens: int | None = None
+    #: Untimed steps first (their gradients are not applied; warm-up of allocator, kernels, sockets).
+    warmup_steps: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepRecord:
+    step: int
+    iteration: int
+    loss: float
+    num_targets: int
+    #: Slowest rank's wall time of the step (forward, backward, gradient all-reduce).
+    seconds: float
+    grads: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FinetuneResult:
+    steps: tuple[StepRecord, ...]
+    kernel: str
+    #: Per rank: (microbatches, tokens) summed over the steps.
+    work: tuple[tuple[int, int], ...]
+
+
+def iteration_of(plan: Plan, step: int) -> int:
+    return step % len(plan.iterations)
+
+
+def step_sequences(plan: Plan, step: int) -> tuple[int, ...]:
+    """The global batch of ``step``: the ids the plan puts in its iteration, in loader order."""
+    it = plan.iterations[iteration_of(plan, step)]
+    return tuple(sorted(i for mb in it.microbatches for i in mb.seq_ids))
+
+
+def run_finetune_rank(
+    plan: Plan, lengths: Sequence[int], *, config: FinetuneConfig, rank: int, device: torch.device
+) -> dict[str, Any]:
+    """GPU ``rank``'s part of every step (inside an initialized process group; collective over the world).
+
+    Returns ``{"records": [StepRecord...], "kernel": name, "work": (microbatches, tokens)}``; gradients are
+    recorded on rank 0 only (they are the world's sum, the same on every rank).
+    """
+    lengths = tuple(lengths)
+    dtype = DTYPES[config.dtype]
+    model = build_model(config.model_config, seed=config.seed, device=device, dtype=dtype)
+    optimizer = torch.optim.SGD(model.parameters(), lr=config.lr)
+    registry = GroupRegistry.for_plan(plan)
+    kernel = select_kernel(device, dtype, config.kernel)
+    data = SyntheticData(seed=config.seed, lengths=lengths)
+    vocab = int(model.config.vocab_size)
+    records = []
+    microbatches = tokens = 0
+    for step in range(-config.warmup_steps, config.steps):
+        iteration = iteration_of(plan, max(step, 0))
+        # inputs and DACP index tensors are ready before the step starts (a loader builds them ahead)
+        ready = [
+            ready_microbatch(layout, lambda i: data.lm_tokens(i, vocab), loss_normalizer=0, device=device)
+            for layout in rank_layouts(plan, lengths, iteration=iteration, rank=rank)
+        ]
+        plans = dacp_plans(ready, registry=registry, kernel=kernel, device=device, cp_mode=config.cp_mode)
+        optimizer.zero_grad(set_to_none=False)
+        result = scheduled_step(
+            model,
+            ready,
+            registry=registry,
+            kernel=kernel,
+            device=device,
+            cp_mode=config.cp_mode,
+            loss_chunk_tokens=config.loss_chunk_tokens,
+            plans=plans,
+        )
+        slowest = torch.tensor([result.seconds], dtype=torch.float64, device=device)
+        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+        if step < 0:
+            continue
+        grads = {}
+        if config.record_grads and rank == 0:
+            grads = {n: p.grad.detach().float().cpu().clone() for n, p in model.named_parameters()}
+        records.append(
+            StepRecord(
+                step=step,
+                iteration=iteration,
+                loss=result.loss,
+                num_targets=result.num_targets,
+                seconds=float(slowest.item()),
+                grads=grads,
+            )
+        )
+        microbatches += result.microbatches
+        tokens += result.tokens
+        optimizer.step()
+    return {"records": records, "kernel": kernel.name, "work": (microbatches, tokens)}
+
+
+def finetune_rank(
+    rank: int,
+    world_size: int,
+    backend: str,
+    plan_doc: dict[str, Any],
+    lengths: tuple[int, ...],
+    config: FinetuneConfig,
+    out_dir: str,
+) -> None:
+    """One process of ``finetune_plan``: ``run_finetune_rank``, then ``rank{rank}.pt`` under ``out_dir``."""
+    part = run_finetune_rank(
+        plan_from_dict(plan_doc), lengths, config=config, rank=rank, device=device_for(backend, rank)
+    )
+    torch.save(part, Path(out_dir) / f"rank{rank}.pt")
+
+
+def result_from_parts(parts: Sequence[dict[str, Any]]) -> FinetuneResult:
+    return FinetuneResult(
+        steps=tuple(parts[0]["records"]), kernel=parts[0]["kernel"], work=tuple(p["work"] for p in parts)
+    )
+
+
+def finetune_plan(
+    plan: Plan, lengths: Sequence[int], *, world_size: int, backend: str = "gloo", config: FinetuneConfig
+) -> FinetuneResult:
+    """Spawn ``world_size`` processes and run ``config.steps`` steps under ``plan`` (module docstring)."""
+    lengths = tuple(lengths)
+    with tempfile.TemporaryDirectory(prefix="skrull-finetune-") as tmp:
+        launch(finetune_rank, world_size=world_size, backend=backend, args=(plan_to_dict(plan), lengths, config, tmp))
+        parts = [torch.load(Path(tmp) / f"rank{r}.pt", weights_only=False) for r in range(world_size)]
+    return result_from_parts(parts)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepCheck:
+    step: int
+    loss: float
+    reference_loss: float
+    loss_rel_error: float
+    #: (parameter name, relative error) of the worst gradient.
+    worst_grad: tuple[str, float]
+    grads_checked: int
+
+    @property
+    def max_rel_error(self) -> float:
+        return max(self.loss_rel_error, self.worst_grad[1])
+
+
+def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    """``max|got - want| / max|want|`` (absolute when ``want`` is all zero)."""
+    diff = float((got.double() - want.double()).abs().max()) if want.numel() else 0.0
+    scale = float(want.double().abs().max()) if want.numel() else 0.0
+    return diff / scale if scale > 0 else diff
+
+
+def check_steps(
+    plan: Plan, lengths: Sequence[int], result: FinetuneResult, *, config: FinetuneConfig
+) -> list[StepCheck]:
+    """Replay the steps with ``plain_step`` in float32 and compare loss and every gradient."""
+    model = build_model(config.model_config, seed=config.seed, attn_implementation="eager")
+    optimizer = torch.optim.SGD(model.parameters(), lr=config.lr)
+    data = SyntheticData(seed=config.seed, lengths=tuple(lengths))
+    vocab = int(model.config.vocab_size)
+    checks = []
+    for record in result.steps:
+        if not record.grads:
+            raise ValueError("the run recorded no gradients (FinetuneConfig.record_grads)")
+        optimizer.zero_grad(set_to_none=False)
+        loss = plain_step(model, [data.lm_tokens(i, vocab)[0] for i in step_sequences(plan, record.step)])
+        worst = ("-", 0.0)
+        count = 0
+        for name, param in model.named_parameters():
+            assert param.grad is not None, name
+            err = relative_error(record.grads[name], param.grad)
+            count += 1
+            if err >= worst[1]:
+                worst = (name, err)
+        checks.append(
+            StepCheck(
+                step=record.step,
+                loss=record.loss,
+                reference_loss=loss,
+                loss_rel_error=abs(record.loss - loss) / abs(loss) if loss else abs(record.loss),
+                worst_grad=worst,
+                grads_checked=count,
+            )
+        )
+        optimizer.step()
+    return checks

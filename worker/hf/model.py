@@ -1,0 +1,94 @@
+"""A Hugging Face causal LM from a ``config.json`` alone: seeded random weights, nothing downloaded.
+
+Every process of a run builds the model on the CPU from the same seed, so all hold the same weights
+without broadcasting them, then moves it to its device. The architectures whose attention goes through
+``transformers``' attention interface with rotary positions from ``position_ids`` qualify; Llama and
+Qwen2 are checked (tests/worker/hf); Mistral and Qwen3 share the same attention path and are accepted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from skrull.solver.errors import RequestError
+from skrull.solver.io import read_json
+from skrull.worker.hf.attention import register
+
+#: ``model_type`` values of config.json that run under DACP.
+SUPPORTED_MODEL_TYPES: tuple[str, ...] = ("llama", "qwen2", "mistral", "qwen3")
+#: Largest size field accepted (int32: tensor dimensions and token ids).
+MAX_SIZE = 2**31 - 1
+
+
+def read_model_config(path: str | Path, *, field: str = "--model-config") -> dict[str, Any]:
+    """The ``config.json`` document, checked for what DACP needs (one clear error naming the field)."""
+    doc = read_json(str(path), field=field)
+    check_model_config(doc, field=field)
+    assert isinstance(doc, dict)
+    return doc
+
+
+def check_model_config(doc: Any, *, field: str = "--model-config") -> None:
+    if not isinstance(doc, dict):
+        raise RequestError(field, doc, "must be a Hugging Face config.json object")
+    model_type = doc.get("model_type")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise RequestError(
+            f"{field}.model_type", model_type, f"unsupported; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
+        )
+    for key in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads"):
+        value = doc.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_SIZE:
+            raise RequestError(f"{field}.{key}", value, f"must be an integer in 1..{MAX_SIZE}")
+    heads, kv_heads = doc["num_attention_heads"], doc.get("num_key_value_heads", doc["num_attention_heads"])
+    if isinstance(kv_heads, bool) or not isinstance(kv_heads, int) or kv_heads < 1 or heads % kv_heads:
+        raise RequestError(f"{field}.num_key_value_heads", kv_heads, f"must divide num_attention_heads ({heads})")
+    head_dim = doc.get("head_dim")
+    if head_dim is None:
+        if doc["hidden_size"] % heads:
+            raise RequestError(
+                f"{field}.hidden_size", doc["hidden_size"], f"must be a multiple of num_attention_heads ({heads})"
+            )
+        head_dim = doc["hidden_size"] // heads
+    if isinstance(head_dim, bool) or not isinstance(head_dim, int) or not 2 <= head_dim <= MAX_SIZE or head_dim % 2:
+        raise RequestError(f"{field}.head_dim", head_dim, "must be an even integer >= 2 (rotary embedding)")
+    if doc.get("use_sliding_window"):
+        raise RequestError(f"{field}.use_sliding_window", True, "sliding-window attention does not run under DACP")
+    if doc["model_type"] == "mistral" and doc.get("sliding_window") is not None:
+        raise RequestError(
+            f"{field}.sliding_window", doc["sliding_window"], "sliding-window attention does not run under DACP (null)"
+        )
+    dropout = doc.get("attention_dropout", 0.0)
+    if dropout not in (0, 0.0):
+        raise RequestError(f"{field}.attention_dropout", dropout, "must be 0 (no attention dropout under DACP)")
+
+
+def build_model(
+    config: Mapping[str, Any],
+    *,
+    seed: int,
+    device: torch.device | None = None,
+    dtype: torch.dtype = torch.float32,
+    attn_implementation: str | None = None,
+) -> Any:
+    """``AutoModelForCausalLM.from_config`` with weights drawn from ``seed`` on the CPU, in train mode.
+
+    ``attn_implementation`` defaults to DACP (registered here); the plain reference passes ``"eager"``.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    check_model_config(dict(config))
+    doc = dict(config)
+    hf_config = AutoConfig.for_model(doc.pop("model_type"), **doc)
+    implementation = attn_implementation or register()
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]
+        hf_config, attn_implementation=implementation, dtype=torch.float32
+    )
+    model.to(device=device or torch.device("cpu"), dtype=dtype)
+    model.train()
+    return model

@@ -1,0 +1,171 @@
+"""One optimizer step's gradients under a plan, and the plain single-process step they must equal.
+
+The loss of a step (docs/finetune.md; Skrull appendix A: scheduling must not change what is learned):
+
+    loss = sum over every target token t of the global batch of CE(t) / num_targets
+
+where ``num_targets`` counts the labels other than ``-100`` over the whole global batch, all ranks,
+microbatches and shard pieces together. Each GPU adds, for each of its microbatches, the sum of CE over
+its own rows divided by that global count (worker/loss.py); backward accumulates over its microbatches
+(gradient accumulation: a sum, no 1/num_microbatches); then gradients are summed over the whole world,
+DP and CP ranks alike (the data-parallel all-reduce: a sum, no 1/world_size). A sharded sequence's rows
+are spread over its group and each member takes the loss of its own rows; the attention's collectives
+carry the key/value gradients back to their owners. The result is the gradient of the mean over the
+global batch, whatever the plan: how tokens are split over ranks, microbatches and groups changes only
+the order of the additions. ``num_targets`` is one all-reduce of each rank's own count per step, so it
+is exact for any labels (prompt masking included).
+
+``plain_step`` is the yardstick: the global batch right-padded into one ``[B, S_max]`` batch, one
+process, no packing, no context parallelism, ``labels=input_ids`` and Hugging Face's own shifted,
+mean-reduced cross-entropy.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from skrull.worker.collectives import GroupRegistry
+from skrull.worker.dacp import DACPPlan
+from skrull.worker.dataloader import ReadyMicrobatch
+from skrull.worker.hf.inputs import model_inputs
+from skrull.worker.kernels import AttentionKernel
+from skrull.worker.loss import IGNORE_INDEX, count_supervised_tokens, per_token_loss
+from skrull.worker.train import reduce_gradients
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepResult:
+    """One rank's view of a step: the world's loss, the global target count, this rank's work and time."""
+
+    loss: float
+    num_targets: int
+    microbatches: int
+    tokens: int
+    seconds: float
+
+
+def global_target_count(microbatches: Sequence[ReadyMicrobatch], *, device: torch.device) -> int:
+    """Labels other than ``-100`` over the global batch: this rank's rows, summed over the world."""
+    count = count_supervised_tokens([mb.labels.to(device) for mb in microbatches] or [torch.zeros(0, device=device)])
+    if count < 1:
+        raise ValueError("the global batch has no target token (every label is -100 or every sequence is 1 token)")
+    return count
+
+
+def causal_lm_loss(
+    model: Any,
+    kwargs: dict[str, Any],
+    labels: torch.Tensor,
+    *,
+    num_targets: int,
+    loss_chunk_tokens: int | None = None,
+) -> torch.Tensor:
+    """``sum CE(own rows) / num_targets``; with ``loss_chunk_tokens`` the LM head and the cross-entropy run
+    chunk by chunk under activation checkpointing, so ``[T, vocab]`` logits never exist at once."""
+    if loss_chunk_tokens is None:
+        logits = model(**kwargs).logits[0]
+        return per_token_loss(logits, labels, num_tokens_in_iteration=num_targets)
+    hidden: torch.Tensor = model.base_model(**kwargs).last_hidden_state[0]
+    head = model.get_output_embeddings()
+
+    def chunk_loss(h: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(head(h).float(), y, ignore_index=IGNORE_INDEX, reduction="sum")
+
+    total = hidden.new_zeros((), dtype=torch.float32)
+    for start in range(0, hidden.shape[0], loss_chunk_tokens):
+        end = start + loss_chunk_tokens
+        part: torch.Tensor = checkpoint(chunk_loss, hidden[start:end], labels[start:end], use_reentrant=False)
+        total = total + part
+    return total / num_targets
+
+
+def dacp_plans(
+    microbatches: Sequence[ReadyMicrobatch],
+    *,
+    registry: GroupRegistry,
+    kernel: AttentionKernel,
+    device: torch.device,
+    cp_mode: str = "allgather",
+) -> list[DACPPlan]:
+    """Each microbatch's DACP plan (index tensors on ``device``; needs no communication)."""
+    return [
+        DACPPlan.build(
+            mb.layout,
+            group=registry.get(mb.layout.ranks) if mb.layout.communicates else None,
+            kernel=kernel,
+            device=device,
+            mode=cp_mode,
+        )
+        for mb in microbatches
+    ]
+
+
+def scheduled_step(
+    model: Any,
+    microbatches: Sequence[ReadyMicrobatch],
+    *,
+    registry: GroupRegistry,
+    kernel: AttentionKernel,
+    device: torch.device,
+    cp_mode: str = "allgather",
+    loss_chunk_tokens: int | None = None,
+    plans: Sequence[DACPPlan] | None = None,
+) -> StepResult:
+    """This rank's microbatches in step order, then gradients and loss summed over the world.
+
+    Collective over the whole world (every rank calls it once per step, idle or not). Gradients
+    accumulate into ``.grad``: zero them before, step the optimizer after. ``plans`` are the
+    microbatches' ``DACPPlan`` when built ahead (``dacp_plans``, e.g. while the previous step runs).
+    """
+    if device.type == "cuda":  # the step's time starts when the previous work on the device is done
+        torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    if plans is None:
+        plans = dacp_plans(microbatches, registry=registry, kernel=kernel, device=device, cp_mode=cp_mode)
+    if len(plans) != len(microbatches):
+        raise ValueError(f"{len(plans)} DACP plans for {len(microbatches)} microbatches")
+    num_targets = global_target_count(microbatches, device=device)
+    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+    tokens = 0
+    for mb, plan in zip(microbatches, plans, strict=True):
+        kwargs, labels = model_inputs(mb, plan)
+        loss = causal_lm_loss(model, kwargs, labels, num_targets=num_targets, loss_chunk_tokens=loss_chunk_tokens)
+        loss.backward()  # type: ignore[no-untyped-call]
+        loss_sum += loss.detach().double()
+        tokens += mb.num_tokens
+    reduce_gradients(model)
+    dist.all_reduce(loss_sum)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return StepResult(
+        loss=float(loss_sum.item()),
+        num_targets=num_targets,
+        microbatches=len(microbatches),
+        tokens=tokens,
+        seconds=time.perf_counter() - start,
+    )
+
+
+def plain_step(model: Any, sequences: Sequence[torch.Tensor]) -> float:
+    """Hugging Face's own training forward and backward over the right-padded global batch: the loss."""
+    if not sequences:
+        raise ValueError("the global batch is empty")
+    device = next(model.parameters()).device
+    width = max(int(s.shape[0]) for s in sequences)
+    ids = torch.zeros(len(sequences), width, dtype=torch.long, device=device)
+    mask = torch.zeros(len(sequences), width, dtype=torch.long, device=device)
+    for row, seq in enumerate(sequences):
+        ids[row, : seq.shape[0]] = seq.to(device)
+        mask[row, : seq.shape[0]] = 1
+    labels = ids.masked_fill(mask == 0, IGNORE_INDEX)
+    out = model(input_ids=ids, attention_mask=mask, labels=labels, use_cache=False)
+    out.loss.backward()
+    return float(out.loss.detach())
