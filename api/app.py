@@ -18,7 +18,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from skrull.api.access import AccessControl, require_access
 from skrull.api.errors import install_error_handlers
-from skrull.api.limits import BodySizeLimit
+from skrull.api.limits import BodySizeLimit, JsonBody
 from skrull.api.metrics import Metrics
 from skrull.api.notify import Notifier
 from skrull.api.profiles import ProfileCatalog
@@ -118,6 +118,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     for router in (plans.router, ranks.router, pictures.router, compare.router, profiles.router):
         app.include_router(router, **guarded)  # type: ignore[arg-type]
     app.include_router(health.router)
+    count_problem = lambda status, slug: metrics.errors.inc(str(status), slug)  # noqa: E731
+    app.add_middleware(JsonBody, on_problem=count_problem)
     app.add_middleware(
         BodySizeLimit,
         max_bytes=settings.max_body_bytes,

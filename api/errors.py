@@ -34,6 +34,8 @@ def problem_type(slug: str) -> str:
 def _json_value(value: Any) -> tuple[Any, str]:
     """The offending value for the problem document, and as JSON text for ``detail``; a large value (a whole
     batch list) is cut to a string of its first characters."""
+    if isinstance(value, (bytes, bytearray)):  # a raw body: shown as text, never as a Python bytes literal
+        value = bytes(value[:_VALUE_LIMIT_CHARS]).decode("utf-8", "replace")
     try:
         text = json.dumps(value)
     except (TypeError, ValueError):

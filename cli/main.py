@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -272,6 +273,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USER_ERROR
     except BrokenPipeError:  # e.g. `skrull plan ... | head`
         return 0
+    except KeyboardInterrupt:
+        print("skrull: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # network, disk, anything else: still one line, never a traceback
+        if os.environ.get("SKRULL_DEBUG"):
+            raise
+        print(f"skrull: error: {describe_failure(exc)}", file=sys.stderr)
+        return EXIT_USER_ERROR
+
+
+def describe_failure(exc: BaseException) -> str:
+    """One line for an unexpected failure: its kind and message (``SKRULL_DEBUG=1`` shows the traceback)."""
+    text = " ".join(str(exc).split()) or "no details"
+    if isinstance(exc, OSError) or type(exc).__module__.startswith(("httpx", "httpcore")):
+        return f"{text} ({type(exc).__name__}; is the path or the service address right?)"
+    return f"{type(exc).__name__}: {text} (set SKRULL_DEBUG=1 for the traceback)"
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ router = APIRouter(prefix="/v1", tags=["compare"])
     operation_id="comparePlanners",
     summary="Plan one request with several planners and tabulate them on the reference cost model",
     response_model=CompareTable,
-    responses=problems(413, 422, 504),
+    responses=problems(413, 415, 422, 503, 504),
 )
 async def compare_planners(body: CompareRequestIn, request: Request) -> Response:
     svc = service(request)

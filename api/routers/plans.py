@@ -21,7 +21,7 @@ router = APIRouter(prefix="/v1/plans", tags=["plans"])
     operation_id="submitPlan",
     summary="Submit a planning request",
     response_model=PlanEnvelope,
-    responses=problems(409, 413, 422, 503),
+    responses=problems(409, 413, 415, 422, 503),
 )
 async def submit_plan(
     body: PlanRequestIn,
