@@ -9,6 +9,7 @@ stopping it lets running solves finish briefly and queues unfinished jobs again.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -85,7 +86,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             store=store,
             metrics=metrics,
             notifier=Notifier(),
-            views=RankViews(store, max_views=settings.rank_view_cache_entries),
+            views=RankViews(
+                store,
+                max_views=settings.rank_view_cache_entries,
+                cache_bytes=settings.cache_bytes,
+                max_view_tokens=settings.max_view_tokens,
+            ),
             profiles=ProfileCatalog(store),
             loop=loop,
         )
@@ -94,9 +100,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.service = svc
         stop_watching = store.watch(svc.on_store_change) if store.notifies else None
         await asyncio.to_thread(pool.start)
+        sweeper = asyncio.create_task(svc.sweep_expired_forever()) if settings.plan_retention_s > 0 else None
         try:
             yield
         finally:
+            if sweeper is not None:
+                sweeper.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await sweeper
             if stop_watching is not None:
                 await asyncio.to_thread(stop_watching)
             svc.notifier.notify_all()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import logging
 import multiprocessing
 import time
 from collections.abc import Callable
@@ -24,11 +25,12 @@ from skrull.api.profiles import ProfileCatalog
 from skrull.api.schemas import canonical_request_json, job_id_for, request_from_document
 from skrull.api.settings import Settings
 from skrull.api.solving import Event, SolverPool, import_plugins
-from skrull.api.store.base import JobRecord, JobStore, NewJob, SubmitOutcome
+from skrull.api.store.base import JobRecord, JobStore, NewJob, QueueFullError, SubmitOutcome
 from skrull.api.views import RankViews
 from skrull.solver.types import Request
 
 T = TypeVar("T")
+log = logging.getLogger("skrull.api")
 
 #: A long-poll re-reads the store at least this often (changes made by another server on the same store).
 LONG_POLL_RECHECK_S = 1.0
@@ -62,14 +64,6 @@ class Service:
     def submit(self, doc: dict[str, Any], idempotency_key: str | None) -> SubmitOutcome:
         request, canonical = self.prepare(doc)
         job_id = job_id_for(canonical)
-        if self.store.get(job_id) is None and self.store.queue_depth() >= self.settings.max_queued_jobs:
-            raise ApiProblem(
-                status=503,
-                slug="queue-full",
-                title="queue full",
-                headers={"Retry-After": "5"},
-                detail=f"{self.settings.max_queued_jobs} jobs are queued (SKRULL_MAX_QUEUED_JOBS); retry later",
-            )
         job = NewJob(
             job_id=job_id,
             request_json=canonical,
@@ -79,7 +73,45 @@ class Service:
             num_gpus=request.parallel.num_gpus,
             time_budget_s=request.time_budget_s,
         )
-        return self.store.submit(job, idempotency_key=idempotency_key)
+        try:
+            return self.store.submit(job, idempotency_key=idempotency_key, max_queued=self.settings.max_queued_jobs)
+        except QueueFullError as exc:
+            raise ApiProblem(
+                status=503,
+                slug="queue-full",
+                title="queue full",
+                headers={"Retry-After": "5"},
+                detail=str(exc),
+                limit=exc.max_queued,
+            ) from None
+
+    # -- retention -------------------------------------------------------------------------------------
+
+    def delete(self, job_id: str) -> bool:
+        deleted = self.store.delete(job_id)
+        self.views.forget(job_id)
+        if deleted:
+            self.metrics.plans_deleted.inc("request")
+        return deleted
+
+    def sweep_expired(self) -> list[str]:
+        """Delete solved and failed plans older than ``plan_retention_s`` (blocking); their ids."""
+        ids = self.store.expire(older_than_s=self.settings.plan_retention_s)
+        for job_id in ids:
+            self.views.forget(job_id)
+        if ids:
+            self.metrics.plans_deleted.inc("expired", amount=len(ids))
+        return ids
+
+    async def sweep_expired_forever(self) -> None:
+        """Every ``retention_sweep_s``: the sweep, in the thread pool; a failed sweep is logged and retried."""
+        while True:
+            try:
+                while len(await self.blocking(self.sweep_expired)) > 0:
+                    pass  # a large backlog is deleted in batches, one transaction each
+            except Exception:
+                log.exception("deleting expired plans failed; retrying in %.0f s", self.settings.retention_sweep_s)
+            await asyncio.sleep(self.settings.retention_sweep_s)
 
     # -- long-polls ------------------------------------------------------------------------------------
 

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from skrull.api.errors import ApiProblem, from_skrull_error
 from skrull.api.execute import LeaseLostError, solve_job
+from skrull.api.sizes import check_plan_tokens
 from skrull.api.store.base import ClaimedJob, IterationRecord, JobStore
 from skrull.api.store.open import open_store
 from skrull.solver.errors import SkrullError
@@ -69,6 +70,7 @@ class WorkerConfig:
     idle_poll_s: float
     stream_solvers: frozenset[str]
     plugins: tuple[str, ...]
+    max_plan_tokens: int = 2_000_000
 
 
 class _Heartbeat:
@@ -111,6 +113,7 @@ def run_claimed(store: JobStore, job: ClaimedJob, config: WorkerConfig, events: 
     owner = config.owner
 
     def publish(record: IterationRecord) -> bool:
+        check_plan_tokens(record.doc_json, config.max_plan_tokens, what=f"iteration {record.index}")
         ok = store.publish_iteration(record, owner=owner)
         if ok:
             events.put(("iteration", job.job_id, record.index))
@@ -125,6 +128,7 @@ def run_claimed(store: JobStore, job: ClaimedJob, config: WorkerConfig, events: 
                 done=store.iterations(job.job_id),
                 publish=publish,
             )
+            check_plan_tokens(plan_json, config.max_plan_tokens, what="the plan")
         except LeaseLostError:
             return "lost"
         except Exception as exc:  # every failure of a solve is stored with the job, never re-raised
@@ -205,7 +209,9 @@ class SolverPool:
         plugins: tuple[str, ...],
         hard_limit_s: Callable[[float], float],
         on_event: EventHandler,
+        max_plan_tokens: int = 2_000_000,
     ) -> None:
+        self._max_plan_tokens = max_plan_tokens
         self._store = store
         self._db, self._synchronous = db, synchronous
         self.num_processes = num_processes
@@ -240,6 +246,7 @@ class SolverPool:
             plugins=settings.plugin_modules,
             hard_limit_s=settings.hard_limit_s,
             on_event=on_event,
+            max_plan_tokens=settings.max_plan_tokens,
         )
 
     # -- lifecycle -------------------------------------------------------------------------------------
@@ -263,6 +270,7 @@ class SolverPool:
             idle_poll_s=self._idle_poll_s,
             stream_solvers=self._stream_solvers,
             plugins=self._plugins,
+            max_plan_tokens=self._max_plan_tokens,
         )
         process = self._ctx.Process(
             target=worker_main,
