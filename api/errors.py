@@ -12,7 +12,7 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from skrull.api.store.base import IdempotencyConflictError, ProfileConflictError
+from skrull.api.store.base import DamagedRecordError, IdempotencyConflictError, ProfileConflictError
 from skrull.solver.errors import InfeasibleError, InvalidPlanError, RequestError, SkrullError
 
 if TYPE_CHECKING:  # the web framework is imported where answers are rendered, so solver processes stay light
@@ -256,6 +256,44 @@ def install_error_handlers(app: FastAPI, *, on_problem: Any = None) -> None:
         )
         return render(request, problem)
 
+    def damaged(request: Request, plan_id: str | None, reason: str) -> Response:
+        what = f"the stored plan {plan_id}" if plan_id else "a stored record"
+        return render(
+            request,
+            ApiProblem(
+                status=410,
+                slug="plan-damaged",
+                title="stored plan damaged",
+                detail=f"{what} is damaged and cannot be served ({reason}); DELETE it and submit the request again, "
+                "or recover the store (docs/service-hardening.md)",
+                plan_id=plan_id,
+            ),
+        )
+
+    async def damaged_record(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, DamagedRecordError)
+        return damaged(request, exc.job_id, exc.reason)
+
+    async def store_error(request: Request, exc: Exception) -> Response:
+        """The store failed underneath a request: busy (retry) or damaged pages (named, not internal)."""
+        import sqlite3
+
+        plan_id = request.path_params.get("plan_id")
+        if isinstance(exc, sqlite3.OperationalError):
+            log.warning("store busy on %s %s: %s", request.method, request.url.path, exc)
+            return render(
+                request,
+                ApiProblem(
+                    status=503,
+                    slug="store-unavailable",
+                    title="store unavailable",
+                    detail=f"the job store could not answer ({exc}); retry later",
+                    headers={"Retry-After": "1"},
+                ),
+            )
+        log.error("damaged store read on %s %s: %s", request.method, request.url.path, exc)
+        return damaged(request, None if plan_id is None else str(plan_id), str(exc))
+
     async def internal_error(request: Request, exc: Exception) -> Response:
         log.exception("unhandled error on %s %s", request.method, request.url.path)
         problem = ApiProblem(
@@ -272,4 +310,8 @@ def install_error_handlers(app: FastAPI, *, on_problem: Any = None) -> None:
     app.add_exception_handler(IdempotencyConflictError, idempotency_conflict)
     app.add_exception_handler(ProfileConflictError, profile_conflict)
     app.add_exception_handler(StarletteHTTPException, http_error)
+    import sqlite3
+
+    app.add_exception_handler(DamagedRecordError, damaged_record)
+    app.add_exception_handler(sqlite3.DatabaseError, store_error)
     app.add_exception_handler(Exception, internal_error)

@@ -7,10 +7,8 @@ the event loop only ever waits on sockets and timers.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import logging
-import multiprocessing
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -18,6 +16,7 @@ from typing import Any, TypeVar
 
 from starlette.concurrency import run_in_threadpool
 
+from skrull.api.comparing import ComparePool
 from skrull.api.errors import ApiProblem
 from skrull.api.metrics import Metrics
 from skrull.api.notify import Notifier
@@ -49,7 +48,7 @@ class Service:
     profiles: ProfileCatalog
     pool: SolverPool | None = None
     loop: asyncio.AbstractEventLoop | None = None
-    _compare_pool: concurrent.futures.ProcessPoolExecutor | None = field(default=None)
+    _compare_pool: ComparePool | None = field(default=None)
 
     async def blocking(self, fn: Callable[..., T], *args: Any) -> T:
         return await run_in_threadpool(fn, *args)
@@ -129,7 +128,8 @@ class Service:
                 return job
             with self.notifier.listen(job_id) as listener:
                 current = await self.blocking(self.store.get, job_id)
-                assert current is not None
+                if current is None:  # deleted while waited on
+                    return None
                 job = current
                 if job.is_final or (baseline is not None and job.state_token != baseline):
                     return job
@@ -172,11 +172,11 @@ class Service:
 
     # -- compare ---------------------------------------------------------------------------------------
 
-    def compare_pool(self) -> concurrent.futures.ProcessPoolExecutor:
+    def compare_pool(self) -> ComparePool:
         if self._compare_pool is None:
-            self._compare_pool = concurrent.futures.ProcessPoolExecutor(
-                max_workers=self.settings.compare_processes,
-                mp_context=multiprocessing.get_context("spawn"),
+            self._compare_pool = ComparePool(
+                processes=self.settings.compare_processes,
+                max_waiting=self.settings.max_queued_compares,
                 initializer=import_plugins,
                 initargs=(self.settings.plugin_modules,),
             )
@@ -184,5 +184,5 @@ class Service:
 
     def close(self) -> None:
         if self._compare_pool is not None:
-            self._compare_pool.shutdown(wait=False, cancel_futures=True)
+            self._compare_pool.close()
             self._compare_pool = None

@@ -26,7 +26,7 @@ from typing import Any, Generic, TypeVar
 from skrull.api.errors import ApiProblem
 from skrull.api.schemas import iteration_from_document, rank_view_document
 from skrull.api.sizes import json_tokens
-from skrull.api.store.base import IterationRecord, JobStore
+from skrull.api.store.base import DamagedRecordError, IterationRecord, JobStore
 from skrull.solver.errors import RequestError
 from skrull.solver.types import Iteration, Parallel, Plan, SolveInfo
 from skrull.solver.worker_view import rank_view
@@ -140,11 +140,15 @@ class RankViews:
         entry = self._jobs.get(job_id)
         if entry is None:
             text = self._store.request_json(job_id)
-            assert text is not None, f"job {job_id} has iterations but no request"
-            doc = json.loads(text)
-            lengths = tuple(n for batch in doc["batches"] for n in batch)
-            bucket = doc.get("bucket_tokens") or doc["profile"]["memory"]["bucket_tokens"]
-            entry = (lengths, Parallel(dp=doc["parallel"]["dp"], cp=doc["parallel"]["cp"]), int(bucket))
+            if text is None:
+                raise DamagedRecordError(job_id, "it has iterations but no request")
+            try:
+                doc = json.loads(text)
+                lengths = tuple(int(n) for batch in doc["batches"] for n in batch)
+                bucket = doc.get("bucket_tokens") or doc["profile"]["memory"]["bucket_tokens"]
+                entry = (lengths, Parallel(dp=doc["parallel"]["dp"], cp=doc["parallel"]["cp"]), int(bucket))
+            except (ValueError, KeyError, TypeError) as exc:
+                raise DamagedRecordError(job_id, f"its request cannot be read ({type(exc).__name__}: {exc})") from None
             self._jobs.put(job_id, entry, size=BYTES_PER_LENGTH * len(lengths))
         return entry
 
@@ -166,7 +170,12 @@ class RankViews:
         lengths, parallel, bucket = self._job(record.job_id)
         it = self._iterations.get((record.job_id, record.index))
         if it is None:
-            it = iteration_from_document(json.loads(record.doc_json))
+            try:
+                it = iteration_from_document(json.loads(record.doc_json))
+            except (ValueError, KeyError, TypeError) as exc:
+                raise DamagedRecordError(
+                    record.job_id, f"iteration {record.index} cannot be read ({type(exc).__name__}: {exc})"
+                ) from None
             self._iterations.put(
                 (record.job_id, record.index), it, size=PARSED_BYTES_PER_JSON_BYTE * len(record.doc_json)
             )

@@ -71,13 +71,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from skrull.api.app import create_app
     except ImportError as exc:
         raise RequestError("serve", exc.name, "the service needs the api extra: pip install 'skrull[api]'") from None
-    settings = settings_from_args(args, _FLAGS)
-    if settings.db.startswith(("postgresql://", "postgres://")):
-        from skrull.api.store.open import open_store
+    from skrull.api.server import uvicorn_options
+    from skrull.api.store.open import StoreUnusableError, open_store
 
-        try:  # reach and migrate the store now, so a wrong URL is one clear line, not a traceback
-            open_store(settings.db, pool_size=1).close()
-        except (ConnectionError, OSError) as exc:
-            raise RequestError("--db", settings.db, str(exc)) from None
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level)
+    settings = settings_from_args(args, _FLAGS)
+    try:  # open (and migrate) the store now: a wrong URL or a damaged file is one clear line, not a traceback
+        open_store(settings.db, pool_size=1).close()
+    except StoreUnusableError as exc:
+        raise RequestError("--db", settings.db, str(exc)) from None
+    uvicorn.run(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        **uvicorn_options(settings),
+    )
     return 0

@@ -134,7 +134,8 @@ async def _wait_for_iteration(
             if record is not None:
                 return record, job
             current = await svc.blocking(svc.store.get, job.job_id)
-            assert current is not None
+            if current is None:  # deleted while waited on
+                raise invalid_field("plan_id", job.job_id, "no such plan (deleted)", status=404, slug="unknown-plan")
             job = current
             if job.is_final:
                 record = await svc.blocking(svc.store.iteration, job.job_id, iteration)

@@ -61,6 +61,15 @@ class QueueFullError(ValueError):
         super().__init__(f"{max_queued} jobs are queued (SKRULL_MAX_QUEUED_JOBS); retry later")
 
 
+class DamagedRecordError(RuntimeError):
+    """A stored row cannot be read back (a damaged page, or text that is no longer the JSON written)."""
+
+    def __init__(self, job_id: str, reason: str) -> None:
+        self.job_id = job_id
+        self.reason = reason
+        super().__init__(f"the stored plan {job_id} is damaged: {reason}")
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class NewJob:
     """What a submission stores: the canonical request (profile inlined) and its shape."""
