@@ -269,7 +269,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except SkrullError as exc:
-        print(f"skrull: error: {exc}", file=sys.stderr)
+        print(f"skrull: error: {' '.join(str(exc).splitlines())}", file=sys.stderr)
         return EXIT_USER_ERROR
     except BrokenPipeError:  # e.g. `skrull plan ... | head`
         return 0

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
 
 from skrull.solver.errors import RequestError
@@ -63,9 +64,16 @@ def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
+_PLAIN_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
+
+
 def join_path(path: str, key: str | int) -> str:
+    """``path.key`` or ``path[3]``; a key that is not a plain name is written as a JSON string
+    (``path["a b"]``), so a path is always one line of ASCII."""
     if isinstance(key, int):
         return f"{path}[{key}]"
+    if not _PLAIN_KEY.fullmatch(key):
+        return f"{path}[{json.dumps(key[:64])}]"
     return f"{path}.{key}" if path else key
 
 
