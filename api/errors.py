@@ -165,17 +165,22 @@ def problem_response(problem: ApiProblem, *, instance: str | None = None) -> Res
 
 
 def _documented_methods(request: Request) -> set[str]:
-    """The methods the OpenAPI document lists for the request's path (path parameters match any text)."""
+    """The methods the OpenAPI document lists for the request's path: path parameters match one segment;
+    only where no template matches so do they match any text (``{name:path}`` profile names hold '/')."""
     import re
 
-    methods: set[str] = set()
-    for template, operations in request.app.openapi().get("paths", {}).items():
-        pattern = "".join(
-            ".+" if part.startswith("{") else re.escape(part) for part in re.split(r"(\{[^}]+\})", template)
-        )
-        if re.fullmatch(pattern, request.url.path):
-            methods |= {m.upper() for m in operations if m.lower() in ("get", "post", "put", "patch", "delete")}
-    return methods
+    paths = request.app.openapi().get("paths", {})
+    for param in ("[^/]+", ".+"):
+        methods: set[str] = set()
+        for template, operations in paths.items():
+            pattern = "".join(
+                param if part.startswith("{") else re.escape(part) for part in re.split(r"(\{[^}]+\})", template)
+            )
+            if re.fullmatch(pattern, request.url.path):
+                methods |= {m.upper() for m in operations if m.lower() in ("get", "post", "put", "patch", "delete")}
+        if methods:
+            return methods
+    return set()
 
 
 def install_error_handlers(app: FastAPI, *, on_problem: Any = None) -> None:
