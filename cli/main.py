@@ -12,7 +12,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from skrull.cli import execute as execute_cli
 from skrull.cli import lengths as lengths_cli
@@ -208,10 +208,15 @@ def cmd_derive_profile(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage mistakes end like every other failure: one line on stderr, exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USER_ERROR, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="skrull", description="Skrull: data scheduling for long-context SFT (DP x CP)."
-    )
+    parser = _Parser(prog="skrull", description="Skrull: data scheduling for long-context SFT (DP x CP).")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("plan", help="plan a request and print the plan JSON")

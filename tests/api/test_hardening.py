@@ -283,3 +283,19 @@ def test_bounds_hold_for_documents_built_in_code() -> None:
         with pytest.raises(RequestError) as err:
             request_from_dict(doc)
         assert err.value.field == "profile.compute.fixed_ms"
+
+
+def test_usage_mistakes_and_a_taken_port_are_one_line_with_status_2(tmp_path: Path) -> None:
+    import socket
+
+    from tests.cli.test_main import skrull
+
+    out = skrull("plan", "--no-such-flag")
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and "--no-such-flag" in out.stderr, out.stderr
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        out = skrull("serve", "--port", str(port), "--db", str(tmp_path / "jobs.db"), "--solver-processes", "0")
+    assert out.returncode == 2 and out.stderr.startswith("skrull: error: --port: "), out.stderr
+    assert out.stderr.count("\n") == 1
