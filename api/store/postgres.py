@@ -192,8 +192,11 @@ class PostgresJobStore:
                     # Held until commit: the count below sees every bounded submission committed before it,
                     # and none can commit between this count and this insert (READ COMMITTED, any replica).
                     conn.execute("SELECT pg_advisory_xact_lock(%s)", (QUEUE_LOCK_KEY,))
+                    # Looked at again under the lock: a concurrent submission of the same request may have
+                    # queued it meanwhile, and this one is then a duplicate that adds nothing.
+                    status = conn.execute("SELECT status FROM jobs WHERE id = %s", (job.job_id,)).fetchone()
                     row = conn.execute("SELECT COUNT(*) FROM jobs WHERE status = 'queued'").fetchone()
-                    if row is not None and int(row[0]) >= max_queued:
+                    if (status is None or status[0] == "failed") and row is not None and int(row[0]) >= max_queued:
                         raise QueueFullError(max_queued)
             if idempotency_key is not None:
                 conn.execute(

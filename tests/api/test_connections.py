@@ -4,6 +4,7 @@ answering everyone else meanwhile."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
@@ -116,3 +117,19 @@ def test_the_store_file_is_checked_before_serving(tmp_path: Path) -> None:
     assert out.returncode == 2, out.stderr
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and str(db) in lines[0] and "damaged" in lines[0] and "Traceback" not in out.stderr
+
+
+def test_headers_growing_past_the_limit_are_refused(server: LiveServer) -> None:
+    """Headers arriving in pieces are buffered up to SKRULL_MAX_HEADER_BYTES (64 KiB), then refused."""
+    with socket.create_connection(("127.0.0.1", server.port)) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: ")
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            for _ in range(25):
+                sock.sendall(b"a" * 4096)
+                time.sleep(0.01)
+        sock.settimeout(5)
+        answer = b""
+        with contextlib.suppress(ConnectionResetError):
+            while chunk := sock.recv(4096):
+                answer += chunk
+    assert answer.startswith(b"HTTP/1.1 400") or answer == b"", answer[:100]
