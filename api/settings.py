@@ -73,9 +73,12 @@ class Settings(BaseSettings):
         description="JSON tokens (values) per rank-view answer; a longer view is served in pages (?page=k)",
     )
     max_plan_tokens: int = Field(
+        8_000_000, ge=1024, description="JSON tokens (values) of a whole plan document; a larger plan fails (422)"
+    )
+    max_iteration_tokens: int = Field(
         2_000_000,
         ge=1024,
-        description="JSON tokens (values) of a plan document or one iteration; a larger plan fails with 422",
+        description="JSON tokens of one iteration (what rank views are rendered from); a larger one fails (422)",
     )
     max_queued_compares: int = Field(
         4, ge=0, description="POST /v1/compare requests waiting for a compare process; beyond: 503"

@@ -70,7 +70,8 @@ class WorkerConfig:
     idle_poll_s: float
     stream_solvers: frozenset[str]
     plugins: tuple[str, ...]
-    max_plan_tokens: int = 2_000_000
+    max_plan_tokens: int = 8_000_000
+    max_iteration_tokens: int = 2_000_000
 
 
 class _Heartbeat:
@@ -113,7 +114,7 @@ def run_claimed(store: JobStore, job: ClaimedJob, config: WorkerConfig, events: 
     owner = config.owner
 
     def publish(record: IterationRecord) -> bool:
-        check_plan_tokens(record.doc_json, config.max_plan_tokens, what=f"iteration {record.index}")
+        check_plan_tokens(record.doc_json, config.max_iteration_tokens, what=f"iteration {record.index}")
         ok = store.publish_iteration(record, owner=owner)
         if ok:
             events.put(("iteration", job.job_id, record.index))
@@ -128,6 +129,8 @@ def run_claimed(store: JobStore, job: ClaimedJob, config: WorkerConfig, events: 
                 done=store.iterations(job.job_id),
                 publish=publish,
             )
+            for record in rest:
+                check_plan_tokens(record.doc_json, config.max_iteration_tokens, what=f"iteration {record.index}")
             check_plan_tokens(plan_json, config.max_plan_tokens, what="the plan")
         except LeaseLostError:
             return "lost"
@@ -209,9 +212,10 @@ class SolverPool:
         plugins: tuple[str, ...],
         hard_limit_s: Callable[[float], float],
         on_event: EventHandler,
-        max_plan_tokens: int = 2_000_000,
+        max_plan_tokens: int = 8_000_000,
+        max_iteration_tokens: int = 2_000_000,
     ) -> None:
-        self._max_plan_tokens = max_plan_tokens
+        self._max_plan_tokens, self._max_iteration_tokens = max_plan_tokens, max_iteration_tokens
         self._store = store
         self._db, self._synchronous = db, synchronous
         self.num_processes = num_processes
@@ -247,6 +251,7 @@ class SolverPool:
             hard_limit_s=settings.hard_limit_s,
             on_event=on_event,
             max_plan_tokens=settings.max_plan_tokens,
+            max_iteration_tokens=settings.max_iteration_tokens,
         )
 
     # -- lifecycle -------------------------------------------------------------------------------------
@@ -271,6 +276,7 @@ class SolverPool:
             stream_solvers=self._stream_solvers,
             plugins=self._plugins,
             max_plan_tokens=self._max_plan_tokens,
+            max_iteration_tokens=self._max_iteration_tokens,
         )
         process = self._ctx.Process(
             target=worker_main,

@@ -6,7 +6,7 @@ are closed, and the queue bound under concurrent submits on two replicas (Postgr
 * amplification: a ~500-byte request (dp=1, cp=65536, 10 sequences each filling the whole group) whose
   rank views list 65,536 ranks per microbatch; 30 ranks' views are fetched (all pages) and the server's
   RSS is read from /proc before and after. (With 20 sequences, the issue's case, the plan has 2.6 M JSON
-  tokens and is refused by SKRULL_MAX_PLAN_TOKENS.)
+  tokens and is refused by SKRULL_MAX_ITERATION_TOKENS.)
 * slow connections: ``--slow`` connections each send half their headers, or nothing, and are timed until
   the server closes them (SKRULL_REQUEST_READ_TIMEOUT_S=2).
 * queue bound: two ``skrull serve`` replicas on one PostgreSQL database, SKRULL_MAX_QUEUED_JOBS=10, 200
@@ -172,7 +172,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cp", type=int, default=65536)
     parser.add_argument("--ranks", type=int, default=30)
-    parser.add_argument("--sequences", type=int, default=10, help="20 exceeds SKRULL_MAX_PLAN_TOKENS (refused)")
+    parser.add_argument("--sequences", type=int, default=10, help="20 exceeds SKRULL_MAX_ITERATION_TOKENS (refused)")
     parser.add_argument("--slow", type=int, default=300)
     parser.add_argument(
         "--pg", default=os.environ.get("SKRULL_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")

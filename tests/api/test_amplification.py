@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from fastapi.testclient import TestClient
 
 from skrull.api.client import PlanningClient
@@ -77,10 +78,15 @@ def test_a_microbatch_longer_than_a_page_is_413_naming_the_limit(tmp_path: Path)
         assert problem["limit"] == 1024 and "SKRULL_MAX_VIEW_TOKENS" in problem["detail"]
 
 
-def test_a_plan_over_the_token_limit_fails_naming_it(tmp_path: Path) -> None:
-    with running_app(tmp_path / "jobs.db", max_plan_tokens=2000) as client:
-        plan_id = client.post("/v1/plans", json=AMPLIFYING).json()["id"]
+@pytest.mark.parametrize(
+    ("limit", "setting"),
+    [("max_plan_tokens", "SKRULL_MAX_PLAN_TOKENS"), ("max_iteration_tokens", "SKRULL_MAX_ITERATION_TOKENS")],
+)
+def test_a_plan_over_the_token_limit_fails_naming_it(tmp_path: Path, limit: str, setting: str) -> None:
+    with running_app(tmp_path / "jobs.db", **{limit: 2000}) as client:
+        doc = plan_request([[100 * CP] * 3, [100 * CP] * 3], dp=1, cp=CP)  # two iterations: streamed
+        plan_id = client.post("/v1/plans", json=doc).json()["id"]
         envelope = final(client, plan_id)
         assert envelope["status"] == "failed", envelope
         error = envelope["error"]
-        assert error["status"] == 422 and error["field"] == "plan" and "SKRULL_MAX_PLAN_TOKENS" in error["detail"]
+        assert error["status"] == 422 and error["field"] == "plan" and setting in error["detail"], error
