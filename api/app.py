@@ -9,6 +9,7 @@ stopping it lets running solves finish briefly and queues unfinished jobs again.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -18,7 +19,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from skrull.api.access import AccessControl, require_access
 from skrull.api.errors import install_error_handlers
-from skrull.api.limits import BodySizeLimit
+from skrull.api.limits import BodySizeLimit, JsonBody
 from skrull.api.metrics import Metrics
 from skrull.api.notify import Notifier
 from skrull.api.profiles import ProfileCatalog
@@ -85,7 +86,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             store=store,
             metrics=metrics,
             notifier=Notifier(),
-            views=RankViews(store, max_views=settings.rank_view_cache_entries),
+            views=RankViews(
+                store,
+                max_views=settings.rank_view_cache_entries,
+                cache_bytes=settings.cache_bytes,
+                max_view_tokens=settings.max_view_tokens,
+            ),
             profiles=ProfileCatalog(store),
             loop=loop,
         )
@@ -94,9 +100,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.service = svc
         stop_watching = store.watch(svc.on_store_change) if store.notifies else None
         await asyncio.to_thread(pool.start)
+        sweeper = asyncio.create_task(svc.sweep_expired_forever()) if settings.plan_retention_s > 0 else None
         try:
             yield
         finally:
+            if sweeper is not None:
+                sweeper.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await sweeper
             if stop_watching is not None:
                 await asyncio.to_thread(stop_watching)
             svc.notifier.notify_all()
@@ -118,6 +129,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     for router in (plans.router, ranks.router, pictures.router, compare.router, profiles.router):
         app.include_router(router, **guarded)  # type: ignore[arg-type]
     app.include_router(health.router)
+    count_problem = lambda status, slug: metrics.errors.inc(str(status), slug)  # noqa: E731
+    app.add_middleware(JsonBody, on_problem=count_problem)
     app.add_middleware(
         BodySizeLimit,
         max_bytes=settings.max_body_bytes,

@@ -207,6 +207,8 @@ class PlanningClient:
                 return cached[1]
             if response.status_code == 200:
                 view: dict[str, Any] = response.json()
+                if view.get("pages", 1) > 1:
+                    view = self._remaining_pages(path, iteration, view)
                 etag = response.headers.get("etag")
                 if etag:
                     self._remember(key, etag, view)
@@ -217,6 +219,17 @@ class PlanningClient:
                 continue
             self._raise_for_problem(response, failed=response.status_code == 409)
             raise ServiceError(response.status_code, {"detail": f"unexpected answer {response.status_code}"})
+
+    def _remaining_pages(self, path: str, iteration: int, first: dict[str, Any]) -> dict[str, Any]:
+        """A view the service serves in pages (longer than its SKRULL_MAX_VIEW_TOKENS): all of them, joined."""
+        microbatches = list(first["microbatches"])
+        for page in range(1, int(first["pages"])):
+            response = self._request("GET", path, params={"iteration": iteration, "page": page})
+            self._raise_for_problem(response)
+            microbatches.extend(response.json()["microbatches"])
+        view = {k: v for k, v in first.items() if k not in ("page", "pages")}
+        view["microbatches"] = microbatches
+        return view
 
     def _remember(self, key: str, etag: str, view: dict[str, Any]) -> None:
         with self._lock:

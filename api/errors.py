@@ -12,7 +12,7 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from skrull.api.store.base import IdempotencyConflictError, ProfileConflictError
+from skrull.api.store.base import DamagedRecordError, IdempotencyConflictError, ProfileConflictError
 from skrull.solver.errors import InfeasibleError, InvalidPlanError, PlannerBugError, RequestError, SkrullError
 
 if TYPE_CHECKING:  # the web framework is imported where answers are rendered, so solver processes stay light
@@ -38,6 +38,8 @@ def problem_type(slug: str) -> str:
 def _json_value(value: Any) -> tuple[Any, str]:
     """The offending value for the problem document, and as JSON text for ``detail``; a large value (a whole
     batch list) is cut to a string of its first characters."""
+    if isinstance(value, (bytes, bytearray)):  # a raw body: shown as text, never as a Python bytes literal
+        value = bytes(value[:_VALUE_LIMIT_CHARS]).decode("utf-8", "replace")
     try:
         text = json.dumps(value)
     except (TypeError, ValueError):
@@ -194,17 +196,22 @@ def problem_response(problem: ApiProblem, *, instance: str | None = None) -> Res
 
 
 def _documented_methods(request: Request) -> set[str]:
-    """The methods the OpenAPI document lists for the request's path (path parameters match any text)."""
+    """The methods the OpenAPI document lists for the request's path: path parameters match one segment;
+    only where no template matches so do they match any text (``{name:path}`` profile names hold '/')."""
     import re
 
-    methods: set[str] = set()
-    for template, operations in request.app.openapi().get("paths", {}).items():
-        pattern = "".join(
-            ".+" if part.startswith("{") else re.escape(part) for part in re.split(r"(\{[^}]+\})", template)
-        )
-        if re.fullmatch(pattern, request.url.path):
-            methods |= {m.upper() for m in operations if m.lower() in ("get", "post", "put", "patch", "delete")}
-    return methods
+    paths = request.app.openapi().get("paths", {})
+    for param in ("[^/]+", ".+"):
+        methods: set[str] = set()
+        for template, operations in paths.items():
+            pattern = "".join(
+                param if part.startswith("{") else re.escape(part) for part in re.split(r"(\{[^}]+\})", template)
+            )
+            if re.fullmatch(pattern, request.url.path):
+                methods |= {m.upper() for m in operations if m.lower() in ("get", "post", "put", "patch", "delete")}
+        if methods:
+            return methods
+    return set()
 
 
 def _idempotency_problem(exc: IdempotencyConflictError) -> ApiProblem:
@@ -248,8 +255,40 @@ def _http_problem(request: Request, exc: StarletteHTTPException) -> ApiProblem:
     return ApiProblem(status=exc.status_code, slug=slug, title=slug.replace("-", " "), detail=detail, headers=headers)
 
 
+def _damaged_problem(plan_id: str | None, reason: str) -> ApiProblem:
+    what = f"the stored plan {plan_id}" if plan_id else "a stored record"
+    return ApiProblem(
+        status=410,
+        slug="plan-damaged",
+        title="stored plan damaged",
+        detail=f"{what} is damaged and cannot be served ({reason}); DELETE it and submit the request again, "
+        "or recover the store (docs/service-hardening.md)",
+        plan_id=plan_id,
+    )
+
+
+def _store_problem(request: Request, exc: Exception) -> ApiProblem:
+    """The store failed underneath a request: busy (retry) or damaged pages (named, not internal)."""
+    import sqlite3
+
+    if isinstance(exc, sqlite3.OperationalError):
+        log.warning("store busy on %s %s: %s", request.method, request.url.path, exc)
+        return ApiProblem(
+            status=503,
+            slug="store-unavailable",
+            title="store unavailable",
+            detail=f"the job store could not answer ({exc}); retry later",
+            headers={"Retry-After": "1"},
+        )
+    log.error("damaged store read on %s %s: %s", request.method, request.url.path, exc)
+    plan_id = request.path_params.get("plan_id")
+    return _damaged_problem(None if plan_id is None else str(plan_id), str(exc))
+
+
 def _problem_for(request: Request, exc: Exception) -> ApiProblem:
     """The one mapping from an exception raised while answering a request to its problem."""
+    import sqlite3
+
     from fastapi.exceptions import RequestValidationError
     from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -265,6 +304,10 @@ def _problem_for(request: Request, exc: Exception) -> ApiProblem:
         return _profile_conflict_problem(exc)
     if isinstance(exc, StarletteHTTPException):
         return _http_problem(request, exc)
+    if isinstance(exc, DamagedRecordError):
+        return _damaged_problem(exc.job_id, exc.reason)
+    if isinstance(exc, sqlite3.DatabaseError):
+        return _store_problem(request, exc)
     log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
     return ApiProblem(
         status=500, slug="internal-error", title="internal error", detail=f"the service failed: {type(exc).__name__}"
@@ -282,6 +325,8 @@ def install_error_handlers(app: FastAPI, *, on_problem: Any = None) -> None:
             on_problem(problem.status, problem.slug)
         return problem_response(problem, instance=request.url.path)
 
+    import sqlite3
+
     for kind in (
         ApiProblem,
         SkrullError,
@@ -289,6 +334,8 @@ def install_error_handlers(app: FastAPI, *, on_problem: Any = None) -> None:
         RequestValidationError,
         IdempotencyConflictError,
         ProfileConflictError,
+        DamagedRecordError,
+        sqlite3.DatabaseError,
         StarletteHTTPException,
         Exception,
     ):

@@ -4,6 +4,9 @@
   otherwise (chunked bodies), with 413.
 * Sequences, iterations, GPUs per request and the time budget: 422 naming the field.
 * Long-poll waits: 422 naming ``wait``.
+* Request bodies (``JsonBody``): 415 unless the ``Content-Type`` is JSON; hostile JSON (nesting deeper
+  than ``MAX_JSON_DEPTH``, NaN/Infinity, integers beyond 2^53, duplicate keys) 422 naming the JSON path,
+  checked by the one JSON reader of the planning library before anything else sees the body.
 """
 
 from __future__ import annotations
@@ -13,9 +16,13 @@ from collections.abc import Callable
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from skrull.api.errors import ApiProblem, invalid_field, problem_response
+from skrull.api.errors import ApiProblem, from_request_error, invalid_field, problem_response
 from skrull.api.schemas import PlanRequestIn
 from skrull.api.settings import Settings
+from skrull.solver.errors import RequestError
+from skrull.solver.jsonsafe import MalformedJsonError, loads_json
+
+BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 
 
 def _too_large(max_bytes: int, got: int | None) -> str:
@@ -65,6 +72,80 @@ class BodySizeLimit:
             return message
 
         await self.app(scope, counting_receive, send)
+
+
+def is_json_media_type(content_type: str) -> bool:
+    """``application/json`` or any ``application/<x>+json``, parameters (charset) ignored."""
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
+
+
+class JsonBody:
+    """ASGI middleware: a request body must be JSON (else 415) and pass ``solver.jsonsafe.loads_json``
+    (else 422 naming the JSON path) before any handler parses it. The body is read here (its size is
+    bounded by ``BodySizeLimit`` outside) and handed on unchanged."""
+
+    def __init__(self, app: ASGIApp, *, on_problem: Callable[[int, str], None] | None = None) -> None:
+        self.app = app
+        self.on_problem = on_problem
+
+    async def _refuse(self, problem: ApiProblem, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.on_problem is not None:
+            self.on_problem(problem.status, problem.slug)
+        await problem_response(problem, instance=scope.get("path"))(scope, receive, send)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] not in BODY_METHODS:
+            await self.app(scope, receive, send)
+            return
+        chunks: list[bytes] = []
+        try:
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    return
+                chunks.append(message.get("body", b""))
+                if not message.get("more_body", False):
+                    break
+        except HTTPException as exc:  # the size limit, raised while reading (outside the routes' handlers)
+            problem = ApiProblem(
+                status=exc.status_code, slug="body-too-large", title="body too large", detail=str(exc.detail)
+            )
+            await self._refuse(problem, scope, receive, send)
+            return
+        body = b"".join(chunks)
+        if body:
+            content_type = ""
+            for name, value in scope.get("headers", ()):
+                if name == b"content-type":
+                    content_type = value.decode("latin-1")
+            if not is_json_media_type(content_type):
+                problem = ApiProblem(
+                    status=415,
+                    slug="unsupported-media-type",
+                    title="unsupported media type",
+                    detail=f"Content-Type: {content_type or '(none)'}: the body must be JSON (application/json)",
+                    field="Content-Type",
+                    value=content_type or None,
+                )
+                await self._refuse(problem, scope, receive, send)
+                return
+            try:
+                loads_json(body)
+            except RequestError as exc:
+                slug = "malformed-json" if isinstance(exc, MalformedJsonError) else "invalid-request"
+                await self._refuse(from_request_error(exc, slug=slug), scope, receive, send)
+                return
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
 
 
 def check_request_limits(body: PlanRequestIn, settings: Settings) -> None:

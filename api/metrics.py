@@ -132,6 +132,9 @@ class Metrics:
         )
         self.jobs_failed = Counter("skrull_jobs_failed_total", "Jobs failed, by reason.", ("reason",))
         self.solver_restarts = Counter("skrull_solver_restarts_total", "Solver processes restarted after dying.")
+        self.plans_deleted = Counter(
+            "skrull_plans_deleted_total", "Plans deleted, by reason (request|expired).", ("reason",)
+        )
         self.queue_depth = Gauge("skrull_queue_depth", "Jobs queued in the store, waiting for a solver process.")
         self.jobs = Gauge("skrull_jobs", "Jobs in the store by status.", ("status",))
         self.solver_processes = Gauge("skrull_solver_processes", "Live solver processes of this server.")
@@ -148,6 +151,7 @@ class Metrics:
             self.jobs_retried,
             self.jobs_failed,
             self.solver_restarts,
+            self.plans_deleted,
             self.solver_processes,
             self.http_seconds,
         ):

@@ -12,7 +12,7 @@ import hashlib
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt
 
 from skrull.api.store.base import JobRecord
 from skrull.solver.io import DEFAULT_PROFILE, DEFAULT_TIME_BUDGET_S, request_from_dict, request_to_dict
@@ -34,7 +34,7 @@ class PlanRequestIn(BaseModel):
     """The body of ``POST /v1/plans``: the lengths of upcoming global batches and how to plan them."""
 
     model_config = ConfigDict(
-        extra="allow",
+        extra="forbid",  # a typo ("solvr", "time_budget") must not be planned silently with the default
         json_schema_extra={
             "examples": [
                 {
@@ -62,6 +62,7 @@ class PlanRequestIn(BaseModel):
     bucket_tokens: StrictInt | None = Field(None, description="override of profile.memory.bucket_tokens")
     backend: str | None = Field(None, description="exact solver backend (scip or cpsat), where the solver has one")
     seed: StrictInt = Field(0, description="seed of planners that shuffle")
+    deterministic: StrictBool = Field(False, description="the same plan for the same request (exact solvers)")
 
 
 class CompareRequestIn(PlanRequestIn):
@@ -249,7 +250,7 @@ class Health(BaseModel):
 
 
 def request_document(body: PlanRequestIn) -> dict[str, Any]:
-    """The request as the contract's JSON document (extra fields kept, ``solvers`` of compare dropped)."""
+    """The request as the contract's JSON document (``solvers`` of compare dropped)."""
     doc = body.model_dump(exclude={"solvers"}, exclude_none=True)
     return doc
 

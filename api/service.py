@@ -7,9 +7,8 @@ the event loop only ever waits on sockets and timers.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
-import multiprocessing
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -17,6 +16,7 @@ from typing import Any, TypeVar
 
 from starlette.concurrency import run_in_threadpool
 
+from skrull.api.comparing import ComparePool
 from skrull.api.errors import ApiProblem
 from skrull.api.metrics import Metrics
 from skrull.api.notify import Notifier
@@ -24,11 +24,12 @@ from skrull.api.profiles import ProfileCatalog
 from skrull.api.schemas import canonical_request_json, job_id_for, request_from_document
 from skrull.api.settings import Settings
 from skrull.api.solving import Event, SolverPool, import_plugins
-from skrull.api.store.base import JobRecord, JobStore, NewJob, SubmitOutcome
+from skrull.api.store.base import JobRecord, JobStore, NewJob, QueueFullError, SubmitOutcome
 from skrull.api.views import RankViews
 from skrull.solver.types import Request
 
 T = TypeVar("T")
+log = logging.getLogger("skrull.api")
 
 #: A long-poll re-reads the store at least this often (changes made by another server on the same store).
 LONG_POLL_RECHECK_S = 1.0
@@ -47,7 +48,7 @@ class Service:
     profiles: ProfileCatalog
     pool: SolverPool | None = None
     loop: asyncio.AbstractEventLoop | None = None
-    _compare_pool: concurrent.futures.ProcessPoolExecutor | None = field(default=None)
+    _compare_pool: ComparePool | None = field(default=None)
 
     async def blocking(self, fn: Callable[..., T], *args: Any) -> T:
         return await run_in_threadpool(fn, *args)
@@ -62,14 +63,6 @@ class Service:
     def submit(self, doc: dict[str, Any], idempotency_key: str | None) -> SubmitOutcome:
         request, canonical = self.prepare(doc)
         job_id = job_id_for(canonical)
-        if self.store.get(job_id) is None and self.store.queue_depth() >= self.settings.max_queued_jobs:
-            raise ApiProblem(
-                status=503,
-                slug="queue-full",
-                title="queue full",
-                headers={"Retry-After": "5"},
-                detail=f"{self.settings.max_queued_jobs} jobs are queued (SKRULL_MAX_QUEUED_JOBS); retry later",
-            )
         job = NewJob(
             job_id=job_id,
             request_json=canonical,
@@ -79,7 +72,45 @@ class Service:
             num_gpus=request.parallel.num_gpus,
             time_budget_s=request.time_budget_s,
         )
-        return self.store.submit(job, idempotency_key=idempotency_key)
+        try:
+            return self.store.submit(job, idempotency_key=idempotency_key, max_queued=self.settings.max_queued_jobs)
+        except QueueFullError as exc:
+            raise ApiProblem(
+                status=503,
+                slug="queue-full",
+                title="queue full",
+                headers={"Retry-After": "5"},
+                detail=str(exc),
+                limit=exc.max_queued,
+            ) from None
+
+    # -- retention -------------------------------------------------------------------------------------
+
+    def delete(self, job_id: str) -> bool:
+        deleted = self.store.delete(job_id)
+        self.views.forget(job_id)
+        if deleted:
+            self.metrics.plans_deleted.inc("request")
+        return deleted
+
+    def sweep_expired(self) -> list[str]:
+        """Delete solved and failed plans older than ``plan_retention_s`` (blocking); their ids."""
+        ids = self.store.expire(older_than_s=self.settings.plan_retention_s)
+        for job_id in ids:
+            self.views.forget(job_id)
+        if ids:
+            self.metrics.plans_deleted.inc("expired", amount=len(ids))
+        return ids
+
+    async def sweep_expired_forever(self) -> None:
+        """Every ``retention_sweep_s``: the sweep, in the thread pool; a failed sweep is logged and retried."""
+        while True:
+            try:
+                while len(await self.blocking(self.sweep_expired)) > 0:
+                    pass  # a large backlog is deleted in batches, one transaction each
+            except Exception:
+                log.exception("deleting expired plans failed; retrying in %.0f s", self.settings.retention_sweep_s)
+            await asyncio.sleep(self.settings.retention_sweep_s)
 
     # -- long-polls ------------------------------------------------------------------------------------
 
@@ -97,7 +128,8 @@ class Service:
                 return job
             with self.notifier.listen(job_id) as listener:
                 current = await self.blocking(self.store.get, job_id)
-                assert current is not None
+                if current is None:  # deleted while waited on
+                    return None
                 job = current
                 if job.is_final or (baseline is not None and job.state_token != baseline):
                     return job
@@ -140,11 +172,11 @@ class Service:
 
     # -- compare ---------------------------------------------------------------------------------------
 
-    def compare_pool(self) -> concurrent.futures.ProcessPoolExecutor:
+    def compare_pool(self) -> ComparePool:
         if self._compare_pool is None:
-            self._compare_pool = concurrent.futures.ProcessPoolExecutor(
-                max_workers=self.settings.compare_processes,
-                mp_context=multiprocessing.get_context("spawn"),
+            self._compare_pool = ComparePool(
+                processes=self.settings.compare_processes,
+                max_waiting=self.settings.max_queued_compares,
                 initializer=import_plugins,
                 initargs=(self.settings.plugin_modules,),
             )
@@ -152,5 +184,5 @@ class Service:
 
     def close(self) -> None:
         if self._compare_pool is not None:
-            self._compare_pool.shutdown(wait=False, cancel_futures=True)
+            self._compare_pool.close()
             self._compare_pool = None

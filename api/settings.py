@@ -57,6 +57,44 @@ class Settings(BaseSettings):
     max_compare_solvers: int = Field(16, ge=1, description="solvers per POST /v1/compare")
     compare_processes: int = Field(1, ge=1, description="processes that run POST /v1/compare")
     rank_view_cache_entries: int = Field(65_536, ge=0, description="rendered rank views kept in memory")
+    cache_bytes: int = Field(
+        128 * 2**20,
+        ge=0,
+        description="memory for cached rank views, parsed iterations and request lengths together (bytes)",
+    )
+    max_view_tokens: int = Field(
+        262_144,
+        ge=1024,
+        description="JSON tokens (values) per rank-view answer; a longer view is served in pages (?page=k)",
+    )
+    max_plan_tokens: int = Field(
+        8_000_000, ge=1024, description="JSON tokens (values) of a whole plan document; a larger plan fails (422)"
+    )
+    max_iteration_tokens: int = Field(
+        2_000_000,
+        ge=1024,
+        description="JSON tokens of one iteration (what rank views are rendered from); a larger one fails (422)",
+    )
+    max_queued_compares: int = Field(
+        4, ge=0, description="POST /v1/compare requests waiting for a compare process; beyond: 503"
+    )
+    max_compare_sequences: int = Field(
+        20_000, ge=1, description="sequences per POST /v1/compare (it runs every planner, the exact ones included)"
+    )
+    plan_retention_s: float = Field(
+        0.0, ge=0, description="delete solved and failed plans this long after they finished; 0 keeps them forever"
+    )
+    retention_sweep_s: float = Field(60.0, gt=0, description="how often expired plans are deleted")
+    limit_concurrency: int = Field(
+        1024, ge=1, description="open connections and running requests beyond which new ones get 503 (uvicorn)"
+    )
+    timeout_keep_alive_s: float = Field(5.0, gt=0, description="idle keep-alive connections are closed after this")
+    request_read_timeout_s: float = Field(
+        15.0, gt=0, description="a request's headers and body must arrive within this; slower connections are closed"
+    )
+    max_header_bytes: int = Field(
+        65_536, ge=4096, description="largest request line plus headers (h11_max_incomplete_event_size)"
+    )
     log_level: str = Field("info", description="uvicorn log level")
 
     submit_tokens: str = Field(

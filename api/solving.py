@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from skrull.api.errors import ApiProblem, from_failure
 from skrull.api.execute import LeaseLostError, solve_job
+from skrull.api.sizes import check_plan_tokens
 from skrull.api.store.base import ClaimedJob, IterationRecord, JobStore
 from skrull.api.store.open import open_store
 
@@ -68,6 +69,8 @@ class WorkerConfig:
     lease_s: float
     idle_poll_s: float
     plugins: tuple[str, ...]
+    max_plan_tokens: int = 8_000_000
+    max_iteration_tokens: int = 2_000_000
 
 
 #: A lease is renewed this many times per lease period, so two renewals can be lost (a stalled store,
@@ -106,6 +109,7 @@ def run_claimed(store: JobStore, job: ClaimedJob, config: WorkerConfig, events: 
     owner = config.owner
 
     def publish(record: IterationRecord) -> bool:
+        check_plan_tokens(record.doc_json, config.max_iteration_tokens, what=f"iteration {record.index}")
         ok = store.publish_iteration(record, owner=owner)
         if ok:
             events.put(("iteration", job.job_id, record.index))
@@ -116,6 +120,9 @@ def run_claimed(store: JobStore, job: ClaimedJob, config: WorkerConfig, events: 
             plan_json, rest = solve_job(
                 job.job_id, job.request_json, done=store.iterations(job.job_id), publish=publish
             )
+            for record in rest:
+                check_plan_tokens(record.doc_json, config.max_iteration_tokens, what=f"iteration {record.index}")
+            check_plan_tokens(plan_json, config.max_plan_tokens, what="the plan")
         except LeaseLostError:
             return "lost"
         except Exception as exc:  # every failure of a solve is stored with the job, never re-raised
@@ -197,6 +204,8 @@ class SolverPool:
         plugins: tuple[str, ...],
         hard_limit_s: Callable[[float], float],
         on_event: EventHandler,
+        max_plan_tokens: int = 8_000_000,
+        max_iteration_tokens: int = 2_000_000,
     ) -> None:
         self._store = store
         self.num_processes = num_processes
@@ -205,7 +214,14 @@ class SolverPool:
         self._hard_limit_s = hard_limit_s
         self._on_event = on_event
         self._config = WorkerConfig(
-            owner="", db=db, synchronous=synchronous, lease_s=lease_s, idle_poll_s=idle_poll_s, plugins=plugins
+            owner="",
+            db=db,
+            synchronous=synchronous,
+            lease_s=lease_s,
+            idle_poll_s=idle_poll_s,
+            plugins=plugins,
+            max_plan_tokens=max_plan_tokens,
+            max_iteration_tokens=max_iteration_tokens,
         )
         self._ctx = multiprocessing.get_context("spawn")
         self._wake: Any = self._ctx.Queue()
@@ -232,6 +248,8 @@ class SolverPool:
             plugins=settings.plugin_modules,
             hard_limit_s=settings.hard_limit_s,
             on_event=on_event,
+            max_plan_tokens=settings.max_plan_tokens,
+            max_iteration_tokens=settings.max_iteration_tokens,
         )
 
     # -- lifecycle -------------------------------------------------------------------------------------

@@ -5,6 +5,15 @@ is the iteration's digest plus the rank: a worker polling again gets 304 without
 iterations and the request's lengths are cached too, so the first view of each rank costs one
 ``solver.worker_view.rank_view`` call. Iterations and requests are read with ``solver.io``, the same
 readers every other part of the project uses, so a view is the library's view of the stored plan.
+
+Memory is bounded in bytes: the three caches share ``cache_bytes`` (each entry weighed by its size: a
+view's body, ~8 bytes of parsed objects per byte of an iteration's JSON, ~40 bytes per request length),
+and at most ``MAX_COLD_RENDERS`` views are built from the store at once, so a burst of first fetches of
+large iterations cannot hold many parsed iterations at the same time.
+
+Output is bounded per answer: a view of more than ``max_view_tokens`` JSON tokens is served in pages of
+whole microbatches (``?page=k``, 0-based); every page then carries ``page`` and ``pages``. A single
+microbatch above the limit is refused (413 naming ``SKRULL_MAX_VIEW_TOKENS``).
 """
 
 from __future__ import annotations
@@ -13,40 +22,66 @@ import dataclasses
 import json
 import threading
 from collections import OrderedDict
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
-from skrull.api.store.base import IterationRecord, JobStore
+from skrull.api.errors import ApiProblem
+from skrull.api.sizes import json_tokens
+from skrull.api.store.base import DamagedRecordError, IterationRecord, JobStore
+from skrull.solver.errors import RequestError
 from skrull.solver.io import iteration_from_dict, request_from_dict
 from skrull.solver.types import Iteration, Parallel, Problem
 from skrull.solver.worker_view import rank_view
+
+#: Views built from the store (cache misses) at the same time, per server process.
+MAX_COLD_RENDERS = 2
+#: Estimated bytes of Python objects per byte of an iteration's JSON, and per request length.
+PARSED_BYTES_PER_JSON_BYTE = 8
+BYTES_PER_LENGTH = 40
 
 K = TypeVar("K")
 V = TypeVar("V")
 
 
 class LRU(Generic[K, V]):
-    """A thread-safe least-recently-used map holding at most ``capacity`` entries."""
+    """A thread-safe least-recently-used map holding at most ``capacity`` entries and ``max_bytes`` bytes
+    (each entry weighed by the ``size`` given to ``put``); an entry larger than the budget is not kept."""
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, *, max_bytes: int | None = None) -> None:
         self.capacity = capacity
-        self._data: OrderedDict[K, V] = OrderedDict()
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self._data: OrderedDict[K, tuple[V, int]] = OrderedDict()
         self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._data)
 
     def get(self, key: K) -> V | None:
         with self._lock:
-            value = self._data.get(key)
-            if value is not None:
-                self._data.move_to_end(key)
-            return value
+            entry = self._data.get(key)
+            if entry is None:
+                return None
+            self._data.move_to_end(key)
+            return entry[0]
 
-    def put(self, key: K, value: V) -> None:
-        if self.capacity <= 0:
+    def put(self, key: K, value: V, *, size: int = 0) -> None:
+        if self.capacity <= 0 or (self.max_bytes is not None and size > self.max_bytes):
             return
         with self._lock:
-            self._data[key] = value
-            self._data.move_to_end(key)
-            while len(self._data) > self.capacity:
-                self._data.popitem(last=False)
+            old = self._data.pop(key, None)
+            if old is not None:
+                self.bytes -= old[1]
+            self._data[key] = (value, size)
+            self.bytes += size
+            while len(self._data) > self.capacity or (self.max_bytes is not None and self.bytes > self.max_bytes):
+                _, (_, dropped) = self._data.popitem(last=False)
+                self.bytes -= dropped
+
+    def discard_where(self, keep: Any) -> None:
+        """Drop every entry whose key ``keep(key)`` answers False for."""
+        with self._lock:
+            for key in [k for k in self._data if not keep(k)]:
+                self.bytes -= self._data.pop(key)[1]
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -59,25 +94,63 @@ def view_etag(record: IterationRecord, rank: int) -> str:
     return f'"{record.digest}.{rank}"'
 
 
-class RankViews:
-    def __init__(self, store: JobStore, *, max_views: int, max_jobs: int = 1024) -> None:
-        self._store = store
-        self._views: LRU[tuple[str, int, int], RenderedView] = LRU(max_views)
-        self._iterations: LRU[tuple[str, int], Iteration] = LRU(max(16, max_views // 8))
-        self._jobs: LRU[str, tuple[tuple[int, ...], Parallel]] = LRU(max_jobs)
+def view_too_large(tokens: int, limit: int, *, plan_id: str, iteration: int, rank: int) -> ApiProblem:
+    return ApiProblem(
+        status=413,
+        slug="view-too-large",
+        title="rank view too large",
+        detail=f"one microbatch of rank {rank} in iteration {iteration} of plan {plan_id} has {tokens} JSON tokens; "
+        f"at most {limit} are served per answer (SKRULL_MAX_VIEW_TOKENS)",
+        limit=limit,
+        tokens=tokens,
+    )
 
-    def cached(self, job_id: str, iteration: int, rank: int) -> RenderedView | None:
-        return self._views.get((job_id, iteration, rank))
+
+class RankViews:
+    def __init__(
+        self,
+        store: JobStore,
+        *,
+        max_views: int,
+        max_jobs: int = 1024,
+        cache_bytes: int = 128 * 2**20,
+        max_view_tokens: int = 262_144,
+    ) -> None:
+        self._store = store
+        # The budget is split: half for rendered views, a quarter each for parsed iterations and lengths.
+        self._views: LRU[tuple[str, int, int, int], RenderedView] = LRU(max_views, max_bytes=cache_bytes // 2)
+        self._iterations: LRU[tuple[str, int], Iteration] = LRU(max(16, max_views // 8), max_bytes=cache_bytes // 4)
+        self._jobs: LRU[str, tuple[tuple[int, ...], Parallel]] = LRU(max_jobs, max_bytes=cache_bytes // 4)
+        self.max_view_tokens = max_view_tokens
+        self._cold = threading.BoundedSemaphore(MAX_COLD_RENDERS)
+
+    @property
+    def cached_bytes(self) -> int:
+        return self._views.bytes + self._iterations.bytes + self._jobs.bytes
+
+    def cached(self, job_id: str, iteration: int, rank: int, page: int = 0) -> RenderedView | None:
+        return self._views.get((job_id, iteration, rank, page))
+
+    def forget(self, job_id: str) -> None:
+        """Drop everything cached of a deleted plan."""
+        self._views.discard_where(lambda k: k[0] != job_id)
+        self._iterations.discard_where(lambda k: k[0] != job_id)
+        self._jobs.discard_where(lambda k: k != job_id)
 
     def _job(self, job_id: str) -> tuple[tuple[int, ...], Parallel]:
         """The stored request's lengths by global sequence id and its layout (read with ``solver.io``)."""
         entry = self._jobs.get(job_id)
         if entry is None:
             text = self._store.request_json(job_id)
-            assert text is not None, f"job {job_id} has iterations but no request"
-            request = request_from_dict(json.loads(text))
-            entry = (Problem.from_request(request).lengths, request.parallel)
-            self._jobs.put(job_id, entry)
+            if text is None:
+                raise DamagedRecordError(job_id, "it has iterations but no request")
+            try:
+                request = request_from_dict(json.loads(text))
+            except (ValueError, KeyError, TypeError) as exc:
+                raise DamagedRecordError(job_id, f"its request cannot be read ({type(exc).__name__}: {exc})") from None
+            lengths = Problem.from_request(request).lengths
+            entry = (lengths, request.parallel)
+            self._jobs.put(job_id, entry, size=BYTES_PER_LENGTH * len(lengths))
         return entry
 
     def iteration(self, record: IterationRecord) -> Iteration:
@@ -85,19 +158,62 @@ class RankViews:
         key = (record.job_id, record.index)
         it = self._iterations.get(key)
         if it is None:
-            it = iteration_from_dict(json.loads(record.doc_json), field=f"iterations[{record.index}]")
-            self._iterations.put(key, it)
+            try:
+                it = iteration_from_dict(json.loads(record.doc_json), field=f"iterations[{record.index}]")
+            except (ValueError, KeyError, TypeError) as exc:
+                raise DamagedRecordError(
+                    record.job_id, f"iteration {record.index} cannot be read ({type(exc).__name__}: {exc})"
+                ) from None
+            self._iterations.put(key, it, size=PARSED_BYTES_PER_JSON_BYTE * len(record.doc_json))
         return it
 
-    def render(self, record: IterationRecord, rank: int) -> RenderedView:
-        """The view of ``rank`` in a stored iteration (blocking: store reads on a cache miss)."""
-        key = (record.job_id, record.index, rank)
+    def render(self, record: IterationRecord, rank: int, page: int = 0) -> RenderedView:
+        """Page ``page`` of the view of ``rank`` in a stored iteration (blocking: store reads on a cache miss).
+
+        ``page`` past the last one is a ``RequestError`` naming the valid range (422)."""
+        key = (record.job_id, record.index, rank, page)
         hit = self._views.get(key)
         if hit is not None:
             return hit
+        with self._cold:
+            hit = self._views.get(key)  # rendered by another thread while this one waited
+            if hit is not None:
+                return hit
+            return self._render(record, rank, page)
+
+    def _render(self, record: IterationRecord, rank: int, page: int) -> RenderedView:
         lengths, parallel = self._job(record.job_id)
         view = rank_view(self.iteration(record), lengths, parallel=parallel, rank=rank)
-        body = json.dumps(view.to_dict(plan_id=record.job_id), separators=(",", ":")).encode()
-        rendered = RenderedView(etag=view_etag(record, rank), body=body)
-        self._views.put(key, rendered)
+        doc = view.to_dict(plan_id=record.job_id)
+        body = json.dumps(doc, separators=(",", ":")).encode()
+        etag = view_etag(record, rank)
+        if json_tokens(body) > self.max_view_tokens:
+            return self._paged(record, rank, page, doc)
+        if page != 0:
+            raise RequestError("page", page, "must be 0: this view has 1 page")
+        rendered = RenderedView(etag=etag, body=body)
+        self._views.put((record.job_id, record.index, rank, 0), rendered, size=len(body))
+        return rendered
+
+    def _paged(self, record: IterationRecord, rank: int, page: int, doc: dict[str, Any]) -> RenderedView:
+        """Split the view's microbatches, in order, into pages of at most ``max_view_tokens`` tokens."""
+        pages: list[list[dict[str, Any]]] = [[]]
+        used = 0
+        for mb in doc["microbatches"]:
+            tokens = json_tokens(json.dumps(mb, separators=(",", ":")))
+            if tokens > self.max_view_tokens:
+                raise view_too_large(
+                    tokens, self.max_view_tokens, plan_id=record.job_id, iteration=record.index, rank=rank
+                )
+            if pages[-1] and used + tokens > self.max_view_tokens:
+                pages.append([])
+                used = 0
+            pages[-1].append(mb)
+            used += tokens
+        if not 0 <= page < len(pages):
+            raise RequestError("page", page, f"must be in 0..{len(pages) - 1}: this view has {len(pages)} pages")
+        out = {**doc, "microbatches": pages[page], "page": page, "pages": len(pages)}
+        body = json.dumps(out, separators=(",", ":")).encode()
+        rendered = RenderedView(etag=f'"{record.digest}.{rank}.p{page}"', body=body)
+        self._views.put((record.job_id, record.index, rank, page), rendered, size=len(body))
         return rendered

@@ -127,15 +127,18 @@ def cmd_lengths(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     if args.submit:
+        import httpx
+
         from skrull.api.client import PlanningClient, ServiceError
 
         try:
-            with PlanningClient(args.submit) as client:
+            with PlanningClient(args.submit, retries=2) as client:
                 plan_id = client.submit(doc)
         except ServiceError as exc:
             raise RequestError("--submit", args.submit, f"the service refused the request ({exc})") from None
-        except OSError as exc:
-            raise RequestError("--submit", args.submit, f"cannot reach the service ({exc})") from None
+        except (OSError, httpx.HTTPError, ValueError) as exc:
+            reason = " ".join(str(exc).split()) or type(exc).__name__
+            raise RequestError("--submit", args.submit, f"cannot reach the service ({reason})") from None
         print(plan_id)
         if args.output:
             Path(args.output).write_text(dumps(doc, compact=True) + "\n", encoding="utf-8")

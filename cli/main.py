@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from skrull.cli import derive as derive_cli
 from skrull.cli import execute as execute_cli
@@ -42,7 +43,8 @@ from skrull.solver.types import Parallel, Request
 from skrull.solver.validate import validate_plan
 
 EXIT_USER_ERROR = 2
-#: A planner produced a plan the validator refuses (``PlannerBugError``): not the user's mistake.
+#: A planner produced a plan the validator refuses (``PlannerBugError``), or any other internal fault:
+#: not the user's mistake.
 EXIT_PLANNER_BUG = 3
 
 
@@ -193,10 +195,15 @@ def cmd_profiles(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage mistakes end like every other failure: one line on stderr, exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USER_ERROR, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="skrull", description="Skrull: data scheduling for long-context SFT (DP x CP)."
-    )
+    parser = _Parser(prog="skrull", description="Skrull: data scheduling for long-context SFT (DP x CP).")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("plan", help="plan a request and print the plan JSON")
@@ -248,13 +255,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except SkrullError as exc:
-        print(f"skrull: error: {exc}", file=sys.stderr)
+        print(f"skrull: error: {' '.join(str(exc).splitlines())}", file=sys.stderr)
         return EXIT_USER_ERROR
     except PlannerBugError as exc:
         print(f"skrull: planner bug: {exc}", file=sys.stderr)
         return EXIT_PLANNER_BUG
     except BrokenPipeError:  # e.g. `skrull plan ... | head`
         return 0
+    except KeyboardInterrupt:
+        print("skrull: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # network, disk, anything else: still one line, never a traceback
+        if os.environ.get("SKRULL_DEBUG"):
+            raise
+        print(f"skrull: error: {describe_failure(exc)}", file=sys.stderr)
+        return EXIT_USER_ERROR if _is_environment_error(exc) else EXIT_PLANNER_BUG
+
+
+def _is_environment_error(exc: BaseException) -> bool:
+    """A failure of the surroundings (a path, a disk, the service's address), answered like a user error;
+    anything else is a fault of this program and gets the internal-error status."""
+    return isinstance(exc, OSError) or type(exc).__module__.startswith(("httpx", "httpcore"))
+
+
+def describe_failure(exc: BaseException) -> str:
+    """One line for an unexpected failure: its kind and message (``SKRULL_DEBUG=1`` shows the traceback)."""
+    text = " ".join(str(exc).split()) or "no details"
+    if _is_environment_error(exc):
+        return f"{text} ({type(exc).__name__}; is the path or the service address right?)"
+    return f"{type(exc).__name__}: {text} (set SKRULL_DEBUG=1 for the traceback)"
 
 
 if __name__ == "__main__":

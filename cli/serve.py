@@ -64,6 +64,21 @@ def settings_from_args(args: argparse.Namespace, flags: dict[str, str]) -> Setti
         raise RequestError(flags.get(key, f"SKRULL_{key.upper()}"), err.get("input"), str(err["msg"])) from None
 
 
+def _check_bindable(host: str, port: int) -> None:
+    """Refuse an address that is taken or not this machine's now, as one line (uvicorn would log and exit 1)."""
+    import socket
+
+    if port == 0:
+        return
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        with socket.socket(infos[0][0], socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(infos[0][4])
+    except OSError as exc:
+        raise RequestError("--port", port, f"cannot listen on {host}:{port} ({exc.strerror or exc})") from None
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     try:
         import uvicorn
@@ -71,13 +86,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from skrull.api.app import create_app
     except ImportError as exc:
         raise RequestError("serve", exc.name, "the service needs the api extra: pip install 'skrull[api]'") from None
-    settings = settings_from_args(args, _FLAGS)
-    if settings.db.startswith(("postgresql://", "postgres://")):
-        from skrull.api.store.open import open_store
+    from skrull.api.server import uvicorn_options
+    from skrull.api.store.open import StoreUnusableError, open_store
 
-        try:  # reach and migrate the store now, so a wrong URL is one clear line, not a traceback
-            open_store(settings.db, pool_size=1).close()
-        except (ConnectionError, OSError) as exc:
-            raise RequestError("--db", settings.db, str(exc)) from None
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level)
+    settings = settings_from_args(args, _FLAGS)
+    try:  # open (and migrate) the store now: a wrong URL or a damaged file is one clear line, not a traceback
+        open_store(settings.db, pool_size=1).close()
+    except StoreUnusableError as exc:
+        raise RequestError("--db", settings.db, str(exc)) from None
+    _check_bindable(settings.host, settings.port)
+    uvicorn.run(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        **uvicorn_options(settings),
+    )
     return 0

@@ -1,7 +1,11 @@
 """JSON reading and writing of requests and plans in the contract's formats (docs/formats.md).
 
 Parsing validates everything a planner relies on and raises one ``RequestError`` naming the field (as a
-JSON path like ``batches[0][2]``) and its value. Unknown extra fields are allowed, as the contract says.
+JSON path like ``batches[0][2]``) and its value. Unknown request fields are refused (a typo such as
+``"solvr"`` would otherwise be planned silently with the default); profiles keep free-form extras.
+
+Hostile JSON (deep nesting, NaN, huge integers, duplicate keys) is refused while it is read
+(``solver.jsonsafe.loads_json``), before any arithmetic.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from skrull.solver.errors import RequestError, SequenceTooLongError, UnknownSolverError
+from skrull.solver.jsonsafe import MAX_JSON_INT, check_bounded, join_path, loads_json
 from skrull.solver.profile import Profile, load_profile, profile_from_dict
 from skrull.solver.types import (
     DEFAULT_SHARDING,
@@ -30,21 +35,42 @@ DEFAULT_PROFILE = "h100-80g/qwen2.5-0.5b"
 DEFAULT_TIME_BUDGET_S = 1.0
 BACKENDS = ("scip", "cpsat")
 
+#: Every field of a request; anything else is refused (``deterministic``: same plan for the same request).
+REQUEST_FIELDS = frozenset(
+    {"batches", "parallel", "profile", "solver", "time_budget_s", "bucket_tokens", "backend", "seed", "deterministic"}
+)
+PARALLEL_FIELDS = frozenset({"dp", "cp"})
+#: Bounds of request numbers: token lengths and buckets up to 2^40 tokens, degrees up to 2^20 GPUs.
+MAX_TOKENS = 2**40
+MAX_DEGREE = 2**20
+MAX_TIME_BUDGET_S = 1e6
 
-def _int(value: Any, field: str, *, minimum: int) -> int:
+
+def _int(value: Any, field: str, *, minimum: int, maximum: int = MAX_JSON_INT) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise RequestError(field, value, f"must be an integer >= {minimum}")
     if value < minimum:
         raise RequestError(field, value, f"must be an integer >= {minimum}")
+    if value > maximum:
+        raise RequestError(field, value, f"must be an integer <= {maximum}")
     return value
+
+
+def _refuse_unknown(doc: dict[str, Any], known: frozenset[str], path: str) -> None:
+    for key in doc:
+        if key not in known:
+            raise RequestError(
+                join_path(path, str(key)), doc[key], f"unknown field; the fields are {', '.join(sorted(known))}"
+            )
 
 
 def parse_parallel(doc: Any, *, field: str = "parallel") -> Parallel:
     if not isinstance(doc, dict):
         raise RequestError(field, doc, 'must be an object like {"dp": 4, "cp": 8}')
+    _refuse_unknown(doc, PARALLEL_FIELDS, field)
     return Parallel(
-        dp=_int(doc.get("dp"), f"{field}.dp", minimum=1),
-        cp=_int(doc.get("cp"), f"{field}.cp", minimum=1),
+        dp=_int(doc.get("dp"), f"{field}.dp", minimum=1, maximum=MAX_DEGREE),
+        cp=_int(doc.get("cp"), f"{field}.cp", minimum=1, maximum=MAX_DEGREE),
     )
 
 
@@ -58,6 +84,8 @@ def request_from_dict(doc: Any, *, known_solvers: tuple[str, ...] | None = None)
     """Validate and convert a request document. ``known_solvers`` defaults to the planner registry."""
     if not isinstance(doc, dict):
         raise RequestError("request", doc, "must be a JSON object")
+    check_bounded(doc)
+    _refuse_unknown(doc, REQUEST_FIELDS, "")
     batches_doc = doc.get("batches")
     if not isinstance(batches_doc, list) or not batches_doc:
         raise RequestError("batches", batches_doc, "must be a non-empty list of batches (lists of token lengths)")
@@ -66,8 +94,8 @@ def request_from_dict(doc: Any, *, known_solvers: tuple[str, ...] | None = None)
         if not isinstance(batch, list) or not batch:
             raise RequestError(f"batches[{b}]", batch, "must be a non-empty list of token lengths")
         for k, length in enumerate(batch):
-            if isinstance(length, bool) or not isinstance(length, int) or length < 1:
-                raise RequestError(f"batches[{b}][{k}]", length, "token lengths must be integers >= 1")
+            if isinstance(length, bool) or not isinstance(length, int) or not 1 <= length <= MAX_TOKENS:
+                raise RequestError(f"batches[{b}][{k}]", length, f"token lengths must be integers in 1..{MAX_TOKENS}")
         batches.append(tuple(batch))
     parallel = parse_parallel(doc.get("parallel"))
     profile = parse_profile(doc.get("profile", DEFAULT_PROFILE))
@@ -81,18 +109,22 @@ def request_from_dict(doc: Any, *, known_solvers: tuple[str, ...] | None = None)
         raise UnknownSolverError("solver", solver, f"unknown solver; known: {', '.join(known_solvers)}")
 
     budget = doc.get("time_budget_s", DEFAULT_TIME_BUDGET_S)
-    if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not math.isfinite(budget) or budget <= 0:
-        raise RequestError("time_budget_s", budget, "must be a number of seconds > 0")
+    if (
+        isinstance(budget, bool)
+        or not isinstance(budget, (int, float))
+        or not 0 < budget <= MAX_TIME_BUDGET_S  # compared before any conversion: a huge int never meets float()
+    ):
+        raise RequestError("time_budget_s", budget, f"must be a number of seconds in (0, {MAX_TIME_BUDGET_S:g}]")
 
     bucket = doc.get("bucket_tokens")
     if bucket is not None:
-        bucket = _int(bucket, "bucket_tokens", minimum=1)
+        bucket = _int(bucket, "bucket_tokens", minimum=1, maximum=MAX_TOKENS)
 
     backend = doc.get("backend")
     if backend is not None and backend not in BACKENDS:
         raise RequestError("backend", backend, f"must be one of {', '.join(BACKENDS)}")
 
-    seed = _int(doc.get("seed", 0), "seed", minimum=0)
+    seed = _int(doc.get("seed", 0), "seed", minimum=0, maximum=2**63 - 1)
     deterministic = doc.get("deterministic", False)
     if not isinstance(deterministic, bool):
         raise RequestError("deterministic", deterministic, "must be true or false")
@@ -299,14 +331,18 @@ def plan_from_dict(doc: Any) -> Plan:
 def read_json(path: str | Path, *, field: str = "file") -> Any:
     """Read a JSON file; a missing file or malformed JSON is a ``RequestError`` with the position."""
     try:
-        with open(path, encoding="utf-8") as fh:
-            return json.load(fh)
+        with open(path, "rb") as fh:
+            text = fh.read()
     except FileNotFoundError:
         raise RequestError(field, str(path), "no such file") from None
-    except json.JSONDecodeError as exc:
-        raise RequestError(
-            field, str(path), f"malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
-        ) from None
+    except OSError as exc:
+        raise RequestError(field, str(path), f"cannot read: {exc.strerror or exc}") from None
+    try:
+        return loads_json(text, field=field)
+    except RequestError as exc:
+        where = field if exc.field == field else f"{field} {exc.field}"
+        value = str(path) if exc.field == field else exc.value
+        raise RequestError(where, value, exc.reason) from None
 
 
 def dumps(doc: Any, *, compact: bool = False, width: int = 100) -> str:

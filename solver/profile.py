@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import copy
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from skrull.solver.errors import RequestError, UnknownProfileError
+from skrull.solver.jsonsafe import check_bounded
 from skrull.solver.resources import PROFILES_DIR_ENV, bundled_dir, find_file, list_stems
 
 
@@ -68,12 +68,21 @@ class Profile:
         return out
 
 
+#: Largest magnitude of a profile coefficient. Costs multiply coefficients by up to S^2 (S <= 2^40 tokens),
+#: so 1e30 * 2^80 ~ 1.2e54 stays far inside a float; every measured coefficient is many orders smaller.
+MAX_COEFFICIENT = 1e30
+MAX_BUCKET_TOKENS = 2**40
+
+
 def _number(doc: dict[str, Any], key: str, path: str, *, positive: bool = False) -> float:
     if key not in doc:
         raise RequestError(f"{path}.{key}", None, "required number is missing")
     value = doc[key]
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise RequestError(f"{path}.{key}", value, "must be a finite number")
+    # Compared as given, before float() or isfinite(), which overflow on integers like 10**400.
+    if not -MAX_COEFFICIENT <= value <= MAX_COEFFICIENT:
+        raise RequestError(f"{path}.{key}", value, f"must be a finite number of magnitude <= {MAX_COEFFICIENT:g}")
     if value < 0 or (positive and value == 0):
         raise RequestError(f"{path}.{key}", value, "must be > 0" if positive else "must be >= 0")
     return float(value)
@@ -90,6 +99,7 @@ def profile_from_dict(doc: Any, *, path: str = "profile") -> Profile:
     """Parse a profile document (contract format), naming the field of any error."""
     if not isinstance(doc, dict):
         raise RequestError(path, doc, "must be a profile name or an object")
+    check_bounded(doc, field=path, root=path)
     name = doc.get("name", "inline")
     if not isinstance(name, str) or not name:
         raise RequestError(f"{path}.name", name, "must be a non-empty string")
@@ -97,8 +107,8 @@ def profile_from_dict(doc: Any, *, path: str = "profile") -> Profile:
     comm = _section(doc, "comm", path)
     memory = _section(doc, "memory", path)
     bucket = memory.get("bucket_tokens")
-    if isinstance(bucket, bool) or not isinstance(bucket, int) or bucket < 1:
-        raise RequestError(f"{path}.memory.bucket_tokens", bucket, "must be an integer >= 1")
+    if isinstance(bucket, bool) or not isinstance(bucket, int) or not 1 <= bucket <= MAX_BUCKET_TOKENS:
+        raise RequestError(f"{path}.memory.bucket_tokens", bucket, f"must be an integer in 1..{MAX_BUCKET_TOKENS}")
     return Profile(
         name=name,
         compute=ComputeCoeffs(

@@ -23,7 +23,8 @@ def problems(*codes: int) -> dict[int | str, dict[str, Any]]:
     descriptions = {
         404: "unknown plan, rank, iteration or profile (the detail names the valid range)",
         409: "conflict (Idempotency-Key reused, profile exists, plan failed)",
-        413: "request body too large",
+        413: "request body too large (or a rank view page over SKRULL_MAX_VIEW_TOKENS)",
+        415: "the body is not JSON (Content-Type must be application/json)",
         422: "invalid request: names the field and the value",
         503: "queue full or service unavailable; retry after Retry-After",
         504: "timed out",

@@ -1,16 +1,15 @@
 """``POST /v1/compare``: one request through several planners, answered as a table.
 
-The planners run in a separate process (``compare_processes``), never on the event loop.
+The planners run in separate processes (``api.comparing``: bounded waiting, a deadline that kills),
+never on the event loop.
 """
 
 from __future__ import annotations
 
-import asyncio
-
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from skrull.api.errors import ApiProblem, invalid_field
+from skrull.api.errors import invalid_field
 from skrull.api.execute import compare_table
 from skrull.api.limits import check_request_limits
 from skrull.api.routers.common import JSON, problems, service
@@ -25,7 +24,7 @@ router = APIRouter(prefix="/v1", tags=["compare"])
     operation_id="comparePlanners",
     summary="Plan one request with several planners and tabulate them on the reference cost model",
     response_model=CompareTable,
-    responses=problems(413, 422, 504),
+    responses=problems(413, 415, 422, 503, 504),
 )
 async def compare_planners(body: CompareRequestIn, request: Request) -> Response:
     svc = service(request)
@@ -45,17 +44,17 @@ async def compare_planners(body: CompareRequestIn, request: Request) -> Response
         for k, name in enumerate(solvers):
             if name not in known:
                 raise invalid_field(f"solvers[{k}]", name, f"unknown solver; known: {', '.join(known)}")
+    num_sequences = sum(len(b) for b in body.batches)
+    if num_sequences > svc.settings.max_compare_sequences:
+        raise invalid_field(
+            "batches",
+            num_sequences,
+            f"a compare may hold at most {svc.settings.max_compare_sequences} sequences; it runs every planner "
+            "(SKRULL_MAX_COMPARE_SEQUENCES)",
+            slug="limit-exceeded",
+        )
     request_obj, canonical = await svc.blocking(svc.prepare, request_document(body))
     num_solvers = len(solvers or known) + 1
     timeout_s = svc.settings.hard_limit_s(request_obj.time_budget_s) * num_solvers
-    future = svc.compare_pool().submit(compare_table, canonical, solvers)
-    try:
-        table = await asyncio.wait_for(asyncio.wrap_future(future), timeout_s)
-    except TimeoutError:
-        raise ApiProblem(
-            status=504,
-            slug="compare-timeout",
-            title="compare timed out",
-            detail=f"the planners did not finish within {timeout_s:.1f} s",
-        ) from None
+    table = await svc.compare_pool().run(timeout_s, compare_table, canonical, solvers)
     return Response(CompareTable.model_validate(table).model_dump_json(), media_type=JSON)

@@ -21,7 +21,7 @@ router = APIRouter(prefix="/v1/plans", tags=["plans"])
     operation_id="submitPlan",
     summary="Submit a planning request",
     response_model=PlanEnvelope,
-    responses=problems(409, 413, 422, 503),
+    responses=problems(409, 413, 415, 422, 503),
 )
 async def submit_plan(
     body: PlanRequestIn,
@@ -80,3 +80,19 @@ async def get_plan(
     if job.status == "solved":
         svc.metrics.plans_served.inc("plan")
     return Response(envelope_json(job), media_type=JSON)
+
+
+@router.delete(
+    "/{plan_id}",
+    status_code=204,
+    operation_id="deletePlan",
+    summary="Delete a plan, its iterations and the idempotency keys naming it (needs a submit token)",
+    responses=problems(404),
+)
+async def delete_plan(plan_id: str, request: Request) -> Response:
+    """A plan being solved is deleted too: its solver's results are then refused. Resubmitting the same
+    request afterwards plans it afresh under the same id."""
+    svc = service(request)
+    if not await svc.blocking(svc.delete, plan_id):
+        raise invalid_field("plan_id", plan_id, "no such plan", status=404, slug="unknown-plan")
+    return Response(status_code=204)

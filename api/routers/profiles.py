@@ -48,7 +48,7 @@ async def get_profile(name: str, request: Request) -> Response:
     },
     responses={
         200: {"model": ProfileModel, "description": "the identical profile was already stored"},
-        **problems(409, 413, 422),
+        **problems(409, 413, 415, 422),
     },
 )
 async def upload_profile(request: Request) -> Response:

@@ -36,7 +36,7 @@ def _not_modified(request: Request, etag: str) -> bool:
     responses={
         202: {"model": NotReady, "description": "the iteration is not solved yet; retry after Retry-After"},
         304: {"description": "not modified (If-None-Match matched the ETag)"},
-        **problems(404, 409, 422),
+        **problems(404, 409, 413, 422),
     },
 )
 async def get_rank_view(
@@ -47,14 +47,22 @@ async def get_rank_view(
     wait: Annotated[
         float, Query(ge=0, description="long-poll: wait up to this many seconds for the iteration to be solved")
     ] = 0.0,
+    page: Annotated[
+        int,
+        Query(
+            ge=0,
+            description="a view of more than SKRULL_MAX_VIEW_TOKENS JSON tokens is served in pages of whole "
+            "microbatches; each page carries `page` and `pages`",
+        ),
+    ] = 0,
 ) -> Response:
     svc = service(request)
     wait = check_wait(wait, svc.settings)
-    cached = svc.views.cached(plan_id, iteration, rank)
+    cached = svc.views.cached(plan_id, iteration, rank, page)
     if cached is not None:
         return _answer(request, svc, cached.etag, cached.body)
 
-    job, view = await svc.blocking(_first_look, svc, plan_id, iteration, rank)
+    job, view = await svc.blocking(_first_look, svc, plan_id, iteration, rank, page)
     if view is not None:  # solved already: one trip to the thread pool for the whole answer
         return _answer(request, svc, view.etag, view.body)
     if job is None:
@@ -85,17 +93,19 @@ async def get_rank_view(
             progress={"iterations_solved": job.iterations_solved, "iterations_total": job.num_iterations},
         )
         return Response(body.model_dump_json(), status_code=202, media_type=JSON, headers={"Retry-After": "1"})
-    view = await svc.blocking(svc.views.render, record, rank)
+    view = await svc.blocking(svc.views.render, record, rank, page)
     return _answer(request, svc, view.etag, view.body)
 
 
-def _first_look(svc: Service, plan_id: str, iteration: int, rank: int) -> tuple[JobRecord | None, RenderedView | None]:
+def _first_look(
+    svc: Service, plan_id: str, iteration: int, rank: int, page: int
+) -> tuple[JobRecord | None, RenderedView | None]:
     """Blocking: the job, and the rendered view when the rank and iteration exist and are solved."""
     job = svc.store.get(plan_id)
     if job is None or not (0 <= rank < job.num_gpus and 0 <= iteration < job.num_iterations):
         return job, None
     record = svc.store.iteration(plan_id, iteration)
-    return job, None if record is None else svc.views.render(record, rank)
+    return job, None if record is None else svc.views.render(record, rank, page)
 
 
 def _answer(request: Request, svc: Service, etag: str, body: bytes) -> Response:
@@ -124,7 +134,8 @@ async def _wait_for_iteration(
             if record is not None:
                 return record, job
             current = await svc.blocking(svc.store.get, job.job_id)
-            assert current is not None
+            if current is None:  # deleted while waited on
+                raise invalid_field("plan_id", job.job_id, "no such plan (deleted)", status=404, slug="unknown-plan")
             job = current
             if job.is_final:
                 record = await svc.blocking(svc.store.iteration, job.job_id, iteration)

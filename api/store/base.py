@@ -11,6 +11,11 @@ semantics every backend must keep:
   it, and each of those answers False once the lease was lost (taken back by ``recover_expired`` or
   ``release``), so a slow or stale solver can never overwrite a result. A backend with many servers
   claims with row locks that skip locked rows; SQLite serializes writers instead.
+* The queue bound (``max_queued``) is checked inside ``submit``'s transaction, for new jobs and for
+  re-queued failures alike; submissions on one store are serialized while they check it (SQLite's write
+  lock; a transaction-scoped advisory lock on PostgreSQL), so no number of concurrent submitters on any
+  number of replicas can push the queue past it. Jobs taken back from a vanished owner were accepted
+  already and are queued again regardless.
 * Change notifications: a backend that can push changes across machines (``notifies`` True, e.g.
   PostgreSQL's LISTEN/NOTIFY) wakes idle solver processes through ``wait_for_work`` as soon as a job is
   queued, and calls ``watch``'s callback with the job id whenever a job changes, so long-polls on any
@@ -46,6 +51,23 @@ class ProfileConflictError(ValueError):
     def __init__(self, name: str) -> None:
         self.name = name
         super().__init__(f"profile {name!r} is already stored with different values; upload it under a new name")
+
+
+class QueueFullError(ValueError):
+    """A submission would create or re-queue a job while ``max_queued`` jobs are already queued."""
+
+    def __init__(self, max_queued: int) -> None:
+        self.max_queued = max_queued
+        super().__init__(f"{max_queued} jobs are queued (SKRULL_MAX_QUEUED_JOBS); retry later")
+
+
+class DamagedRecordError(RuntimeError):
+    """A stored row cannot be read back (a damaged page, or text that is no longer the JSON written)."""
+
+    def __init__(self, job_id: str, reason: str) -> None:
+        self.job_id = job_id
+        self.reason = reason
+        super().__init__(f"the stored plan {job_id} is damaged: {reason}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -138,7 +160,13 @@ class JobStore(Protocol):
     #: Whether ``wait_for_work`` and ``watch`` are pushed by the store itself (from any machine).
     notifies: bool
 
-    def submit(self, job: NewJob, *, idempotency_key: str | None = None) -> SubmitOutcome: ...
+    def submit(
+        self, job: NewJob, *, idempotency_key: str | None = None, max_queued: int | None = None
+    ) -> SubmitOutcome:
+        """Store a job (or answer the stored one). With ``max_queued``, creating or re-queuing a job while that
+        many are queued raises ``QueueFullError``: counted and decided in the same transaction, serialized
+        with every other submission on the store (all replicas), so the bound can never be exceeded."""
+        ...
 
     def get(self, job_id: str) -> JobRecord | None: ...
 
@@ -173,6 +201,16 @@ class JobStore(Protocol):
     def iterations(self, job_id: str) -> list[IterationRecord]: ...
 
     def count_by_status(self) -> dict[str, int]: ...
+
+    def delete(self, job_id: str) -> bool:
+        """Remove a job, its iterations and the idempotency keys naming it; False when there was none.
+        A solver still holding the job loses its lease (its results are refused)."""
+        ...
+
+    def expire(self, *, older_than_s: float, limit: int = 1000) -> list[str]:
+        """Delete up to ``limit`` solved or failed jobs that finished more than ``older_than_s`` ago (by the
+        store's clock); their ids."""
+        ...
 
     def queue_depth(self) -> int: ...
 

@@ -41,6 +41,7 @@ from skrull.api.store.base import (
     JobRecord,
     NewJob,
     ProfileConflictError,
+    QueueFullError,
     Recovered,
     SubmitOutcome,
 )
@@ -54,6 +55,8 @@ JOBS_CHANNEL = "skrull_jobs"
 QUEUE_CHANNEL = "skrull_queue"
 #: Arbitrary constant naming the advisory lock that serializes migrations.
 MIGRATION_LOCK_KEY = 0x5C5011
+#: ... and the one that serializes bounded submissions (count, then queue) across replicas.
+QUEUE_LOCK_KEY = 0x5C5012
 
 #: The database's clock in epoch seconds (what every timestamp column holds).
 NOW = "extract(epoch FROM clock_timestamp())::float8"
@@ -178,9 +181,23 @@ class PostgresJobStore:
 
     # -- jobs ------------------------------------------------------------------------------------------
 
-    def submit(self, job: NewJob, *, idempotency_key: str | None = None) -> SubmitOutcome:
+    def submit(
+        self, job: NewJob, *, idempotency_key: str | None = None, max_queued: int | None = None
+    ) -> SubmitOutcome:
         created = requeued = False
         with self._tx() as conn:
+            if max_queued is not None:
+                status = conn.execute("SELECT status FROM jobs WHERE id = %s", (job.job_id,)).fetchone()
+                if status is None or status[0] == "failed":
+                    # Held until commit: the count below sees every bounded submission committed before it,
+                    # and none can commit between this count and this insert (READ COMMITTED, any replica).
+                    conn.execute("SELECT pg_advisory_xact_lock(%s)", (QUEUE_LOCK_KEY,))
+                    # Looked at again under the lock: a concurrent submission of the same request may have
+                    # queued it meanwhile, and this one is then a duplicate that adds nothing.
+                    status = conn.execute("SELECT status FROM jobs WHERE id = %s", (job.job_id,)).fetchone()
+                    row = conn.execute("SELECT COUNT(*) FROM jobs WHERE status = 'queued'").fetchone()
+                    if (status is None or status[0] == "failed") and row is not None and int(row[0]) >= max_queued:
+                        raise QueueFullError(max_queued)
             if idempotency_key is not None:
                 conn.execute(
                     f"INSERT INTO idempotency_keys (key, job_id, created_at) VALUES (%s, %s, {NOW}) "
@@ -395,6 +412,26 @@ class PostgresJobStore:
                 f"SELECT {ITERATION_COLUMNS} FROM iterations WHERE job_id = %s ORDER BY idx", (job_id,)
             ).fetchall()
         return [iteration_from_row(r) for r in rows]
+
+    def delete(self, job_id: str) -> bool:
+        with self._tx() as conn:
+            conn.execute("DELETE FROM idempotency_keys WHERE job_id = %s", (job_id,))
+            found = conn.execute("DELETE FROM jobs WHERE id = %s RETURNING id", (job_id,)).fetchone() is not None
+            if found:  # iterations go with the job (ON DELETE CASCADE)
+                _notify(conn, job_id)
+        return found
+
+    def expire(self, *, older_than_s: float, limit: int = 1000) -> list[str]:
+        with self._tx() as conn:
+            rows = conn.execute(
+                "DELETE FROM jobs WHERE id IN (SELECT id FROM jobs WHERE status IN ('solved', 'failed') "
+                f"AND finished_at < {NOW} - %s LIMIT %s FOR UPDATE SKIP LOCKED) RETURNING id",
+                (older_than_s, limit),
+            ).fetchall()
+            ids = [str(r[0]) for r in rows]
+            if ids:
+                conn.execute("DELETE FROM idempotency_keys WHERE job_id = ANY(%s)", (ids,))
+        return ids
 
     def count_by_status(self) -> dict[str, int]:
         with self._tx() as conn:

@@ -26,6 +26,7 @@ from skrull.api.store.base import (
     JobRecord,
     NewJob,
     ProfileConflictError,
+    QueueFullError,
     Recovered,
     SubmitOutcome,
 )
@@ -165,7 +166,9 @@ class SQLiteJobStore:
 
     # -- jobs ------------------------------------------------------------------------------------------
 
-    def submit(self, job: NewJob, *, idempotency_key: str | None = None) -> SubmitOutcome:
+    def submit(
+        self, job: NewJob, *, idempotency_key: str | None = None, max_queued: int | None = None
+    ) -> SubmitOutcome:
         conn = self._conn()
         now = time.time()
         created = requeued = False
@@ -180,6 +183,11 @@ class SQLiteJobStore:
                         (idempotency_key, job.job_id, now),
                     )
             row = conn.execute("SELECT status FROM jobs WHERE id = ?", (job.job_id,)).fetchone()
+            if max_queued is not None and (row is None or row[0] == "failed"):
+                # Under BEGIN IMMEDIATE: no other writer (in any process) can queue a job between count and insert.
+                (queued,) = conn.execute("SELECT COUNT(*) FROM jobs WHERE status = 'queued'").fetchone()
+                if queued >= max_queued:
+                    raise QueueFullError(max_queued)
             if row is None:
                 conn.execute(
                     "INSERT INTO jobs (id, status, solver, request, num_iterations, num_sequences, num_gpus, "
@@ -379,6 +387,32 @@ class SQLiteJobStore:
             .fetchall()
         )
         return [iteration_from_row(r) for r in rows]
+
+    def _delete(self, conn: sqlite3.Connection, job_ids: Sequence[str]) -> None:
+        rows = [(j,) for j in job_ids]
+        conn.executemany("DELETE FROM iterations WHERE job_id = ?", rows)
+        conn.executemany("DELETE FROM idempotency_keys WHERE job_id = ?", rows)
+        conn.executemany("DELETE FROM jobs WHERE id = ?", rows)
+
+    def delete(self, job_id: str) -> bool:
+        conn = self._conn()
+        with self._write(conn):
+            found = conn.execute("SELECT 1 FROM jobs WHERE id = ?", (job_id,)).fetchone() is not None
+            self._delete(conn, [job_id])
+        return found
+
+    def expire(self, *, older_than_s: float, limit: int = 1000) -> list[str]:
+        conn = self._conn()
+        with self._write(conn):
+            ids = [
+                str(r[0])
+                for r in conn.execute(
+                    "SELECT id FROM jobs WHERE status IN ('solved', 'failed') AND finished_at < ? LIMIT ?",
+                    (time.time() - older_than_s, limit),
+                ).fetchall()
+            ]
+            self._delete(conn, ids)
+        return ids
 
     def count_by_status(self) -> dict[str, int]:
         rows = self._conn().execute("SELECT status, COUNT(*) FROM jobs GROUP BY status").fetchall()

@@ -262,6 +262,7 @@ def test_openapi_has_stable_operation_ids_and_docs(shared_app: TestClient) -> No
     ops = {op["operationId"] for path in spec["paths"].values() for op in path.values()}
     assert ops == {
         "submitPlan",
+        "deletePlan",
         "getPlan",
         "getRankView",
         "getPlanTimeline",

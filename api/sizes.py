@@ -1,0 +1,34 @@
+"""Output sizes, counted in JSON tokens: the values of a document (numbers, strings, ...), estimated from
+its text as ``separators + 1`` (one comma between neighbouring values; exact for the id and range lists
+that make up plans and rank views, and within a few per object otherwise).
+
+A small request can ask for a large answer: every microbatch of a plan lists the ranks of its group, so
+a few sequences on a 65,536-GPU context-parallel group make each rank view megabytes long. The service
+bounds what it stores and serves per request, in these units (``SKRULL_MAX_PLAN_TOKENS`` for a whole
+plan, ``SKRULL_MAX_ITERATION_TOKENS`` for one iteration, which is what a rank view is rendered from, and
+``SKRULL_MAX_VIEW_TOKENS`` per answer). Light on purpose: solver processes import it.
+"""
+
+from __future__ import annotations
+
+from skrull.solver.errors import RequestError
+
+
+def json_tokens(text: str | bytes) -> int:
+    """The JSON tokens of a document's text (``separators + 1``)."""
+    if isinstance(text, bytes):
+        return text.count(b",") + 1
+    return text.count(",") + 1
+
+
+def check_plan_tokens(text: str, limit: int, *, what: str) -> None:
+    """Refuse (a 422 stored with the job) a plan or iteration document of more than ``limit`` tokens."""
+    tokens = json_tokens(text)
+    if tokens > limit:
+        setting = "SKRULL_MAX_PLAN_TOKENS" if what == "the plan" else "SKRULL_MAX_ITERATION_TOKENS"
+        raise RequestError(
+            "plan",
+            tokens,
+            f"{what} has {tokens} JSON tokens; at most {limit} are stored and served ({setting}): "
+            "plan fewer sequences or fewer GPUs per request",
+        )
