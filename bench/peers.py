@@ -106,8 +106,9 @@ def section_peers(batches: int, seed: int) -> None:
                     findings.append((profile_name, dataset, peer, gain))
             print(f"| {dataset} | {plans['skrull'].estimated_ms / batches:.0f} | " + " | ".join(cells) + " |")
         print()
-        comm = profile.comm.ms_per_mib * profile.comm.bytes_per_token / 2**20
-        compute = profile.compute.ms_per_tflop * profile.compute.flops_per_token / 1e12 / parallel.cp
+        coeffs = CostModel(profile).coefficients
+        comm = coeffs.comm_ms_per_token
+        compute = coeffs.ms_per_flop * coeffs.flops_per_token / parallel.cp
         why.append(
             f"{profile_name}: sharding a token costs {100 * comm / compute:.1f}% of its linear compute on"
             f" CP{parallel.cp} in communication (overlapped with local work), while skrull's busiest GPU in a"
