@@ -52,8 +52,9 @@ BASELINES: tuple[str, ...] = ("deepspeed", "packed", "sorted", "round-robin")
 
 
 def register(name: str, factory: Callable[[], Planner]) -> None:
-    """Add a planner (used by optional planners that need extra packages)."""
-    _REGISTRY[name] = factory
+    """Add a planner (used by optional planners that need extra packages). One that does not declare
+    ``streams_iterations`` is planned whole, the choice that can never change its plan."""
+    _REGISTRY[name] = solved_whole(factory)
 
 
 def planner_names() -> tuple[str, ...]:

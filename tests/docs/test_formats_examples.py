@@ -1,6 +1,6 @@
 """The examples in docs/formats.md are what the code reads and writes: the request is the bundled example,
 the profile's coefficients are the bundled profile's, and the plan and rank view are what the planner
-and ``rank_view`` produce for that request (all but the wall time, and the plan's other iterations)."""
+and ``plan_rank_view`` produce for that request (all but the wall time, and the plan's other iterations)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 from skrull.solver.io import plan_to_dict, read_json, request_from_dict
 from skrull.solver.planning import solve
 from skrull.solver.profile import load_profile
-from skrull.solver.worker_view import rank_view
+from skrull.solver.worker_view import plan_rank_view
 from tests.docs.test_links import ROOT
 
 FORMATS = ROOT / "docs" / "formats.md"
@@ -58,4 +58,4 @@ def test_the_plan_and_rank_view_examples_are_what_the_planner_produces(docs: dic
         del doc["solve"]["wall_ms"]
     assert shown == {**produced, "iterations": produced["iterations"][:1]}
     view = docs["Rank view"]
-    assert view == rank_view(plan, request.batches[0], iteration=0, rank=view["rank"]).to_dict(plan_id=view["plan_id"])
+    assert view == plan_rank_view(plan, request.batches[0], iteration=0, rank=view["rank"]).to_dict(plan_id=view["plan_id"])
