@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 from skrull.api.client import PlanningClient
 from skrull.api.sizes import json_tokens
 from skrull.solver.io import plan_from_dict
-from skrull.solver.worker_view import rank_view
+from skrull.solver.worker_view import plan_rank_view
 from tests.api.conftest import plan_request, running_app
 
 #: Every sequence fills a whole 512-GPU group (bucket 100 tokens): each microbatch lists 512 ranks.
@@ -40,7 +40,7 @@ def test_long_rank_views_are_paged_and_the_pages_join_to_the_whole_view(tmp_path
         plan = plan_from_dict(envelope["plan"])
         lengths = [n for batch in AMPLIFYING["batches"] for n in batch]
         for rank in (0, 7, CP - 1):
-            expected = rank_view(plan, lengths, iteration=0, rank=rank).to_dict(plan_id=plan_id)
+            expected = plan_rank_view(plan, lengths, iteration=0, rank=rank).to_dict(plan_id=plan_id)
             first = client.get(f"/v1/plans/{plan_id}/ranks/{rank}?iteration=0")
             assert first.status_code == 200, first.text
             doc = first.json()
@@ -62,7 +62,7 @@ def test_long_rank_views_are_paged_and_the_pages_join_to_the_whole_view(tmp_path
 
         with PlanningClient("http://testserver", transport=httpx.MockTransport(forward)) as worker:
             joined = worker.rank_view(plan_id, 5, 0, timeout_s=5)
-        assert joined == rank_view(plan, lengths, iteration=0, rank=5).to_dict(plan_id=plan_id)
+        assert joined == plan_rank_view(plan, lengths, iteration=0, rank=5).to_dict(plan_id=plan_id)
         views = client.app.state.service.views  # type: ignore[attr-defined]
         assert views.cached_bytes <= 4 * 2**20
 

@@ -58,4 +58,6 @@ def test_the_plan_and_rank_view_examples_are_what_the_planner_produces(docs: dic
         del doc["solve"]["wall_ms"]
     assert shown == {**produced, "iterations": produced["iterations"][:1]}
     view = docs["Rank view"]
-    assert view == plan_rank_view(plan, request.batches[0], iteration=0, rank=view["rank"]).to_dict(plan_id=view["plan_id"])
+    assert view == plan_rank_view(plan, request.batches[0], iteration=0, rank=view["rank"]).to_dict(
+        plan_id=view["plan_id"]
+    )

@@ -19,9 +19,9 @@ PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 EXTRAS_OF = {
     "solver": ("viz",),  # cairosvg, imported only to write PNG pictures
     "api": ("api",),
-    "worker": ("worker", "api"),  # the data loader talks to the service through its client
+    "worker": ("worker", "api", "hf"),  # the data loader talks to the service; worker/hf runs transformers
     "corpus": ("data",),
-    "cli": ("api", "worker", "data", "viz"),  # each command imports its extra when it runs
+    "cli": ("api", "worker", "data", "viz", "hf"),  # each command imports its extra when it runs
 }
 #: Imported directly but installed by a declared distribution that pins it.
 PROVIDED_BY: dict[str, str] = {"starlette": "fastapi"}
