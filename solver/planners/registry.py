@@ -5,10 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from skrull.solver.errors import UnknownSolverError
+from skrull.solver.planners.auto import AutoPlanner
 from skrull.solver.planners.base import Planner
 from skrull.solver.planners.baselines import DeepSpeedPlanner, PackedPlanner, SortedPlanner
 from skrull.solver.planners.dynamic_cp import DynamicCpPlanner
-from skrull.solver.planners.exact import AutoPlanner, IlpPlanner
+from skrull.solver.planners.exact import IlpPlanner
 from skrull.solver.planners.hydraulis import HydraulisPlanner
 from skrull.solver.planners.skrull import RoundRobinPlanner, SkrullPlanner
 from skrull.solver.planners.verl_kk import VerlKkPlanner
