@@ -37,7 +37,7 @@ from skrull.solver.types import MicrobatchSpec, Problem
 #: Batches are planned together up to this many sequences per chunk (whole batches; one at least).
 CHUNK_SEQUENCES = 4096
 #: Share of a chunk's time the starts leave to the local search.
-SEARCH_SHARE = 0.3
+SEARCH_SHARE = 0.2
 #: Share of an iteration's time the local search gets before the exact model, when that runs.
 EXACT_SEARCH_SHARE = 0.3
 #: Seconds per iteration from which the exact model is worth starting (forking, building, solving).

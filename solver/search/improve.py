@@ -41,6 +41,10 @@ EPS_MS = 1e-9
 MAX_DESTINATIONS = 12
 #: Longest sequences of a source microbatch tried per move / swap.
 MAX_MOVERS = 8
+#: Starts of one iteration the local search descends from (the fastest ones).
+MAX_ALTERNATIVES = 4
+#: The iterated local search stops after this many perturbations in a row found nothing better.
+MAX_STALE_KICKS = 200
 #: Most random moves of one perturbation of the iterated local search.
 KICK_MOVES = 3
 
@@ -98,6 +102,13 @@ class LayoutSearch:
         return max(self.load, default=0.0)
 
     # --- evaluation --------------------------------------------------------------------------------
+    def _hopeless(self, ranks: tuple[int, ...], old_ms: float, new_lower_ms: float) -> bool:
+        """Whether a microbatch on ``ranks`` going from ``old_ms`` to at least ``new_lower_ms`` already
+        lifts one of its GPUs to the current maximum (then no move ending there can be accepted)."""
+        top = max(self.load)
+        rise = new_lower_ms - old_ms
+        return any(self.load[g] + rise >= top for g in ranks)
+
     def _accepts(self, changes: Sequence[tuple[tuple[int, ...], float]]) -> bool:
         """Whether adding ``delta`` ms to each group in ``changes`` lowers (max load, sum of squares)."""
         delta: dict[int, float] = {}
@@ -181,7 +192,11 @@ class LayoutSearch:
             for dst in dests:
                 if time.monotonic() >= self.deadline:
                     return False
-                put = self.placer(len(dst.ranks)).best([*mb_ids(dst.mb), i])
+                placer = self.placer(len(dst.ranks))
+                target = [*mb_ids(dst.mb), i]
+                if self._hopeless(dst.ranks, dst.time_ms, placer.lower_ms(target)):
+                    continue
+                put = placer.best(target)
                 if put is not None and self._accepts(
                     [(src.ranks, left_ms - src.time_ms), (dst.ranks, put[1] - dst.time_ms)]
                 ):
@@ -228,10 +243,14 @@ class LayoutSearch:
                         continue
                     if time.monotonic() >= self.deadline:
                         return False
+                    placer = self.placer(len(dst.ranks))
+                    target = [*(k for k in other if k != j), i]
+                    if self._hopeless(dst.ranks, dst.time_ms, placer.lower_ms(target)):
+                        continue
                     a = self.placer(len(src.ranks)).best([*rest, j])
                     if a is None:
                         continue
-                    b = self.placer(len(dst.ranks)).best([*(k for k in other if k != j), i])
+                    b = placer.best(target)
                     if b is not None and self._accepts(
                         [(src.ranks, a[1] - src.time_ms), (dst.ranks, b[1] - dst.time_ms)]
                     ):
@@ -248,6 +267,10 @@ class LayoutSearch:
                 continue
             block = self._least_loaded_block(size, crit if size <= n else -1)
             if block is None or block == src.ranks:
+                continue
+            top = max(self.load)
+            lower = self.placer(size).lower_ms(ids)
+            if any(self.load[g] + lower >= top for g in block if g not in src.ranks):
                 continue
             put = self.placer(size).best(ids)
             if put is not None and self._accepts([(src.ranks, -src.time_ms), (block, put[1])]):
@@ -306,21 +329,26 @@ def search_iteration(
     deadline: float,
     seed: int = 0,
 ) -> list[MicrobatchSpec]:
-    """Local search from each alternative start (best first) while time is left, then iterated local
+    """Local search from each of the best ``MAX_ALTERNATIVES`` starts (fastest first, each with an equal
+    share of the time left; a descent that ends early leaves its time to the next), then iterated local
     search from the best plan found. Never slower than ``alternatives[0]``."""
     best = list(alternatives[0])
     best_ms = iteration_ms(best, lengths, cost, num_gpus)
-    for alt in alternatives:
-        if time.monotonic() >= deadline:
+    tried = list(alternatives[:MAX_ALTERNATIVES])
+    for k, alt in enumerate(tried):
+        now = time.monotonic()
+        if now >= deadline:
             break
         search = LayoutSearch(alt, lengths=lengths, cost=cost, num_gpus=num_gpus)
-        search.run(deadline)
+        search.run(now + (deadline - now) / (len(tried) - k))
         found = search.specs()
         found_ms = iteration_ms(found, lengths, cost, num_gpus)
         if found_ms < best_ms - EPS_MS:
             best, best_ms = found, found_ms
     rng = random.Random(seed)
-    while time.monotonic() < deadline:
+    stale = 0
+    while time.monotonic() < deadline and stale < MAX_STALE_KICKS:
+        stale += 1
         search = LayoutSearch(best, lengths=lengths, cost=cost, num_gpus=num_gpus)
         search.deadline = deadline
         search.kick(rng, rng.randint(1, KICK_MOVES))
@@ -329,4 +357,5 @@ def search_iteration(
         found_ms = iteration_ms(found, lengths, cost, num_gpus)
         if found_ms < best_ms - EPS_MS:
             best, best_ms = found, found_ms
+            stale = 0
     return best

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from skrull.solver.errors import SkrullError
 from skrull.solver.ilp.runner import run_with_deadline
 from skrull.solver.planners.base import Planner, PlannerOutput
-from skrull.solver.planners.baselines import PackedPlanner
+from skrull.solver.planners.baselines import DeepSpeedPlanner, PackedPlanner, SortedPlanner
 from skrull.solver.planners.dynamic_cp import DynamicCpPlanner
 from skrull.solver.planners.hydraulis import HydraulisPlanner
 from skrull.solver.planners.skrull import RoundRobinPlanner, SkrullPlanner
@@ -58,6 +58,9 @@ STARTS: tuple[Start, ...] = (
     Start(name="hydraulis", isolated=True, make=HydraulisPlanner, per_sequence_s=1.2e-4, fixed_s=0.005),
     Start(name="dynamic-cp", isolated=True, make=DynamicCpPlanner, per_sequence_s=1.2e-4, fixed_s=0.002),
     Start(name="wlb", isolated=True, make=WlbPlanner, per_sequence_s=1e-4, fixed_s=0.002),
+    # the plain-CP baselines: never better than ``packed`` on the bundled distributions, run last
+    Start(name="deepspeed", make=DeepSpeedPlanner, per_sequence_s=2e-6),
+    Start(name="sorted", make=SortedPlanner, per_sequence_s=4e-6),
 )
 
 _scale: dict[str, float] = {}
