@@ -15,8 +15,8 @@ streaming fashion, each chunk with its share of the budget):
    from ``planners.exact`` refines the best plan with the time the search leaves; the faster is kept.
 
 Every step keeps the best plan seen, so ``auto`` never returns a plan slower than its starts. The
-reported bound is the contract's layout-free bound (``solver.search.bound``) of what each iteration
-runs, valid for every layout.
+reported bound is ``solver.search.bound.tight_bound_ms`` of what each iteration runs (the contract's
+layout-free bound, tightened by one microbatch per busy GPU), valid for every layout.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from skrull.solver.cost import CostModel
 from skrull.solver.planners.base import PlannerOutput
 from skrull.solver.planners.exact import groups_to_specs, is_static, kill_grace_s, optimize_iteration, specs_to_groups
-from skrull.solver.search.bound import layout_free_bound_ms
+from skrull.solver.search.bound import tight_bound_ms
 from skrull.solver.search.budget import FINISH_PER_SEQUENCE_S
 from skrull.solver.search.improve import iteration_ms, search_iteration
 from skrull.solver.search.starts import run_starts
@@ -55,8 +55,9 @@ class AutoPlanner:
 
     name = "auto"
 
-    def __init__(self, backend: str | None = None) -> None:
+    def __init__(self, backend: str | None = None, *, allow_pending: bool = True) -> None:
         self.backend = backend
+        self.allow_pending = allow_pending
 
     def plan(self, problem: Problem) -> PlannerOutput:
         begin = time.monotonic()
@@ -75,7 +76,7 @@ class AutoPlanner:
         lengths = problem.lengths
         objective = sum(iteration_ms(specs, lengths, cost, problem.parallel.num_gpus) for specs in iterations)
         bound = sum(
-            layout_free_bound_ms([lengths[i] for s in specs for i in s.seq_ids], cost, problem.parallel)
+            tight_bound_ms([lengths[i] for s in specs for i in s.seq_ids], cost, problem.parallel)
             for specs in iterations
         )
         bound = min(bound, objective)
@@ -100,7 +101,8 @@ class AutoPlanner:
         )
         span = deadline - time.monotonic()
         starts = run_starts(sub, deadline=deadline, keep_s=SEARCH_SHARE * span)
-        alternatives, pending = choose_start(sub, [output for _, output in starts])
+        outputs = [o for _, o in starts if self.allow_pending or not o.pending]
+        alternatives, pending = choose_start(sub, outputs)
         iterations = self._improve(sub, alternatives, deadline)
         shift = [tuple(_shift(s, offset) for s in specs) for specs in iterations]
         return shift, [i + offset for i in pending]

@@ -13,7 +13,7 @@ model floors every time coefficient); ``gap = (objective - bound) / objective``.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -117,10 +117,35 @@ def optimize_iteration(
     return IterationResult(groups=groups, bound_ms=bound, status=status)
 
 
-def _combine(statuses: list[str]) -> str:
+def combine_statuses(statuses: Sequence[str]) -> str:
+    """A request's status from its iterations': any timeout, else optimal only if all are."""
     if "timeout" in statuses:
         return "timeout"
     return "optimal" if statuses and all(s == "optimal" for s in statuses) else "feasible"
+
+
+#: Solves one iteration: (problem, its ids, the offset of its first id, deadline, kill grace) ->
+#: (microbatches, bound in ms, status).
+IterationSolve = Callable[[Problem, tuple[int, ...], int, float, float], tuple[Sequence[MicrobatchSpec], float, str]]
+
+
+def plan_within_budget(problem: Problem, solve_iteration: IterationSolve) -> PlannerOutput:
+    """Every iteration in turn with an equal share of the time left. The budget covers the whole solve:
+    each solver process is killed at its deadline plus ``kill_grace_s``, and the time to estimate and
+    validate the plan (``FINISH_PER_SEQUENCE_S`` per sequence) is kept back."""
+    begin = time.monotonic()
+    grace = kill_grace_s(problem.time_budget_s)
+    end = begin + problem.time_budget_s - grace - FINISH_PER_SEQUENCE_S * len(problem.lengths)
+    iterations, bounds, statuses = [], [], []
+    offset = 0
+    for k, ids in enumerate(problem.batch_ids):
+        share = max(0.0, (end - time.monotonic()) / (len(problem.batch_ids) - k))
+        specs, bound, status = solve_iteration(problem, ids, offset, time.monotonic() + share, grace)
+        iterations.append(tuple(specs))
+        bounds.append(bound)
+        statuses.append(status)
+        offset += len(ids)
+    return PlannerOutput(iterations=tuple(iterations), status=combine_statuses(statuses), bound_ms=sum(bounds))
 
 
 def _skrull_groups(problem: Problem, ids: tuple[int, ...]) -> Groups:
@@ -129,12 +154,7 @@ def _skrull_groups(problem: Problem, ids: tuple[int, ...]) -> Groups:
 
 class IlpPlanner:
     """The exact joint model (Skrull's static DP x CP layout) warm-started from the ``skrull`` heuristic.
-    Its bound and "optimal" are over that layout.
-
-    The budget covers the whole solve: iterations share what is left equally, each solve is killed at
-    its deadline plus ``grace_s`` (``kill_grace_s``), and the time to estimate and validate the plan
-    (``FINISH_PER_SEQUENCE_S`` per sequence) is kept back.
-    """
+    Its bound and "optimal" are over that layout (``plan_within_budget`` keeps the budget)."""
 
     name = "ilp"
 
@@ -142,21 +162,16 @@ class IlpPlanner:
         self.backend = backend
 
     def plan(self, problem: Problem) -> PlannerOutput:
-        begin = time.monotonic()
-        grace = kill_grace_s(problem.time_budget_s)
-        end = begin + problem.time_budget_s - grace - FINISH_PER_SEQUENCE_S * len(problem.lengths)
         backend = problem.backend or self.backend or DEFAULT_BACKEND
-        results = []
-        for k, ids in enumerate(problem.batch_ids):
-            share = (end - time.monotonic()) / (len(problem.batch_ids) - k)
-            deadline = time.monotonic() + max(share, 0.0)
+
+        def solve_iteration(
+            problem: Problem, ids: tuple[int, ...], _offset: int, deadline: float, grace: float
+        ) -> tuple[list[MicrobatchSpec], float, str]:
             hint = _skrull_groups(problem, ids)
-            results.append(optimize_iteration(problem, ids, hint, backend=backend, deadline=deadline, grace_s=grace))
-        return PlannerOutput(
-            iterations=tuple(tuple(groups_to_specs(r.groups, problem.parallel)) for r in results),
-            status=_combine([r.status for r in results]),
-            bound_ms=sum(r.bound_ms for r in results),
-        )
+            result = optimize_iteration(problem, ids, hint, backend=backend, deadline=deadline, grace_s=grace)
+            return groups_to_specs(result.groups, problem.parallel), result.bound_ms, result.status
+
+        return plan_within_budget(problem, solve_iteration)
 
 
 def kill_grace_s(time_budget_s: float) -> float:

@@ -10,6 +10,7 @@ from skrull.solver.planners.base import Planner
 from skrull.solver.planners.baselines import DeepSpeedPlanner, PackedPlanner, SortedPlanner
 from skrull.solver.planners.dynamic_cp import DynamicCpPlanner
 from skrull.solver.planners.exact import IlpPlanner
+from skrull.solver.planners.exact_flexible import FlexibleIlpPlanner
 from skrull.solver.planners.hydraulis import HydraulisPlanner
 from skrull.solver.planners.skrull import RoundRobinPlanner, SkrullPlanner
 from skrull.solver.planners.verl_kk import VerlKkPlanner
@@ -19,6 +20,7 @@ _REGISTRY: dict[str, Callable[[], Planner]] = {
     "skrull": SkrullPlanner,
     "ilp": IlpPlanner,
     "auto": AutoPlanner,
+    "ilp-flex": FlexibleIlpPlanner,
     "deepspeed": DeepSpeedPlanner,
     "packed": PackedPlanner,
     "sorted": SortedPlanner,

@@ -36,3 +36,24 @@ def layout_free_bound_ms(lengths: Sequence[int], cost: CostModel, parallel: Para
         options.append(flops_ms)
     single = profile.microbatch_ms + profile.compute.fixed_ms + min(options, default=flops_ms)
     return max(average, single)
+
+
+def tight_bound_ms(lengths: Sequence[int], cost: CostModel, parallel: Parallel) -> float:
+    """The layout-free bound, tightened by whole microbatches: also valid for every layout.
+
+    Every GPU that computes runs at least one microbatch that costs ``microbatch_ms`` plus one
+    ``compute.fixed_ms`` (eqs. 1-4), and the k GPUs that compute share all FLOPs and all tokens (at most
+    ``bucket_tokens`` per GPU per microbatch), so the slowest of them needs at least
+    ``a*sum FLOPs / k + microbatch_ms * max(1, sum(S) / (bucket_tokens * k)) + compute.fixed_ms``, which
+    falls with k; k = dp*cp gives the bound. It exceeds the contract's bound when a batch fills less
+    than one microbatch per GPU (light batches, where the contract's average term counts a fraction of
+    a microbatch).
+    """
+    if not lengths:
+        return 0.0
+    profile = cost.profile
+    gpus = parallel.num_gpus
+    ms_per_flop = profile.compute.ms_per_tflop / 1e12
+    rounds = max(1.0, sum(lengths) / (cost.bucket_tokens * gpus))
+    busy = ms_per_flop * sum(cost.flops(s) for s in lengths) / gpus + profile.microbatch_ms * rounds
+    return max(layout_free_bound_ms(lengths, cost, parallel), busy + profile.compute.fixed_ms)

@@ -45,6 +45,7 @@ COSTS: dict[str, Cost] = {
     "round-robin": Cost(0.002, 1e-5),
     "verl-kk": Cost(0.002, 5e-6, 1.5e-8),
     "ilp": Cost(0.02, 1e-5),  # the ``skrull`` start and a forked solver process
+    "ilp-flex": Cost(0.03, 1e-5),  # ``auto``'s start and a forked solver process
     "hydraulis": Cost(0.01, 2e-4),
     "dynamic-cp": Cost(0.005, 2.5e-4),
     "wlb": Cost(0.005, 1.5e-4),
@@ -64,7 +65,7 @@ def check_budget(solver: str, batch_sizes: Sequence[int], time_budget_s: float) 
         raise RequestError(
             "time_budget_s",
             time_budget_s,
-            f"solver {solver!r} needs at least {_round_up(need)} s for {sum(batch_sizes)} sequences "
+            f"{solver!r} needs at least {_round_up(need)} s for {sum(batch_sizes)} sequences "
             f"in {len(batch_sizes)} batches; ask for time_budget_s >= {_round_up(need)}",
         )
 

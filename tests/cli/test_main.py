@@ -60,6 +60,7 @@ def test_compare_prints_one_row_per_planner() -> None:
         "skrull",
         "ilp(scip)",
         "ilp(cpsat)",
+        "ilp-flex",
         "auto",
         "deepspeed",
         "packed",

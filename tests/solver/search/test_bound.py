@@ -14,19 +14,11 @@ from skrull.solver.planning import solve
 from skrull.solver.search.bound import layout_free_bound_ms
 from skrull.solver.types import Parallel, Request
 from tests.conftest import make_request
-
-
-@st.composite
-def requests(draw: st.DrawFn) -> Request:
-    dp = draw(st.integers(1, 3))
-    cp = draw(st.sampled_from([1, 2, 4]))
-    bucket = draw(st.integers(10, 200))
-    batch = draw(st.lists(st.integers(1, cp * bucket), min_size=1, max_size=20))
-    return make_request([batch], dp=dp, cp=cp, bucket=bucket, time_budget_s=1.0)
+from tests.solver.search.strategies import one_batch_requests
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(requests(), st.sampled_from([n for n in planner_names() if n not in ("ilp", "auto")]))
+@given(one_batch_requests(20), st.sampled_from([n for n in planner_names() if n not in ("ilp", "ilp-flex", "auto")]))
 def test_no_planner_beats_the_layout_free_bound(request: Request, solver: str) -> None:
     plan = solve(dataclasses.replace(request, solver=solver))
     cost = CostModel(request.profile, bucket_tokens=request.bucket_tokens)

@@ -14,20 +14,13 @@ from skrull.solver.planning import assemble_plan
 from skrull.solver.search.improve import blocks_by_size, iteration_ms, search_iteration
 from skrull.solver.types import Problem, Request
 from skrull.solver.validate import plan_problems
-from tests.conftest import make_request
+from tests.solver.search.strategies import one_batch_requests
 
-
-@st.composite
-def requests(draw: st.DrawFn) -> Request:
-    dp = draw(st.integers(1, 3))
-    cp = draw(st.sampled_from([1, 2, 4]))
-    bucket = draw(st.integers(10, 200))
-    batch = draw(st.lists(st.integers(1, cp * bucket), min_size=1, max_size=30))
-    return make_request([batch], dp=dp, cp=cp, bucket=bucket, time_budget_s=1.0)
+STARTS = ["packed", "skrull", "hydraulis", "dynamic-cp", "wlb"]
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(requests(), st.sampled_from(["packed", "skrull", "hydraulis", "dynamic-cp", "wlb"]), st.integers(0, 3))
+@given(one_batch_requests(30), st.sampled_from(STARTS), st.integers(0, 3))
 def test_search_keeps_plans_valid_and_never_slower(request: Request, start: str, seed: int) -> None:
     problem = Problem.from_request(request)
     planner = HydraulisPlanner(deterministic=True) if start == "hydraulis" else get_planner(start)
