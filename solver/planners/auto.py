@@ -44,6 +44,8 @@ EXACT_SEARCH_SHARE = 0.3
 EXACT_MIN_S = 1.5
 #: Seconds kept back for the caller's estimating and validating, besides the per-sequence share.
 FINISH_MARGIN_S = 0.003
+#: Seconds per sequence kept back for the objective and bound computed after the last chunk.
+BOUND_PER_SEQUENCE_S = 2e-6
 #: Relative gap under which a plan counts as optimal against the layout-free bound.
 OPTIMAL_TOLERANCE = 1e-4
 
@@ -61,7 +63,8 @@ class AutoPlanner:
 
     def plan(self, problem: Problem) -> PlannerOutput:
         begin = time.monotonic()
-        end = begin + problem.time_budget_s - FINISH_MARGIN_S - FINISH_PER_SEQUENCE_S * len(problem.lengths)
+        per_sequence = FINISH_PER_SEQUENCE_S + BOUND_PER_SEQUENCE_S
+        end = begin + problem.time_budget_s - FINISH_MARGIN_S - per_sequence * len(problem.lengths)
         chunks = _chunks(problem.batch_ids)
         iterations: list[Specs] = []
         pending: list[int] = []
