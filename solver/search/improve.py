@@ -12,9 +12,11 @@ deadline passes):
 
 * move: one sequence into another microbatch (not on the slowest GPU) or into a new microbatch on the
   least-loaded block of size 1 or of the source's size;
-* merge: two microbatches on the same group (one microbatch overhead less);
+* merge: two microbatches on the same group, or a GPU's own microbatch into a wider one it takes part
+  in (one microbatch overhead less);
 * swap: a sequence with a shorter one of another microbatch;
-* regroup: the whole microbatch onto the least-loaded block of half, the same or twice its size.
+* regroup: the whole microbatch onto the least-loaded block of half, the same or twice its size;
+* absorb: a wide microbatch takes in the narrower microbatches of its GPUs.
 
 ``search_iteration`` runs this from several starts, then as an iterated local search (random kicks of
 the slowest GPU's sequences, then the descent again; the best plan seen is kept) until the deadline.
@@ -176,6 +178,31 @@ class LayoutSearch:
                     return False
                 if move(src, sources, dests, crit):
                     return True
+        return any(self._absorb(wide) for wide in [e for e in self.entries if e.alive and len(e.ranks) > 1])
+
+    def _absorb(self, wide: Entry) -> bool:
+        """Merge into ``wide`` the narrower microbatches of its GPUs (all of them, else each GPU's
+        shortest): each of those GPUs saves a microbatch overhead at once, which no single merge can
+        do when the wide microbatch's time is shared by all of them."""
+        inside = set(wide.ranks)
+        narrow = [e for e in self.entries if e.alive and e is not wide and set(e.ranks) < inside]
+        if not narrow or time.monotonic() >= self.deadline:
+            return False
+        shortest: dict[int, Entry] = {}
+        for e in narrow:
+            for g in e.ranks:
+                if g not in shortest or e.time_ms < shortest[g].time_ms:
+                    shortest[g] = e
+        for chosen in (narrow, list({id(e): e for e in shortest.values()}.values())):
+            ids = mb_ids(wide.mb) + [i for e in chosen for i in mb_ids(e.mb)]
+            both = self.placer(len(wide.ranks)).best(ids)
+            changes = [(wide.ranks, (both[1] if both else 0.0) - wide.time_ms)]
+            changes += [(e.ranks, -e.time_ms) for e in chosen]
+            if both is not None and self._accepts(changes):
+                self._replace(wide, both)
+                for e in chosen:
+                    self._replace(e, None)
+                return True
         return False
 
     def _move(self, src: Entry, _sources: list[Entry], dests: list[Entry], crit: int) -> bool:
@@ -217,15 +244,22 @@ class LayoutSearch:
         return False
 
     def _merge(self, src: Entry, sources: list[Entry], _dests: list[Entry], _crit: int) -> bool:
+        """Merge ``src`` with another microbatch of the slowest GPU on the same group, or on a group
+        that contains the other's (a GPU's own microbatch into a wider one it takes part in)."""
         for other in sources:
-            if other is src or other.ranks != src.ranks or not other.alive or not src.alive:
+            if other is src or not other.alive or not src.alive:
+                continue
+            wide, narrow = (src, other) if len(src.ranks) >= len(other.ranks) else (other, src)
+            if not set(narrow.ranks) <= set(wide.ranks):
                 continue
             if time.monotonic() >= self.deadline:
                 return False
-            both = self.placer(len(src.ranks)).best(mb_ids(src.mb) + mb_ids(other.mb))
-            if both is not None and self._accepts([(src.ranks, both[1] - src.time_ms - other.time_ms)]):
-                self._replace(src, both)
-                self._replace(other, None)
+            both = self.placer(len(wide.ranks)).best(mb_ids(src.mb) + mb_ids(other.mb))
+            if both is not None and self._accepts(
+                [(wide.ranks, both[1] - wide.time_ms), (narrow.ranks, -narrow.time_ms)]
+            ):
+                self._replace(wide, both)
+                self._replace(narrow, None)
                 return True
         return False
 

@@ -24,6 +24,7 @@ from skrull.solver.planners.hydraulis import HydraulisPlanner
 from skrull.solver.planners.skrull import RoundRobinPlanner, SkrullPlanner
 from skrull.solver.planners.verl_kk import VerlKkPlanner
 from skrull.solver.planners.wlb import WlbPlanner
+from skrull.solver.search.construct import SpreadStart
 from skrull.solver.types import Problem
 
 #: Weight of the newest measurement in a start's time scale.
@@ -52,6 +53,7 @@ class Start:
 #: per-sequence sharding, deferral of outliers) last. Priors measured on 256-sequence batches.
 STARTS: tuple[Start, ...] = (
     Start(name="packed", make=PackedPlanner, per_sequence_s=1e-6),
+    Start(name="spread", make=SpreadStart, per_sequence_s=3e-5),
     Start(name="skrull", make=SkrullPlanner, per_sequence_s=8e-6),
     Start(name="round-robin", make=RoundRobinPlanner, per_sequence_s=8e-6),
     Start(name="verl-kk", make=VerlKkPlanner, per_sequence_s=4e-6, per_square_s=3e-8),

@@ -52,6 +52,7 @@ def test_plans_are_valid_and_never_worse_than_any_start(request: Request) -> Non
     mine = per_work(plan, request)
     for name, output in outputs:
         theirs = assemble_plan(problem, output, solver=name, wall_ms=0.0)
+        assert plan_problems(theirs, request) == [], name
         assert mine <= per_work(theirs, request) * (1 + 1e-9), name
 
 
