@@ -6,8 +6,9 @@ streaming fashion, each chunk with its share of the budget):
 1. Constructive starts (``solver.search.starts``): every cheap planner of the project, the peers with
    flexible layouts included (groups wider than CP, heterogeneous replicas, per-sequence / per-document
    sharding, deferral of outliers), each run only when its predicted time fits.
-2. The best start per unit of work (``solver.metrics.work_ms``): per iteration among the starts that
-   keep every batch in its iteration, or a deferring start's whole plan when it is better per unit.
+2. The best starts per unit of work (``solver.metrics.work_ms``): per iteration among the starts that
+   keep every batch in its iteration, and a deferring start's whole plan when it is close; each is
+   searched with a share of the time and the better per unit of work is kept.
 3. Local search (``solver.search.improve``: move / merge / swap / regroup, re-placing every changed
    microbatch) from each alternative start of an iteration, best first, then iterated local search,
    iteration by iteration, each with an equal share of the time left.
@@ -46,6 +47,8 @@ EXACT_MIN_S = 1.5
 FINISH_MARGIN_S = 0.003
 #: Seconds per sequence kept back for the objective and bound computed after the last chunk.
 BOUND_PER_SEQUENCE_S = 2e-6
+#: A deferring start is searched from too when its time per unit of work is within this of the best.
+DEFERRING_SLACK = 0.05
 #: Relative gap under which a plan counts as optimal against the layout-free bound.
 OPTIMAL_TOLERANCE = 1e-4
 
@@ -105,10 +108,18 @@ class AutoPlanner:
         span = deadline - time.monotonic()
         starts = run_starts(sub, deadline=deadline, keep_s=SEARCH_SHARE * span)
         outputs = [o for _, o in starts if self.allow_pending or not o.pending]
-        alternatives, pending = choose_start(sub, outputs)
-        iterations = self._improve(sub, alternatives, deadline)
-        shift = [tuple(_shift(s, offset) for s in specs) for specs in iterations]
-        return shift, [i + offset for i in pending]
+        candidates = choose_starts(sub, outputs)
+        cost = CostModel(problem.profile, bucket_tokens=problem.bucket_tokens)
+        best: tuple[float, list[Specs], list[int]] | None = None
+        for k, (_, alternatives, pending) in enumerate(candidates):
+            share = (deadline - time.monotonic()) / (len(candidates) - k)
+            iterations = self._improve(sub, alternatives, time.monotonic() + share)
+            ratio = _per_work(iterations, sub.lengths, cost, sub.parallel.num_gpus)
+            if best is None or ratio < best[0] - 1e-12:
+                best = (ratio, iterations, pending)
+        assert best is not None
+        shift = [tuple(_shift(s, offset) for s in specs) for specs in best[1]]
+        return shift, [i + offset for i in best[2]]
 
     def _improve(self, problem: Problem, alternatives: list[list[Specs]], deadline: float) -> list[Specs]:
         """Each iteration searched from its alternatives (best first) with an equal share of the time."""
@@ -145,17 +156,22 @@ class AutoPlanner:
         return out
 
 
-def choose_start(problem: Problem, outputs: Sequence[PlannerOutput]) -> tuple[list[list[Specs]], list[int]]:
-    """The best start per unit of work, as alternatives per iteration (best first), and its pending ids.
+Candidate = tuple[float, list[list[Specs]], list[int]]
+
+
+def choose_starts(problem: Problem, outputs: Sequence[PlannerOutput]) -> list[Candidate]:
+    """The plans worth searching from, best per unit of work first: ``(time per unit of work,
+    alternatives per iteration (fastest first), pending ids)``.
 
     The outputs that keep every batch in its iteration (nothing pending) are pooled: each iteration's
     alternatives are their plans of it, fastest first. A deferring output (WLB-LLM's outlier queues)
-    competes as a whole plan, per unit of work (``solver.metrics.work_ms``)."""
+    is a candidate of its own, per unit of work (``solver.metrics.work_ms``), when it is within
+    ``DEFERRING_SLACK`` of the best: the search may turn either into the better plan."""
     cost = CostModel(problem.profile, bucket_tokens=problem.bucket_tokens)
     lengths = problem.lengths
     gpus = problem.parallel.num_gpus
     in_place = [o for o in outputs if _keeps_batches(o, problem)]
-    best: tuple[float, list[list[Specs]], list[int]] | None = None
+    candidates: list[Candidate] = []
     if in_place:
         pooled = [
             sorted(
@@ -164,15 +180,14 @@ def choose_start(problem: Problem, outputs: Sequence[PlannerOutput]) -> tuple[li
             )
             for k in range(len(problem.batch_ids))
         ]
-        best = (_per_work([alts[0] for alts in pooled], lengths, cost, gpus), pooled, [])
+        candidates.append((_per_work([alts[0] for alts in pooled], lengths, cost, gpus), pooled, []))
     for o in outputs:
-        if o in in_place:
-            continue
-        ratio = _per_work(list(o.iterations), lengths, cost, gpus)
-        if best is None or ratio < best[0] - 1e-12:
-            best = (ratio, [[specs] for specs in o.iterations], list(o.pending))
-    assert best is not None, "the cheapest start always runs"
-    return best[1], best[2]
+        if o not in in_place:
+            ratio = _per_work(list(o.iterations), lengths, cost, gpus)
+            candidates.append((ratio, [[specs] for specs in o.iterations], list(o.pending)))
+    assert candidates, "the cheapest start always runs"
+    candidates.sort(key=lambda c: c[0])
+    return [c for c in candidates if c[0] <= candidates[0][0] * (1 + DEFERRING_SLACK)]
 
 
 def _keeps_batches(output: PlannerOutput, problem: Problem) -> bool:

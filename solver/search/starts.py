@@ -58,8 +58,8 @@ STARTS: tuple[Start, ...] = (
     Start(name="round-robin", make=RoundRobinPlanner, per_sequence_s=8e-6),
     Start(name="verl-kk", make=VerlKkPlanner, per_sequence_s=4e-6, per_square_s=3e-8),
     Start(name="hydraulis", isolated=True, make=HydraulisPlanner, per_sequence_s=1.2e-4, fixed_s=0.005),
-    Start(name="dynamic-cp", isolated=True, make=DynamicCpPlanner, per_sequence_s=1.2e-4, fixed_s=0.002),
     Start(name="wlb", isolated=True, make=WlbPlanner, per_sequence_s=1e-4, fixed_s=0.002),
+    Start(name="dynamic-cp", isolated=True, make=DynamicCpPlanner, per_sequence_s=1.2e-4, fixed_s=0.002),
     # the plain-CP baselines: never better than ``packed`` on the bundled distributions, run last
     Start(name="deepspeed", make=DeepSpeedPlanner, per_sequence_s=2e-6),
     Start(name="sorted", make=SortedPlanner, per_sequence_s=4e-6),
