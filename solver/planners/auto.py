@@ -44,7 +44,7 @@ EXACT_SEARCH_SHARE = 0.3
 #: Seconds per iteration from which the exact model is worth starting (forking, building, solving).
 EXACT_MIN_S = 1.5
 #: Seconds kept back for the caller's estimating and validating, besides the per-sequence share.
-FINISH_MARGIN_S = 0.003
+FINISH_MARGIN_S = 0.006
 #: Seconds per sequence kept back for the objective and bound computed after the last chunk.
 BOUND_PER_SEQUENCE_S = 2e-6
 #: A deferring start is searched from too when its time per unit of work is within this of the best.
