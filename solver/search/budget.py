@@ -44,7 +44,7 @@ COSTS: dict[str, Cost] = {
     "skrull": Cost(0.002, 1e-5),
     "round-robin": Cost(0.002, 1e-5),
     "verl-kk": Cost(0.002, 5e-6, 1.5e-8),
-    "ilp": Cost(0.02, 1e-5),  # the ``skrull`` start and a forked solver process
+    "ilp": Cost(0.06, 2e-5),  # the ``skrull`` start, a forked solver process building its model
     "ilp-flex": Cost(0.03, 1e-5),  # ``auto``'s start and a forked solver process
     "hydraulis": Cost(0.01, 2e-4),
     "dynamic-cp": Cost(0.005, 2.5e-4),
