@@ -178,15 +178,20 @@ class LayoutSearch:
                     return False
                 if move(src, sources, dests, crit):
                     return True
-        return any(self._absorb(wide) for wide in [e for e in self.entries if e.alive and len(e.ranks) > 1])
+        alive = [e for e in self.entries if e.alive]
+        if len({len(e.ranks) for e in alive}) < 2:
+            return False  # every group of one size: nothing is narrower than anything
+        return any(self._absorb(wide, alive) for wide in alive if len(wide.ranks) > 1)
 
-    def _absorb(self, wide: Entry) -> bool:
+    def _absorb(self, wide: Entry, alive: list[Entry]) -> bool:
         """Merge into ``wide`` the narrower microbatches of its GPUs (all of them, else each GPU's
         shortest): each of those GPUs saves a microbatch overhead at once, which no single merge can
         do when the wide microbatch's time is shared by all of them."""
+        if time.monotonic() >= self.deadline or not wide.alive:
+            return False
         inside = set(wide.ranks)
-        narrow = [e for e in self.entries if e.alive and e is not wide and set(e.ranks) < inside]
-        if not narrow or time.monotonic() >= self.deadline:
+        narrow = [e for e in alive if e.alive and len(e.ranks) < len(inside) and inside.issuperset(e.ranks)]
+        if not narrow:
             return False
         shortest: dict[int, Entry] = {}
         for e in narrow:

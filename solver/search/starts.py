@@ -4,7 +4,8 @@ Each start predicts its own planning time as ``scale * (per_sequence_s * K + per
 for K sequences in batches of K_b (``verl-kk``'s Karmarkar-Karp differencing is quadratic in a batch);
 ``scale`` starts at 1 and follows what this process measures (an exponential average of measured /
 predicted), so a loaded or fast machine is learnt after a call or two. A start runs only when its
-prediction fits the time left; the starts whose time depends on the lengths (the peers) run in a child
+prediction, plus the time to cost its plan, fits the time left; the starts whose time depends on the
+lengths (the peers), and any start predicted to take more than ``ISOLATE_ABOVE_S``, run in a child
 process that is killed at the deadline, so a wrong prediction costs that start, never the budget.
 """
 
@@ -29,6 +30,11 @@ from skrull.solver.types import Problem
 
 #: Weight of the newest measurement in a start's time scale.
 SCALE_SMOOTHING = 0.5
+#: A start predicted to take longer than this runs in a killable child even if it is cheap per sequence
+#: (a wrong prediction on a large batch must not break the budget).
+ISOLATE_ABOVE_S = 0.05
+#: Time ``auto`` spends costing each start's plan (iteration times, work), per sequence.
+EVALUATION_PER_SEQUENCE_S = 3e-6
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -85,15 +91,18 @@ def run_starts(
     always runs). A start that fails (``SkrullError``) is skipped."""
     sizes = [len(ids) for ids in problem.batch_ids]
     out: list[tuple[str, PlannerOutput]] = []
+    evaluation_s = EVALUATION_PER_SEQUENCE_S * sum(sizes)
     for start in STARTS:
         if names is not None and start.name not in names:
             continue
-        left = deadline - keep_s - time.monotonic()
-        if out and predicted_s(start, sizes) > left:
+        left = deadline - keep_s - time.monotonic() - evaluation_s * (len(out) + 1)
+        predicted = predicted_s(start, sizes)
+        if out and predicted > left:
             continue
         sub = dataclasses.replace(problem, time_budget_s=max(1e-3, left))
         began = time.monotonic()
-        output = _run_isolated(start, sub, deadline - keep_s) if start.isolated and out else _run(start, sub)
+        isolated = bool(out) and (start.isolated or predicted > ISOLATE_ABOVE_S)
+        output = _run_isolated(start, sub, time.monotonic() + max(0.0, left)) if isolated else _run(start, sub)
         # a start killed at the deadline took longer than measured: learn at least twice that
         _learn(start, sizes, (1 if output is not None else 2) * (time.monotonic() - began))
         if output is not None:

@@ -104,8 +104,10 @@ def test_auto_refuses_a_million_sequences_in_a_tenth_of_a_second() -> None:
         solve(request)
 
 
-def test_auto_plans_65536_sequences_within_two_seconds() -> None:
-    request = dataclasses.replace(qwen_request(256, 64, dataset="sharegpt"), solver="auto", time_budget_s=2.0)
+@pytest.mark.parametrize(("num_batches", "per_rank"), [(256, 64), (1, 16384)])
+def test_auto_plans_65536_sequences_within_two_seconds(num_batches: int, per_rank: int) -> None:
+    request = qwen_request(num_batches, per_rank, dataset="sharegpt")
+    request = dataclasses.replace(request, solver="auto", time_budget_s=2.0)
     assert request.num_sequences == 65_536
     begin = time.perf_counter()
     plan = solve(request)
