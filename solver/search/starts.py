@@ -33,6 +33,8 @@ SCALE_SMOOTHING = 0.5
 #: A start predicted to take longer than this runs in a killable child even if it is cheap per sequence
 #: (a wrong prediction on a large batch must not break the budget).
 ISOLATE_ABOVE_S = 0.05
+#: How far past its prediction an isolated start may run (unless half the time left is more).
+OVERRUN_FACTOR = 3.0
 #: Time ``auto`` spends costing each start's plan (iteration times, work), per sequence.
 EVALUATION_PER_SEQUENCE_S = 3e-6
 
@@ -102,7 +104,10 @@ def run_starts(
         sub = dataclasses.replace(problem, time_budget_s=max(1e-3, left))
         began = time.monotonic()
         isolated = bool(out) and (start.isolated or predicted > ISOLATE_ABOVE_S)
-        output = _run_isolated(start, sub, time.monotonic() + max(0.0, left)) if isolated else _run(start, sub)
+        # an isolated start may overrun its prediction threefold, or use half the time left, not all of
+        # it: a start that misjudges a batch must leave time for the next
+        allowed = min(left, max(OVERRUN_FACTOR * predicted, left / 2))
+        output = _run_isolated(start, sub, time.monotonic() + max(0.0, allowed)) if isolated else _run(start, sub)
         # a start killed at the deadline took longer than measured: learn at least twice that
         _learn(start, sizes, (1 if output is not None else 2) * (time.monotonic() - began))
         if output is not None:
