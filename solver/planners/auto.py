@@ -15,6 +15,9 @@ streaming fashion, each chunk with its share of the budget):
 4. With ``EXACT_MIN_S`` or more per iteration and a static DP x CP plan, the exact joint model (or LNS)
    from ``planners.exact`` refines the best plan with the time the search leaves; the faster is kept.
 
+With ``deterministic`` the search runs on a work clock (``solver.search.clock``): every start runs,
+in process, the exact step is left out, and the same request gives the same plan on any machine.
+
 Every step keeps the best plan seen, so ``auto`` never returns a plan slower than its starts. The
 reported bound is ``solver.search.bound.tight_bound_ms`` of what each iteration runs (the contract's
 layout-free bound, tightened by one microbatch per busy GPU), valid for every layout.
@@ -23,7 +26,6 @@ layout-free bound, tightened by one microbatch per busy GPU), valid for every la
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Sequence
 
 from skrull.solver.cost import CostModel
@@ -31,6 +33,7 @@ from skrull.solver.planners.base import PlannerOutput
 from skrull.solver.planners.exact import groups_to_specs, is_static, kill_grace_s, optimize_iteration, specs_to_groups
 from skrull.solver.search.bound import tight_bound_ms
 from skrull.solver.search.budget import FINISH_PER_SEQUENCE_S
+from skrull.solver.search.clock import Clock, clock_for
 from skrull.solver.search.improve import iteration_ms, search_iteration
 from skrull.solver.search.starts import run_starts
 from skrull.solver.types import MicrobatchSpec, Problem
@@ -65,7 +68,8 @@ class AutoPlanner:
         self.allow_pending = allow_pending
 
     def plan(self, problem: Problem) -> PlannerOutput:
-        begin = time.monotonic()
+        clock = clock_for(problem.deterministic)
+        begin = clock()
         per_sequence = FINISH_PER_SEQUENCE_S + BOUND_PER_SEQUENCE_S
         end = begin + problem.time_budget_s - FINISH_MARGIN_S - per_sequence * len(problem.lengths)
         chunks = _chunks(problem.batch_ids)
@@ -73,8 +77,8 @@ class AutoPlanner:
         pending: list[int] = []
         offset = 0
         for k, chunk in enumerate(chunks):
-            deadline = time.monotonic() + (end - time.monotonic()) / (len(chunks) - k)
-            its, pend = self._plan_chunk(problem, chunk, offset, deadline)
+            deadline = clock() + (end - clock()) / (len(chunks) - k)
+            its, pend = self._plan_chunk(problem, chunk, offset, deadline, clock)
             iterations.extend(its)
             pending.extend(pend)
             offset += sum(len(ids) for ids in chunk)
@@ -95,7 +99,7 @@ class AutoPlanner:
         )
 
     def _plan_chunk(
-        self, problem: Problem, chunk: Sequence[tuple[int, ...]], offset: int, deadline: float
+        self, problem: Problem, chunk: Sequence[tuple[int, ...]], offset: int, deadline: float, clock: Clock
     ) -> tuple[list[Specs], list[int]]:
         """Plan consecutive batches whose ids start at ``offset`` as a problem of their own."""
         stop = offset + sum(len(ids) for ids in chunk)
@@ -103,17 +107,20 @@ class AutoPlanner:
             problem,
             lengths=problem.lengths[offset:stop],
             batch_ids=tuple(tuple(i - offset for i in ids) for ids in chunk),
-            time_budget_s=max(0.0, deadline - time.monotonic()),
+            time_budget_s=max(0.0, deadline - clock()),
         )
-        span = deadline - time.monotonic()
-        starts = run_starts(sub, deadline=deadline, keep_s=SEARCH_SHARE * span)
+        span = deadline - clock()
+        if problem.deterministic:  # every start, in process: the same starts on any machine
+            starts = run_starts(sub, deadline=float("inf"), keep_s=0.0, isolate=False)
+        else:
+            starts = run_starts(sub, deadline=deadline, keep_s=SEARCH_SHARE * span)
         outputs = [o for _, o in starts if self.allow_pending or not o.pending]
         candidates = choose_starts(sub, outputs)
         cost = CostModel(problem.profile, bucket_tokens=problem.bucket_tokens)
         best: tuple[float, list[Specs], list[int]] | None = None
         for k, (_, alternatives, pending) in enumerate(candidates):
-            share = (deadline - time.monotonic()) / (len(candidates) - k)
-            iterations = self._improve(sub, alternatives, time.monotonic() + share)
+            share = (deadline - clock()) / (len(candidates) - k)
+            iterations = self._improve(sub, alternatives, clock() + share, clock)
             ratio = _per_work(iterations, sub.lengths, cost, sub.parallel.num_gpus)
             if best is None or ratio < best[0] - 1e-12:
                 best = (ratio, iterations, pending)
@@ -121,26 +128,33 @@ class AutoPlanner:
         shift = [tuple(_shift(s, offset) for s in specs) for specs in best[1]]
         return shift, [i + offset for i in best[2]]
 
-    def _improve(self, problem: Problem, alternatives: list[list[Specs]], deadline: float) -> list[Specs]:
+    def _improve(self, problem: Problem, alternatives: list[list[Specs]], deadline: float, clock: Clock) -> list[Specs]:
         """Each iteration searched from its alternatives (best first) with an equal share of the time."""
         cost = CostModel(problem.profile, bucket_tokens=problem.bucket_tokens)
         par = problem.parallel
         lengths = problem.lengths
         out = []
         for k, alts in enumerate(alternatives):
-            share = (deadline - time.monotonic()) / (len(alternatives) - k)
-            it_deadline = time.monotonic() + max(0.0, share)
+            share = (deadline - clock()) / (len(alternatives) - k)
+            it_deadline = clock() + max(0.0, share)
             exact_deadline = it_deadline
-            if share >= EXACT_MIN_S and is_static(alts[0], par):
-                it_deadline = time.monotonic() + EXACT_SEARCH_SHARE * share
+            use_exact = share >= EXACT_MIN_S and not problem.deterministic
+            if use_exact and is_static(alts[0], par):
+                it_deadline = clock() + EXACT_SEARCH_SHARE * share
             best = tuple(
                 search_iteration(
-                    alts, lengths=lengths, cost=cost, num_gpus=par.num_gpus, deadline=it_deadline, seed=problem.seed
+                    alts,
+                    lengths=lengths,
+                    cost=cost,
+                    num_gpus=par.num_gpus,
+                    deadline=it_deadline,
+                    seed=problem.seed,
+                    clock=clock,
                 )
             )
             ids = tuple(sorted(i for s in best for i in s.seq_ids))
-            if exact_deadline - time.monotonic() >= EXACT_MIN_S / 2 and is_static(best, par) and ids:
-                grace = kill_grace_s(exact_deadline - time.monotonic())
+            if use_exact and exact_deadline - clock() >= EXACT_MIN_S / 2 and is_static(best, par) and ids:
+                grace = kill_grace_s(exact_deadline - clock())
                 result = optimize_iteration(
                     problem,
                     ids,

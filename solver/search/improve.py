@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from skrull.solver.cost import CostModel
 from skrull.solver.ilp.builder import GroupMicrobatch
 from skrull.solver.planners.base import make_spec
+from skrull.solver.search.clock import Clock
 from skrull.solver.search.placement import Placer, mb_ids
 from skrull.solver.types import DEFAULT_SHARDING, MicrobatchSpec
 
@@ -74,8 +75,15 @@ class LayoutSearch:
     """Improves one iteration in place; ``specs()`` gives the result."""
 
     def __init__(
-        self, specs: Sequence[MicrobatchSpec], *, lengths: Sequence[int], cost: CostModel, num_gpus: int
+        self,
+        specs: Sequence[MicrobatchSpec],
+        *,
+        lengths: Sequence[int],
+        cost: CostModel,
+        num_gpus: int,
+        clock: Clock = time.monotonic,
     ) -> None:
+        self.clock = clock
         self.lengths = lengths
         self.cost = cost
         self.num_gpus = num_gpus
@@ -156,12 +164,12 @@ class LayoutSearch:
         """Re-place every microbatch, then apply improving moves until none helps or ``deadline``."""
         self.deadline = deadline
         for e in self.entries:
-            if time.monotonic() >= deadline:
+            if self.clock() >= deadline:
                 return
             found = self.placer(len(e.ranks)).best(mb_ids(e.mb))
             if found is not None and found[1] < e.time_ms - EPS_MS:
                 self._replace(e, found)
-        while time.monotonic() < deadline:
+        while self.clock() < deadline:
             if not self._step(deadline):
                 return
 
@@ -174,7 +182,7 @@ class LayoutSearch:
         )[:MAX_DESTINATIONS]
         for move in (self._move, self._merge, self._swap, self._regroup):
             for src in sources:
-                if time.monotonic() >= deadline:
+                if self.clock() >= deadline:
                     return False
                 if move(src, sources, dests, crit):
                     return True
@@ -187,7 +195,7 @@ class LayoutSearch:
         """Merge into ``wide`` the narrower microbatches of its GPUs (all of them, else each GPU's
         shortest): each of those GPUs saves a microbatch overhead at once, which no single merge can
         do when the wide microbatch's time is shared by all of them."""
-        if time.monotonic() >= self.deadline or not wide.alive:
+        if self.clock() >= self.deadline or not wide.alive:
             return False
         inside = set(wide.ranks)
         narrow = [e for e in alive if e.alive and len(e.ranks) < len(inside) and inside.issuperset(e.ranks)]
@@ -214,7 +222,7 @@ class LayoutSearch:
         ids = mb_ids(src.mb)
         ls = self.lengths
         for i in sorted(ids, key=lambda k: -ls[k])[:MAX_MOVERS]:
-            if time.monotonic() >= self.deadline:
+            if self.clock() >= self.deadline:
                 return False
             rest = [k for k in ids if k != i]
             left = self.placer(len(src.ranks)).best(rest) if rest else None
@@ -222,7 +230,7 @@ class LayoutSearch:
                 continue
             left_ms = left[1] if left is not None else 0.0
             for dst in dests:
-                if time.monotonic() >= self.deadline:
+                if self.clock() >= self.deadline:
                     return False
                 placer = self.placer(len(dst.ranks))
                 target = [*mb_ids(dst.mb), i]
@@ -257,7 +265,7 @@ class LayoutSearch:
             wide, narrow = (src, other) if len(src.ranks) >= len(other.ranks) else (other, src)
             if not set(narrow.ranks) <= set(wide.ranks):
                 continue
-            if time.monotonic() >= self.deadline:
+            if self.clock() >= self.deadline:
                 return False
             both = self.placer(len(wide.ranks)).best(mb_ids(src.mb) + mb_ids(other.mb))
             if both is not None and self._accepts(
@@ -274,13 +282,13 @@ class LayoutSearch:
         for i in sorted(ids, key=lambda k: -ls[k])[: MAX_MOVERS // 2]:
             rest = [k for k in ids if k != i]
             for dst in dests[: MAX_DESTINATIONS // 2]:
-                if time.monotonic() >= self.deadline:
+                if self.clock() >= self.deadline:
                     return False
                 other = mb_ids(dst.mb)
                 for j in other:
                     if ls[j] >= ls[i]:
                         continue
-                    if time.monotonic() >= self.deadline:
+                    if self.clock() >= self.deadline:
                         return False
                     placer = self.placer(len(dst.ranks))
                     target = [*(k for k in other if k != j), i]
@@ -302,7 +310,7 @@ class LayoutSearch:
         n = len(src.ranks)
         ids = mb_ids(src.mb)
         for size in (2 * n, n, n // 2):
-            if size not in self.blocks or time.monotonic() >= self.deadline:
+            if size not in self.blocks or self.clock() >= self.deadline:
                 continue
             block = self._least_loaded_block(size, crit if size <= n else -1)
             if block is None or block == src.ranks:
@@ -335,7 +343,7 @@ class LayoutSearch:
         """Perturb: move ``moves`` random sequences of the slowest GPU's microbatches elsewhere, kept
         whatever they cost (iterated local search, Lourenco et al. 2003)."""
         for _ in range(moves):
-            if time.monotonic() >= self.deadline:
+            if self.clock() >= self.deadline:
                 return
             crit = max(range(self.num_gpus), key=self.load.__getitem__)
             sources = [e for e in self.entries if e.alive and crit in e.ranks]
@@ -367,6 +375,7 @@ def search_iteration(
     num_gpus: int,
     deadline: float,
     seed: int = 0,
+    clock: Clock = time.monotonic,
 ) -> list[MicrobatchSpec]:
     """Local search from each of the best ``MAX_ALTERNATIVES`` starts (fastest first, each with an equal
     share of the time left; a descent that ends early leaves its time to the next), then iterated local
@@ -375,10 +384,10 @@ def search_iteration(
     best_ms = iteration_ms(best, lengths, cost, num_gpus)
     tried = list(alternatives[:MAX_ALTERNATIVES])
     for k, alt in enumerate(tried):
-        now = time.monotonic()
+        now = clock()
         if now >= deadline:
             break
-        search = LayoutSearch(alt, lengths=lengths, cost=cost, num_gpus=num_gpus)
+        search = LayoutSearch(alt, lengths=lengths, cost=cost, num_gpus=num_gpus, clock=clock)
         search.run(now + (deadline - now) / (len(tried) - k))
         found = search.specs()
         found_ms = iteration_ms(found, lengths, cost, num_gpus)
@@ -386,9 +395,9 @@ def search_iteration(
             best, best_ms = found, found_ms
     rng = random.Random(seed)
     stale = 0
-    while time.monotonic() < deadline and stale < MAX_STALE_KICKS:
+    while clock() < deadline and stale < MAX_STALE_KICKS:
         stale += 1
-        search = LayoutSearch(best, lengths=lengths, cost=cost, num_gpus=num_gpus)
+        search = LayoutSearch(best, lengths=lengths, cost=cost, num_gpus=num_gpus, clock=clock)
         search.deadline = deadline
         search.kick(rng, rng.randint(1, KICK_MOVES))
         search.run(deadline)

@@ -87,10 +87,16 @@ def _learn(start: Start, batch_sizes: Sequence[int], measured_s: float) -> None:
 
 
 def run_starts(
-    problem: Problem, *, deadline: float, keep_s: float, names: Sequence[str] | None = None
+    problem: Problem,
+    *,
+    deadline: float,
+    keep_s: float,
+    names: Sequence[str] | None = None,
+    isolate: bool = True,
 ) -> list[tuple[str, PlannerOutput]]:
     """Outputs of the starts whose predicted time fits before ``deadline - keep_s`` (the cheapest
-    always runs). A start that fails (``SkrullError``) is skipped."""
+    always runs). A start that fails (``SkrullError``) is skipped. ``isolate=False`` runs every start
+    in process (with an infinite deadline: every start, deterministically)."""
     sizes = [len(ids) for ids in problem.batch_ids]
     out: list[tuple[str, PlannerOutput]] = []
     evaluation_s = EVALUATION_PER_SEQUENCE_S * sum(sizes)
@@ -103,10 +109,10 @@ def run_starts(
             continue
         sub = dataclasses.replace(problem, time_budget_s=max(1e-3, left))
         began = time.monotonic()
-        isolated = bool(out) and (start.isolated or predicted > ISOLATE_ABOVE_S)
+        isolated = isolate and bool(out) and (start.isolated or predicted > ISOLATE_ABOVE_S)
         # an isolated start may overrun its prediction threefold, or use half the time left, not all of
         # it: a start that misjudges a batch must leave time for the next
-        allowed = min(left, max(OVERRUN_FACTOR * predicted, left / 2))
+        allowed = min(left, max(OVERRUN_FACTOR * predicted, left / 2)) if isolated else left
         output = _run_isolated(start, sub, time.monotonic() + max(0.0, allowed)) if isolated else _run(start, sub)
         # a start killed at the deadline took longer than measured: learn at least twice that
         _learn(start, sizes, (1 if output is not None else 2) * (time.monotonic() - began))

@@ -123,3 +123,10 @@ def test_a_deferring_start_competes_per_unit_of_work() -> None:
     plan = solve(request)
     wlb = solve(dataclasses.replace(request, solver="wlb"))
     assert per_work(plan, request) <= per_work(wlb, request) * (1 + 1e-9)
+
+
+def test_deterministic_requests_give_the_same_plan() -> None:
+    request = dataclasses.replace(qwen_request(2, 32, dataset="mooncake"), solver="auto", time_budget_s=0.3)
+    request = dataclasses.replace(request, deterministic=True)
+    first, second = solve(request), solve(request)
+    assert first.iterations == second.iterations and first.pending == second.pending
