@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from skrull.solver.cost import CostModel
-from skrull.solver.ilp.builder import GroupMicrobatch
-from skrull.solver.ilp.runner import Report, run_with_deadline
+from skrull.solver.ilp.builder import GroupMicrobatch, Layout
+from skrull.solver.ilp.runner import Report, Work, run_with_deadline
 from skrull.solver.ilp.search import EXACT_MAX_BINARIES, improve_lns, model_size, plan_time_ms, solve_exact
 from skrull.solver.planners.base import PlannerOutput, make_spec
 from skrull.solver.planners.dacp import dacp_place
@@ -62,6 +62,38 @@ def groups_to_specs(groups: Groups, parallel: Parallel) -> list[MicrobatchSpec]:
     ]
 
 
+def exact_work(
+    problem: Problem,
+    ids: tuple[int, ...],
+    hint: Groups,
+    *,
+    group_size: int,
+    cost: CostModel,
+    lower_bound_ms: float,
+    backend: str,
+    layout: Layout | None = None,
+) -> Work:
+    """The exact solve of one iteration (static, or over ``layout``) as work for ``run_with_deadline``."""
+
+    def work(report: Report, deadline: float) -> dict[str, Any]:
+        return solve_exact(
+            seq_ids=ids,
+            lengths=problem.lengths,
+            group_size=group_size,
+            cost=cost,
+            hint=hint,
+            lower_bound_ms=lower_bound_ms,
+            backend=backend,
+            deadline=deadline,
+            seed=problem.seed,
+            deterministic=problem.deterministic,
+            report=report,
+            layout=layout,
+        )
+
+    return work
+
+
 def optimize_iteration(
     problem: Problem, ids: tuple[int, ...], hint: Groups, *, backend: str, deadline: float, grace_s: float
 ) -> IterationResult:
@@ -71,21 +103,7 @@ def optimize_iteration(
     n = problem.parallel.cp
     lower = cost.lower_bound_ms([lengths[i] for i in ids], problem.parallel)
     if model_size(seq_ids=ids, lengths=lengths, group_size=n, cost=cost, hint=hint) <= EXACT_MAX_BINARIES:
-
-        def work(report: Report, dl: float) -> dict[str, Any]:
-            return solve_exact(
-                seq_ids=ids,
-                lengths=lengths,
-                group_size=n,
-                cost=cost,
-                hint=hint,
-                lower_bound_ms=lower,
-                backend=backend,
-                deadline=dl,
-                seed=problem.seed,
-                deterministic=problem.deterministic,
-                report=report,
-            )
+        work = exact_work(problem, ids, hint, group_size=n, cost=cost, lower_bound_ms=lower, backend=backend)
     else:
 
         def work(report: Report, dl: float) -> dict[str, Any]:

@@ -18,15 +18,14 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Sequence
-from typing import Any
 
 from skrull.solver.cost import CostModel
 from skrull.solver.ilp.builder import GroupMicrobatch, Layout
-from skrull.solver.ilp.runner import Report, run_with_deadline
-from skrull.solver.ilp.search import EXACT_MAX_BINARIES, model_size, solve_exact
+from skrull.solver.ilp.runner import run_with_deadline
+from skrull.solver.ilp.search import EXACT_MAX_BINARIES, model_size
 from skrull.solver.planners.auto import AutoPlanner
 from skrull.solver.planners.base import PlannerOutput, make_spec
-from skrull.solver.planners.exact import DEFAULT_BACKEND, OPTIMAL_TOLERANCE, plan_within_budget
+from skrull.solver.planners.exact import DEFAULT_BACKEND, OPTIMAL_TOLERANCE, exact_work, plan_within_budget
 from skrull.solver.search.bound import tight_bound_ms
 from skrull.solver.search.improve import iteration_ms
 from skrull.solver.types import MicrobatchSpec, Parallel, Problem
@@ -102,22 +101,9 @@ class FlexibleIlpPlanner:
             return start, lower, "optimal" if start_ms - lower <= OPTIMAL_TOLERANCE * start_ms else "feasible"
         backend = problem.backend or self.backend or DEFAULT_BACKEND
 
-        def work(report: Report, dl: float) -> dict[str, Any]:
-            return solve_exact(
-                seq_ids=ids,
-                lengths=lengths,
-                group_size=par.cp,
-                cost=cost,
-                hint=hint,
-                lower_bound_ms=lower,
-                backend=backend,
-                deadline=dl,
-                seed=problem.seed,
-                deterministic=problem.deterministic,
-                report=report,
-                layout=layout,
-            )
-
+        work = exact_work(
+            problem, ids, hint, group_size=par.cp, cost=cost, lower_bound_ms=lower, backend=backend, layout=layout
+        )
         outcome = run_with_deadline(work, deadline=deadline, grace_s=grace)
         payload = outcome.payload or {}
         best = start
