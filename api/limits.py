@@ -21,6 +21,7 @@ from skrull.api.schemas import PlanRequestIn
 from skrull.api.settings import Settings
 from skrull.solver.errors import RequestError
 from skrull.solver.jsonsafe import MalformedJsonError, loads_json
+from skrull.solver.search.budget import check_budget
 
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 
@@ -180,6 +181,10 @@ def check_request_limits(body: PlanRequestIn, settings: Settings) -> None:
             f"at most {settings.max_time_budget_s} s may be asked for (SKRULL_MAX_TIME_BUDGET_S)",
             slug="limit-exceeded",
         )
+    try:  # a budget the planner cannot keep is refused now, not after a hard timeout
+        check_budget(body.solver, [len(b) for b in body.batches], float(body.time_budget_s))
+    except RequestError as exc:
+        raise from_request_error(exc, slug="budget-too-small") from None
 
 
 def check_wait(wait_s: float, settings: Settings) -> float:

@@ -15,7 +15,13 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt
 
 from skrull.api.store.base import JobRecord
-from skrull.solver.io import DEFAULT_PROFILE, DEFAULT_TIME_BUDGET_S, request_from_dict, request_to_dict
+from skrull.solver.io import (
+    DEFAULT_PROFILE,
+    DEFAULT_SOLVER,
+    DEFAULT_TIME_BUDGET_S,
+    request_from_dict,
+    request_to_dict,
+)
 from skrull.solver.sharding import DEFAULT_SHARDING, SHARDING_MODES
 from skrull.solver.types import Request
 
@@ -41,7 +47,7 @@ class PlanRequestIn(BaseModel):
                     "batches": [[1024, 530, 31000], [77, 12000]],
                     "parallel": {"dp": 4, "cp": 8},
                     "profile": DEFAULT_PROFILE,
-                    "solver": "skrull",
+                    "solver": DEFAULT_SOLVER,
                     "time_budget_s": 1.0,
                 }
             ]
@@ -56,7 +62,10 @@ class PlanRequestIn(BaseModel):
         DEFAULT_PROFILE, description="a bundled or uploaded profile name, or an inline profile object"
     )
     solver: str = Field(
-        "skrull", description="planner name: skrull, deepspeed, packed, sorted, round-robin, and any planner registered"
+        DEFAULT_SOLVER,
+        description="planner name: auto (default: the best plan within the budget), skrull, ilp, ilp-flex, the "
+        "baselines deepspeed, packed, sorted, round-robin, the peers wlb, dynamic-cp, hydraulis, verl-kk, and any "
+        "planner registered",
     )
     time_budget_s: StrictFloat | StrictInt = Field(DEFAULT_TIME_BUDGET_S, description="wall-clock solve budget")
     bucket_tokens: StrictInt | None = Field(None, description="override of profile.memory.bucket_tokens")

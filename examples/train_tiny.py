@@ -137,7 +137,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--samples", type=int, default=512, help="dataset size")
     p.add_argument("--prefetch", type=int, default=1, help="iterations fetched ahead (0: none)")
     p.add_argument("--batches-per-plan", type=int, default=1, help="global batches per planning request")
-    p.add_argument("--solver", default="skrull")
+    p.add_argument("--solver", default="auto")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument(

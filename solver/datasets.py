@@ -86,7 +86,7 @@ def synthesize_request(
     sequences_per_rank: int,
     num_batches: int = 1,
     seed: int = 0,
-    solver: str = "skrull",
+    solver: str = "auto",
     bucket_tokens: int | None = None,
     max_tokens: int | None = None,
 ) -> Request:

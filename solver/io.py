@@ -33,6 +33,8 @@ from skrull.solver.types import (
 
 DEFAULT_PROFILE = "h100-80g/qwen2.5-0.5b"
 DEFAULT_TIME_BUDGET_S = 1.0
+#: The planner a request gets when it names none: the best plan within the budget (docs/auto.md).
+DEFAULT_SOLVER = "auto"
 BACKENDS = ("scip", "cpsat")
 
 #: Every field of a request; anything else is refused (``deterministic``: same plan for the same request).
@@ -100,7 +102,7 @@ def request_from_dict(doc: Any, *, known_solvers: tuple[str, ...] | None = None)
     parallel = parse_parallel(doc.get("parallel"))
     profile = parse_profile(doc.get("profile", DEFAULT_PROFILE))
 
-    solver = doc.get("solver", "skrull")
+    solver = doc.get("solver", DEFAULT_SOLVER)
     if known_solvers is None:
         from skrull.solver.planners.registry import planner_names
 

@@ -18,6 +18,7 @@ from skrull.solver.cost import CostModel
 from skrull.solver.errors import InvalidPlanError, PlannerBugError
 from skrull.solver.planners.base import PlannerOutput
 from skrull.solver.planners.registry import get_planner
+from skrull.solver.search.budget import check_budget
 from skrull.solver.types import Iteration, Parallel, Plan, Problem, Request, SolveInfo
 from skrull.solver.validate import validate_plan
 
@@ -84,7 +85,9 @@ def solve(request: Request) -> Plan:
     """Plan ``request`` with its solver; the plan is validated before it is returned.
 
     ``solve.wall_ms`` covers planning, estimation and validation (everything but reading and writing).
+    A budget the solver cannot keep is refused first (``search.budget.check_budget``).
     """
+    check_budget(request.solver, [len(b) for b in request.batches], request.time_budget_s)
     start = time.perf_counter()
     problem = Problem.from_request(request)
     planner = get_planner(request.solver)

@@ -44,7 +44,7 @@ class Request:
     batches: tuple[tuple[int, ...], ...]
     parallel: Parallel
     profile: Profile
-    solver: str = "skrull"
+    solver: str = "auto"
     time_budget_s: float = 1.0
     bucket_tokens_override: int | None = None
     backend: str | None = None

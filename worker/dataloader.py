@@ -129,7 +129,7 @@ class PlannedBatches:
         seed: int = 0,
         epoch: int = 0,
         shuffle: bool = True,
-        solver: str = "skrull",
+        solver: str = "auto",
         batches_per_plan: int = 1,
         prefetch: int = 1,
         num_iterations: int | None = None,

@@ -1,20 +1,29 @@
 """The joint GDS/DACP model (Skrull eqs. 1-11) under the contract's reference cost model.
 
-For sequences k (length S_k), G identical groups g (DP ranks, each a CP group of N GPUs), microbatch
-slots m < M per group and CP ranks j < N:
+For sequences k (length S_k), groups g of N_g GPUs, microbatch slots m < M_g of each group and ranks
+j < N_g of a group:
 
-    y[k,g,m,j] = 1  sequence k whole on CP rank j of microbatch m of group g   (P of eq. 6)
-    z[k,g,m]   = 1  sequence k sharded over microbatch m of group g (N > 1)     (D of eq. 6)
+    y[k,g,m,j] = 1  sequence k whole on rank j of microbatch m of group g        (P of eq. 6)
+    z[k,g,m]   = 1  sequence k sharded over microbatch m of group g (N_g > 1)    (D of eq. 6)
     u[g,m], hl[g,m,j], hs[g,m]  microbatch used / has local work on j / has sharded work
     W[g,m]     the DACP time of the microbatch without its overhead (eq. 2, linearised)
-    T[g]       the group's summed microbatch time; Z >= T[g] is minimised (eq. 8)
+    T[g]       the group's summed microbatch time
+    Z >= sum of T[g] over the groups a load holds, for every load; Z is minimised (eq. 8)
+
+Two layouts (``Layout``):
+
+* static (Skrull): G groups of N = cp GPUs, the CP groups of the DP ranks; each load is one group.
+* flexible: groups of any sizes on the dp*cp GPUs (the aligned blocks of sizes 1, cp, 2cp, ..., dp*cp
+  and whatever groups the warm start uses: groups wider than CP, heterogeneous replicas, one GPU
+  alone); each load is one GPU and holds every group that contains it. Its optimum is the optimum over
+  all plans made of those groups, and its bound is valid for them.
 
 Times are integers: every coefficient is floored at ``TIME_SCALE`` units per ms (model.py), with
-    cF_k = ms_per_flop*FLOPs(S_k), cD_k = ms_per_flop*FLOPs(S_k)/N, cC_k = comm_ms_per_token*S_k.
+    cF_k = ms_per_flop*FLOPs(S_k), cD_k = ms_per_flop*FLOPs(S_k)/N_g, cC_k = comm_ms_per_token*S_k.
 
 Microbatch slots: a plan no worse than the hint's objective UB runs at most ``floor(UB / microbatch_ms)``
-microbatches on any group (each costs at least microbatch_ms), and at most K; ``M`` is the smaller of
-the two, plus one slot against the flooring of coefficients (and at least the hint's count).
+microbatches on any load (each costs at least microbatch_ms), and at most K; ``M_g`` is the smaller of
+the two, plus one slot against the flooring of coefficients (and at least the hint's count on g).
 """
 
 from __future__ import annotations
@@ -26,31 +35,62 @@ from dataclasses import dataclass
 from skrull.solver.cost import CostModel
 from skrull.solver.ilp.model import TIME_SCALE, LinearModel
 
-#: One microbatch of a group, as sequence ids: (local ids per CP rank, sharded ids).
+#: One microbatch of a group, as sequence ids: (local ids per rank of the group, sharded ids).
 GroupMicrobatch = tuple[tuple[tuple[int, ...], ...], tuple[int, ...]]
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """The model's groups (``sizes[g]`` GPUs each) and loads (``loads[l]``: the groups adding to load l).
+    The objective is the slowest load."""
+
+    sizes: tuple[int, ...]
+    loads: tuple[tuple[int, ...], ...]
+
+    @classmethod
+    def static(cls, num_groups: int, group_size: int) -> Layout:
+        return cls(sizes=(group_size,) * num_groups, loads=tuple((g,) for g in range(num_groups)))
+
+    @classmethod
+    def of_groups(cls, groups: Sequence[Sequence[int]], num_gpus: int) -> Layout:
+        """Groups given by their GPU ranks; one load per GPU."""
+        loads = tuple(tuple(g for g, ranks in enumerate(groups) if gpu in ranks) for gpu in range(num_gpus))
+        return cls(sizes=tuple(len(r) for r in groups), loads=loads)
+
+    @property
+    def is_static(self) -> bool:
+        """Each load is one group of its own (groups never share a GPU)."""
+        return all(len(load) == 1 for load in self.loads) and len(self.loads) == len(self.sizes)
 
 
 @dataclass(slots=True)
 class BuiltModel:
     model: LinearModel
     seq_ids: tuple[int, ...]
-    num_groups: int
-    group_size: int
-    num_slots: int
+    layout: Layout
+    slots: tuple[int, ...]
     y: dict[tuple[int, int, int, int], int]
     z: dict[tuple[int, int, int], int]
     objective_var: int
 
+    @property
+    def num_groups(self) -> int:
+        return len(self.layout.sizes)
+
+    @property
+    def num_slots(self) -> int:
+        return max(self.slots, default=0)
+
     def decode(self, values: Sequence[int]) -> list[list[GroupMicrobatch]]:
-        """Per group, its used microbatches (slot order) as (local ids per CP rank, sharded ids)."""
+        """Per group, its used microbatches (slot order) as (local ids per rank, sharded ids)."""
+        sizes = self.layout.sizes
         slots: dict[tuple[int, int], tuple[list[list[int]], list[int]]] = {}
-        n = self.group_size
         for (k, g, m, j), v in self.y.items():
             if values[v] > 0.5:
-                slots.setdefault((g, m), ([[] for _ in range(n)], []))[0][j].append(self.seq_ids[k])
+                slots.setdefault((g, m), ([[] for _ in range(sizes[g])], []))[0][j].append(self.seq_ids[k])
         for (k, g, m), v in self.z.items():
             if values[v] > 0.5:
-                slots.setdefault((g, m), ([[] for _ in range(n)], []))[1].append(self.seq_ids[k])
+                slots.setdefault((g, m), ([[] for _ in range(sizes[g])], []))[1].append(self.seq_ids[k])
         out: list[list[GroupMicrobatch]] = [[] for _ in range(self.num_groups)]
         for (g, _m), (local, sharded) in sorted(slots.items()):
             out[g].append((tuple(tuple(sorted(ids)) for ids in local), tuple(sorted(sharded))))
@@ -94,6 +134,37 @@ def scaled_microbatch_time(mb: GroupMicrobatch, index: dict[int, int], c: _Coeff
     return c.microbatch + worst
 
 
+@dataclass(frozen=True, slots=True)
+class _Data:
+    """Everything the constraint families read: sequences, layout, slots, coefficients, bounds."""
+
+    ids: tuple[int, ...]
+    index: dict[int, int]
+    sizes: tuple[int, ...]  # tokens per sequence (model order)
+    layout: Layout
+    slots: tuple[int, ...]
+    coeffs: tuple[_Coeffs, ...]  # per group (by its size)
+    bucket: int
+    offsets: tuple[int, ...]  # per load
+    time_cap: int
+
+    def cells(self) -> list[tuple[int, int]]:
+        """Every (group, slot)."""
+        return [(g, m) for g in range(len(self.layout.sizes)) for m in range(self.slots[g])]
+
+
+@dataclass(slots=True)
+class _Vars:
+    y: dict[tuple[int, int, int, int], int]
+    z: dict[tuple[int, int, int], int]
+    used: dict[tuple[int, int], int]
+    has_local: dict[tuple[int, int, int], int]
+    has_shard: dict[tuple[int, int], int]
+    work: dict[tuple[int, int], int]
+    totals: list[int]
+    objective: int
+
+
 def build_joint_model(
     *,
     seq_ids: Sequence[int],
@@ -106,223 +177,270 @@ def build_joint_model(
     symmetry_breaking: bool = True,
     offsets_ms: Sequence[float] | None = None,
     max_slots: int | None = None,
+    layout: Layout | None = None,
 ) -> BuiltModel:
-    """Build the joint model for ``seq_ids`` over ``num_groups`` groups, warm-started from ``hint``.
+    """Build the joint model for ``seq_ids``, warm-started from ``hint`` (``hint[g]``: group g's
+    microbatches; ``lengths`` indexed by global sequence id).
 
-    ``lengths`` are indexed by global sequence id; ``hint[g]`` lists group g's microbatches.
-    ``offsets_ms[g]`` is time group g already spends on microbatches outside the model (for
-    neighbourhoods of a larger plan); groups with different offsets are not interchangeable.
-    ``max_slots`` caps the microbatch slots below the valid bound: the model is then a restriction
-    (LNS uses it); its optimum is no longer a proof for the whole problem.
+    ``layout`` defaults to the static one (``num_groups`` groups of ``group_size``). ``offsets_ms[l]``
+    is time load l already spends outside the model (LNS neighbourhoods of a larger plan). ``max_slots``
+    caps the slots below the valid bound: the model is then a restriction (LNS uses it) and its optimum
+    no longer a proof for the whole problem.
     """
-    ids = tuple(seq_ids)
-    index = {seq: k for k, seq in enumerate(ids)}
-    sizes = [lengths[i] for i in ids]
-    n = group_size
-    bucket = cost.bucket_tokens
-    c = _coefficients(sizes, cost, n)
+    layout = layout or Layout.static(num_groups, group_size)
+    data = _prepare(seq_ids, lengths, layout, cost, hint, offsets_ms, max_slots)
     m_ = LinearModel()
-
-    # The hint's objective bounds the microbatch slots (see module docstring).
-    offsets = [math.floor(o * TIME_SCALE) for o in (offsets_ms or [0.0] * num_groups)]
-    hint_times = [
-        off + sum(scaled_microbatch_time(mb, index, c) for mb in group)
-        for off, group in zip(offsets, hint, strict=True)
-    ]
-    upper = max(hint_times, default=0)
-    room = upper - min(offsets, default=0)
-    slots = len(ids) if c.microbatch == 0 else min(len(ids), room // c.microbatch + 1)
-    if max_slots is not None:
-        slots = min(slots, max_slots)
-    slots = max(slots, max((len(group) for group in hint), default=1), 1)
-    time_cap = upper if upper > 0 else 1
-    interchangeable_groups = len(set(offsets)) <= 1
-
-    y: dict[tuple[int, int, int, int], int] = {}
-    z: dict[tuple[int, int, int], int] = {}
-    used: dict[tuple[int, int], int] = {}
-    has_local: dict[tuple[int, int, int], int] = {}
-    has_shard: dict[tuple[int, int], int] = {}
-    work: dict[tuple[int, int], int] = {}
-    for g in range(num_groups):
-        for m in range(slots):
-            used[g, m] = m_.binary(f"u[{g},{m}]")
-            work[g, m] = m_.var(f"W[{g},{m}]", 0, time_cap)
-            for j in range(n):
-                has_local[g, m, j] = m_.binary(f"hl[{g},{m},{j}]")
-            if n > 1:
-                has_shard[g, m] = m_.binary(f"hs[{g},{m}]")
-            for k in range(len(ids)):
-                for j in range(n):
-                    y[k, g, m, j] = m_.binary(f"y[{k},{g},{m},{j}]")
-                if n > 1:
-                    z[k, g, m] = m_.binary(f"z[{k},{g},{m}]")
-    totals = [m_.var(f"T[{g}]", 0, time_cap) for g in range(num_groups)]
-    objective = m_.var("Z", 0, time_cap)
-
-    # Every sequence exactly once, whole on one GPU or sharded over one microbatch (eqs. 6, 9).
-    for k in range(len(ids)):
-        coeffs = {y[k, g, m, j]: 1 for g in range(num_groups) for m in range(slots) for j in range(n)}
-        coeffs.update({z[k, g, m]: 1 for g in range(num_groups) for m in range(slots) if n > 1})
-        m_.add(coeffs, family="assign", lower=1, upper=1)
-
-    for g in range(num_groups):
-        for m in range(slots):
-            shard_dist = {z[k, g, m]: c.dist[k] for k in range(len(ids))} if n > 1 else {}
-            if n > 1:
-                shard_dist[has_shard[g, m]] = c.comp_fixed
-            for j in range(n):
-                # Memory per GPU, exact in integers: N * local tokens + sharded tokens <= N * C (eq. 7).
-                mem = {y[k, g, m, j]: n * sizes[k] for k in range(len(ids))}
-                if n > 1:
-                    mem.update({z[k, g, m]: sizes[k] for k in range(len(ids))})
-                m_.add(mem, family="memory", upper=n * bucket)
-                # Local compute of GPU j plus the sharded compute after it (eqs. 2, 3, 4).
-                lhs = {work[g, m]: 1}
-                for k in range(len(ids)):
-                    lhs[y[k, g, m, j]] = -c.local[k]
-                lhs[has_local[g, m, j]] = -c.comp_fixed
-                for v, coef in shard_dist.items():
-                    lhs[v] = lhs.get(v, 0) - coef
-                m_.add(lhs, family="time-local", lower=0)
-                # Indicators: a sequence on GPU j means GPU j computes; any work means the slot is used.
-                for k in range(len(ids)):
-                    m_.add({y[k, g, m, j]: 1, has_local[g, m, j]: -1}, family="link-local", upper=0)
-                m_.add({has_local[g, m, j]: 1, used[g, m]: -1}, family="link-used", upper=0)
-            if n > 1:
-                # Communication of the sharded tokens, overlapped with local compute (eqs. 2, 5).
-                lhs = {work[g, m]: 1, has_shard[g, m]: -c.comm_fixed}
-                for k in range(len(ids)):
-                    lhs[z[k, g, m]] = -c.comm[k]
-                for v, coef in shard_dist.items():
-                    lhs[v] = lhs.get(v, 0) - coef
-                m_.add(lhs, family="time-comm", lower=0)
-                for k in range(len(ids)):
-                    m_.add({z[k, g, m]: 1, has_shard[g, m]: -1}, family="link-shard", upper=0)
-                m_.add({has_shard[g, m]: 1, used[g, m]: -1}, family="link-used", upper=0)
-                # Redundant (eq. 10, tightened by u): a used microbatch holds at most N * C tokens.
-                tokens = {y[k, g, m, j]: sizes[k] for k in range(len(ids)) for j in range(n)}
-                tokens.update({z[k, g, m]: sizes[k] for k in range(len(ids))})
-                tokens[used[g, m]] = -n * bucket
-                m_.add(tokens, family="redundant-group-tokens", upper=0)
-                # Redundant: the slowest GPU is no faster than the average GPU (N * W >= all work).
-                avg = {work[g, m]: n, has_shard[g, m]: -n * c.comp_fixed}
-                for j in range(n):
-                    avg[has_local[g, m, j]] = -c.comp_fixed
-                for k in range(len(ids)):
-                    for j in range(n):
-                        avg[y[k, g, m, j]] = -c.local[k]
-                    avg[z[k, g, m]] = -n * c.dist[k]
-                m_.add(avg, family="redundant-average-gpu", lower=0)
-        # Redundant: a used microbatch computes something, so it costs at least one T_comp fixed term.
-        for m in range(slots):
-            m_.add({work[g, m]: 1, used[g, m]: -c.comp_fixed}, family="redundant-used-computes", lower=0)
-        # The group's time is its summed microbatch times; Z is the slowest group (eq. 8).
-        total = {totals[g]: 1}
-        for m in range(slots):
-            total[used[g, m]] = -c.microbatch
-            total[work[g, m]] = -1
-        m_.add(total, family="group-time", lower=offsets[g], upper=offsets[g])
-        m_.add({objective: 1, totals[g]: -1}, family="objective", lower=0)
-
+    v = _variables(m_, data)
+    _assignment(m_, data, v)
+    for g, m in data.cells():
+        _memory(m_, data, v, g, m)
+        _time_local(m_, data, v, g, m)
+        _time_comm(m_, data, v, g, m)
+        _indicators(m_, data, v, g, m)
+        _redundant_microbatch(m_, data, v, g, m)
+    _loads(m_, data, v)
+    symmetric_groups = layout.is_static and len(set(layout.sizes)) <= 1 and len(set(data.offsets)) <= 1
     if symmetry_breaking:
-        for g in range(num_groups - 1 if interchangeable_groups else 0):
-            # Interchangeable DP ranks: order groups by time.
-            m_.add({totals[g]: 1, totals[g + 1]: -1}, family="symmetry-groups", lower=0)
-        for g in range(num_groups):
-            for m in range(slots - 1):
-                # Interchangeable microbatches: used slots first, ordered by time.
-                m_.add({used[g, m]: 1, used[g, m + 1]: -1}, family="symmetry-microbatches", lower=0)
-                m_.add(
-                    {work[g, m]: 1, used[g, m]: c.microbatch, work[g, m + 1]: -1, used[g, m + 1]: -c.microbatch},
-                    family="symmetry-microbatches",
-                    lower=0,
-                )
-            for m in range(slots):
-                for j in range(n - 1):
-                    # Interchangeable CP ranks: order by local tokens.
-                    order = {y[k, g, m, j]: sizes[k] for k in range(len(ids))}
-                    for k in range(len(ids)):
-                        order[y[k, g, m, j + 1]] = -sizes[k]
-                    m_.add(order, family="symmetry-cp-ranks", lower=0)
-
+        _symmetry(m_, data, v, groups=symmetric_groups)
     # Redundant: no plan beats the contract's lower bound (floored to the model's units).
-    m_.add({objective: 1}, family="redundant-lower-bound", lower=math.floor(lower_bound_ms * TIME_SCALE))
-    m_.objective = {objective: 1}
-
+    m_.add({v.objective: 1}, family="redundant-lower-bound", lower=math.floor(lower_bound_ms * TIME_SCALE))
+    m_.objective = {v.objective: 1}
     built = BuiltModel(
-        model=m_, seq_ids=ids, num_groups=num_groups, group_size=n, num_slots=slots, y=y, z=z, objective_var=objective
+        model=m_, seq_ids=data.ids, layout=layout, slots=data.slots, y=v.y, z=v.z, objective_var=v.objective
     )
-    tokens_of = {i: lengths[i] for i in ids}
     m_.hint = _hint_values(
-        built,
-        hint,
-        index,
-        tokens_of,
-        c,
-        used,
-        has_local,
-        has_shard,
-        work,
-        totals,
-        offsets,
-        symmetric=symmetry_breaking,
-        sort_groups=symmetry_breaking and interchangeable_groups,
+        data, v, m_.num_vars, hint, symmetric=symmetry_breaking, sort_groups=symmetry_breaking and symmetric_groups
     )
     return built
 
 
-def _hint_values(
-    built: BuiltModel,
+def _prepare(
+    seq_ids: Sequence[int],
+    lengths: Sequence[int],
+    layout: Layout,
+    cost: CostModel,
     hint: Sequence[Sequence[GroupMicrobatch]],
-    index: dict[int, int],
-    tokens_of: dict[int, int],
-    c: _Coeffs,
-    used: dict[tuple[int, int], int],
-    has_local: dict[tuple[int, int, int], int],
-    has_shard: dict[tuple[int, int], int],
-    work: dict[tuple[int, int], int],
-    totals: list[int],
-    offsets: list[int],
+    offsets_ms: Sequence[float] | None,
+    max_slots: int | None,
+) -> _Data:
+    """Coefficients, and slots bounded by the hint's objective (module docstring)."""
+    ids = tuple(seq_ids)
+    index = {seq: k for k, seq in enumerate(ids)}
+    sizes = tuple(lengths[i] for i in ids)
+    by_size = {n: _coefficients(sizes, cost, n) for n in set(layout.sizes)}
+    coeffs = tuple(by_size[n] for n in layout.sizes)
+    offsets = tuple(math.floor(o * TIME_SCALE) for o in (offsets_ms or [0.0] * len(layout.loads)))
+    group_time = [sum(scaled_microbatch_time(mb, index, coeffs[g]) for mb in grp) for g, grp in enumerate(hint)]
+    group_time += [0] * (len(layout.sizes) - len(group_time))
+    load_times = [off + sum(group_time[g] for g in load) for off, load in zip(offsets, layout.loads, strict=True)]
+    upper = max(load_times, default=0)
+    room = upper - min(offsets, default=0)
+    microbatch = coeffs[0].microbatch if coeffs else 0
+    bound = len(ids) if microbatch == 0 else min(len(ids), room // microbatch + 1)
+    if max_slots is not None:
+        bound = min(bound, max_slots)
+    hinted = [len(grp) for grp in hint] + [0] * (len(layout.sizes) - len(hint))
+    slots = tuple(max(bound, hinted[g], 1) for g in range(len(layout.sizes)))
+    return _Data(ids, index, sizes, layout, slots, coeffs, cost.bucket_tokens, offsets, upper if upper > 0 else 1)
+
+
+def _variables(m_: LinearModel, d: _Data) -> _Vars:
+    v = _Vars(y={}, z={}, used={}, has_local={}, has_shard={}, work={}, totals=[], objective=-1)
+    for g, m in d.cells():
+        n = d.layout.sizes[g]
+        v.used[g, m] = m_.binary(f"u[{g},{m}]")
+        v.work[g, m] = m_.var(f"W[{g},{m}]", 0, d.time_cap)
+        for j in range(n):
+            v.has_local[g, m, j] = m_.binary(f"hl[{g},{m},{j}]")
+        if n > 1:
+            v.has_shard[g, m] = m_.binary(f"hs[{g},{m}]")
+        for k in range(len(d.ids)):
+            for j in range(n):
+                v.y[k, g, m, j] = m_.binary(f"y[{k},{g},{m},{j}]")
+            if n > 1:
+                v.z[k, g, m] = m_.binary(f"z[{k},{g},{m}]")
+    v.totals = [m_.var(f"T[{g}]", 0, d.time_cap) for g in range(len(d.layout.sizes))]
+    v.objective = m_.var("Z", 0, d.time_cap)
+    return v
+
+
+def _assignment(m_: LinearModel, d: _Data, v: _Vars) -> None:
+    """Every sequence exactly once, whole on one GPU or sharded over one microbatch (eqs. 6, 9)."""
+    rows: list[dict[int, int]] = [{} for _ in d.ids]
+    for key, var in [*v.y.items(), *v.z.items()]:
+        rows[key[0]][var] = 1
+    for row in rows:
+        m_.add(row, family="assign", lower=1, upper=1)
+
+
+def _memory(m_: LinearModel, d: _Data, v: _Vars, g: int, m: int) -> None:
+    """Memory per GPU, exact in integers: N * local tokens + sharded tokens <= N * C (eq. 7)."""
+    n = d.layout.sizes[g]
+    for j in range(n):
+        mem = {v.y[k, g, m, j]: n * d.sizes[k] for k in range(len(d.ids))}
+        if n > 1:
+            mem.update({v.z[k, g, m]: d.sizes[k] for k in range(len(d.ids))})
+        m_.add(mem, family="memory", upper=n * d.bucket)
+
+
+def _sharded_compute(d: _Data, v: _Vars, g: int, m: int) -> dict[int, int]:
+    """The distributed compute term T_comp(sum sharded FLOPs / N) of a microbatch, as coefficients."""
+    if d.layout.sizes[g] == 1:
+        return {}
+    c = d.coeffs[g]
+    out = {v.z[k, g, m]: c.dist[k] for k in range(len(d.ids))}
+    out[v.has_shard[g, m]] = c.comp_fixed
+    return out
+
+
+def _time_local(m_: LinearModel, d: _Data, v: _Vars, g: int, m: int) -> None:
+    """Local compute of each GPU plus the sharded compute after it (eqs. 2, 3, 4)."""
+    c = d.coeffs[g]
+    for j in range(d.layout.sizes[g]):
+        lhs = {v.work[g, m]: 1, v.has_local[g, m, j]: -c.comp_fixed}
+        for k in range(len(d.ids)):
+            lhs[v.y[k, g, m, j]] = -c.local[k]
+        for var, coef in _sharded_compute(d, v, g, m).items():
+            lhs[var] = lhs.get(var, 0) - coef
+        m_.add(lhs, family="time-local", lower=0)
+
+
+def _time_comm(m_: LinearModel, d: _Data, v: _Vars, g: int, m: int) -> None:
+    """Communication of the sharded tokens, overlapped with local compute (eqs. 2, 5)."""
+    if d.layout.sizes[g] == 1:
+        return
+    c = d.coeffs[g]
+    lhs = {v.work[g, m]: 1, v.has_shard[g, m]: -c.comm_fixed}
+    for k in range(len(d.ids)):
+        lhs[v.z[k, g, m]] = -c.comm[k]
+    for var, coef in _sharded_compute(d, v, g, m).items():
+        lhs[var] = lhs.get(var, 0) - coef
+    m_.add(lhs, family="time-comm", lower=0)
+
+
+def _indicators(m_: LinearModel, d: _Data, v: _Vars, g: int, m: int) -> None:
+    """A sequence on GPU j means GPU j computes; sharded work means hs; any work means the slot is used."""
+    n = d.layout.sizes[g]
+    for j in range(n):
+        for k in range(len(d.ids)):
+            m_.add({v.y[k, g, m, j]: 1, v.has_local[g, m, j]: -1}, family="link-local", upper=0)
+        m_.add({v.has_local[g, m, j]: 1, v.used[g, m]: -1}, family="link-used", upper=0)
+    if n > 1:
+        for k in range(len(d.ids)):
+            m_.add({v.z[k, g, m]: 1, v.has_shard[g, m]: -1}, family="link-shard", upper=0)
+        m_.add({v.has_shard[g, m]: 1, v.used[g, m]: -1}, family="link-used", upper=0)
+
+
+def _redundant_microbatch(m_: LinearModel, d: _Data, v: _Vars, g: int, m: int) -> None:
+    """Redundant cuts: token capacity (eq. 10), the average GPU, and a used slot computes something."""
+    n = d.layout.sizes[g]
+    c = d.coeffs[g]
+    m_.add({v.work[g, m]: 1, v.used[g, m]: -c.comp_fixed}, family="redundant-used-computes", lower=0)
+    if n == 1:
+        return
+    # a used microbatch holds at most N * C tokens
+    tokens = {v.y[k, g, m, j]: d.sizes[k] for k in range(len(d.ids)) for j in range(n)}
+    tokens.update({v.z[k, g, m]: d.sizes[k] for k in range(len(d.ids))})
+    tokens[v.used[g, m]] = -n * d.bucket
+    m_.add(tokens, family="redundant-group-tokens", upper=0)
+    # the slowest GPU is no faster than the average GPU (N * W >= all work)
+    avg = {v.work[g, m]: n, v.has_shard[g, m]: -n * c.comp_fixed}
+    for j in range(n):
+        avg[v.has_local[g, m, j]] = -c.comp_fixed
+    for k in range(len(d.ids)):
+        for j in range(n):
+            avg[v.y[k, g, m, j]] = -c.local[k]
+        avg[v.z[k, g, m]] = -n * c.dist[k]
+    m_.add(avg, family="redundant-average-gpu", lower=0)
+
+
+def _loads(m_: LinearModel, d: _Data, v: _Vars) -> None:
+    """A group's time is its summed microbatch times; Z is the slowest load (eq. 8)."""
+    for g in range(len(d.layout.sizes)):
+        total = {v.totals[g]: 1}
+        for m in range(d.slots[g]):
+            total[v.used[g, m]] = -d.coeffs[g].microbatch
+            total[v.work[g, m]] = -1
+        m_.add(total, family="group-time", lower=0, upper=0)
+    for load, offset in zip(d.layout.loads, d.offsets, strict=True):
+        lhs = {v.objective: 1}
+        for g in load:
+            lhs[v.totals[g]] = -1
+        m_.add(lhs, family="objective", lower=offset)
+
+
+def _symmetry(m_: LinearModel, d: _Data, v: _Vars, *, groups: bool) -> None:
+    """Symmetry breaking: interchangeable groups by time, used slots first and by time, ranks by tokens."""
+    if groups:
+        for g in range(len(d.layout.sizes) - 1):
+            m_.add({v.totals[g]: 1, v.totals[g + 1]: -1}, family="symmetry-groups", lower=0)
+    for g in range(len(d.layout.sizes)):
+        mb = d.coeffs[g].microbatch
+        for m in range(d.slots[g] - 1):
+            m_.add({v.used[g, m]: 1, v.used[g, m + 1]: -1}, family="symmetry-microbatches", lower=0)
+            m_.add(
+                {v.work[g, m]: 1, v.used[g, m]: mb, v.work[g, m + 1]: -1, v.used[g, m + 1]: -mb},
+                family="symmetry-microbatches",
+                lower=0,
+            )
+        for m in range(d.slots[g]):
+            for j in range(d.layout.sizes[g] - 1):
+                order = {v.y[k, g, m, j]: d.sizes[k] for k in range(len(d.ids))}
+                for k in range(len(d.ids)):
+                    order[v.y[k, g, m, j + 1]] = -d.sizes[k]
+                m_.add(order, family="symmetry-cp-ranks", lower=0)
+
+
+def _hint_values(
+    d: _Data,
+    v: _Vars,
+    num_vars: int,
+    hint: Sequence[Sequence[GroupMicrobatch]],
     *,
     symmetric: bool,
     sort_groups: bool,
 ) -> dict[int, int]:
     """A complete assignment for the hint, permuted to satisfy the symmetry-breaking order."""
-    n = built.group_size
-    values = dict.fromkeys(range(built.model.num_vars), 0)
+    values = dict.fromkeys(range(num_vars), 0)
+    tokens = dict(zip(d.ids, d.sizes, strict=True))
     groups = []
-    for group in hint:
+    for g, group in enumerate(hint):
+        c = d.coeffs[g]
         mbs = []
         for local, sharded in group:
-            order = list(range(n))
+            order = list(range(len(local)))
             if symmetric:
-                order.sort(key=lambda j: -sum(tokens_of[i] for i in local[j]))
+                order.sort(key=lambda j: -sum(tokens[i] for i in local[j]))
             mbs.append((tuple(local[j] for j in order), tuple(sharded)))
         if symmetric:
-            mbs.sort(key=lambda mb: -scaled_microbatch_time(mb, index, c))
+            mbs.sort(key=lambda mb: -scaled_microbatch_time(mb, d.index, c))
         groups.append(mbs)
     if sort_groups:
-        groups.sort(key=lambda grp: -sum(scaled_microbatch_time(mb, index, c) for mb in grp))
-    groups += [[] for _ in range(built.num_groups - len(groups))]
-    worst = 0
+        groups.sort(key=lambda grp: -sum(scaled_microbatch_time(mb, d.index, d.coeffs[0]) for mb in grp))
+    groups += [[] for _ in range(len(d.layout.sizes) - len(groups))]
+    totals = [0] * len(groups)
     for g, group in enumerate(groups):
-        total = offsets[g]
         for m, mb in enumerate(group):
-            local, sharded = mb
-            values[used[g, m]] = 1
-            for j, ids in enumerate(local):
-                values[has_local[g, m, j]] = 1 if ids else 0
-                for i in ids:
-                    values[built.y[index[i], g, m, j]] = 1
-            if n > 1:
-                values[has_shard[g, m]] = 1 if sharded else 0
-                for i in sharded:
-                    values[built.z[index[i], g, m]] = 1
-            t = scaled_microbatch_time(mb, index, c)
-            values[work[g, m]] = t - c.microbatch
-            total += t
-        values[totals[g]] = total
-        worst = max(worst, total)
-    values[built.objective_var] = worst
+            totals[g] += _hint_microbatch(d, v, values, g, m, mb)
+        values[v.totals[g]] = totals[g]
+    values[v.objective] = max(
+        (off + sum(totals[g] for g in load) for off, load in zip(d.offsets, d.layout.loads, strict=True)), default=0
+    )
     return values
+
+
+def _hint_microbatch(d: _Data, v: _Vars, values: dict[int, int], g: int, m: int, mb: GroupMicrobatch) -> int:
+    """Set one hinted microbatch's variables; its scaled time."""
+    local, sharded = mb
+    values[v.used[g, m]] = 1
+    for j, ids in enumerate(local):
+        values[v.has_local[g, m, j]] = 1 if ids else 0
+        for i in ids:
+            values[v.y[d.index[i], g, m, j]] = 1
+    if d.layout.sizes[g] > 1:
+        values[v.has_shard[g, m]] = 1 if sharded else 0
+        for i in sharded:
+            values[v.z[d.index[i], g, m]] = 1
+    t = scaled_microbatch_time(mb, d.index, d.coeffs[g])
+    values[v.work[g, m]] = t - d.coeffs[g].microbatch
+    return t

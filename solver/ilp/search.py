@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from skrull.solver.cost import CostModel
-from skrull.solver.ilp.builder import GroupMicrobatch, build_joint_model
+from skrull.solver.ilp.builder import GroupMicrobatch, Layout, build_joint_model
 from skrull.solver.ilp.model import TIME_SCALE, LinearModel
 from skrull.solver.ilp.result import BackendResult, IncumbentCallback
 
@@ -51,10 +51,6 @@ def _solve_scip(*args: Any, **kwargs: Any) -> BackendResult:
 BACKENDS: dict[str, Backend] = {"cpsat": _solve_cpsat, "scip": _solve_scip}
 
 
-def estimate_binaries(num_sequences: int, num_groups: int, group_size: int, num_slots: int) -> int:
-    return num_sequences * num_groups * num_slots * (group_size + 1)
-
-
 def group_time_ms(group: Sequence[GroupMicrobatch], lengths: Sequence[int], cost: CostModel) -> float:
     return sum(
         cost.microbatch_time_ms([[lengths[i] for i in ids] for ids in local], [lengths[i] for i in sharded])
@@ -79,8 +75,10 @@ def solve_exact(
     seed: int,
     deterministic: bool,
     report: Callable[[Any], None],
+    layout: Layout | None = None,
 ) -> dict[str, Any]:
-    """Solve the whole joint model for one iteration, reporting incumbents; the final payload."""
+    """Solve the whole joint model for one iteration (static, or over ``layout``'s groups), reporting
+    incumbents; the final payload."""
     built = build_joint_model(
         seq_ids=seq_ids,
         lengths=lengths,
@@ -89,6 +87,7 @@ def solve_exact(
         cost=cost,
         hint=hint,
         lower_bound_ms=lower_bound_ms,
+        layout=layout,
     )
 
     def on_incumbent(values: list[int], _objective: int, bound: int | None) -> None:
@@ -119,15 +118,18 @@ def model_size(
     cost: CostModel,
     hint: Groups,
     max_slots: int | None = None,
+    layout: Layout | None = None,
 ) -> int:
     """Binaries the exact model of this neighbourhood would have (slots as the builder bounds them)."""
     mb_ms = cost.profile.microbatch_ms
-    worst = max((group_time_ms(g, lengths, cost) for g in hint), default=0.0)
+    layout = layout or Layout.static(len(hint), group_size)
+    times = [group_time_ms(g, lengths, cost) for g in hint] + [0.0] * (len(layout.sizes) - len(hint))
+    worst = max((sum(times[g] for g in load) for load in layout.loads), default=0.0)
     slots = len(seq_ids) if mb_ms <= 0 else min(len(seq_ids), int(worst / mb_ms) + 1)
     if max_slots is not None:
         slots = min(slots, max_slots)
     slots = max(slots, max((len(g) for g in hint), default=1), 1)
-    return estimate_binaries(len(seq_ids), len(hint), group_size, slots)
+    return len(seq_ids) * slots * sum(n + 1 for n in layout.sizes)
 
 
 def improve_lns(

@@ -376,7 +376,9 @@ class HydraulisPlanner:
             blocks = layout_replicas(chosen)
             replicas_used += sum(1 for m in members if m)
             busy = sum(1 for m in members if m) or 1
-            limit = min(self.ilp_time_limit_s, problem.time_budget_s / (len(problem.batch_ids) * busy))
+            # each replica may sweep up to ``sweep`` packings; half the share goes to building the models
+            share = problem.time_budget_s / (2 * len(problem.batch_ids) * busy * max(1, self.sweep))
+            limit = min(self.ilp_time_limit_s, share)
             specs: list[MicrobatchSpec] = []
             for ranks, seq_ids in zip(blocks, members, strict=True):
                 parts, calls, nonoptimal = self._pack(

@@ -6,10 +6,12 @@ from collections.abc import Callable
 from typing import Any, cast
 
 from skrull.solver.errors import UnknownSolverError
+from skrull.solver.planners.auto import AutoPlanner
 from skrull.solver.planners.base import Planner
 from skrull.solver.planners.baselines import DeepSpeedPlanner, PackedPlanner, SortedPlanner
 from skrull.solver.planners.dynamic_cp import DynamicCpPlanner
-from skrull.solver.planners.exact import AutoPlanner, IlpPlanner
+from skrull.solver.planners.exact import IlpPlanner
+from skrull.solver.planners.exact_flexible import FlexibleIlpPlanner
 from skrull.solver.planners.hydraulis import HydraulisPlanner
 from skrull.solver.planners.skrull import RoundRobinPlanner, SkrullPlanner
 from skrull.solver.planners.verl_kk import VerlKkPlanner
@@ -17,8 +19,8 @@ from skrull.solver.planners.wlb import WlbPlanner
 
 
 def solved_whole(factory: Callable[[], Any]) -> Callable[[], Planner]:
-    """A planner class that does not declare ``Planner.streams_iterations`` yet: it plans the whole
-    request at once (the exact planners split one budget over the iterations), so it does not stream."""
+    """A planner (a plug-in's) that does not declare ``Planner.streams_iterations``: planned whole, the
+    choice that never changes its plan."""
 
     def make() -> Planner:
         planner = factory()
@@ -31,8 +33,9 @@ def solved_whole(factory: Callable[[], Any]) -> Callable[[], Planner]:
 
 _REGISTRY: dict[str, Callable[[], Planner]] = {
     "skrull": SkrullPlanner,
-    "ilp": solved_whole(IlpPlanner),
-    "auto": solved_whole(AutoPlanner),
+    "ilp": IlpPlanner,
+    "auto": AutoPlanner,
+    "ilp-flex": FlexibleIlpPlanner,
     "deepspeed": DeepSpeedPlanner,
     "packed": PackedPlanner,
     "sorted": SortedPlanner,

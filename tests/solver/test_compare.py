@@ -35,7 +35,12 @@ def test_every_planner_gets_imbalance_peak_bucket_pending_and_planning_time() ->
         assert row.peak_bucket_use is not None and 0.0 < row.peak_bucket_use <= 1.0 + 1e-9
         assert row.pending == len(plans[row.solver].pending)
         assert row.planning_ms is not None and row.planning_ms > 0
-        assert row.makespan_ms is not None and row.makespan_ms >= row.iteration_ms - 1e-6
+        assert row.iteration_ms is not None and row.makespan_ms is not None
+        assert row.makespan_ms >= row.iteration_ms - 1e-6
+        # the layout-free bound holds for every plan, flexible ones included
+        assert row.ratio_to_bound is not None and row.ratio_to_bound >= 1.0 - 1e-9
+        assert row.layout in ("static", "flexible")
+    assert {r.layout for r in rows if r.solver.startswith("ilp(")} == {"static"}
     wlb = next(r for r in rows if r.solver == "wlb")
     assert wlb.avg_delay_iterations is not None
     table = format_table(rows)

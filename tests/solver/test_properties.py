@@ -33,7 +33,7 @@ def requests(draw: st.DrawFn) -> Request:
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 #: Planners that spend a time budget are checked on fewer examples with a small budget.
-BUDGETED = ("ilp", "auto")
+BUDGETED = ("ilp", "ilp-flex", "auto")
 FAST = tuple(n for n in planner_names() if n not in BUDGETED)
 
 

@@ -60,3 +60,25 @@ def optimum_ms(lengths: Sequence[int], cost: CostModel, *, dp: int, cp: int) -> 
                     loads[g] += t
                 best = min(best, max(loads))
     return best
+
+
+def flexible_optimum_ms(lengths: Sequence[int], cost: CostModel, groups: Sequence[tuple[int, ...]], gpus: int) -> float:
+    """Exhaustive optimum when each microbatch may run on any of ``groups`` (GPU ranks): over every
+    partition into microbatches and every choice of group per microbatch, the slowest GPU's summed time."""
+    cache: dict[tuple[tuple[int, ...], int], float | None] = {}
+    best = float("inf")
+    for part in _partitions(list(range(len(lengths)))):
+        for owners in itertools.product(range(len(groups)), repeat=len(part)):
+            loads = [0.0] * gpus
+            for block, g in zip(part, owners, strict=True):
+                key = (tuple(sorted(lengths[i] for i in block)), len(groups[g]))
+                if key not in cache:
+                    cache[key] = best_block_time(key[0], cost, key[1])
+                t = cache[key]
+                if t is None:
+                    break
+                for r in groups[g]:
+                    loads[r] += t
+            else:
+                best = min(best, max(loads))
+    return best

@@ -1,0 +1,250 @@
+"""``auto``: the best plan the project finds within the budget, over every layout the contract allows.
+
+One search (docs/auto.md), per chunk of batches (``CHUNK_SEQUENCES``: large requests are planned in
+streaming fashion, each chunk with its share of the budget):
+
+1. Constructive starts (``solver.search.starts``): every cheap planner of the project, the peers with
+   flexible layouts included (groups wider than CP, heterogeneous replicas, per-sequence / per-document
+   sharding, deferral of outliers), each run only when its predicted time fits.
+2. The best starts per unit of work (``solver.metrics.work_ms``): per iteration among the starts that
+   keep every batch in its iteration, and a deferring start's whole plan when it is close; each is
+   searched with a share of the time and the better per unit of work is kept.
+3. Local search (``solver.search.improve``: move / merge / swap / regroup, re-placing every changed
+   microbatch) from each alternative start of an iteration, best first, then iterated local search,
+   iteration by iteration, each with an equal share of the time left.
+4. With ``EXACT_MIN_S`` or more per iteration and a static DP x CP plan, the exact joint model (or LNS)
+   from ``planners.exact`` refines the best plan with the time the search leaves; the faster is kept.
+
+With ``deterministic`` the search runs on a work clock (``solver.search.clock``): every start runs,
+in process, the exact step is left out, and the same request gives the same plan on any machine.
+
+Every step keeps the best plan seen, so ``auto`` never returns a plan slower than its starts. The
+reported bound is ``solver.search.bound.tight_bound_ms`` of what each iteration runs (the contract's
+layout-free bound, tightened by one microbatch per busy GPU), valid for every layout.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from skrull.solver.cost import CostModel
+from skrull.solver.planners.base import PlannerOutput
+from skrull.solver.planners.exact import groups_to_specs, is_static, kill_grace_s, optimize_iteration, specs_to_groups
+from skrull.solver.search.bound import tight_bound_ms
+from skrull.solver.search.budget import FINISH_PER_SEQUENCE_S
+from skrull.solver.search.clock import Clock, clock_for
+from skrull.solver.search.improve import iteration_ms, search_iteration
+from skrull.solver.search.starts import run_starts
+from skrull.solver.types import MicrobatchSpec, Problem
+
+#: Batches are planned together up to this many sequences per chunk (whole batches; one at least).
+CHUNK_SEQUENCES = 4096
+#: Share of a chunk's time the starts leave to the local search.
+SEARCH_SHARE = 0.2
+#: Share of an iteration's time the local search gets before the exact model, when that runs.
+EXACT_SEARCH_SHARE = 0.3
+#: Seconds per iteration from which the exact model is worth starting (forking, building, solving).
+EXACT_MIN_S = 1.5
+#: Seconds kept back for the caller's estimating and validating, besides the per-sequence share.
+FINISH_MARGIN_S = 0.006
+#: Seconds per sequence kept back for the objective and bound computed after the last chunk.
+BOUND_PER_SEQUENCE_S = 2e-6
+#: A deferring start is searched from too when its time per unit of work is within this of the best.
+DEFERRING_SLACK = 0.05
+#: Relative gap under which a plan counts as optimal against the layout-free bound.
+OPTIMAL_TOLERANCE = 1e-4
+
+Specs = tuple[MicrobatchSpec, ...]
+
+
+class AutoPlanner:
+    """Starts, then local search, then the exact model where it pays (module docstring)."""
+
+    name = "auto"
+    #: one time budget is shared over the batches (and the exact stage may take a batch's unused share)
+    streams_iterations = False
+
+    def __init__(self, backend: str | None = None, *, allow_pending: bool = True) -> None:
+        self.backend = backend
+        self.allow_pending = allow_pending
+
+    def plan(self, problem: Problem) -> PlannerOutput:
+        clock = clock_for(problem.deterministic)
+        begin = clock()
+        per_sequence = FINISH_PER_SEQUENCE_S + BOUND_PER_SEQUENCE_S
+        end = begin + problem.time_budget_s - FINISH_MARGIN_S - per_sequence * len(problem.lengths)
+        chunks = _chunks(problem.batch_ids)
+        iterations: list[Specs] = []
+        pending: list[int] = []
+        offset = 0
+        for k, chunk in enumerate(chunks):
+            deadline = clock() + (end - clock()) / (len(chunks) - k)
+            its, pend = self._plan_chunk(problem, chunk, offset, deadline, clock)
+            iterations.extend(its)
+            pending.extend(pend)
+            offset += sum(len(ids) for ids in chunk)
+        cost = CostModel(problem.profile, bucket_tokens=problem.bucket_tokens)
+        lengths = problem.lengths
+        objective = sum(iteration_ms(specs, lengths, cost, problem.parallel.num_gpus) for specs in iterations)
+        bound = sum(
+            tight_bound_ms([lengths[i] for s in specs for i in s.seq_ids], cost, problem.parallel)
+            for specs in iterations
+        )
+        bound = min(bound, objective)
+        optimal = objective - bound <= OPTIMAL_TOLERANCE * max(objective, 1e-9)
+        return PlannerOutput(
+            iterations=tuple(iterations),
+            pending=tuple(sorted(pending)),
+            status="optimal" if optimal else "feasible",
+            bound_ms=bound,
+        )
+
+    def _plan_chunk(
+        self, problem: Problem, chunk: Sequence[tuple[int, ...]], offset: int, deadline: float, clock: Clock
+    ) -> tuple[list[Specs], list[int]]:
+        """Plan consecutive batches whose ids start at ``offset`` as a problem of their own."""
+        stop = offset + sum(len(ids) for ids in chunk)
+        sub = dataclasses.replace(
+            problem,
+            lengths=problem.lengths[offset:stop],
+            batch_ids=tuple(tuple(i - offset for i in ids) for ids in chunk),
+            time_budget_s=max(0.0, deadline - clock()),
+        )
+        span = deadline - clock()
+        if problem.deterministic:  # every start, in process: the same starts on any machine
+            starts = run_starts(sub, deadline=float("inf"), keep_s=0.0, isolate=False)
+        else:
+            starts = run_starts(sub, deadline=deadline, keep_s=SEARCH_SHARE * span)
+        outputs = [o for _, o in starts if self.allow_pending or not o.pending]
+        candidates = choose_starts(sub, outputs)
+        cost = CostModel(problem.profile, bucket_tokens=problem.bucket_tokens)
+        best: tuple[float, list[Specs], list[int]] | None = None
+        for k, (_, alternatives, pending) in enumerate(candidates):
+            share = (deadline - clock()) / (len(candidates) - k)
+            iterations = self._improve(sub, alternatives, clock() + share, clock)
+            ratio = _per_work(iterations, sub.lengths, cost, sub.parallel.num_gpus)
+            if best is None or ratio < best[0] - 1e-12:
+                best = (ratio, iterations, pending)
+        assert best is not None
+        shift = [tuple(_shift(s, offset) for s in specs) for specs in best[1]]
+        return shift, [i + offset for i in best[2]]
+
+    def _improve(self, problem: Problem, alternatives: list[list[Specs]], deadline: float, clock: Clock) -> list[Specs]:
+        """Each iteration searched from its alternatives (best first) with an equal share of the time."""
+        cost = CostModel(problem.profile, bucket_tokens=problem.bucket_tokens)
+        par = problem.parallel
+        lengths = problem.lengths
+        out = []
+        for k, alts in enumerate(alternatives):
+            share = (deadline - clock()) / (len(alternatives) - k)
+            it_deadline = clock() + max(0.0, share)
+            exact_deadline = it_deadline
+            use_exact = share >= EXACT_MIN_S and not problem.deterministic
+            if use_exact and is_static(alts[0], par):
+                it_deadline = clock() + EXACT_SEARCH_SHARE * share
+            best = tuple(
+                search_iteration(
+                    alts,
+                    lengths=lengths,
+                    cost=cost,
+                    num_gpus=par.num_gpus,
+                    deadline=it_deadline,
+                    seed=problem.seed,
+                    clock=clock,
+                )
+            )
+            ids = tuple(sorted(i for s in best for i in s.seq_ids))
+            if use_exact and exact_deadline - clock() >= EXACT_MIN_S / 2 and is_static(best, par) and ids:
+                grace = kill_grace_s(exact_deadline - clock())
+                result = optimize_iteration(
+                    problem,
+                    ids,
+                    specs_to_groups(best, par),
+                    backend=problem.backend or self.backend or "cpsat",
+                    deadline=exact_deadline - grace,
+                    grace_s=grace,
+                )
+                exact = tuple(groups_to_specs(result.groups, par))
+                if iteration_ms(exact, lengths, cost, par.num_gpus) < iteration_ms(best, lengths, cost, par.num_gpus):
+                    best = exact
+            out.append(best)
+        return out
+
+
+Candidate = tuple[float, list[list[Specs]], list[int]]
+
+
+def choose_starts(problem: Problem, outputs: Sequence[PlannerOutput]) -> list[Candidate]:
+    """The plans worth searching from, best per unit of work first: ``(time per unit of work,
+    alternatives per iteration (fastest first), pending ids)``.
+
+    The outputs that keep every batch in its iteration (nothing pending) are pooled: each iteration's
+    alternatives are their plans of it, fastest first. A deferring output (WLB-LLM's outlier queues)
+    is a candidate of its own, per unit of work (``solver.metrics.work_ms``), when it is within
+    ``DEFERRING_SLACK`` of the best: the search may turn either into the better plan."""
+    cost = CostModel(problem.profile, bucket_tokens=problem.bucket_tokens)
+    lengths = problem.lengths
+    gpus = problem.parallel.num_gpus
+    in_place = [o for o in outputs if _keeps_batches(o, problem)]
+    candidates: list[Candidate] = []
+    if in_place:
+        pooled = [
+            sorted(
+                dict.fromkeys(o.iterations[k] for o in in_place),
+                key=lambda specs: iteration_ms(specs, lengths, cost, gpus),
+            )
+            for k in range(len(problem.batch_ids))
+        ]
+        candidates.append((_per_work([alts[0] for alts in pooled], lengths, cost, gpus), pooled, []))
+    for o in outputs:
+        if o not in in_place:
+            ratio = _per_work(list(o.iterations), lengths, cost, gpus)
+            candidates.append((ratio, [[specs] for specs in o.iterations], list(o.pending)))
+    assert candidates, "the cheapest start always runs"
+    candidates.sort(key=lambda c: c[0])
+    return [c for c in candidates if c[0] <= candidates[0][0] * (1 + DEFERRING_SLACK)]
+
+
+def _keeps_batches(output: PlannerOutput, problem: Problem) -> bool:
+    return not output.pending and all(
+        sorted(i for s in specs for i in s.seq_ids) == list(ids)
+        for specs, ids in zip(output.iterations, problem.batch_ids, strict=True)
+    )
+
+
+def _per_work(iterations: Sequence[Specs], lengths: Sequence[int], cost: CostModel, gpus: int) -> float:
+    """Summed iteration time per unit of work run (``solver.metrics.work_ms``'s per-sequence work)."""
+    ms_per_flop = cost.profile.compute.ms_per_tflop / 1e12
+    per_token = cost.microbatch_overhead_ms / cost.bucket_tokens
+    work = sum(
+        ms_per_flop * cost.flops(lengths[i]) + per_token * lengths[i]
+        for specs in iterations
+        for s in specs
+        for i in s.seq_ids
+    )
+    total = sum(iteration_ms(specs, lengths, cost, gpus) for specs in iterations)
+    return total / work if work > 0 else float("inf")
+
+
+def _chunks(batch_ids: Sequence[tuple[int, ...]]) -> list[list[tuple[int, ...]]]:
+    """Consecutive non-empty batches, up to ``CHUNK_SEQUENCES`` sequences per chunk."""
+    out: list[list[tuple[int, ...]]] = []
+    size = 0
+    for ids in batch_ids:
+        if not out or size + len(ids) > CHUNK_SEQUENCES:
+            out.append([])
+            size = 0
+        out[-1].append(ids)
+        size += len(ids)
+    return out
+
+
+def _shift(spec: MicrobatchSpec, offset: int) -> MicrobatchSpec:
+    if offset == 0:
+        return spec
+    return dataclasses.replace(
+        spec,
+        local=tuple(tuple(i + offset for i in ids) for ids in spec.local),
+        sharded=tuple(i + offset for i in spec.sharded),
+    )

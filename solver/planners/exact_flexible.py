@@ -1,0 +1,140 @@
+"""``ilp-flex``: the exact joint model over flexible layouts, warm-started from ``auto``.
+
+The groups are every block of ``i * cp`` consecutive GPUs starting at a CP-group boundary (group sizes
+cp, 2cp, ..., dp*cp), every GPU alone (size 1), and every group the warm start uses (``auto``'s plans
+may hold groups of other sizes); a GPU's load is the sum over the groups that contain it
+(``solver.ilp.builder.Layout``). So the model chooses, per sequence, the group size as well as the
+microbatch and the placement, and compares like with like against ``auto``: its optimum and bound are
+over plans made of those groups (the static ``ilp``'s are over the CP groups only).
+
+The model grows with the groups (about K * M * sum(N_g + 1) binaries); it is solved whole when that
+fits ``EXACT_MAX_BINARIES`` (tiny requests), otherwise the warm start is returned with the layout-free
+bound and status ``feasible``. The budget is shared as for ``ilp``: ``START_SHARE`` of each iteration's
+share for the warm start, the rest for the solve, killed at its deadline plus a small grace.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Sequence
+
+from skrull.solver.cost import CostModel
+from skrull.solver.ilp.builder import GroupMicrobatch, Layout
+from skrull.solver.ilp.runner import run_with_deadline
+from skrull.solver.ilp.search import EXACT_MAX_BINARIES, model_size
+from skrull.solver.planners.auto import AutoPlanner
+from skrull.solver.planners.base import PlannerOutput, make_spec
+from skrull.solver.planners.exact import DEFAULT_BACKEND, OPTIMAL_TOLERANCE, exact_work, plan_within_budget
+from skrull.solver.search.bound import tight_bound_ms
+from skrull.solver.search.improve import iteration_ms
+from skrull.solver.types import MicrobatchSpec, Parallel, Problem
+
+#: Share of an iteration's time spent on the warm start (``auto`` on that batch).
+START_SHARE = 0.3
+
+Specs = tuple[MicrobatchSpec, ...]
+
+
+def flexible_groups(parallel: Parallel, used: Sequence[tuple[int, ...]] = ()) -> list[tuple[int, ...]]:
+    """Every GPU alone, every run of whole CP groups (sizes cp .. dp*cp), then the extra ``used`` groups."""
+    cp, gpus = parallel.cp, parallel.num_gpus
+    groups: list[tuple[int, ...]] = [(g,) for g in range(gpus)]
+    for size in range(cp, gpus + 1, cp):
+        groups += [tuple(range(s, s + size)) for s in range(0, gpus - size + 1, cp)]
+    return list(dict.fromkeys([*groups, *used]))
+
+
+def to_groups(specs: Sequence[MicrobatchSpec], groups: Sequence[tuple[int, ...]]) -> list[list[GroupMicrobatch]]:
+    """Microbatches per group (the group with exactly their ranks), in step order."""
+    where = {ranks: g for g, ranks in enumerate(groups)}
+    out: list[list[GroupMicrobatch]] = [[] for _ in groups]
+    for spec in sorted(specs, key=lambda s: s.step):
+        out[where[spec.ranks]].append((spec.local, spec.sharded))
+    return out
+
+
+def to_specs(decoded: Sequence[Sequence[GroupMicrobatch]], groups: Sequence[tuple[int, ...]], gpus: int) -> Specs:
+    """Microbatches with steps: each takes the first step free on all of its GPUs (widest groups first)."""
+    next_step = [0] * gpus
+    out = []
+    for g in sorted(range(len(groups)), key=lambda g: -len(groups[g])):
+        for local, sharded in decoded[g]:
+            step = max(next_step[r] for r in groups[g])
+            for r in groups[g]:
+                next_step[r] = step + 1
+            out.append(make_spec(step=step, ranks=groups[g], local=local, sharded=sharded))
+    return tuple(out)
+
+
+class FlexibleIlpPlanner:
+    """The joint model over flexible groups (module docstring), warm-started from ``auto``."""
+
+    name = "ilp-flex"
+    #: one time budget is split over the iterations of the whole request
+    streams_iterations = False
+
+    def __init__(self, backend: str | None = None) -> None:
+        self.backend = backend
+
+    def plan(self, problem: Problem) -> PlannerOutput:
+        return plan_within_budget(problem, self._iteration)
+
+    def _iteration(
+        self, problem: Problem, ids: tuple[int, ...], offset: int, deadline: float, grace: float
+    ) -> tuple[Specs, float, str]:
+        now = time.monotonic()
+        start = _warm_start(problem, ids, offset, now + START_SHARE * (deadline - now))
+        return self._solve(problem, ids, start, deadline, grace)
+
+    def _solve(
+        self, problem: Problem, ids: tuple[int, ...], start: Specs, deadline: float, grace: float
+    ) -> tuple[Specs, float, str]:
+        cost = CostModel(problem.profile, bucket_tokens=problem.bucket_tokens)
+        lengths = problem.lengths
+        par = problem.parallel
+        start_ms = iteration_ms(start, lengths, cost, par.num_gpus)
+        lower = min(tight_bound_ms([lengths[i] for i in ids], cost, par), start_ms)
+        groups = flexible_groups(par, [s.ranks for s in start])
+        layout = Layout.of_groups(groups, par.num_gpus)
+        hint = to_groups(start, groups)
+        size = model_size(seq_ids=ids, lengths=lengths, group_size=par.cp, cost=cost, hint=hint, layout=layout)
+        if not ids or size > EXACT_MAX_BINARIES:
+            return start, lower, "optimal" if start_ms - lower <= OPTIMAL_TOLERANCE * start_ms else "feasible"
+        backend = problem.backend or self.backend or DEFAULT_BACKEND
+
+        work = exact_work(
+            problem, ids, hint, group_size=par.cp, cost=cost, lower_bound_ms=lower, backend=backend, layout=layout
+        )
+        outcome = run_with_deadline(work, deadline=deadline, grace_s=grace)
+        payload = outcome.payload or {}
+        best = start
+        if payload.get("groups"):
+            found = to_specs(payload["groups"], groups, par.num_gpus)
+            if iteration_ms(found, lengths, cost, par.num_gpus) < start_ms:
+                best = found
+        objective = iteration_ms(best, lengths, cost, par.num_gpus)
+        bound = min(max(lower, payload.get("bound_ms") or 0.0), objective)
+        if outcome.killed:
+            return best, bound, "timeout"
+        proven = payload.get("status") == "optimal" or objective - bound <= OPTIMAL_TOLERANCE * objective
+        return best, bound, "optimal" if proven else "feasible"
+
+
+def _warm_start(problem: Problem, ids: tuple[int, ...], offset: int, deadline: float) -> Specs:
+    """``auto`` on this batch alone (nothing deferred), ids shifted back to the request's."""
+    sub = dataclasses.replace(
+        problem,
+        lengths=tuple(problem.lengths[i] for i in ids),
+        batch_ids=(tuple(range(len(ids))),),
+        time_budget_s=max(0.0, deadline - time.monotonic()),
+    )
+    output = AutoPlanner(allow_pending=False).plan(sub)
+    return tuple(
+        dataclasses.replace(
+            s,
+            local=tuple(tuple(i + offset for i in part) for part in s.local),
+            sharded=tuple(i + offset for i in s.sharded),
+        )
+        for s in output.iterations[0]
+    )

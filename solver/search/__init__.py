@@ -1,0 +1,1 @@
+"""One search over every layout the contract allows (``auto``): starts, moves, budgets, bounds."""

@@ -1,0 +1,59 @@
+"""The contract's layout-free lower bound of an iteration (CONTRACT.md, "Lower bound of an iteration").
+
+With ``a = ms_per_tflop / 1e12``, G = dp*cp GPUs and S_max the longest sequence::
+
+    max( sum_S a*FLOPs(S) / G + microbatch_ms * sum(S) / (bucket_tokens * G),
+         microbatch_ms + compute.fixed_ms + min( a*FLOPs(S_max)            if S_max <= bucket_tokens,
+                                                 T_comm(S_max) + a*FLOPs(S_max) / G ) )
+
+The first term: the average GPU computes its share of all FLOPs and runs its share of microbatches (each
+holds at most ``bucket_tokens`` per GPU). The second: the longest sequence runs somewhere, either whole
+on one GPU or sharded over at most G GPUs. It holds for every group shape, so it is the yardstick of
+``auto``, whose plans may use groups wider than CP (``CostModel.lower_bound_ms`` is the static bound).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from skrull.solver.cost import CostModel
+from skrull.solver.types import Parallel
+
+
+def layout_free_bound_ms(lengths: Sequence[int], cost: CostModel, parallel: Parallel) -> float:
+    """No plan under the reference model, with any groups, beats this; 0 for an empty batch."""
+    if not lengths:
+        return 0.0
+    profile = cost.profile
+    gpus = parallel.num_gpus
+    ms_per_flop = profile.compute.ms_per_tflop / 1e12
+    total_flops = sum(cost.flops(s) for s in lengths)
+    average = ms_per_flop * total_flops / gpus + profile.microbatch_ms * sum(lengths) / (cost.bucket_tokens * gpus)
+    longest = max(lengths)
+    flops_ms = ms_per_flop * cost.flops(longest)
+    options = [cost.t_comm_ms(longest) + flops_ms / gpus] if gpus > 1 else []
+    if longest <= cost.bucket_tokens:
+        options.append(flops_ms)
+    single = profile.microbatch_ms + profile.compute.fixed_ms + min(options, default=flops_ms)
+    return max(average, single)
+
+
+def tight_bound_ms(lengths: Sequence[int], cost: CostModel, parallel: Parallel) -> float:
+    """The layout-free bound, tightened by whole microbatches: also valid for every layout.
+
+    Every GPU that computes runs at least one microbatch that costs ``microbatch_ms`` plus one
+    ``compute.fixed_ms`` (eqs. 1-4), and the k GPUs that compute share all FLOPs and all tokens (at most
+    ``bucket_tokens`` per GPU per microbatch), so the slowest of them needs at least
+    ``a*sum FLOPs / k + microbatch_ms * max(1, sum(S) / (bucket_tokens * k)) + compute.fixed_ms``, which
+    falls with k; k = dp*cp gives the bound. It exceeds the contract's bound when a batch fills less
+    than one microbatch per GPU (light batches, where the contract's average term counts a fraction of
+    a microbatch).
+    """
+    if not lengths:
+        return 0.0
+    profile = cost.profile
+    gpus = parallel.num_gpus
+    ms_per_flop = profile.compute.ms_per_tflop / 1e12
+    rounds = max(1.0, sum(lengths) / (cost.bucket_tokens * gpus))
+    busy = ms_per_flop * sum(cost.flops(s) for s in lengths) / gpus + profile.microbatch_ms * rounds
+    return max(layout_free_bound_ms(lengths, cost, parallel), busy + profile.compute.fixed_ms)

@@ -1,0 +1,106 @@
+"""``spread``: a constructive start for ``auto`` that uses flexible groups from the first step.
+
+Per batch, with ``T`` the tight lower bound of the batch (``bound.tight_bound_ms``: what every GPU must
+at least spend), longest sequences first:
+
+* a sequence whose whole-GPU compute ``a*FLOPs(S)`` exceeds ``alpha * T``, or that exceeds the bucket,
+  is sharded alone over the smallest aligned block (sizes dividing dp*cp) that holds it and brings
+  ``a*FLOPs(S) / d`` under ``alpha * T``, on the least-loaded such block (groups wider than CP, as
+  Megatron-Core's dynamic CP and Hydraulis's heterogeneous replicas do);
+* every other sequence stays whole on one GPU, on the GPU whose load grows least (LPT, Graham 1969):
+  into that GPU's open microbatch while it has room, else in a new one (one more microbatch_ms and
+  compute.fixed_ms).
+
+The best of a few ``alpha`` wins. About n * dp*cp operations: a few ms for 256 sequences on 32 GPUs.
+The local search then merges, moves and regroups from there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from skrull.solver.cost import CostModel
+from skrull.solver.planners.base import PlannerOutput, make_spec
+from skrull.solver.search.bound import tight_bound_ms
+from skrull.solver.search.improve import blocks_by_size
+from skrull.solver.types import MicrobatchSpec, Problem
+
+#: Shares of the bound above which a sequence is sharded over a wider group.
+ALPHAS = (0.35, 0.7)
+
+
+class SpreadStart:
+    """Planner protocol; used by ``auto`` as a start (module docstring)."""
+
+    name = "spread"
+    #: each batch is spread from that batch alone
+    streams_iterations = True
+
+    def plan(self, problem: Problem) -> PlannerOutput:
+        cost = CostModel(problem.profile, bucket_tokens=problem.bucket_tokens)
+        iterations = []
+        for ids in problem.batch_ids:
+            best: tuple[float, list[MicrobatchSpec]] | None = None
+            for alpha in ALPHAS:
+                specs, worst = spread_batch(problem, ids, cost, alpha)
+                if best is None or worst < best[0]:
+                    best = (worst, specs)
+            iterations.append(tuple(best[1]) if best else ())
+        return PlannerOutput(iterations=tuple(iterations))
+
+
+def spread_batch(
+    problem: Problem, ids: Sequence[int], cost: CostModel, alpha: float
+) -> tuple[list[MicrobatchSpec], float]:
+    """One batch's microbatches and its iteration time (the slowest GPU)."""
+    lengths = problem.lengths
+    gpus = problem.parallel.num_gpus
+    bucket = cost.bucket_tokens
+    profile = cost.profile
+    ms_per_flop = profile.compute.ms_per_tflop / 1e12
+    opening = profile.microbatch_ms + profile.compute.fixed_ms
+    blocks = blocks_by_size(gpus)
+    sizes = sorted(blocks)
+    limit = alpha * tight_bound_ms([lengths[i] for i in ids], cost, problem.parallel)
+    load = [0.0] * gpus
+    room = [0] * gpus  # tokens left in each GPU's open microbatch (0: none open)
+    local: list[list[list[int]]] = [[] for _ in range(gpus)]  # per GPU, its microbatches
+    wide: list[tuple[tuple[int, ...], int]] = []
+    for i in sorted(ids, key=lambda k: -lengths[k]):
+        s = lengths[i]
+        flops_ms = ms_per_flop * cost.flops(s)
+        if s > bucket or flops_ms > limit:
+            d = next((d for d in sizes if d > 1 and s <= d * bucket and flops_ms / d <= limit), sizes[-1])
+            block = min(blocks[d], key=lambda b: max(load[g] for g in b))
+            t = cost.microbatch_time_ms([[] for _ in block], [s])
+            for g in block:
+                load[g] += t
+            wide.append((block, i))
+            continue
+        g = min(range(gpus), key=lambda g: load[g] + flops_ms + (0.0 if room[g] >= s else opening))
+        if room[g] >= s:
+            local[g][-1].append(i)
+            room[g] -= s
+        else:
+            local[g].append([i])
+            room[g] = bucket - s
+        load[g] += flops_ms + (0.0 if len(local[g][-1]) > 1 else opening)
+    return _specs(wide, local, gpus), max(load, default=0.0)
+
+
+def _specs(
+    wide: Sequence[tuple[tuple[int, ...], int]], local: Sequence[Sequence[list[int]]], gpus: int
+) -> list[MicrobatchSpec]:
+    """Steps: wide microbatches first (each at the first step free on its GPUs), then each GPU's own."""
+    next_step = [0] * gpus
+    out = []
+    for block, i in wide:
+        step = max(next_step[g] for g in block)
+        for g in block:
+            next_step[g] = step + 1
+        out.append(make_spec(step=step, ranks=block, local=[() for _ in block], sharded=[i]))
+    for g, mbs in enumerate(local):
+        for mb in mbs:
+            out.append(make_spec(step=next_step[g], ranks=(g,), local=[mb], sharded=()))
+            next_step[g] += 1
+    return out

@@ -1,0 +1,132 @@
+"""``auto``: valid plans, never worse than its own starts, budgets kept or refused early, large requests."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from skrull.solver.cost import CostModel
+from skrull.solver.datasets import synthesize_request
+from skrull.solver.errors import RequestError
+from skrull.solver.metrics import work_ms
+from skrull.solver.planning import assemble_plan, solve
+from skrull.solver.profile import load_profile
+from skrull.solver.search import starts as starts_module
+from skrull.solver.search.budget import smallest_budget_s
+from skrull.solver.types import Parallel, Plan, Problem, Request
+from skrull.solver.validate import plan_problems
+from tests.conftest import make_request
+
+
+def per_work(plan: Plan, request: Request) -> float:
+    lengths = [s for b in request.batches for s in b]
+    return plan.estimated_ms / work_ms(plan, lengths, CostModel(request.profile, bucket_tokens=request.bucket_tokens))
+
+
+@st.composite
+def requests(draw: st.DrawFn) -> Request:
+    dp = draw(st.integers(1, 3))
+    cp = draw(st.sampled_from([1, 2, 4]))
+    bucket = draw(st.integers(20, 300))
+    limit = cp * bucket
+    length = st.one_of(
+        st.integers(1, max(1, bucket // 2)), st.integers(1, limit), st.integers(max(1, limit - 3), limit)
+    )
+    batches = draw(st.lists(st.lists(length, min_size=1, max_size=24), min_size=1, max_size=2))
+    return make_request(batches, dp=dp, cp=cp, bucket=bucket, solver="auto", time_budget_s=1.0, deterministic=True)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(requests())
+def test_plans_are_valid_and_never_worse_than_any_start(request: Request) -> None:
+    plan = solve(request)
+    assert plan_problems(plan, request) == []
+    assert plan.solve.bound_ms is not None and plan.solve.bound_ms <= plan.estimated_ms + 1e-6
+    problem = Problem.from_request(request)
+    outputs = starts_module.run_starts(problem, deadline=time.monotonic() + 60.0, keep_s=0.0)
+    assert [name for name, _ in outputs] == [s.name for s in starts_module.STARTS]
+    mine = per_work(plan, request)
+    for name, output in outputs:
+        theirs = assemble_plan(problem, output, solver=name, wall_ms=0.0)
+        assert plan_problems(theirs, request) == [], name
+        assert mine <= per_work(theirs, request) * (1 + 1e-9), name
+
+
+def qwen_request(num_batches: int, per_rank: int, dataset: str = "github") -> Request:
+    profile = load_profile("h100-80g/qwen2.5-0.5b")
+    return synthesize_request(
+        dataset=dataset,
+        parallel=Parallel(dp=4, cp=8),
+        profile=profile,
+        sequences_per_rank=per_rank,
+        num_batches=num_batches,
+        seed=1,
+    )
+
+
+#: Seconds a loaded shared machine may add to a wall time (the promise itself is max(20 ms, 5%)).
+LOAD_SLACK_S = 0.4
+
+
+@pytest.mark.parametrize("solver", ["auto", "ilp", "skrull", "hydraulis", "wlb", "dynamic-cp"])
+def test_budget_is_kept_on_a_modest_request(solver: str) -> None:
+    budget = 0.5
+    request = dataclasses.replace(qwen_request(2, 32), solver=solver, time_budget_s=budget)
+    begin = time.perf_counter()
+    plan = solve(request)
+    wall = time.perf_counter() - begin
+    assert wall <= budget + max(0.02, 0.05 * budget) + LOAD_SLACK_S
+    assert plan_problems(plan, request) == []
+
+
+def test_a_budget_that_cannot_be_kept_is_refused_early_with_the_smallest_that_works() -> None:
+    request = dataclasses.replace(qwen_request(1, 64), solver="dynamic-cp", time_budget_s=0.01)
+    need = smallest_budget_s("dynamic-cp", [256])
+    begin = time.perf_counter()
+    with pytest.raises(RequestError) as caught:
+        solve(request)
+    assert time.perf_counter() - begin < 0.05  # refused before any planning
+    assert caught.value.field == "time_budget_s"
+    assert caught.value.value == 0.01
+    quoted = float(str(caught.value).rsplit(">= ", 1)[1])
+    assert need <= quoted <= need * 1.1
+    plan = solve(dataclasses.replace(request, time_budget_s=quoted))
+    assert plan_problems(plan, request) == []
+
+
+def test_auto_refuses_a_million_sequences_in_a_tenth_of_a_second() -> None:
+    request = make_request([[5] * 1000] * 1000, dp=4, cp=8, bucket=100, solver="auto", time_budget_s=0.1)
+    with pytest.raises(RequestError, match="time_budget_s"):
+        solve(request)
+
+
+@pytest.mark.parametrize(("num_batches", "per_rank"), [(256, 64), (1, 16384)])
+def test_auto_plans_65536_sequences_within_two_seconds(num_batches: int, per_rank: int) -> None:
+    request = qwen_request(num_batches, per_rank, dataset="sharegpt")
+    request = dataclasses.replace(request, solver="auto", time_budget_s=2.0)
+    assert request.num_sequences == 65_536
+    begin = time.perf_counter()
+    plan = solve(request)
+    wall = time.perf_counter() - begin
+    assert plan_problems(plan, request) == []
+    assert wall <= 2.0 + 0.1 + LOAD_SLACK_S
+    assert plan.estimated_ms <= solve(dataclasses.replace(request, solver="packed")).estimated_ms + 1e-6
+
+
+def test_a_deferring_start_competes_per_unit_of_work() -> None:
+    # WLB-LLM defers outliers; auto may adopt such a plan only when it is better per unit of work
+    request = dataclasses.replace(qwen_request(3, 32), solver="auto", time_budget_s=1.0, deterministic=True)
+    plan = solve(request)
+    wlb = solve(dataclasses.replace(request, solver="wlb"))
+    assert per_work(plan, request) <= per_work(wlb, request) * (1 + 1e-9)
+
+
+def test_deterministic_requests_give_the_same_plan() -> None:
+    request = dataclasses.replace(qwen_request(2, 32, dataset="mooncake"), solver="auto", time_budget_s=0.3)
+    request = dataclasses.replace(request, deterministic=True)
+    first, second = solve(request), solve(request)
+    assert first.iterations == second.iterations and first.pending == second.pending
