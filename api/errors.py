@@ -102,14 +102,14 @@ def from_request_error(exc: RequestError, *, status: int = 422, slug: str = "inv
 
 def from_skrull_error(exc: SkrullError) -> ApiProblem:
     """Map the planning library's user errors: request errors name the field; planner failures are 422
-    too (the request cannot be planned); a plan given to the service that breaks the contract is 422."""
+    too (the request cannot be planned); a plan given to the service that breaks the specification is 422."""
     if isinstance(exc, RequestError):
         return from_request_error(exc)
     if isinstance(exc, InvalidPlanError):
         return ApiProblem(
             status=422,
             slug="invalid-plan",
-            title="the plan breaks the contract",
+            title="the plan breaks the specification",
             detail=str(exc),
             problems=exc.problems[:PROBLEMS_LISTED],
         )

@@ -259,7 +259,7 @@ class Health(BaseModel):
 
 
 def request_document(body: PlanRequestIn) -> dict[str, Any]:
-    """The request as the contract's JSON document (``solvers`` of compare dropped)."""
+    """The request as the specification's JSON document (``solvers`` of compare dropped)."""
     doc = body.model_dump(exclude={"solvers"}, exclude_none=True)
     return doc
 

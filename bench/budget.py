@@ -2,12 +2,12 @@
 
 Two model shapes (Skrull section 5.1 hardware): Qwen2.5-0.5B on DP4 x CP8 and Qwen2.5-7B on DP2 x CP16,
 one 256-sequence global batch per request sampled (fixed seed) from every bundled distribution. A cell
-is the plan's time per unit of work over the contract's layout-free lower bound (``solver.metrics.
+is the plan's time per unit of work over the specification's layout-free lower bound (``solver.metrics.
 work_ms``: 1.000 is the bound; a planner that defers sequences is charged per unit of work it runs), and
 the solve wall time in ms (``planning.solve``, budget check, planning, estimating and validating).
 ``refused`` is an early ``time_budget_s`` refusal (the planner cannot keep that budget); a wall time
 over ``budget + max(20 ms, 5%)`` is marked ``!``. The ``tight bound`` column is ``search.bound.
-tight_bound_ms`` over the contract's bound: how far above the contract's bound every plan must be.
+tight_bound_ms`` over the reference lower bound: how far above the reference lower bound every plan must be.
 
 Run: ``python bench/budget.py [--quick] [--budgets 0.05,0.1] [--ten-second-datasets a,b] [--large]``. Prints
 Markdown (with commit, machine, date and load average); asserts nothing.
@@ -152,7 +152,7 @@ def main() -> None:
                 print(f"| {d} | " + " | ".join(cells) + " |", flush=True)
             if auto_ratios:
                 print(
-                    f"\nauto: mean {statistics.mean(auto_ratios):.4f}x the contract's bound, "
+                    f"\nauto: mean {statistics.mean(auto_ratios):.4f}x the reference lower bound, "
                     f"{statistics.mean(auto_tight):.4f}x the tight bound; behind another planner: "
                     f"{'; '.join(behind) or 'never'}; slowest wall (any planner) "
                     f"{100 * worst_wall:.0f}% of the allowed",
@@ -163,7 +163,7 @@ def main() -> None:
 
 
 def tight_over_contract(request: Request) -> float:
-    """``search.bound.tight_bound_ms`` over the contract's layout-free bound (>= 1)."""
+    """``search.bound.tight_bound_ms`` over the reference layout-free lower bound (>= 1)."""
     lengths = [s for batch in request.batches for s in batch]
     model = CostModel(request.profile, bucket_tokens=request.bucket_tokens)
     contract = layout_free_bound_ms(lengths, model, request.parallel)

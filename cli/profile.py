@@ -109,7 +109,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
         setup=TrainingSetup(dp=args.train_dp, zero_stage=args.zero_stage),
     )
     doc = run_profile(options)
-    parse_profile(doc)  # the contract's reader must accept what we write
+    parse_profile(doc)  # the specification's reader must accept what we write
     text = dumps(doc)
     if args.output:
         Path(args.output).write_text(text + "\n", encoding="utf-8")

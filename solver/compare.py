@@ -2,7 +2,7 @@
 
 Columns (``solver.metrics`` defines the figures): the plan's layout (static CP groups or flexible
 groups; an exact row's solver bound and status hold over its layout), iteration ms (summed over
-iterations), ratio to the contract's layout-free lower bound of the work the plan runs (valid for
+iterations), ratio to the specification's layout-free lower bound of the work the plan runs (valid for
 every layout), speedup over ``deepspeed``, WLB-LLM's imbalance degree, the
 fullest GPU's share of its bucket, sequences left ``pending`` and their mean delay in iterations (WLB-LLM
 defers outliers), planning ms, microbatch count, solver status.
@@ -135,7 +135,7 @@ def compare(request: Request, solvers: Sequence[str] | None = None) -> tuple[lis
 
 
 def layout_free_plan_bound_ms(plan: Plan, lengths: Sequence[int], model: CostModel) -> float:
-    """The contract's layout-free bound summed over the iterations, each over the sequences it runs:
+    """The specification's layout-free bound summed over the iterations, each over the sequences it runs:
     valid for every plan, static or flexible (the plans' own ``lower_bound_ms`` is the static bound,
     which flexible plans may beat)."""
     return sum(

@@ -56,7 +56,7 @@ class Placement(Protocol):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CostCoefficients:
-    """The reference model's coefficients in the units planners compute with (CONTRACT.md):
+    """The reference model's coefficients in the units planners compute with (docs/formats.md):
 
     ``ms_per_flop = compute.ms_per_tflop / 1e12``, ``comm_ms_per_token = comm.ms_per_mib *
     comm.bytes_per_token / 2^20``, the fixed costs in ms, the memory bucket in tokens.
@@ -97,12 +97,12 @@ class CostCoefficients:
     def work_ms(self, num_tokens: int) -> float:
         """The plan-independent cost of running one sequence, summed over GPUs: its compute
         ``ms_per_flop * FLOPs(S)`` plus its share ``microbatch_ms * S / bucket_tokens`` of microbatch
-        overheads (the average term of the contract's lower bound, per sequence)."""
+        overheads (the average term of the reference lower bound, per sequence)."""
         return self.ms_per_flop * self.flops(num_tokens) + self.microbatch_ms / self.bucket_tokens * num_tokens
 
 
 class CostModel:
-    """The contract's reference model for one profile and bucket size. Immutable after construction."""
+    """The specification's reference model for one profile and bucket size. Immutable after construction."""
 
     __slots__ = (
         "_comm_fixed_ms",
@@ -227,7 +227,7 @@ class CostModel:
         self, specs: Sequence[MicrobatchSpec], lengths: Sequence[int], *, parallel: Parallel, index: int
     ) -> Iteration:
         """A planner's placements of one iteration, priced: every microbatch (eqs. 1-5), the iteration
-        (eq. 8) and its lower bound over the sequences it actually runs (CONTRACT.md)."""
+        (eq. 8) and its lower bound over the sequences it actually runs (docs/formats.md)."""
         microbatches = tuple(
             Microbatch(
                 step=s.step,

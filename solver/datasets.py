@@ -1,7 +1,7 @@
 """Real-shaped length distributions and request synthesis from them.
 
 ``distributions/*.json`` hold either a percentile table computed from a real trace (kind
-``percentiles``; built by ``bench/build_distributions.py`` from ../shared/data, with its source) or a
+``percentiles``; built by ``bench/build_distributions.py`` from the public traces named in each file's ``source``) or a
 mixture of clipped log-normals for shapes published without data (kind ``mixture``). Sampling a
 percentile table is inverse-CDF sampling with linear interpolation between the tabulated percentiles.
 """

@@ -4,7 +4,7 @@ Every user-facing error is a ``ValueError`` subclass that names the offending fi
 CLI can print one clear line (exit status 2) and the service can map it to one problem+json answer
 (422). ``assert`` is kept for internal invariants only.
 
-``PlannerBugError`` is the exception: a planner produced a plan that breaks the contract. That is a
+``PlannerBugError`` is the exception: a planner produced a plan that breaks the specification. That is a
 defect of the project, not of the request, so it is no ``SkrullError``: the service answers 500 and the
 CLI exits with its own status (3).
 """
@@ -56,7 +56,7 @@ class InfeasibleError(SkrullError):
 
 
 class InvalidPlanError(SkrullError):
-    """A plan given to the project (``skrull validate``) broke the contract; ``problems`` lists every
+    """A plan given to the project (``skrull validate``) broke the specification; ``problems`` lists every
     violation found. A plan the project's own planner made is checked with ``PlannerBugError`` instead."""
 
     def __init__(self, problems: list[str]) -> None:

@@ -1,4 +1,4 @@
-"""JSON reading and writing of requests and plans in the contract's formats (docs/formats.md).
+"""JSON reading and writing of requests and plans in the specification's formats (docs/formats.md).
 
 Parsing validates everything a planner relies on and raises one ``RequestError`` naming the field (as a
 JSON path like ``batches[0][2]``) and its value. Unknown request fields are refused (a typo such as
@@ -178,14 +178,14 @@ def request_to_dict(request: Request, *, inline_profile: bool = False) -> dict[s
     return doc
 
 
-# -- plans: the one writer and the one reader of the plan document (CONTRACT.md "Plan") ----------------
+# -- plans: the one writer and the one reader of the plan document (docs/formats.md "Plan") ----------------
 #
 # Numbers are written as they are (JSON keeps a float exactly), so ``plan_from_dict(plan_to_dict(p)) == p``
 # for every plan: what the service stores, serves and views is the plan the planner made.
 
 
 def microbatch_to_dict(mb: Microbatch) -> dict[str, Any]:
-    """A microbatch in the contract's shape; ``sharding`` appears only when it is not the default."""
+    """A microbatch in the specification's shape; ``sharding`` appears only when it is not the default."""
     doc: dict[str, Any] = {
         "step": mb.step,
         "ranks": list(mb.ranks),

@@ -5,13 +5,13 @@
   Total_Latency`` with the PP microbatches of one batch. Averaged over the iterations that run anything.
 * Peak bucket use: the fullest GPU of any microbatch, ``(sum local + sum sharded / N) / bucket_tokens``
   (eq. 7), as a fraction (<= 1 for every valid plan).
-* Synchronized makespan: the contract prices an iteration as the max over GPUs of their summed
+* Synchronized makespan: the specification prices an iteration as the max over GPUs of their summed
   microbatch times (eq. 8). When groups change from step to step (dynamic CP) a microbatch can only
   start when every GPU of its group has finished its earlier steps, so the real critical path can be
-  longer; this replays the plan in step order with that rule. It equals the contract's figure whenever
+  longer; this replays the plan in step order with that rule. It equals the specification's figure whenever
   groups never straddle (every static DP x CP plan).
 * Tokens run: tokens of the sequences placed in iterations (not ``pending``).
-* Work: the plan-independent cost of the sequences a plan runs, the average term of the contract's lower
+* Work: the plan-independent cost of the sequences a plan runs, the average term of the specification's lower
   bound summed per sequence, ``sum_S [ms_per_tflop * FLOPs(S) / 1e12 + microbatch_ms * S / bucket] / (dp*cp)``
   (additive over sequences, unlike the bound's ``max`` with the longest sequence). Time per work compares
   plans that run different sequences in an iteration, or defer some past the request, fairly.

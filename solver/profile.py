@@ -1,7 +1,7 @@
 """Hardware/model profiles: the coefficients of the reference cost model (docs/formats.md, "Profile").
 
 A profile is read from a bundled JSON file under ``profiles/`` (named ``<gpu>/<model>``, stored as
-``profiles/<gpu>__<model>.json``) or given inline in a request. Only the contract's fields drive the
+``profiles/<gpu>__<model>.json``) or given inline in a request. Only the specification's fields drive the
 cost model; any extra fields (sources, model config, derivation) are kept verbatim in ``extra``.
 """
 
@@ -47,7 +47,7 @@ class Profile:
     extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
     def to_dict(self) -> dict[str, Any]:
-        """The contract's document: the original extra fields, with the core coefficients on top."""
+        """The specification's document: the original extra fields, with the core coefficients on top."""
         out = copy.deepcopy(self.extra)
         out["name"] = self.name
         out["compute"] = {

@@ -6,7 +6,7 @@ The plan (``Microbatch.sharding``), the worker view, the worker's buffer layout 
 model charges (eq. 7); they differ in which tokens, and so in how causal attention work and kernel tiles
 fall:
 
-* ``zigzag`` (the default, the Llama-3 style load-balanced ring layout, CONTRACT.md "Worker view"):
+* ``zigzag`` (the default, the Llama-3 style load-balanced ring layout, docs/formats.md "Worker view"):
   every sequence is cut into 2N contiguous chunks, chunk k holding ``S // 2N + 1`` tokens for
   ``k < S % 2N`` and ``S // 2N`` otherwise (the remainder goes to the leading chunks, no padding);
   position p takes chunks p and 2N-1-p, so every position gets one early and one late chunk.

@@ -1,6 +1,6 @@
 """The independent plan validator: every plan passes it before anyone sees it.
 
-It knows nothing of how planners work; it checks a plan against the request and the contract:
+It knows nothing of how planners work; it checks a plan against the request and the specification:
 
 * layout: the plan's ``parallel`` and ``bucket_tokens`` are the request's; iterations are numbered
   0..n-1, one per batch;

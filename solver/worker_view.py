@@ -96,7 +96,7 @@ class RankView:
     microbatches: tuple[RankMicrobatch, ...]
 
     def to_dict(self, *, plan_id: str | None = None) -> dict[str, Any]:
-        """The worker-view document (CONTRACT.md "Worker view")."""
+        """The worker-view document (docs/formats.md "Worker view")."""
         return {
             "plan_id": plan_id,
             "iteration": self.iteration,

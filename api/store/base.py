@@ -127,7 +127,7 @@ class ClaimedJob:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class IterationRecord:
-    """One solved iteration in the contract's JSON, plus how it was solved (for the plan's ``solve`` block)."""
+    """One solved iteration in the specification's JSON, plus how it was solved (for the plan's ``solve`` block)."""
 
     job_id: str
     index: int

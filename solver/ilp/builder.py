@@ -1,4 +1,4 @@
-"""The joint GDS/DACP model (Skrull eqs. 1-11) under the contract's reference cost model.
+"""The joint GDS/DACP model (Skrull eqs. 1-11) under the reference cost model.
 
 For sequences k (length S_k), groups g of N_g GPUs, microbatch slots m < M_g of each group and ranks
 j < N_g of a group:
@@ -202,7 +202,7 @@ def build_joint_model(
     symmetric_groups = layout.is_static and len(set(layout.sizes)) <= 1 and len(set(data.offsets)) <= 1
     if symmetry_breaking:
         _symmetry(m_, data, v, groups=symmetric_groups)
-    # Redundant: no plan beats the contract's lower bound (floored to the model's units).
+    # Redundant: no plan beats the reference lower bound (floored to the model's units).
     m_.add({v.objective: 1}, family="redundant-lower-bound", lower=math.floor(lower_bound_ms * TIME_SCALE))
     m_.objective = {v.objective: 1}
     built = BuiltModel(

@@ -1,4 +1,4 @@
-"""``auto``: the best plan the project finds within the budget, over every layout the contract allows.
+"""``auto``: the best plan the project finds within the budget, over every layout the plan format allows.
 
 One search (docs/auto.md), per chunk of batches (``CHUNK_SEQUENCES``: large requests are planned in
 streaming fashion, each chunk with its share of the budget):
@@ -19,7 +19,7 @@ With ``deterministic`` the search runs on a work clock (``solver.search.clock``)
 in process, the exact step is left out, and the same request gives the same plan on any machine.
 
 Every step keeps the best plan seen, so ``auto`` never returns a plan slower than its starts. The
-reported bound is ``solver.search.bound.tight_bound_ms`` of what each iteration runs (the contract's
+reported bound is ``solver.search.bound.tight_bound_ms`` of what each iteration runs (the specification's
 layout-free bound, tightened by one microbatch per busy GPU), valid for every layout.
 """
 

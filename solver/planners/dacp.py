@@ -7,7 +7,7 @@ Choices where the paper is ambiguous (written down here, pinned by tests):
 
 * Memory is tracked exactly in integers scaled by N: a local sequence of S tokens costs ``N*S`` on its
   rank, a sharded one ``S`` on every rank, and each rank holds ``N*C``. This is eq. 7 without rounding.
-* ``FLOPs(S, N)`` of Alg. 3 is read as ``FLOPs(S) / N``, as in the contract's reference model.
+* ``FLOPs(S, N)`` of Alg. 3 is read as ``FLOPs(S) / N``, as in the reference cost model.
 * Sharding a sequence costs S/N on *every* rank, so a rollback (Alg. 3) is only applied when every other
   rank can take the S/N share; the paper's line 15 has the sign of the freed memory reversed and updates
   only the rolled-back rank. Here a rollback frees ``S - S/N`` on its rank and charges ``S/N`` (memory and

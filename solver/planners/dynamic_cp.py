@@ -1,5 +1,5 @@
 """``dynamic-cp``: Megatron-Core dynamic context parallelism (NVIDIA blog "Dynamic Context Parallelism",
-seeds/megatron-dynamic-cp.txt, and the public synchronous scheduler; facts only).
+and the public synchronous scheduler; facts only).
 
 Per global batch, every microbatch step partitions the ``G = dp * cp`` GPUs into CP groups whose sizes
 are powers of two up to G, each an *aligned contiguous block* (a group of size c starts at a multiple of
@@ -50,7 +50,7 @@ Choices where the sources are silent, written down: a layout whose G is not a po
 whole-cluster group (size G), so a sequence needing more than the largest power of two can still run
 (Megatron itself requires powers of two); widening goes to the next allowed size; ties go to the lowest
 rank. ``solve.stats`` reports ``makespan_ms``: the critical path when each microbatch waits for every GPU
-of its group (``solver.metrics``), which the contract's per-GPU sum (eq. 8) does not see.
+of its group (``solver.metrics``), which the reference per-GPU sum (eq. 8) does not see.
 """
 
 from __future__ import annotations

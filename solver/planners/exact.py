@@ -6,7 +6,7 @@ Warm-started from the ``skrull`` heuristic (so never worse than it), solved with
 
 The budget ``time_budget_s`` covers the whole request: each iteration gets an equal share of what is
 left, and its solve runs in a child process killed at its deadline (``solver.ilp.runner``). Reported
-bounds are the larger of the contract's lower bound and the solver's dual bound (which is valid: the
+bounds are the larger of the reference lower bound and the solver's dual bound (which is valid: the
 model floors every time coefficient); ``gap = (objective - bound) / objective``.
 """
 

@@ -1,8 +1,8 @@
 """``hydraulis``: Hydraulis's heterogeneous replicas and two-stage sequence assignment (Li et al.,
 "Hydraulis: Balancing Large Transformer Model Training via Co-designing Parallel Strategies and Data
-Assignment", SIGMOD; seeds/hydraulis.txt and PEERS.md; facts only).
+Assignment", SIGMOD; facts only).
 
-What was checked: the paper and PEERS.md. The public code (PKU-DAIR/Hetu, examples/hydraulis) was not
+What was checked: the paper. The public code (PKU-DAIR/Hetu, examples/hydraulis) was not
 compared line by line. Departures, each a choice of this project: the per-strategy coefficients are the
 reference model's (Hydraulis profiles them); there is no pipeline, so the warm-up term is the
 per-microbatch cost ``c_d`` and the stage-2 sweep stops at the memory bound; stage 2 uses CP-SAT rather

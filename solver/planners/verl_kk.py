@@ -24,7 +24,7 @@ What this planner does:
    flops_per_token_sq*S^2`` (Skrull eq. 13), so the ratio is the model's, not a constant.
 4. Every sequence is sharded over the rank's whole sequence-parallel (CP) group (Ulysses in verl).
 5. Microbatches are ordered with the lighter ones at the ends (verl's ``use_dynamic_bsz_balance``, for a
-   pipeline's warm-up and cool-down); the contract's model has no pipeline, so this changes no estimate,
+   pipeline's warm-up and cool-down); the reference cost model has no pipeline, so this changes no estimate,
    only the step order.
 
 The known failure: KK balances workload, not tokens, so a part can exceed ``max_token_len`` and the run

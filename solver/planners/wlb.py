@@ -1,8 +1,7 @@
 """``wlb``: WLB-LLM's workload-aware variable-length packing with outlier delay, and its adaptive CP
-sharding (Wang et al., "WLB-LLM: Workload-Balanced 4D Parallelism for LLM Training", secs. 4-5;
-seeds/wlb-llm.txt).
+sharding (Wang et al., "WLB-LLM: Workload-Balanced 4D Parallelism for LLM Training", secs. 4-5).
 
-What was checked: WLB-LLM's packing and outlier delay have no public code (PEERS.md); they follow the
+What was checked: WLB-LLM's packing and outlier delay have no public code; they follow the
 paper's text and Alg. 1. Its public code covers only the per-document CP attention; the cuts in
 ``solver/sharding.py`` follow the paper's sec. 5.1 and were not compared with that code. Departures,
 each a choice of this project: the workload is the reference model's (WLB profiles W_a and W_l

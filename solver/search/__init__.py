@@ -1,1 +1,1 @@
-"""One search over every layout the contract allows (``auto``): starts, moves, budgets, bounds."""
+"""One search over every layout the plan format allows (``auto``): starts, moves, budgets, bounds."""

@@ -1,4 +1,4 @@
-"""The contract's layout-free lower bound of an iteration (CONTRACT.md, "Lower bound of an iteration").
+"""The specification's layout-free lower bound of an iteration (docs/formats.md, "Lower bound of an iteration").
 
 With ``a = ms_per_tflop / 1e12``, G = dp*cp GPUs and S_max the longest sequence::
 
@@ -45,8 +45,8 @@ def tight_bound_ms(lengths: Sequence[int], cost: CostModel, parallel: Parallel) 
     ``compute.fixed_ms`` (eqs. 1-4), and the k GPUs that compute share all FLOPs and all tokens (at most
     ``bucket_tokens`` per GPU per microbatch), so the slowest of them needs at least
     ``a*sum FLOPs / k + microbatch_ms * max(1, sum(S) / (bucket_tokens * k)) + compute.fixed_ms``, which
-    falls with k; k = dp*cp gives the bound. It exceeds the contract's bound when a batch fills less
-    than one microbatch per GPU (light batches, where the contract's average term counts a fraction of
+    falls with k; k = dp*cp gives the bound. It exceeds the reference lower bound when a batch fills less
+    than one microbatch per GPU (light batches, where the specification's average term counts a fraction of
     a microbatch).
     """
     if not lengths:

@@ -1,7 +1,7 @@
-"""Local search over one iteration's microbatches, on any layout the contract allows.
+"""Local search over one iteration's microbatches, on any layout the specification allows.
 
 A microbatch is a group of GPUs (``ranks``: a contiguous aligned block whose size divides dp*cp, the
-static CP groups included) with a placement (local per GPU, sharded). The objective is the contract's
+static CP groups included) with a placement (local per GPU, sharded). The objective is the specification's
 iteration time, ``max over GPUs of the summed time of their microbatches`` (eq. 8); ties are broken by
 the sum of squared GPU loads, so a move that unloads the slowest GPU without slowing anyone past it
 is kept even when another GPU is as slow. Each candidate is evaluated incrementally: only the (at most
@@ -363,7 +363,7 @@ class LayoutSearch:
 
 
 def iteration_ms(specs: Sequence[MicrobatchSpec], lengths: Sequence[int], cost: CostModel, num_gpus: int) -> float:
-    """The contract's iteration time of ``specs`` (eq. 8), from scratch."""
+    """The specification's iteration time of ``specs`` (eq. 8), from scratch."""
     return cost.iteration_time_ms(((s.ranks, cost.spec_time_ms(s, lengths)) for s in specs), num_gpus)
 
 

@@ -42,7 +42,7 @@ def test_peak_bucket_use_takes_the_fullest_gpu() -> None:
 
 def test_makespan_waits_for_every_gpu_of_a_group() -> None:
     # GPU 0: 10 then the shared 5; GPU 1: 50 then the shared 5 -> the shared microbatch starts at 50.
-    # The contract's per-GPU sum says max(15, 55) = 55; GPU 0's third microbatch (20, alone) then ends at
+    # The reference per-GPU sum says max(15, 55) = 55; GPU 0's third microbatch (20, alone) then ends at
     # 75 although GPU 0's own sum is 35.
     plan = plan_of(
         mb(0, (0,), 10.0, local=((0,),)),

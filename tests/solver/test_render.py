@@ -76,7 +76,7 @@ def test_the_longest_gpu_fills_the_axis() -> None:
     ends = [float(r.get("x", "0")) + float(r.get("width", "0")) for r in rects(root, "slot")]
     starts = [float(r.get("x", "0")) for r in rects(root, "slot")]
     assert max(ends) - min(starts) == pytest.approx(AXIS_PX, abs=0.05)
-    # static DP x CP layout: the synchronized makespan is the contract's iteration time (eq. 8)
+    # static DP x CP layout: the synchronized makespan is the specification's iteration time (eq. 8)
     assert timeline.makespan_ms == pytest.approx(plan.iterations[0].estimated_ms, rel=1e-6)
 
 

@@ -1,6 +1,6 @@
 """Predicted vs measured per-rank compute: what ``skrull profile --check`` reports (numpy only).
 
-The prediction is the contract's compute part of a GPU's work in one iteration (eqs. 3-4 of Skrull):
+The prediction is the specification's compute part of a GPU's work in one iteration (eqs. 3-4 of Skrull):
 for every microbatch it takes part in, ``T_comp(sum of FLOPs of its local sequences) + T_comp(sum of
 FLOPs of the sharded sequences / N)``. Communication and ``microbatch_ms`` are left out: the check runs
 each rank's compute on one GPU, in turn, with no collective.

@@ -1,4 +1,4 @@
-"""The measured profile document: the contract's fields fitted from raw measurements, which are kept.
+"""The measured profile document: the specification's fields fitted from raw measurements, which are kept.
 
 The result is a profile in docs/formats.md format (``compute``, ``comm``, ``memory.bucket_tokens``,
 ``microbatch_ms``) that ``solver.profile.profile_from_dict`` reads, with ``"estimated": false`` and
@@ -171,7 +171,7 @@ def profile_document(
     derived_comm: dict[str, float],
     derived_microbatch_ms: float,
 ) -> dict[str, Any]:
-    """Fit every coefficient and lay the profile out in the contract's format (see module docstring)."""
+    """Fit every coefficient and lay the profile out in the specification's format (see module docstring)."""
     return {
         "name": name,
         "estimated": False,

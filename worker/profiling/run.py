@@ -7,7 +7,7 @@ more than one GPU, all-gathers of 1 MiB to 256 MiB. worker/profiling/document.py
 
 Check: requests synthesized from bundled length distributions are planned (skrull and deepspeed by
 default); every rank's compute of the first iteration (each microbatch part: local sequences and shard
-pieces) is measured on this one device in turn and compared with the contract's prediction
+pieces) is measured on this one device in turn and compared with the specification's prediction
 (worker/profiling/check.py).
 """
 

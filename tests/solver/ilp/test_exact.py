@@ -66,7 +66,7 @@ def test_never_worse_than_skrull_and_bound_below_objective(solver: str, dataset_
 
 
 def test_auto_beats_skrull_when_skrull_is_above_the_bound() -> None:
-    # the contract's example: skrull keeps the 12,000-token sequence whole on one GPU
+    # the specification's example: skrull keeps the 12,000-token sequence whole on one GPU
     request = make_request([[1024, 530, 31000], [77, 12000]], dp=4, cp=8, bucket=26000, time_budget_s=2.0)
     skrull = solve(request)
     auto = solve(dataclasses.replace(request, solver="auto"))

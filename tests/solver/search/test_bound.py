@@ -1,4 +1,4 @@
-"""The layout-free bound: no planner's iteration beats it, and it is the contract's formula."""
+"""The layout-free bound: no planner's iteration beats it, and it is the specification's formula."""
 
 from __future__ import annotations
 
