@@ -13,17 +13,13 @@ import argparse
 import sys
 from typing import Any
 
-from skrull.cli.processes import add_process_arguments, request_for_processes
+from skrull.cli.processes import TOLERANCE_16_BIT, TOLERANCE_FLOAT32, add_process_arguments, request_for_processes
 from skrull.solver.errors import RequestError, SkrullError
 from skrull.solver.planning import solve
 from skrull.solver.sharding import SHARDING_MODES
 from skrull.solver.types import Plan, Problem
 
 EXIT_CHECK_FAILED = 1
-#: Default ``--tolerance``: float32 runs match the float64 reference to ~1e-6; 16-bit floats keep 8 (bf16)
-#: or 11 (fp16) mantissa bits, so their outputs differ from it by ~1e-2 after a layer.
-TOLERANCE_FLOAT32 = 1e-4
-TOLERANCE_16_BIT = 5e-2
 
 
 def add_parser(sub: Any) -> None:

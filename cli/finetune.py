@@ -16,7 +16,7 @@ import argparse
 import sys
 from typing import Any
 
-from skrull.cli.processes import add_process_arguments, request_for_processes
+from skrull.cli.processes import TOLERANCE_16_BIT, TOLERANCE_FLOAT32, add_process_arguments, request_for_processes
 from skrull.solver.errors import RequestError, SkrullError
 from skrull.solver.io import plan_from_dict, read_json
 from skrull.solver.planning import solve
@@ -51,6 +51,70 @@ def _load_plan(args: argparse.Namespace, request: Request) -> Plan:
     return plan
 
 
+def _check_options(args: argparse.Namespace) -> None:
+    """Refuse this command's own bad options (the shared ones are checked by ``request_for_processes``)."""
+    if args.steps < 1:
+        raise RequestError("--steps", args.steps, "must be an integer >= 1")
+    if args.warmup < 0:
+        raise RequestError("--warmup", args.warmup, "must be an integer >= 0")
+    if args.loss_chunk_tokens is not None and args.loss_chunk_tokens < 1:
+        raise RequestError("--loss-chunk-tokens", args.loss_chunk_tokens, "must be an integer >= 1")
+    if not args.lr > 0:
+        raise RequestError("--lr", args.lr, "must be a number > 0")
+
+
+def _print_run(
+    plan: Plan, result: Any, model_config: dict[str, Any], args: argparse.Namespace, world_size: int
+) -> None:
+    par = plan.parallel
+    wide = sum(1 for it in plan.iterations for mb in it.microbatches if mb.sharded and len(mb.ranks) > par.cp)
+    sharded = sum(len(mb.sharded) for it in plan.iterations for mb in it.microbatches)
+    print(
+        f"model: {model_config['model_type']} ({model_config['num_hidden_layers']} layers, hidden "
+        f"{model_config['hidden_size']}, {model_config['num_attention_heads']} heads / "
+        f"{model_config.get('num_key_value_heads', model_config['num_attention_heads'])} kv heads)"
+    )
+    print(
+        f"plan: {plan.solver}, {len(plan.iterations)} iteration(s), DP{par.dp} x CP{par.cp}, {sharded} sharded "
+        f"sequence(s), {wide} microbatch(es) on groups wider than CP, {len(plan.pending)} pending; "
+        f"{world_size} processes ({args.backend}), kernel {result.kernel}, cp {args.cp_mode}, {args.dtype}"
+    )
+    print()
+    print("| step | iteration | target tokens | loss | step ms (slowest rank) |")
+    print("|------|-----------|---------------|------|------------------------|")
+    for r in result.steps:
+        print(f"| {r.step:4d} | {r.iteration:9d} | {r.num_targets:13d} | {r.loss:.6f} | {r.seconds * 1e3:22.1f} |")
+
+
+def _print_check(checks: Any, tolerance: float) -> int:
+    """The check table; the exit status (``EXIT_CHECK_FAILED`` beyond ``tolerance``, or NaN)."""
+    print()
+    print("check: the plain Hugging Face step (one process, padded global batch, eager attention, float32)")
+    print()
+    print("| step | loss | reference loss | loss rel. error | worst gradient | rel. error |")
+    print("|------|------|----------------|-----------------|----------------|------------|")
+    for c in checks:
+        print(
+            f"| {c.step:4d} | {c.loss:.6f} | {c.reference_loss:.6f} | {c.loss_rel_error:.2e} "
+            f"| {c.worst_grad[0]} | {c.worst_grad[1]:.2e} |"
+        )
+    worst = max(checks, key=lambda c: c.max_rel_error)
+    print()
+    print(
+        f"largest relative error: {worst.max_rel_error:.3e} (step {worst.step}; loss and "
+        f"{worst.grads_checked} parameter gradients per step; tolerance {tolerance:.1e})"
+    )
+    if not worst.max_rel_error <= tolerance:  # NaN fails too
+        print("check failed")
+        print(
+            f"skrull: error: check failed: relative error {worst.max_rel_error:.3e} > {tolerance:.1e}",
+            file=sys.stderr,
+        )
+        return EXIT_CHECK_FAILED
+    print("check passed")
+    return 0
+
+
 def cmd_finetune(args: argparse.Namespace) -> int:
     try:
         import torch  # noqa: F401
@@ -65,15 +129,10 @@ def cmd_finetune(args: argparse.Namespace) -> int:
         ) from None
     model_config = read_model_config(args.model_config)
     request, world_size = request_for_processes(args)
-    if args.steps < 1:
-        raise RequestError("--steps", args.steps, "must be an integer >= 1")
-    if args.warmup < 0:
-        raise RequestError("--warmup", args.warmup, "must be an integer >= 0")
-    if args.loss_chunk_tokens is not None and args.loss_chunk_tokens < 1:
-        raise RequestError("--loss-chunk-tokens", args.loss_chunk_tokens, "must be an integer >= 1")
-    if not args.lr > 0:
-        raise RequestError("--lr", args.lr, "must be a number > 0")
-    tolerance = args.tolerance if args.tolerance is not None else (1e-4 if args.dtype == "float32" else 5e-2)
+    _check_options(args)
+    tolerance = args.tolerance
+    if tolerance is None:
+        tolerance = TOLERANCE_FLOAT32 if args.dtype == "float32" else TOLERANCE_16_BIT
     plan = _load_plan(args, request)
     if not plan.iterations:
         raise RequestError("--request", args.request, "the plan has no iteration to train on")
@@ -94,49 +153,7 @@ def cmd_finetune(args: argparse.Namespace) -> int:
         result = finetune_plan(plan, lengths, world_size=world_size, backend=args.backend, config=config)
     except LaunchError as exc:
         raise SkrullError(f"worker process failed: {exc}") from None
-    par = plan.parallel
-    wide = sum(1 for it in plan.iterations for mb in it.microbatches if mb.sharded and len(mb.ranks) > par.cp)
-    sharded = sum(len(mb.sharded) for it in plan.iterations for mb in it.microbatches)
-    print(
-        f"model: {model_config['model_type']} ({model_config['num_hidden_layers']} layers, hidden "
-        f"{model_config['hidden_size']}, {model_config['num_attention_heads']} heads / "
-        f"{model_config.get('num_key_value_heads', model_config['num_attention_heads'])} kv heads)"
-    )
-    print(
-        f"plan: {plan.solver}, {len(plan.iterations)} iteration(s), DP{par.dp} x CP{par.cp}, {sharded} sharded "
-        f"sequence(s), {wide} microbatch(es) on groups wider than CP, {len(plan.pending)} pending; "
-        f"{world_size} processes ({args.backend}), kernel {result.kernel}, cp {args.cp_mode}, {args.dtype}"
-    )
-    print()
-    print("| step | iteration | target tokens | loss | step ms (slowest rank) |")
-    print("|------|-----------|---------------|------|------------------------|")
-    for r in result.steps:
-        print(f"| {r.step:4d} | {r.iteration:9d} | {r.num_targets:13d} | {r.loss:.6f} | {r.seconds * 1e3:22.1f} |")
+    _print_run(plan, result, model_config, args, world_size)
     if not args.check:
         return 0
-    checks = check_steps(plan, lengths, result, config=config)
-    print()
-    print("check: the plain Hugging Face step (one process, padded global batch, eager attention, float32)")
-    print()
-    print("| step | loss | reference loss | loss rel. error | worst gradient | rel. error |")
-    print("|------|------|----------------|-----------------|----------------|------------|")
-    for c in checks:
-        print(
-            f"| {c.step:4d} | {c.loss:.6f} | {c.reference_loss:.6f} | {c.loss_rel_error:.2e} "
-            f"| {c.worst_grad[0]} | {c.worst_grad[1]:.2e} |"
-        )
-    worst = max(checks, key=lambda c: c.max_rel_error)
-    print()
-    print(
-        f"largest relative error: {worst.max_rel_error:.3e} (step {worst.step}; loss and "
-        f"{worst.grads_checked} parameter gradients per step; tolerance {tolerance:.1e})"
-    )
-    if worst.max_rel_error > tolerance or worst.max_rel_error != worst.max_rel_error:
-        print("check failed")
-        print(
-            f"skrull: error: check failed: relative error {worst.max_rel_error:.3e} > {tolerance:.1e}",
-            file=sys.stderr,
-        )
-        return EXIT_CHECK_FAILED
-    print("check passed")
-    return 0
+    return _print_check(check_steps(plan, lengths, result, config=config), tolerance)

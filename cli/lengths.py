@@ -65,6 +65,22 @@ def _positive(flag: str, value: int | None) -> None:
         raise RequestError(flag, value, "must be an integer >= 1")
 
 
+def _submit(url: str, doc: dict[str, Any]) -> str:
+    """POST the request to the planning service at ``url``; its plan id. Failures name ``--submit``."""
+    import httpx
+
+    from skrull.api.client import PlanningClient, ServiceError
+
+    try:
+        with PlanningClient(url, retries=2) as client:
+            return client.submit(doc)
+    except ServiceError as exc:
+        raise RequestError("--submit", url, f"the service refused the request ({exc})") from None
+    except (OSError, httpx.HTTPError, ValueError) as exc:
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        raise RequestError("--submit", url, f"cannot reach the service ({reason})") from None
+
+
 def cmd_lengths(args: argparse.Namespace) -> int:
     for flag, value in (
         ("--global-batch-size", args.global_batch_size),
@@ -127,19 +143,7 @@ def cmd_lengths(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     if args.submit:
-        import httpx
-
-        from skrull.api.client import PlanningClient, ServiceError
-
-        try:
-            with PlanningClient(args.submit, retries=2) as client:
-                plan_id = client.submit(doc)
-        except ServiceError as exc:
-            raise RequestError("--submit", args.submit, f"the service refused the request ({exc})") from None
-        except (OSError, httpx.HTTPError, ValueError) as exc:
-            reason = " ".join(str(exc).split()) or type(exc).__name__
-            raise RequestError("--submit", args.submit, f"cannot reach the service ({reason})") from None
-        print(plan_id)
+        print(_submit(args.submit, doc))
         if args.output:
             Path(args.output).write_text(dumps(doc, compact=True) + "\n", encoding="utf-8")
         return 0

@@ -14,6 +14,12 @@ from skrull.solver.errors import RequestError
 from skrull.solver.io import read_json, request_from_dict
 from skrull.solver.types import Request
 
+#: Default ``--tolerance``: float32 runs match the float64 reference to ~1e-6; 16-bit floats keep 8 (bf16)
+#: or 11 (fp16) mantissa bits, so their outputs differ from it by ~1e-2 after a layer
+#: (``skrull execute``) or a training step (``skrull finetune``).
+TOLERANCE_FLOAT32 = 1e-4
+TOLERANCE_16_BIT = 5e-2
+
 
 def add_process_arguments(p: Any) -> None:
     p.add_argument("--request", "-r", required=True, metavar="FILE", help="request JSON (docs/formats.md format)")
