@@ -36,6 +36,11 @@ RETRY_STATUSES = frozenset({429, 502, 503, 504})
 LONG_POLL_CHUNK_S = 30.0
 
 
+class ServiceUnreachableError(httpx.TransportError, ConnectionError):
+    """Every attempt failed in transport (refused, reset, timed out): the message names the service's
+    address. An ``httpx.TransportError`` and a ``ConnectionError``, so either kind of handler catches it."""
+
+
 class ServiceError(Exception):
     """The service answered with a problem (``problem`` is the problem+json document)."""
 
@@ -73,6 +78,7 @@ class PlanningClient:
         self.backoff_s = backoff_s
         self.max_backoff_s = max_backoff_s
         auth = {"Authorization": f"Bearer {token}"} if token else None  # SKRULL_SUBMIT_TOKENS / SKRULL_READ_TOKENS
+        self.base_url = base_url
         self._http = httpx.Client(base_url=base_url, timeout=timeout_s, transport=transport, headers=auth)
         self._rng = random.Random(seed)
         self._cache: OrderedDict[str, tuple[str, dict[str, Any]]] = OrderedDict()
@@ -113,9 +119,13 @@ class PlanningClient:
         for attempt in range(self.retries + 1):
             try:
                 response = self._http.request(method, path, json=json, params=params, headers=headers, timeout=timeout)
-            except httpx.TransportError:
+            except httpx.TransportError as exc:
                 if attempt == self.retries:
-                    raise
+                    reason = " ".join(str(exc).split()) or "no details"
+                    raise ServiceUnreachableError(
+                        f"cannot reach the planning service at {self.base_url} after {attempt + 1} attempt(s) "
+                        f"({type(exc).__name__}: {reason})"
+                    ) from exc
                 self.retried += 1
                 time.sleep(self._delay_s(attempt, None))
                 continue
@@ -141,7 +151,7 @@ class PlanningClient:
     # -- plans -----------------------------------------------------------------------------------------
 
     def submit(self, request: Mapping[str, Any] | Request, *, idempotency_key: str | None = None) -> str:
-        """Submit a request (a contract document or a ``solver.types.Request``); the plan id."""
+        """Submit a request (a request document (docs/formats.md) or a ``solver.types.Request``); the plan id."""
         doc = request_to_dict(request, inline_profile=True) if isinstance(request, Request) else dict(request)
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
         response = self._request("POST", "/v1/plans", json=doc, headers=headers)

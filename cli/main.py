@@ -52,11 +52,11 @@ def _add_source(p: argparse.ArgumentParser) -> None:
     src = p.add_argument_group("input: a request file, or a request synthesized from a bundled dataset")
     src.add_argument("--request", "-r", metavar="FILE", help="request JSON (docs/formats.md format)")
     src.add_argument("--dataset", metavar="NAME", help=f"length distribution: {', '.join(distribution_names())}")
-    src.add_argument("--dp", type=int, default=4, help="data-parallel degree (with --dataset; default 4)")
-    src.add_argument("--cp", type=int, default=8, help="context-parallel degree (with --dataset; default 8)")
-    src.add_argument("--per-rank", type=int, default=64, help="sequences per DP rank per batch (default 64)")
-    src.add_argument("--batches", type=int, default=1, help="global batches (iterations) to plan (default 1)")
-    src.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    src.add_argument("--dp", type=int, default=None, help="data-parallel degree (with --dataset; default 4)")
+    src.add_argument("--cp", type=int, default=None, help="context-parallel degree (with --dataset; default 8)")
+    src.add_argument("--per-rank", type=int, default=None, help="sequences per DP rank per batch (default 64)")
+    src.add_argument("--batches", type=int, default=None, help="global batches (iterations) to plan (default 1)")
+    src.add_argument("--seed", type=int, default=None, help="sampling seed, and the request's seed (default 0)")
     src.add_argument(
         "--profile", default=None, help=f"bundled profile name or profile JSON file (default {DEFAULT_PROFILE})"
     )
@@ -66,10 +66,18 @@ def _add_source(p: argparse.ArgumentParser) -> None:
     src.add_argument("--deterministic", action="store_true", help="same plan for the same request (ilp, auto)")
 
 
+#: Flags that shape a synthesized request (--dataset) and their defaults; a request file sets these itself.
+DATASET_DEFAULTS = {"dp": 4, "cp": 8, "per_rank": 64, "batches": 1}
+
+
 def _load_request(args: argparse.Namespace, *, solver: str | None) -> Request:
     if args.request and args.dataset:
         raise RequestError("--dataset", args.dataset, "give either --request or --dataset, not both")
     if args.request:
+        for name in DATASET_DEFAULTS:
+            if getattr(args, name) is not None:
+                flag = "--" + name.replace("_", "-")
+                raise RequestError(flag, getattr(args, name), "applies only with --dataset; the request file sets it")
         doc = read_json(args.request, field="--request")
         if isinstance(doc, dict):
             if solver is not None:
@@ -84,9 +92,16 @@ def _load_request(args: argparse.Namespace, *, solver: str | None) -> Request:
                 doc["backend"] = args.backend
             if args.deterministic:
                 doc["deterministic"] = True
+            if args.seed is not None:
+                doc["seed"] = args.seed
         return request_from_dict(doc)
     if not args.dataset:
         raise RequestError("--request", None, "give a request file (--request FILE) or a dataset (--dataset NAME)")
+    for name, default in DATASET_DEFAULTS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, default)
+    if args.seed is None:
+        args.seed = 0
     for flag, value in (
         ("--dp", args.dp),
         ("--cp", args.cp),

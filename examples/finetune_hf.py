@@ -98,6 +98,7 @@ def train(rank: int, world_size: int, backend: str, args: argparse.Namespace) ->
             profile=profile,
             seed=args.seed,
             solver=args.solver,
+            time_budget_s=args.time_budget_s,
             prefetch=1,
             num_iterations=args.steps,
             bucket_tokens=args.bucket_tokens,
@@ -153,6 +154,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--profile", default="tiny-cpu", help="tiny-cpu (built in) or a bundled profile name")
     p.add_argument("--bucket-tokens", type=int, default=None)
     p.add_argument("--solver", default="auto")
+    p.add_argument(
+        "--time-budget-s",
+        type=float,
+        default=0.1,
+        help="planner budget per request (default 0.1 s; plans are prefetched)",
+    )
     p.add_argument("--backend", default="gloo", help="gloo (CPU) or nccl (one GPU per process)")
     p.add_argument("--dtype", default="float32", help="float32, or bfloat16 on GPUs")
     p.add_argument("--loss-chunk-tokens", type=int, default=None, help="chunked LM head + loss (big vocabularies)")

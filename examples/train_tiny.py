@@ -80,6 +80,7 @@ def train(rank: int, world_size: int, backend: str, args: argparse.Namespace, ou
             profile=TINY_PROFILE,
             seed=args.seed,
             solver=args.solver,
+            time_budget_s=args.time_budget_s,
             prefetch=args.prefetch,
             batches_per_plan=args.batches_per_plan,
             num_iterations=args.iterations,
@@ -138,6 +139,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prefetch", type=int, default=1, help="iterations fetched ahead (0: none)")
     p.add_argument("--batches-per-plan", type=int, default=1, help="global batches per planning request")
     p.add_argument("--solver", default="auto")
+    p.add_argument(
+        "--time-budget-s",
+        type=float,
+        default=0.1,
+        help="planner budget per request (default 0.1 s; plans are prefetched)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument(

@@ -96,7 +96,7 @@ def _section(doc: dict[str, Any], key: str, path: str) -> dict[str, Any]:
 
 
 def profile_from_dict(doc: Any, *, path: str = "profile") -> Profile:
-    """Parse a profile document (contract format), naming the field of any error."""
+    """Parse a profile document (docs/formats.md "Profile"), naming the field of any error."""
     if not isinstance(doc, dict):
         raise RequestError(path, doc, "must be a profile name or an object")
     check_bounded(doc, field=path, root=path)

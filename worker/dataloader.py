@@ -134,6 +134,7 @@ class PlannedBatches:
         prefetch: int = 1,
         num_iterations: int | None = None,
         bucket_tokens: int | None = None,
+        time_budget_s: float | None = None,
         timeout_s: float = 300.0,
         supervised_tokens: Callable[[int], int] | None = None,
         device: torch.device | None = None,
@@ -154,6 +155,9 @@ class PlannedBatches:
         self.profile = profile
         self.solver = solver
         self.bucket_tokens = bucket_tokens
+        #: The planner's budget per request (None: the service's default). Plans are prefetched while the
+        #: previous iterations train, so a budget below one step's time costs the loop no waiting.
+        self.time_budget_s = time_budget_s
         self.batches_per_plan = batches_per_plan
         self.prefetch = prefetch
         self.timeout_s = timeout_s
@@ -184,6 +188,8 @@ class PlannedBatches:
         }
         if self.bucket_tokens is not None:
             doc["bucket_tokens"] = self.bucket_tokens
+        if self.time_budget_s is not None:
+            doc["time_budget_s"] = self.time_budget_s
         return doc
 
     def _plan_id(self, chunk: int) -> str:
@@ -228,6 +234,18 @@ class PlannedBatches:
     def _ready(self, iteration: int, plan_id: str, view: dict[str, Any], blocked_s: float) -> ReadyIteration:
         samples = self.batches[iteration]
         num_tokens, layouts = layouts_from_view_dict(view)
+        batch_tokens = sum(self.lengths[i] for i in samples)
+        if num_tokens != batch_tokens:
+            # A planner that defers sequences (WLB-LLM's outlier delay) moves them out of their global batch;
+            # this loader trains every global batch in its own iteration, so it refuses such a plan rather
+            # than silently leave sequences untrained.
+            raise RequestError(
+                "solver",
+                self.solver,
+                f"plan {plan_id} iteration {iteration} holds {num_tokens} tokens, its global batch {batch_tokens}: "
+                "the planner deferred sequences to other iterations, which PlannedBatches does not train; "
+                "use a planner that keeps each batch in its iteration (auto, skrull, hydraulis, ...)",
+            )
         if self.supervised_tokens is not None:
             normalizer = sum(self.supervised_tokens(i) for i in samples)
         else:

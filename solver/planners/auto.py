@@ -7,8 +7,10 @@ streaming fashion, each chunk with its share of the budget):
    flexible layouts included (groups wider than CP, heterogeneous replicas, per-sequence / per-document
    sharding, deferral of outliers), each run only when its predicted time fits.
 2. The best starts per unit of work (``solver.metrics.work_ms``): per iteration among the starts that
-   keep every batch in its iteration, and a deferring start's whole plan when it is close; each is
-   searched with a share of the time and the better per unit of work is kept.
+   keep every batch in its iteration, and (only with ``allow_pending``, off by default: a loader that
+   trains each global batch in its iteration would leave deferred sequences untrained) a deferring
+   start's whole plan when it is close; each is searched with a share of the time and the better per
+   unit of work is kept.
 3. Local search (``solver.search.improve``: move / merge / swap / regroup, re-placing every changed
    microbatch) from each alternative start of an iteration, best first, then iterated local search,
    iteration by iteration, each with an equal share of the time left.
@@ -65,7 +67,7 @@ class AutoPlanner:
     #: one time budget is shared over the batches (and the exact stage may take a batch's unused share)
     streams_iterations = False
 
-    def __init__(self, backend: str | None = None, *, allow_pending: bool = True) -> None:
+    def __init__(self, backend: str | None = None, *, allow_pending: bool = False) -> None:
         self.backend = backend
         self.allow_pending = allow_pending
 

@@ -286,6 +286,6 @@ class DynamicCpPlanner:
 def _estimate(
     specs: Sequence[MicrobatchSpec], lengths: Sequence[int], model: CostModel, parallel: Parallel
 ) -> tuple[float, float]:
-    """(contract iteration time, synchronized makespan) of one iteration's microbatches."""
+    """(reference iteration time (eq. 8), synchronized makespan) of one iteration's microbatches."""
     it = model.price_iteration(specs, lengths, parallel=parallel, index=0)
     return it.estimated_ms, synchronized_iteration_ms(it, parallel.num_gpus)

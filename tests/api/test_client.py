@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from skrull.api.client import PlanFailedError, PlanningClient, ServiceError
+from skrull.api.client import PlanFailedError, PlanningClient, ServiceError, ServiceUnreachableError
 from skrull.solver.io import request_from_dict
 from skrull.solver.validate import plan_problems
 from tests.api.conftest import LiveServer, free_port, plan_request
@@ -103,11 +103,14 @@ def test_waiting_past_the_timeout_raises_timeout_error(live_server: LiveServer) 
             client.wait(plan_id, timeout_s=0.05)
 
 
-def test_connection_errors_are_retried_then_raised() -> None:
-    client = PlanningClient(f"http://127.0.0.1:{free_port()}", retries=3, backoff_s=0.001, timeout_s=1.0)
-    with pytest.raises(httpx.ConnectError):
+def test_connection_errors_are_retried_then_raised_naming_the_address() -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    client = PlanningClient(url, retries=3, backoff_s=0.001, timeout_s=1.0)
+    with pytest.raises(ServiceUnreachableError) as caught:
         client.get("abc")
     assert client.retried == 3
+    assert url in str(caught.value) and "4 attempt(s)" in str(caught.value)
+    assert isinstance(caught.value, ConnectionError) and isinstance(caught.value.__cause__, httpx.ConnectError)
 
 
 def test_unavailable_answers_are_retried_with_jittered_backoff_honouring_retry_after(

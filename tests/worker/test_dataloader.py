@@ -136,3 +136,16 @@ def test_varlen_adapters_spell_one_layout(server: LiveServer) -> None:
     positions = hf["position_ids"][0].tolist()
     assert hf["position_ids"].shape == (1, layout.num_tokens)
     assert [k for k, p in enumerate(positions) if p == 0] == cu[:-1]  # restarts exactly at segment starts
+
+
+def test_a_plan_that_defers_sequences_is_refused_not_trained_partially(server: LiveServer) -> None:
+    # WLB-LLM defers these short-bucket outliers out of their global batch (its plan's ``pending``): the
+    # loader trains each batch in its own iteration, so it must refuse rather than leave them untrained
+    dataset = train_tiny.make_dataset(80, max_tokens=64, seed=3)
+    with PlanningClient(server.url) as client:
+        batches = loader(server, client, dataset, 0, num_iterations=4, batches_per_plan=2, solver="wlb")
+        with pytest.raises(RequestError) as caught:
+            for _ in batches:
+                pass
+    assert caught.value.field == "solver"
+    assert "deferred" in str(caught.value)

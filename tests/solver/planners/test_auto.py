@@ -13,6 +13,7 @@ from skrull.solver.cost import CostModel
 from skrull.solver.datasets import synthesize_request
 from skrull.solver.errors import RequestError
 from skrull.solver.metrics import work_ms
+from skrull.solver.planners.auto import AutoPlanner
 from skrull.solver.planning import assemble_plan, solve
 from skrull.solver.profile import load_profile
 from skrull.solver.search import starts as starts_module
@@ -50,9 +51,12 @@ def test_plans_are_valid_and_never_worse_than_any_start(request: Request) -> Non
     outputs = starts_module.run_starts(problem, deadline=time.monotonic() + 60.0, keep_s=0.0)
     assert [name for name, _ in outputs] == [s.name for s in starts_module.STARTS]
     mine = per_work(plan, request)
+    assert plan.pending == ()  # auto keeps every batch in its iteration by default
     for name, output in outputs:
         theirs = assemble_plan(problem, output, solver=name, wall_ms=0.0)
         assert plan_problems(theirs, request) == [], name
+        if output.pending:  # a deferring start is not a plan auto may return by default
+            continue
         assert mine <= per_work(theirs, request) * (1 + 1e-9), name
 
 
@@ -117,12 +121,17 @@ def test_auto_plans_65536_sequences_within_two_seconds(num_batches: int, per_ran
     assert plan.estimated_ms <= solve(dataclasses.replace(request, solver="packed")).estimated_ms + 1e-6
 
 
-def test_a_deferring_start_competes_per_unit_of_work() -> None:
-    # WLB-LLM defers outliers; auto may adopt such a plan only when it is better per unit of work
+def test_auto_never_defers_by_default_and_a_deferring_start_competes_when_allowed() -> None:
+    # WLB-LLM defers outliers out of their global batch; a loader training each batch in its iteration
+    # would leave them untrained, so auto keeps every batch whole unless allow_pending is set
     request = dataclasses.replace(qwen_request(3, 32), solver="auto", time_budget_s=1.0, deterministic=True)
-    plan = solve(request)
     wlb = solve(dataclasses.replace(request, solver="wlb"))
-    assert per_work(plan, request) <= per_work(wlb, request) * (1 + 1e-9)
+    assert wlb.pending != ()  # the case is one where deferral is on the table
+    assert solve(request).pending == ()
+    problem = Problem.from_request(request)
+    allowed = assemble_plan(problem, AutoPlanner(allow_pending=True).plan(problem), solver="auto", wall_ms=0.0)
+    assert plan_problems(allowed, request) == []
+    assert per_work(allowed, request) <= per_work(wlb, request) * (1 + 1e-9)
 
 
 def test_deterministic_requests_give_the_same_plan() -> None:
