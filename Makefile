@@ -4,14 +4,17 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+TORCH  ?= torch==2.13.0
 
 .PHONY: setup demo test lint bench clean profiles gpu-check
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	# The CPU build of torch this machine carries; on a GPU machine the CUDA build already installed is kept.
-	$(BIN)/python -c 'import torch' 2>/dev/null || $(BIN)/pip install --quiet 'torch==2.13.0'
+	# torch first, as $(TORCH): pip takes the build its index offers (the CPU wheel where pip is configured
+	# with one, as on the project's CI machines; plain PyPI on Linux serves the CUDA build). `make TORCH=...`
+	# chooses another build; a venv that already has torch keeps it.
+	$(BIN)/python -c 'import torch' 2>/dev/null || $(BIN)/pip install --quiet '$(TORCH)'
 	$(BIN)/pip install --quiet -e '.[dev,worker,api,viz,data,hf]'
 	touch $(STAMP)
 

@@ -179,6 +179,8 @@ def from_validation_error(exc: RequestValidationError) -> ApiProblem:
         missing = err.get("type") == "missing"  # pydantic's input is then the enclosing object
         value = None if missing else err.get("input")
         reason = "required field is missing" if missing else str(err.get("msg"))
+        if err.get("type") == "extra_forbidden":  # the CLI's wording for the same mistake (solver.io)
+            reason = "unknown field (a typo?); docs/formats.md lists the fields"
         details.append({"field": _loc_to_field(loc), "value": _json_value(value)[0], "reason": reason, "raw": value})
     first = details[0] if details else {"field": "body", "value": None, "reason": "invalid", "raw": None}
     problem = invalid_field(str(first["field"]), first["raw"], str(first["reason"]))

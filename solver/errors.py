@@ -38,8 +38,8 @@ class SequenceTooLongError(RequestError):
         super().__init__(
             field,
             num_tokens,
-            f"sequence {seq_id} has {num_tokens} tokens, more than cp * bucket_tokens = {limit_tokens}; "
-            "no plan can hold it (raise cp or bucket_tokens)",
+            f"sequence {seq_id} has {num_tokens} tokens, more than cp * bucket_tokens = {limit_tokens}, what one "
+            "CP group holds; every planner needs each sequence to fit one CP group (raise cp or bucket_tokens)",
         )
 
 
