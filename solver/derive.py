@@ -150,7 +150,9 @@ MODELS: dict[str, ModelConfig] = {
 SETUPS: dict[str, TrainingSetup] = {"llama2-13b": TrainingSetup(dp=8, zero_stage=3)}
 
 #: Buckets Skrull measured (section 5.1: "BucketSize 26K for Qwen2.5-0.5B and 13K for Qwen2.5-7B"), on
-#: 80 GB H100s with the default setup; any other GPU or setup uses the derivation.
+#: 80 GB H100s with the default setup. They calibrate that model's activation bytes per token
+#: (free memory on the H100 / measured bucket), which then prices the free memory of any other GPU;
+#: other models and setups use the derivation alone.
 PAPER_BUCKET_TOKENS: dict[str, int] = {"qwen2.5-0.5b": 26_000, "qwen2.5-7b": 13_000}
 PAPER_GPU = "h100-80g"
 
@@ -189,25 +191,43 @@ def activation_bytes_per_token(model: ModelConfig) -> float:
 
 
 def derived_bucket_tokens(model: ModelConfig, gpu: GpuSpec, setup: TrainingSetup) -> int:
-    free = gpu.memory_bytes * (1.0 - setup.reserve_fraction) - static_memory_bytes(model, setup)
+    free = free_memory_bytes(model, gpu, setup)
     if free <= 0:
         return 0
     return int(free // activation_bytes_per_token(model))
 
 
+def free_memory_bytes(model: ModelConfig, gpu: GpuSpec, setup: TrainingSetup) -> float:
+    """What activations may use: the GPU's memory less the reserve and the static training state."""
+    return gpu.memory_bytes * (1.0 - setup.reserve_fraction) - static_memory_bytes(model, setup)
+
+
+def calibrated_bucket_tokens(model: ModelConfig, gpu: GpuSpec, setup: TrainingSetup, paper_tokens: int) -> int:
+    """``paper_tokens * free(gpu) / free(H100 80 GB)``: the measured bucket scaled by free memory, so that
+    the measured activation bytes per token (not the formula's) price every GPU; exactly the paper's
+    value on the GPU it was measured on."""
+    free = free_memory_bytes(model, gpu, setup)
+    reference = free_memory_bytes(model, GPUS[PAPER_GPU], setup)
+    if free <= 0:
+        return 0
+    if gpu.memory_bytes == GPUS[PAPER_GPU].memory_bytes:
+        return paper_tokens
+    return int(paper_tokens * free / reference)
+
+
 def derive_profile(model: ModelConfig, gpu: GpuSpec, setup: TrainingSetup | None = None) -> Profile:
     """A profile with every number's source; ``estimated: true`` until ``skrull profile`` measures it.
 
-    The bucket is Skrull's measured value where the paper gives one (Qwen2.5-0.5B, 7B on 80 GB H100s
-    with the default setup), otherwise the derivation; both are recorded under ``memory``.
+    The bucket is Skrull's measured value where the paper gives one (Qwen2.5-0.5B, 7B with the default
+    setup), scaled by free memory to other GPUs (``calibrated_bucket_tokens``), otherwise the derivation;
+    both are recorded under ``memory``.
     """
     setup = setup or SETUPS.get(model.name, TrainingSetup())
     fpt, fpt_sq = flops_coefficients(model)
     bpt = comm_bytes_per_token(model)
     derived = derived_bucket_tokens(model, gpu, setup)
-    measured_here = gpu.name == PAPER_GPU and setup == TrainingSetup()
-    paper = PAPER_BUCKET_TOKENS.get(model.name) if measured_here else None
-    bucket = paper if paper is not None else derived
+    paper = PAPER_BUCKET_TOKENS.get(model.name) if setup == TrainingSetup() else None
+    bucket = derived if paper is None else calibrated_bucket_tokens(model, gpu, setup, paper)
     ms_per_tflop = 1e3 / (gpu.peak_bf16_tflops * setup.mfu)
     ms_per_mib = 2**20 / (gpu.cp_bus_bandwidth_gbs * 1e9) * 1e3
     grad_ms = 2.0 * model.num_params / (gpu.dp_bandwidth_gbs * 1e9) * 1e3
@@ -250,7 +270,8 @@ def derive_profile(model: ModelConfig, gpu: GpuSpec, setup: TrainingSetup | None
             "paper_bucket_tokens": paper,
             "static_bytes": static_memory_bytes(model, setup),
             "activation_bytes_per_token": activation_bytes_per_token(model),
-            "source": "bucket_tokens: Skrull section 5.1 where given, else derived (solver/derive.py)",
+            "source": "bucket_tokens: Skrull section 5.1 where given (scaled by free memory off the 80 GB H100), "
+            "else derived (solver/derive.py)",
         },
         "microbatch_source": f"{setup.framework_ms} ms framework (assumed) + {1 - setup.grad_reduce_overlap:.2f} x "
         f"ZeRO-2 gradient reduction of 2P bytes at {gpu.dp_bandwidth_gbs} GB/s",

@@ -71,7 +71,8 @@ def test_figures_override_a_bundled_gpu(capsys: pytest.CaptureFixture[str]) -> N
     assert doc["name"] == "h100-80g-custom/qwen2.5-7b"
     assert doc["gpu"]["memory_bytes"] == 94 * 2**30
     assert doc["comm"]["ms_per_mib"] == derive_profile(MODELS["qwen2.5-7b"], GPUS["h100-80g"]).comm.ms_per_mib
-    assert doc["memory"]["bucket_tokens"] == doc["memory"]["derived_bucket_tokens"]
+    # the paper's measured bucket, scaled by free memory: more memory, a bigger bucket
+    assert doc["memory"]["bucket_tokens"] > derive_profile(MODELS["qwen2.5-7b"], GPUS["h100-80g"]).bucket_tokens
 
 
 def test_training_setup_flags_reach_the_static_memory(capsys: pytest.CaptureFixture[str]) -> None:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
-from skrull.solver.derive import MODELS, derive_profile
+from skrull.solver.derive import MODELS, TrainingSetup, calibrated_bucket_tokens, derive_profile
 from skrull.solver.errors import RequestError
 from skrull.solver.gpus import ACHIEVED_LINK_FRACTION, GPUS, get_gpu, gpu_from_figures
 
@@ -44,7 +46,7 @@ def test_profile_on_each_gpu_follows_its_figures(name: str) -> None:
     assert profile.compute.ms_per_tflop == pytest.approx(1e3 / (gpu.peak_bf16_tflops * 0.30), rel=1e-6)
     assert profile.comm.ms_per_mib == pytest.approx(2**20 / (gpu.cp_bus_bandwidth_gbs * 1e9) * 1e3, abs=1e-8)
     memory = profile.extra["memory"]
-    assert profile.bucket_tokens == memory["derived_bucket_tokens"] or name == "h100-80g"
+    assert profile.bucket_tokens == calibrated_bucket_tokens(MODELS["qwen2.5-7b"], gpu, TrainingSetup(), 13_000)
     expected = int((gpu.memory_bytes * 0.9 - memory["static_bytes"]) // memory["activation_bytes_per_token"])
     assert memory["derived_bucket_tokens"] == max(expected, 0)
     assert profile.extra["gpu"] == {"name": name, "memory_bytes": gpu.memory_bytes, "source": gpu.source}
@@ -60,11 +62,18 @@ def test_more_memory_gives_a_bigger_bucket_and_faster_links_cheaper_communicatio
     assert profiles["a100-80g"].comm.ms_per_mib < profiles["l40s-48g"].comm.ms_per_mib
 
 
-def test_the_paper_bucket_applies_only_to_the_gpu_it_was_measured_on() -> None:
-    assert derive_profile(MODELS["qwen2.5-7b"], GPUS["h100-80g"]).bucket_tokens == 13_000
+def test_the_paper_bucket_is_exact_on_its_gpu_and_scaled_by_free_memory_elsewhere() -> None:
+    h100 = derive_profile(MODELS["qwen2.5-7b"], GPUS["h100-80g"])
+    assert h100.bucket_tokens == 13_000
     h200 = derive_profile(MODELS["qwen2.5-7b"], GPUS["h200-141g"])
-    assert h200.bucket_tokens == h200.extra["memory"]["derived_bucket_tokens"] > 13_000
-    assert h200.extra["memory"]["paper_bucket_tokens"] is None
+    free = {
+        p.name: GPUS[p.name.split("/")[0]].memory_bytes * 0.9 - p.extra["memory"]["static_bytes"] for p in (h100, h200)
+    }
+    assert h200.bucket_tokens == int(13_000 * free[h200.name] / free[h100.name]) > 13_000
+    assert h200.extra["memory"]["paper_bucket_tokens"] == 13_000
+    # more memory never gives a smaller bucket: 94 GiB against the H100's 80 GB
+    roomier = dataclasses.replace(GPUS["h100-80g"], name="h100-94g", memory_bytes=94 * 2**30)
+    assert derive_profile(MODELS["qwen2.5-7b"], roomier).bucket_tokens > 13_000
 
 
 @pytest.mark.parametrize(
