@@ -193,7 +193,8 @@ def solve_problems(plan: Plan) -> list[str]:
 
 
 def plan_problems(plan: Plan, request: Request) -> list[str]:
-    """Every violation of the format and cost-model rules (docs/formats.md) by ``plan`` for ``request`` (empty when the plan is valid)."""
+    """Every violation of the format and cost-model rules (docs/formats.md) by ``plan`` for ``request``
+    (empty when the plan is valid)."""
     problems, checkable = layout_problems(plan, request)
     if not checkable:
         return problems
