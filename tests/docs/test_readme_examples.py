@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import subprocess
 import sys
@@ -19,9 +20,14 @@ def test_the_library_example_prints_the_plan_it_makes() -> None:
     (block,) = [b for b in python_blocks() if "from skrull.solver import solve" in b]
     out = subprocess.run([sys.executable, "-c", block], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    plan = solve(request_from_dict(read_json(ROOT / "examples" / "requests" / "default.json")))
-    expected = f"{plan.solve.status} {plan.estimated_ms:.1f} ms over {len(plan.iterations)} iterations"
-    assert out.stdout.strip() == expected
+    # auto's plan depends on how much of its budget this machine gives it: check the shape of the line,
+    # and that the plan printed is at least as fast as one of auto's starts (packed) of the same request
+    request = request_from_dict(read_json(ROOT / "examples" / "requests" / "default.json"))
+    found = re.fullmatch(r"(feasible|optimal) (\d+\.\d) ms over (\d+) iterations", out.stdout.strip())
+    assert found is not None, out.stdout
+    assert int(found.group(3)) == len(request.batches)
+    packed = solve(dataclasses.replace(request, solver="packed"))
+    assert float(found.group(2)) <= packed.estimated_ms + 0.05
 
 
 def test_every_python_example_compiles_and_imports_only_the_skrull_namespace() -> None:
