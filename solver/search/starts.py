@@ -133,8 +133,10 @@ def run_starts(
         if k == 1 and isolate:  # the peers, in a child, while this process runs the cheap starts
             peers = [s for s in chosen[1:] if s.isolated]
             peers_end = end - evaluation_s * len(peers)
-            if any(predicted_s(s, sizes) <= peers_end - time.monotonic() for s in peers):  # else no fork
+            if any(predicted_s(s, sizes) <= peers_end - time.monotonic() for s in peers):
                 child = _start_peers(peers, problem, sizes, peers_end)
+            else:  # none fits: no fork, and no time kept for costing their plans
+                peers = []
         if k > 0 and start in peers:
             continue
         left = end - time.monotonic() - evaluation_s * (len(out) + 1 + len(peers))
@@ -142,11 +144,11 @@ def run_starts(
         if out and predicted > left:
             continue
         began = time.monotonic()
-        isolated = isolate and bool(out) and predicted > ISOLATE_ABOVE_S
+        isolated = isolate and bool(out) and (start.isolated or predicted > ISOLATE_ABOVE_S)
         # an isolated start may overrun its prediction threefold, or use half the time left, not all of
         # it: a start that misjudges a batch must leave time for the next
         allowed = min(left, max(OVERRUN_FACTOR * predicted, left / 2)) if isolated else left
-        sub = dataclasses.replace(problem, time_budget_s=max(1e-3, allowed))
+        sub = dataclasses.replace(problem, time_budget_s=max(1e-3, left))
         output = _run_isolated(start, sub, time.monotonic() + max(0.0, allowed)) if isolated else _run(start, sub)
         # a start killed at the deadline took longer than measured: learn at least twice that
         _learn(start, sizes, (1 if output is not None else 2) * (time.monotonic() - began))
