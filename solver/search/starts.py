@@ -190,7 +190,9 @@ def peer_order(peers: Sequence[Start], sizes: Sequence[int]) -> list[Start]:
 
 def _collect_peers(child: Child, peers: Sequence[Start], sizes: Sequence[int], end: float) -> dict[str, PlannerOutput]:
     """The peers' plans that arrive before ``end`` (then the child is killed); their times are learnt,
-    and the one still running at ``end`` learns twice the time it had. While it waits, this process
+    and the one still running at ``end`` learns the time it had (a peer that just missed a phase is
+    tried again in the next one of that length: on a loaded machine ``wlb`` needs 50-70 ms of a 0.1 s
+    budget's 75 ms phase). While it waits, this process
     imports a peer's solver module when the wait holds twice ``IMPORT_S``."""
     by_name = {s.name: s for s in peers}
     for start in peers:  # idle until the peers answer: import a solver module for the later calls' children
@@ -210,8 +212,8 @@ def _collect_peers(child: Child, peers: Sequence[Start], sizes: Sequence[int], e
             got[name] = output
 
     child.collect(deadline=end, grace_s=0.0, on_report=receive)
-    for name, began in running:
-        _learn(by_name[name], sizes, 2 * (time.monotonic() - began))
+    for name, began in running:  # it ran at least this long (twice would keep it out of this phase for good)
+        _learn(by_name[name], sizes, time.monotonic() - began)
     return got
 
 
