@@ -7,7 +7,7 @@ work_ms``: 1.000 is the bound; a planner that defers sequences is charged per un
 the solve wall time in ms (``planning.solve``, budget check, planning, estimating and validating).
 ``refused`` is an early ``time_budget_s`` refusal (the planner cannot keep that budget); a wall time
 over ``budget + max(20 ms, 5%)`` is marked ``!``. The ``tight bound`` column is ``search.bound.
-tight_bound_ms`` over the reference lower bound: how far above the reference lower bound every plan must be.
+microbatch_floor_ms`` over the reference lower bound: how far above the reference lower bound every plan must be.
 
 Run: ``python bench/budget.py [--quick] [--budgets 0.05,0.1] [--ten-second-datasets a,b] [--large]``. Prints
 Markdown (with commit, machine, date and load average); asserts nothing.
@@ -31,7 +31,7 @@ from skrull.solver.metrics import work_ms
 from skrull.solver.planners.registry import planner_names
 from skrull.solver.planning import solve
 from skrull.solver.profile import load_profile
-from skrull.solver.search.bound import layout_free_bound_ms, tight_bound_ms
+from skrull.solver.search.bound import layout_free_bound_ms, microbatch_floor_ms
 from skrull.solver.types import Parallel, Request
 
 SETUPS = [
@@ -163,11 +163,11 @@ def main() -> None:
 
 
 def tight_over_contract(request: Request) -> float:
-    """``search.bound.tight_bound_ms`` over the reference layout-free lower bound (>= 1)."""
+    """``search.bound.microbatch_floor_ms`` over the reference layout-free lower bound (>= 1)."""
     lengths = [s for batch in request.batches for s in batch]
     model = CostModel(request.profile, bucket_tokens=request.bucket_tokens)
     contract = layout_free_bound_ms(lengths, model, request.parallel)
-    return tight_bound_ms(lengths, model, request.parallel) / contract
+    return microbatch_floor_ms(lengths, model, request.parallel) / contract
 
 
 def large() -> None:

@@ -57,6 +57,47 @@ def run_with_deadline(work: Work, *, deadline: float, grace_s: float | None = No
     """
     if grace_s is None:
         grace_s = min(GRACE_S, GRACE_FRACTION * max(0.0, deadline - time.monotonic()))
+    return start_child(work, deadline=deadline).collect(deadline=deadline, grace_s=grace_s)
+
+
+@dataclass(slots=True)
+class Child:
+    """A forked ``work`` running while the parent does something else; ``collect`` waits for it."""
+
+    pid: int
+    receiver: multiprocessing.connection.Connection
+
+    def collect(self, *, deadline: float, grace_s: float, on_report: Callable[[Any], None] | None = None) -> RunOutcome:
+        """Wait until ``deadline + grace_s`` for the answer, then kill the child (always). Every report
+        is passed to ``on_report`` as it arrives; the last one is the payload of a killed child."""
+        payload: Any = None
+        receiver = self.receiver
+        try:
+            while True:
+                remaining = deadline + grace_s - time.monotonic()
+                if remaining <= 0 or not receiver.poll(remaining):
+                    return RunOutcome(payload=payload, killed=True)
+                try:
+                    kind, value = receiver.recv()
+                except EOFError:
+                    return RunOutcome(payload=payload, killed=False, error="solver process ended without an answer")
+                if kind == "incumbent":
+                    payload = value
+                    if on_report is not None:
+                        on_report(value)
+                elif kind == "final":
+                    return RunOutcome(payload=value, killed=False)
+                else:
+                    return RunOutcome(payload=payload, killed=False, error=str(value))
+        finally:
+            receiver.close()
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+            os.waitpid(self.pid, 0)
+
+
+def start_child(work: Work, *, deadline: float) -> Child:
+    """Fork a child running ``work(report, deadline)``; the caller must ``collect`` it."""
     receiver, sender = multiprocessing.Pipe(duplex=False)
     pid = os.fork()
     if pid == 0:  # the child: solve, report, and leave without running the parent's exit handlers
@@ -66,24 +107,4 @@ def run_with_deadline(work: Work, *, deadline: float, grace_s: float | None = No
         finally:
             os._exit(0)
     sender.close()
-    payload: Any = None
-    try:
-        while True:
-            remaining = deadline + grace_s - time.monotonic()
-            if remaining <= 0 or not receiver.poll(remaining):
-                return RunOutcome(payload=payload, killed=True)
-            try:
-                kind, value = receiver.recv()
-            except EOFError:
-                return RunOutcome(payload=payload, killed=False, error="solver process ended without an answer")
-            if kind == "incumbent":
-                payload = value
-            elif kind == "final":
-                return RunOutcome(payload=value, killed=False)
-            else:
-                return RunOutcome(payload=payload, killed=False, error=str(value))
-    finally:
-        receiver.close()
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
+    return Child(pid=pid, receiver=receiver)

@@ -21,8 +21,8 @@ With ``deterministic`` the search runs on a work clock (``solver.search.clock``)
 in process, the exact step is left out, and the same request gives the same plan on any machine.
 
 Every step keeps the best plan seen, so ``auto`` never returns a plan slower than its starts. The
-reported bound is ``solver.search.bound.tight_bound_ms`` of what each iteration runs (the specification's
-layout-free bound, tightened by one microbatch per busy GPU), valid for every layout.
+reported bound is ``solver.search.bound.microbatch_floor_ms`` of what each iteration runs (the
+specification's layout-free bound, tightened by whole microbatches per GPU), valid for every layout.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from skrull.solver.cost import CostModel
 from skrull.solver.planners.base import PlannerOutput
 from skrull.solver.planners.exact import groups_to_specs, is_static, kill_grace_s, optimize_iteration, specs_to_groups
-from skrull.solver.search.bound import tight_bound_ms
+from skrull.solver.search.bound import microbatch_floor_ms
 from skrull.solver.search.budget import FINISH_PER_SEQUENCE_S
 from skrull.solver.search.clock import Clock, clock_for
 from skrull.solver.search.improve import iteration_ms, search_iteration
@@ -90,7 +90,7 @@ class AutoPlanner:
         lengths = problem.lengths
         objective = sum(iteration_ms(specs, lengths, cost, problem.parallel.num_gpus) for specs in iterations)
         bound = sum(
-            tight_bound_ms([lengths[i] for s in specs for i in s.seq_ids], cost, problem.parallel)
+            microbatch_floor_ms([lengths[i] for s in specs for i in s.seq_ids], cost, problem.parallel)
             for specs in iterations
         )
         bound = min(bound, objective)

@@ -26,7 +26,7 @@ from skrull.solver.ilp.search import EXACT_MAX_BINARIES, model_size
 from skrull.solver.planners.auto import AutoPlanner
 from skrull.solver.planners.base import PlannerOutput, make_spec
 from skrull.solver.planners.exact import DEFAULT_BACKEND, OPTIMAL_TOLERANCE, exact_work, plan_within_budget
-from skrull.solver.search.bound import tight_bound_ms
+from skrull.solver.search.bound import microbatch_floor_ms
 from skrull.solver.search.improve import iteration_ms
 from skrull.solver.types import MicrobatchSpec, Parallel, Problem
 
@@ -94,7 +94,7 @@ class FlexibleIlpPlanner:
         lengths = problem.lengths
         par = problem.parallel
         start_ms = iteration_ms(start, lengths, cost, par.num_gpus)
-        lower = min(tight_bound_ms([lengths[i] for i in ids], cost, par), start_ms)
+        lower = min(microbatch_floor_ms([lengths[i] for i in ids], cost, par), start_ms)
         groups = flexible_groups(par, [s.ranks for s in start])
         layout = Layout.of_groups(groups, par.num_gpus)
         hint = to_groups(start, groups)

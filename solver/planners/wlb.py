@@ -203,7 +203,7 @@ def choose_sharding(lengths: Sequence[int], group_size: int, kernel: AttentionKe
     predicted = []
     for cut in (per_sequence_layout, per_document_layout):
         ranges = cut(lengths, group_size)
-        predicted.append(max(kernel.position_ms([r for doc in ranges for r in doc[p]]) for p in range(group_size)))
+        predicted.append(kernel.slowest_position_ms(ranges, group_size))
     per_seq, per_doc = predicted
     return ("per-document" if per_doc < per_seq else "per-sequence"), per_seq, per_doc
 

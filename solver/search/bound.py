@@ -14,6 +14,7 @@ on one GPU or sharded over at most G GPUs. It holds for every group shape, so it
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from skrull.solver.cost import CostModel
@@ -57,3 +58,33 @@ def tight_bound_ms(lengths: Sequence[int], cost: CostModel, parallel: Parallel) 
     rounds = max(1.0, sum(lengths) / (cost.bucket_tokens * gpus))
     busy = ms_per_flop * sum(cost.flops(s) for s in lengths) / gpus + profile.microbatch_ms * rounds
     return max(layout_free_bound_ms(lengths, cost, parallel), busy + profile.compute.fixed_ms)
+
+
+def microbatch_floor_ms(lengths: Sequence[int], cost: CostModel, parallel: Parallel) -> float:
+    """``tight_bound_ms``, raised by whole microbatches per GPU: also valid for every layout.
+
+    A GPU taking part in m microbatches pays at least ``c = microbatch_ms + compute.fixed_ms`` for each
+    (eqs. 1-5: the microbatch's time, charged to all its GPUs, includes its own compute and one fixed
+    term) plus its own FLOPs, and holds at most ``bucket_tokens`` tokens per microbatch (eq. 7). No
+    token carries more FLOPs time than a token of the longest sequence,
+    ``d = a*FLOPs(S_max) / S_max`` (``FLOPs(s)/s`` grows with s; a sharded sequence puts ``s/n`` tokens
+    and ``FLOPs/n`` on each GPU), so m microbatches hold at most ``m*bucket_tokens*d`` of FLOPs time and
+    some GPU needs ``m >= ceil(a*sum FLOPs / (G*bucket_tokens*d))``, whence
+    ``a*sum FLOPs / G + c * max(1, ceil(a*sum FLOPs / (G*bucket_tokens*d)))``. It exceeds the tight bound
+    when the average GPU holds a fraction of a microbatch more than a whole number (two microbatches
+    per GPU where the token average counts 1.5).
+    """
+    tight = tight_bound_ms(lengths, cost, parallel)
+    if not lengths:
+        return tight
+    profile = cost.profile
+    gpus = parallel.num_gpus
+    ms_per_flop = profile.compute.ms_per_tflop / 1e12
+    flops_ms = ms_per_flop * sum(cost.flops(s) for s in lengths)
+    longest = max(lengths)
+    density = ms_per_flop * cost.flops(longest) / longest
+    if density <= 0:
+        return tight
+    rounds = max(1, math.ceil(flops_ms / (gpus * cost.bucket_tokens * density) - 1e-9))
+    per_microbatch = profile.microbatch_ms + profile.compute.fixed_ms
+    return max(tight, flops_ms / gpus + rounds * per_microbatch)

@@ -4,20 +4,31 @@ Each start predicts its own planning time as ``scale * (per_sequence_s * K + per
 for K sequences in batches of K_b (``verl-kk``'s Karmarkar-Karp differencing is quadratic in a batch);
 ``scale`` starts at 1 and follows what this process measures (an exponential average of measured /
 predicted), so a loaded or fast machine is learnt after a call or two. A start runs only when its
-prediction, plus the time to cost its plan, fits the time left; the starts whose time depends on the
-lengths (the peers), and any start predicted to take more than ``ISOLATE_ABOVE_S``, run in a child
-process that is killed at the deadline, so a wrong prediction costs that start, never the budget.
+prediction, plus the time to cost its plan, fits the time left; any start predicted to take more than
+``ISOLATE_ABOVE_S`` runs in a child process that is killed at the deadline, so a wrong prediction costs
+that start, never the budget.
+
+The starts whose time depends on the lengths (the peers: about 25-60 ms each for a 256-sequence batch,
+as much as the start phase of a 0.1 s budget holds after the cheap starts) run in one forked child,
+launched right after the first (cheapest) start, while this process runs the cheap starts: in the order
+of the smallest budget each accepts on its own (so at 0.1 s ``wlb``, the one peer that could be asked
+for instead, runs first), each plan sent back as soon as it is made; the child is killed at the end of the
+start phase. Below the smallest budget the first peer accepts on its own (``wlb``: about 0.09 s for 256
+sequences) there is no such child: the peers run one after another in children of their own, as any
+start, when they fit what the cheap starts leave (they rarely do), so the search keeps that time.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from skrull.solver.errors import SkrullError
-from skrull.solver.ilp.runner import run_with_deadline
+from skrull.solver.ilp.runner import Child, Report, run_with_deadline, start_child
 from skrull.solver.planners.base import Planner, PlannerOutput
 from skrull.solver.planners.baselines import DeepSpeedPlanner, PackedPlanner, SortedPlanner
 from skrull.solver.planners.dynamic_cp import DynamicCpPlanner
@@ -25,6 +36,7 @@ from skrull.solver.planners.hydraulis import HydraulisPlanner
 from skrull.solver.planners.skrull import RoundRobinPlanner, SkrullPlanner
 from skrull.solver.planners.verl_kk import VerlKkPlanner
 from skrull.solver.planners.wlb import WlbPlanner
+from skrull.solver.search.budget import smallest_budget_s
 from skrull.solver.search.construct import SpreadStart
 from skrull.solver.types import Problem
 
@@ -37,6 +49,12 @@ ISOLATE_ABOVE_S = 0.05
 OVERRUN_FACTOR = 3.0
 #: Time ``auto`` spends costing each start's plan (iteration times, work), per sequence.
 EVALUATION_PER_SEQUENCE_S = 3e-6
+#: The peers run only from the smallest budget the first of them accepts on its own, less this (the
+#: chunk's budget is the request's less the finishing margins): below it no peer can be asked for
+#: instead, and the time this process would wait for them is worth more to the search.
+PEER_SLACK_S = 0.01
+#: Importing a start's solver module (CP-SAT: 0.32-0.45 s measured on the 2-core machine).
+IMPORT_S = 0.5
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -50,6 +68,9 @@ class Start:
     fixed_s: float = 0.0
     #: Run in a child process killed at the deadline (starts whose time varies with the lengths).
     isolated: bool = False
+    #: A module the start imports on its first run (its solver), which a forked child imports again
+    #: unless this process already has it.
+    imports: str | None = None
 
     def unit_s(self, batch_sizes: Sequence[int]) -> float:
         return (
@@ -65,7 +86,14 @@ STARTS: tuple[Start, ...] = (
     Start(name="skrull", make=SkrullPlanner, per_sequence_s=8e-6),
     Start(name="round-robin", make=RoundRobinPlanner, per_sequence_s=8e-6),
     Start(name="verl-kk", make=VerlKkPlanner, per_sequence_s=4e-6, per_square_s=3e-8),
-    Start(name="hydraulis", isolated=True, make=HydraulisPlanner, per_sequence_s=1.2e-4, fixed_s=0.005),
+    Start(
+        name="hydraulis",
+        isolated=True,
+        make=HydraulisPlanner,
+        per_sequence_s=1.2e-4,
+        fixed_s=0.005,
+        imports="ortools.sat.python.cp_model",
+    ),
     Start(name="wlb", isolated=True, make=WlbPlanner, per_sequence_s=1e-4, fixed_s=0.002),
     Start(name="dynamic-cp", isolated=True, make=DynamicCpPlanner, per_sequence_s=1.2e-4, fixed_s=0.002),
     # the plain-CP baselines: never better than ``packed`` on the bundled distributions, run last
@@ -77,7 +105,10 @@ _scale: dict[str, float] = {}
 
 
 def predicted_s(start: Start, batch_sizes: Sequence[int]) -> float:
-    return _scale.get(start.name, 1.0) * start.unit_s(batch_sizes)
+    """Its learnt time, plus ``IMPORT_S`` while its solver module is not imported here (a forked child
+    would import it again: a kill, and a learnt time that keeps it out of every later start phase)."""
+    cold = start.imports is not None and start.imports not in sys.modules
+    return _scale.get(start.name, 1.0) * start.unit_s(batch_sizes) + (IMPORT_S if cold else 0.0)
 
 
 def _learn(start: Start, batch_sizes: Sequence[int], measured_s: float) -> None:
@@ -94,31 +125,104 @@ def run_starts(
     names: Sequence[str] | None = None,
     isolate: bool = True,
 ) -> list[tuple[str, PlannerOutput]]:
-    """Outputs of the starts whose predicted time fits before ``deadline - keep_s`` (the cheapest
-    always runs). A start that fails (``SkrullError``) is skipped. ``isolate=False`` runs every start
-    in process (with an infinite deadline: every start, deterministically)."""
+    """Outputs (in ``STARTS`` order) of the starts whose predicted time fits before ``deadline - keep_s``
+    (the cheapest always runs). A start that fails (``SkrullError``) is skipped. ``isolate=False`` runs
+    every start in process, in order (with an infinite deadline: every start, deterministically)."""
     sizes = [len(ids) for ids in problem.batch_ids]
-    out: list[tuple[str, PlannerOutput]] = []
+    chosen = [s for s in STARTS if names is None or s.name in names]
+    end = deadline - keep_s
     evaluation_s = EVALUATION_PER_SEQUENCE_S * sum(sizes)
-    for start in STARTS:
-        if names is not None and start.name not in names:
+    out: dict[str, PlannerOutput] = {}
+    peers: list[Start] = []
+    child: Child | None = None
+    for k, start in enumerate(chosen):
+        if k == 1 and isolate:  # the peers, in a child, while this process runs the cheap starts
+            peers = [s for s in chosen[1:] if s.isolated]
+            peers_end = end - evaluation_s * len(peers)
+            first = peer_order(peers, sizes)[0] if peers else None
+            worth = first is not None and problem.time_budget_s >= smallest_budget_s(first.name, sizes) - PEER_SLACK_S
+            if worth and any(predicted_s(s, sizes) <= peers_end - time.monotonic() for s in peers):
+                child = _start_peers(peers, problem, sizes, peers_end)
+            else:  # none fits: no fork, and no time kept for costing their plans
+                peers = []
+        if k > 0 and start in peers:
             continue
-        left = deadline - keep_s - time.monotonic() - evaluation_s * (len(out) + 1)
+        left = end - time.monotonic() - evaluation_s * (len(out) + 1 + len(peers))
         predicted = predicted_s(start, sizes)
         if out and predicted > left:
             continue
-        sub = dataclasses.replace(problem, time_budget_s=max(1e-3, left))
         began = time.monotonic()
         isolated = isolate and bool(out) and (start.isolated or predicted > ISOLATE_ABOVE_S)
         # an isolated start may overrun its prediction threefold, or use half the time left, not all of
         # it: a start that misjudges a batch must leave time for the next
         allowed = min(left, max(OVERRUN_FACTOR * predicted, left / 2)) if isolated else left
+        sub = dataclasses.replace(problem, time_budget_s=max(1e-3, left))
         output = _run_isolated(start, sub, time.monotonic() + max(0.0, allowed)) if isolated else _run(start, sub)
         # a start killed at the deadline took longer than measured: learn at least twice that
         _learn(start, sizes, (1 if output is not None else 2) * (time.monotonic() - began))
         if output is not None:
-            out.append((start.name, output))
-    return out
+            out[start.name] = output
+    if child is not None:
+        out.update(_collect_peers(child, peers, sizes, end - evaluation_s * len(out)))
+    return [(s.name, out[s.name]) for s in STARTS if s.name in out]
+
+
+def _start_peers(peers: Sequence[Start], problem: Problem, sizes: Sequence[int], end: float) -> Child:
+    """A child that runs ``peers`` in the order of the smallest budget each accepts on its own
+    (``budget.smallest_budget_s``: on a short budget the peer that could be asked for instead comes
+    first; their own times vary with the lengths, 15-150 ms on 256 sequences, too much to rank them by
+    prediction), each only when its prediction fits before ``end`` and told the time left. It
+    reports ``("began", name, 0)`` before each and ``(name, output, seconds)`` after it."""
+    order = peer_order(peers, sizes)
+
+    def work(report: Report, _deadline: float) -> None:
+        for start in order:
+            left = end - time.monotonic()
+            predicted = predicted_s(start, sizes)
+            if predicted > left:
+                continue
+            if start.imports is not None:  # not timed: the parent imports it for the later calls
+                importlib.import_module(start.imports)
+            report(("began", start.name, 0.0))
+            began = time.monotonic()
+            output = _run(start, dataclasses.replace(problem, time_budget_s=max(1e-3, end - began)))
+            report((start.name, output, time.monotonic() - began))
+
+    return start_child(work, deadline=end)
+
+
+def peer_order(peers: Sequence[Start], sizes: Sequence[int]) -> list[Start]:
+    """The peers by the smallest budget each accepts on its own (``budget.smallest_budget_s``)."""
+    return sorted(peers, key=lambda s: smallest_budget_s(s.name, sizes))
+
+
+def _collect_peers(child: Child, peers: Sequence[Start], sizes: Sequence[int], end: float) -> dict[str, PlannerOutput]:
+    """The peers' plans that arrive before ``end`` (then the child is killed); their times are learnt,
+    and the one still running at ``end`` learns the time it had (a peer that just missed a phase is
+    tried again in the next one of that length: on a loaded machine ``wlb`` needs 50-70 ms of a 0.1 s
+    budget's 75 ms phase). While it waits, this process
+    imports a peer's solver module when the wait holds twice ``IMPORT_S``."""
+    by_name = {s.name: s for s in peers}
+    for start in peers:  # idle until the peers answer: import a solver module for the later calls' children
+        if start.imports is not None and start.imports not in sys.modules and end - time.monotonic() > 2 * IMPORT_S:
+            importlib.import_module(start.imports)
+    got: dict[str, PlannerOutput] = {}
+    running: list[tuple[str, float]] = []
+
+    def receive(report: tuple[str, object, float]) -> None:
+        name, output, seconds = report
+        if name == "began":
+            running.append((str(output), time.monotonic()))
+            return
+        running.clear()
+        _learn(by_name[name], sizes, seconds)
+        if isinstance(output, PlannerOutput):
+            got[name] = output
+
+    child.collect(deadline=end, grace_s=0.0, on_report=receive)
+    for name, began in running:  # it ran at least this long (twice would keep it out of this phase for good)
+        _learn(by_name[name], sizes, time.monotonic() - began)
+    return got
 
 
 def _run(start: Start, problem: Problem) -> PlannerOutput | None:

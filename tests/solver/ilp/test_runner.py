@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from skrull.solver.ilp.runner import run_with_deadline
+from skrull.solver.ilp.runner import run_with_deadline, start_child
 
 
 def _slow(report: Any, deadline: float) -> str:
@@ -40,3 +40,14 @@ def test_returns_the_final_answer_when_in_time() -> None:
 def test_reports_a_crash_with_the_last_incumbent() -> None:
     outcome = run_with_deadline(_broken, deadline=time.monotonic() + 5)
     assert outcome.payload == "partial" and outcome.error is not None and "solver crashed" in outcome.error
+
+
+def test_a_started_child_runs_while_the_parent_works_and_streams_every_report() -> None:
+    start = time.monotonic()
+    child = start_child(_slow, deadline=start + 0.5)
+    busy = sum(i * i for i in range(10_000))  # the parent's own work meanwhile
+    seen: list[str] = []
+    outcome = child.collect(deadline=start + 0.5, grace_s=0.0, on_report=seen.append)
+    assert busy > 0 and seen == ["first", "second"]
+    assert outcome.killed and outcome.payload == "second"
+    assert time.monotonic() - start < 2.0
