@@ -94,55 +94,49 @@ class TrainingSetup:
     grad_reduce_overlap: float = 0.75
 
 
+def _model(
+    name: str, shape: tuple[int, int, int, int, int, int], tied: bool, qkv_bias: bool, source: str
+) -> ModelConfig:
+    """``shape`` = (hidden_size, num_layers, num_heads, num_kv_heads, intermediate_size, vocab_size)."""
+    hidden, layers, heads, kv_heads, intermediate, vocab = shape
+    return ModelConfig(
+        name=name,
+        hidden_size=hidden,
+        num_layers=layers,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        intermediate_size=intermediate,
+        vocab_size=vocab,
+        tied_embeddings=tied,
+        qkv_bias=qkv_bias,
+        source=source,
+    )
+
+
+QWEN25 = "Qwen2.5 technical report, 2024, table 1"
+LLAMA2 = "Touvron et al. 2023, table 1"
+#: The four built-in models, from their config.json: name, (hidden, layers, heads, kv heads, MLP width,
+#: vocabulary), tied embeddings, q/k/v biases, source.
 MODELS: dict[str, ModelConfig] = {
-    "qwen2.5-0.5b": ModelConfig(
-        name="qwen2.5-0.5b",
-        hidden_size=896,
-        num_layers=24,
-        num_heads=14,
-        num_kv_heads=2,
-        intermediate_size=4864,
-        vocab_size=151936,
-        tied_embeddings=True,
-        qkv_bias=True,
-        source="Qwen/Qwen2.5-0.5B config.json (Qwen2.5 technical report, 2024, table 1)",
-    ),
-    "qwen2.5-7b": ModelConfig(
-        name="qwen2.5-7b",
-        hidden_size=3584,
-        num_layers=28,
-        num_heads=28,
-        num_kv_heads=4,
-        intermediate_size=18944,
-        vocab_size=152064,
-        tied_embeddings=False,
-        qkv_bias=True,
-        source="Qwen/Qwen2.5-7B config.json (Qwen2.5 technical report, 2024, table 1)",
-    ),
-    "llama2-7b": ModelConfig(
-        name="llama2-7b",
-        hidden_size=4096,
-        num_layers=32,
-        num_heads=32,
-        num_kv_heads=32,
-        intermediate_size=11008,
-        vocab_size=32000,
-        tied_embeddings=False,
-        qkv_bias=False,
-        source="meta-llama/Llama-2-7b-hf config.json (Touvron et al. 2023, table 1)",
-    ),
-    "llama2-13b": ModelConfig(
-        name="llama2-13b",
-        hidden_size=5120,
-        num_layers=40,
-        num_heads=40,
-        num_kv_heads=40,
-        intermediate_size=13824,
-        vocab_size=32000,
-        tied_embeddings=False,
-        qkv_bias=False,
-        source="meta-llama/Llama-2-13b-hf config.json (Touvron et al. 2023, table 1)",
-    ),
+    row[0]: _model(*row)
+    for row in (
+        ("qwen2.5-0.5b", (896, 24, 14, 2, 4864, 151936), True, True, f"Qwen/Qwen2.5-0.5B config.json ({QWEN25})"),
+        ("qwen2.5-7b", (3584, 28, 28, 4, 18944, 152064), False, True, f"Qwen/Qwen2.5-7B config.json ({QWEN25})"),
+        (
+            "llama2-7b",
+            (4096, 32, 32, 32, 11008, 32000),
+            False,
+            False,
+            f"meta-llama/Llama-2-7b-hf config.json ({LLAMA2})",
+        ),
+        (
+            "llama2-13b",
+            (5120, 40, 40, 40, 13824, 32000),
+            False,
+            False,
+            f"meta-llama/Llama-2-13b-hf config.json ({LLAMA2})",
+        ),
+    )
 }
 
 #: Training setups per model: Skrull's <DP=4, ZeRO-2> where it fits; Llama2-13B needs ZeRO-3 over DP=8
