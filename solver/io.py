@@ -16,12 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from skrull.solver.errors import RequestError, SequenceTooLongError, UnknownSolverError
-from skrull.solver.jsonsafe import MAX_JSON_INT, check_bounded, join_path, loads_json
+from skrull.solver.jsonsafe import check_bounded, join_path, loads_json, read_int, read_ints
 from skrull.solver.profile import Profile, load_profile, profile_from_dict
+from skrull.solver.sharding import read_sharding
 from skrull.solver.types import (
     DEFAULT_SHARDING,
     PLAN_SCHEMA,
-    SHARDING_MODES,
     SOLVE_STATUSES,
     Iteration,
     Microbatch,
@@ -48,16 +48,6 @@ MAX_DEGREE = 2**20
 MAX_TIME_BUDGET_S = 1e6
 
 
-def _int(value: Any, field: str, *, minimum: int, maximum: int = MAX_JSON_INT) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise RequestError(field, value, f"must be an integer >= {minimum}")
-    if value < minimum:
-        raise RequestError(field, value, f"must be an integer >= {minimum}")
-    if value > maximum:
-        raise RequestError(field, value, f"must be an integer <= {maximum}")
-    return value
-
-
 def _refuse_unknown(doc: dict[str, Any], known: frozenset[str], path: str) -> None:
     for key in doc:
         if key not in known:
@@ -71,8 +61,8 @@ def parse_parallel(doc: Any, *, field: str = "parallel") -> Parallel:
         raise RequestError(field, doc, 'must be an object like {"dp": 4, "cp": 8}')
     _refuse_unknown(doc, PARALLEL_FIELDS, field)
     return Parallel(
-        dp=_int(doc.get("dp"), f"{field}.dp", minimum=1, maximum=MAX_DEGREE),
-        cp=_int(doc.get("cp"), f"{field}.cp", minimum=1, maximum=MAX_DEGREE),
+        dp=read_int(doc.get("dp"), f"{field}.dp", minimum=1, maximum=MAX_DEGREE),
+        cp=read_int(doc.get("cp"), f"{field}.cp", minimum=1, maximum=MAX_DEGREE),
     )
 
 
@@ -120,13 +110,13 @@ def request_from_dict(doc: Any, *, known_solvers: tuple[str, ...] | None = None)
 
     bucket = doc.get("bucket_tokens")
     if bucket is not None:
-        bucket = _int(bucket, "bucket_tokens", minimum=1, maximum=MAX_TOKENS)
+        bucket = read_int(bucket, "bucket_tokens", minimum=1, maximum=MAX_TOKENS)
 
     backend = doc.get("backend")
     if backend is not None and backend not in BACKENDS:
         raise RequestError("backend", backend, f"must be one of {', '.join(BACKENDS)}")
 
-    seed = _int(doc.get("seed", 0), "seed", minimum=0, maximum=2**63 - 1)
+    seed = read_int(doc.get("seed", 0), "seed", minimum=0, maximum=2**63 - 1)
     deterministic = doc.get("deterministic", False)
     if not isinstance(deterministic, bool):
         raise RequestError("deterministic", deterministic, "must be true or false")
@@ -239,12 +229,6 @@ def _object(value: Any, field: str) -> dict[str, Any]:
     return value
 
 
-def _ids(value: Any, field: str) -> tuple[int, ...]:
-    if not isinstance(value, list):
-        raise RequestError(field, value, "must be a list of sequence ids")
-    return tuple(_int(v, f"{field}[{k}]", minimum=0) for k, v in enumerate(value))
-
-
 def _float(value: Any, field: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise RequestError(field, value, "must be a finite number")
@@ -260,14 +244,12 @@ def microbatch_from_dict(doc: Any, *, field: str = "microbatch") -> Microbatch:
     local = mb.get("local")
     if not isinstance(local, list):
         raise RequestError(f"{field}.local", local, "must be a list of id lists")
-    sharding = mb.get("sharding", DEFAULT_SHARDING)
-    if sharding not in SHARDING_MODES:
-        raise RequestError(f"{field}.sharding", sharding, f"must be one of {', '.join(SHARDING_MODES)}")
+    sharding = read_sharding(mb.get("sharding", DEFAULT_SHARDING), f"{field}.sharding")
     return Microbatch(
-        step=_int(mb.get("step"), f"{field}.step", minimum=0),
-        ranks=_ids(mb.get("ranks"), f"{field}.ranks"),
-        local=tuple(_ids(ids, f"{field}.local[{j}]") for j, ids in enumerate(local)),
-        sharded=_ids(mb.get("sharded"), f"{field}.sharded"),
+        step=read_int(mb.get("step"), f"{field}.step", minimum=0),
+        ranks=read_ints(mb.get("ranks"), f"{field}.ranks"),
+        local=tuple(read_ints(ids, f"{field}.local[{j}]") for j, ids in enumerate(local)),
+        sharded=read_ints(mb.get("sharded"), f"{field}.sharded"),
         estimated_ms=_float(mb.get("estimated_ms"), f"{field}.estimated_ms"),
         sharding=sharding,
     )
@@ -280,7 +262,7 @@ def iteration_from_dict(doc: Any, *, field: str = "iteration") -> Iteration:
     if not isinstance(microbatches, list):
         raise RequestError(f"{field}.microbatches", microbatches, "must be a list of microbatches")
     return Iteration(
-        index=_int(it.get("index"), f"{field}.index", minimum=0),
+        index=read_int(it.get("index"), f"{field}.index", minimum=0),
         microbatches=tuple(
             microbatch_from_dict(mb, field=f"{field}.microbatches[{m}]") for m, mb in enumerate(microbatches)
         ),
@@ -323,9 +305,9 @@ def plan_from_dict(doc: Any) -> Plan:
     return Plan(
         solver=solver,
         parallel=parse_parallel(plan.get("parallel")),
-        bucket_tokens=_int(plan.get("bucket_tokens"), "bucket_tokens", minimum=1),
+        bucket_tokens=read_int(plan.get("bucket_tokens"), "bucket_tokens", minimum=1),
         iterations=tuple(iteration_from_dict(it, field=f"iterations[{i}]") for i, it in enumerate(iterations)),
-        pending=_ids(plan.get("pending", []), "pending"),
+        pending=read_ints(plan.get("pending", []), "pending"),
         solve=_solve_from_dict(plan.get("solve")),
     )
 

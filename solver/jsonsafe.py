@@ -130,3 +130,21 @@ def loads_json(text: str | bytes, *, field: str = "body") -> Any:
         raise MalformedJsonError(field, None, f"not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     check_bounded(doc, root=field)
     return doc
+
+
+def read_int(value: Any, field: str, *, minimum: int, maximum: int = MAX_JSON_INT) -> int:
+    """An integer field of a parsed document in ``minimum..maximum`` (booleans are not integers)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise RequestError(field, value, f"must be an integer >= {minimum}")
+    if value < minimum:
+        raise RequestError(field, value, f"must be an integer >= {minimum}")
+    if value > maximum:
+        raise RequestError(field, value, f"must be an integer <= {maximum}")
+    return value
+
+
+def read_ints(value: Any, field: str, *, what: str = "sequence ids") -> tuple[int, ...]:
+    """A list of integers >= 0 (ids, offsets), each bounded like ``read_int``."""
+    if not isinstance(value, list):
+        raise RequestError(field, value, f"must be a list of {what}")
+    return tuple(read_int(v, f"{field}[{k}]", minimum=0) for k, v in enumerate(value))

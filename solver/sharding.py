@@ -33,6 +33,9 @@ each sequence exactly once. A sequence shorter than 2N tokens leaves some positi
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
+
+from skrull.solver.errors import RequestError
 
 Ranges = tuple[tuple[int, int], ...]
 #: A cut of one sequence on its own: ``(num_tokens, group_size, position) -> ranges``.
@@ -150,3 +153,10 @@ def group_ranges(mode: str, lengths: Sequence[int], group_size: int) -> list[tup
 def layout(mode: str, lengths: Sequence[int], group_size: int) -> list[list[Ranges]]:
     """``group_ranges`` as lists (kept for callers that index and compare lists)."""
     return [list(per_position) for per_position in group_ranges(mode, lengths, group_size)]
+
+
+def read_sharding(value: Any, field: str) -> str:
+    """A plan's or a view's ``sharding`` field: one of ``SHARDING_MODES``."""
+    if value not in SHARDING_MODES:
+        raise RequestError(field, value, f"must be one of {', '.join(SHARDING_MODES)}")
+    return str(value)

@@ -24,7 +24,8 @@ from itertools import pairwise
 from typing import Any
 
 from skrull.solver.errors import RequestError
-from skrull.solver.sharding import DEFAULT_SHARDING, SHARDING_MODES, chunks, group_ranges, zigzag_ranges
+from skrull.solver.jsonsafe import read_int, read_ints
+from skrull.solver.sharding import DEFAULT_SHARDING, chunks, group_ranges, read_sharding, zigzag_ranges
 from skrull.solver.types import Iteration, Microbatch, Parallel, Plan
 
 __all__ = [
@@ -162,18 +163,6 @@ def plan_rank_view(plan: Plan, lengths: Sequence[int], *, iteration: int, rank: 
 # -- reading a view document ----------------------------------------------------------------------------
 
 
-def _view_int(value: Any, field: str, *, minimum: int = 0) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise RequestError(field, value, f"must be an integer >= {minimum}")
-    return value
-
-
-def _view_ints(value: Any, field: str) -> tuple[int, ...]:
-    if not isinstance(value, list):
-        raise RequestError(field, value, "must be a list of integers")
-    return tuple(_view_int(v, f"{field}[{k}]") for k, v in enumerate(value))
-
-
 def _shard_from_dict(doc: Any, field: str) -> Shard:
     if not isinstance(doc, dict):
         raise RequestError(field, doc, 'must be an object like {"id": 3, "length": 10, "ranges": [[0, 5]]}')
@@ -182,13 +171,13 @@ def _shard_from_dict(doc: Any, field: str) -> Shard:
         raise RequestError(f"{field}.ranges", ranges, "must be a list of [start, end) pairs")
     pairs = []
     for k, r in enumerate(ranges):
-        pair = _view_ints(r, f"{field}.ranges[{k}]")
+        pair = read_ints(r, f"{field}.ranges[{k}]", what="offsets")
         if len(pair) != 2 or pair[0] > pair[1]:
             raise RequestError(f"{field}.ranges[{k}]", r, "must be a pair [start, end) with start <= end")
         pairs.append((pair[0], pair[1]))
     return Shard(
-        seq_id=_view_int(doc.get("id"), f"{field}.id"),
-        num_tokens=_view_int(doc.get("length"), f"{field}.length", minimum=1),
+        seq_id=read_int(doc.get("id"), f"{field}.id", minimum=0),
+        num_tokens=read_int(doc.get("length"), f"{field}.length", minimum=1),
         ranges=tuple(pairs),
     )
 
@@ -199,21 +188,19 @@ def _rank_microbatch_from_dict(doc: Any, field: str) -> RankMicrobatch:
     shards = doc.get("shards")
     if not isinstance(shards, list):
         raise RequestError(f"{field}.shards", shards, "must be a list of shard objects")
-    sharding = doc.get("sharding", DEFAULT_SHARDING)
-    if sharding not in SHARDING_MODES:
-        raise RequestError(f"{field}.sharding", sharding, f"must be one of {', '.join(SHARDING_MODES)}")
-    cu = _view_ints(doc.get("cu_seqlens"), f"{field}.cu_seqlens")
-    local = _view_ints(doc.get("local"), f"{field}.local")
+    sharding = read_sharding(doc.get("sharding", DEFAULT_SHARDING), f"{field}.sharding")
+    cu = read_ints(doc.get("cu_seqlens"), f"{field}.cu_seqlens", what="offsets")
+    local = read_ints(doc.get("local"), f"{field}.local")
     if len(cu) < len(local) + 1 or cu[0] != 0 or any(b < a for a, b in pairwise(cu)):
         raise RequestError(f"{field}.cu_seqlens", list(cu), "must rise from 0, one offset per local sequence and piece")
     return RankMicrobatch(
-        step=_view_int(doc.get("step"), f"{field}.step"),
-        ranks=_view_ints(doc.get("ranks"), f"{field}.ranks"),
-        position=_view_int(doc.get("position"), f"{field}.position"),
+        step=read_int(doc.get("step"), f"{field}.step", minimum=0),
+        ranks=read_ints(doc.get("ranks"), f"{field}.ranks", what="GPU ranks"),
+        position=read_int(doc.get("position"), f"{field}.position", minimum=0),
         local=local,
         shards=tuple(_shard_from_dict(s, f"{field}.shards[{k}]") for k, s in enumerate(shards)),
         cu_seqlens=cu,
-        max_seqlen=_view_int(doc.get("max_seqlen"), f"{field}.max_seqlen"),
+        max_seqlen=read_int(doc.get("max_seqlen"), f"{field}.max_seqlen", minimum=0),
         sharding=sharding,
     )
 
@@ -226,8 +213,8 @@ def rank_view_from_dict(doc: Any) -> RankView:
         _rank_microbatch_from_dict(m, f"view.microbatches[{k}]") for k, m in enumerate(doc["microbatches"])
     )
     return RankView(
-        iteration=_view_int(doc.get("iteration"), "view.iteration"),
-        rank=_view_int(doc.get("rank"), "view.rank"),
-        num_tokens_in_iteration=_view_int(doc.get("num_tokens_in_iteration"), "view.num_tokens_in_iteration"),
+        iteration=read_int(doc.get("iteration"), "view.iteration", minimum=0),
+        rank=read_int(doc.get("rank"), "view.rank", minimum=0),
+        num_tokens_in_iteration=read_int(doc.get("num_tokens_in_iteration"), "view.num_tokens_in_iteration", minimum=0),
         microbatches=microbatches,
     )
