@@ -11,6 +11,13 @@ from pathlib import Path
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from skrull.api.sizes import (
+    DEFAULT_CACHE_BYTES,
+    DEFAULT_MAX_ITERATION_TOKENS,
+    DEFAULT_MAX_PLAN_TOKENS,
+    DEFAULT_MAX_VIEW_TOKENS,
+)
+
 
 def _default_solver_processes() -> int:
     """One solver process per CPU but one, which is left to the HTTP server (at least one)."""
@@ -58,20 +65,22 @@ class Settings(BaseSettings):
     compare_processes: int = Field(1, ge=1, description="processes that run POST /v1/compare")
     rank_view_cache_entries: int = Field(65_536, ge=0, description="rendered rank views kept in memory")
     cache_bytes: int = Field(
-        128 * 2**20,
+        DEFAULT_CACHE_BYTES,
         ge=0,
         description="memory for cached rank views, parsed iterations and request lengths together (bytes)",
     )
     max_view_tokens: int = Field(
-        262_144,
+        DEFAULT_MAX_VIEW_TOKENS,
         ge=1024,
         description="JSON tokens (values) per rank-view answer; a longer view is served in pages (?page=k)",
     )
     max_plan_tokens: int = Field(
-        8_000_000, ge=1024, description="JSON tokens (values) of a whole plan document; a larger plan fails (422)"
+        DEFAULT_MAX_PLAN_TOKENS,
+        ge=1024,
+        description="JSON tokens (values) of a whole plan document; a larger plan fails (422)",
     )
     max_iteration_tokens: int = Field(
-        2_000_000,
+        DEFAULT_MAX_ITERATION_TOKENS,
         ge=1024,
         description="JSON tokens of one iteration (what rank views are rendered from); a larger one fails (422)",
     )

@@ -13,6 +13,13 @@ from __future__ import annotations
 
 from skrull.solver.errors import RequestError
 
+#: Default output bounds (settings SKRULL_MAX_*; docs/service-hardening.md): JSON tokens of a whole plan,
+#: of one iteration (what rank views are rendered from), of one rank-view answer; cache memory in bytes.
+DEFAULT_MAX_PLAN_TOKENS = 8_000_000
+DEFAULT_MAX_ITERATION_TOKENS = 2_000_000
+DEFAULT_MAX_VIEW_TOKENS = 262_144
+DEFAULT_CACHE_BYTES = 128 * 2**20
+
 
 def json_tokens(text: str | bytes) -> int:
     """The JSON tokens of a document's text (``separators + 1``)."""

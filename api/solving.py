@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from skrull.api.errors import ApiProblem, from_failure
 from skrull.api.execute import LeaseLostError, solve_job
-from skrull.api.sizes import check_plan_tokens
+from skrull.api.sizes import DEFAULT_MAX_ITERATION_TOKENS, DEFAULT_MAX_PLAN_TOKENS, check_plan_tokens
 from skrull.api.store.base import ClaimedJob, IterationRecord, JobStore
 from skrull.api.store.open import open_store
 
@@ -69,8 +69,8 @@ class WorkerConfig:
     lease_s: float
     idle_poll_s: float
     plugins: tuple[str, ...]
-    max_plan_tokens: int = 8_000_000
-    max_iteration_tokens: int = 2_000_000
+    max_plan_tokens: int = DEFAULT_MAX_PLAN_TOKENS
+    max_iteration_tokens: int = DEFAULT_MAX_ITERATION_TOKENS
 
 
 #: A lease is renewed this many times per lease period, so two renewals can be lost (a stalled store,
@@ -204,8 +204,8 @@ class SolverPool:
         plugins: tuple[str, ...],
         hard_limit_s: Callable[[float], float],
         on_event: EventHandler,
-        max_plan_tokens: int = 8_000_000,
-        max_iteration_tokens: int = 2_000_000,
+        max_plan_tokens: int = DEFAULT_MAX_PLAN_TOKENS,
+        max_iteration_tokens: int = DEFAULT_MAX_ITERATION_TOKENS,
     ) -> None:
         self._store = store
         self.num_processes = num_processes

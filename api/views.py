@@ -25,7 +25,7 @@ from collections import OrderedDict
 from typing import Any, Generic, TypeVar
 
 from skrull.api.errors import ApiProblem
-from skrull.api.sizes import json_tokens
+from skrull.api.sizes import DEFAULT_CACHE_BYTES, DEFAULT_MAX_VIEW_TOKENS, json_tokens
 from skrull.api.store.base import DamagedRecordError, IterationRecord, JobStore
 from skrull.solver.errors import RequestError
 from skrull.solver.io import iteration_from_dict, request_from_dict
@@ -113,8 +113,8 @@ class RankViews:
         *,
         max_views: int,
         max_jobs: int = 1024,
-        cache_bytes: int = 128 * 2**20,
-        max_view_tokens: int = 262_144,
+        cache_bytes: int = DEFAULT_CACHE_BYTES,
+        max_view_tokens: int = DEFAULT_MAX_VIEW_TOKENS,
     ) -> None:
         self._store = store
         # The budget is split: half for rendered views, a quarter each for parsed iterations and lengths.
