@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pytest
+from hypothesis import settings
 
 from skrull.solver.io import request_from_dict
 from skrull.solver.profile import Profile, profile_from_dict
 from skrull.solver.types import Request
+
+# Property tests are deterministic (the same examples every run, so CI never fails by chance);
+# HYPOTHESIS_PROFILE=explore draws new random examples, to hunt for counterexamples by hand.
+settings.register_profile("deterministic", derandomize=True, database=None)
+settings.register_profile("explore")
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "deterministic"))
 
 #: Round numbers so a reader can redo every estimate by hand (see tests/solver/test_cost.py).
 HAND_PROFILE: dict[str, Any] = {
