@@ -84,4 +84,6 @@ def test_gpu_profile_of_a_small_model_fits_well(tmp_path: Path) -> None:
     out = skrull("profile", "--model", "qwen2.5-0.5b", "--max-tokens", "4096", "-o", str(target))
     assert out.returncode == 0, out.stderr
     doc = json.loads(target.read_text())
-    assert doc["compute"]["r2"] > 0.9 and doc["memory"]["bucket_tokens"] > 4096
+    # Small packs of a small model are bound by the host launching eager kernels (a flat floor), so R^2
+    # says little there; what planning needs is that the fit predicts each measured pack.
+    assert doc["compute"]["median_abs_rel_error"] <= 0.15 and doc["memory"]["bucket_tokens"] > 4096

@@ -9,8 +9,8 @@ single-layer measurement).
 
 Coefficient by coefficient (see worker/profiling/fit.py for the fits):
 
-- ``compute.flops_per_token`` / ``flops_per_token_sq``: Skrull eq. 13 x layers x 3 for the model;
-  ``ms_per_tflop`` / ``fixed_ms``: the compute fit.
+- ``compute.flops_per_token``: Skrull eq. 13 x layers x 3 for the model; ``ms_per_tflop``,
+  ``flops_per_token_sq`` (effective) and ``fixed_ms``: the two-term compute fit (``_compute_section``).
 - ``comm.bytes_per_token``: K and V of every layer, all-gathered forward and reduce-scattered backward,
   in the training dtype's bytes; ``ms_per_mib``: the per-collective fit against gathered bytes;
   ``fixed_ms``: the per-collective intercept x 2 collectives x layers.
@@ -43,7 +43,7 @@ from skrull.worker.profiling.fit import (
     bucket_tokens,
     fit_activation_bytes,
     fit_comm,
-    fit_compute,
+    fit_compute_terms,
     fit_line,
 )
 
@@ -141,17 +141,27 @@ def _comm_section(
 
 
 def _compute_section(model: ModelConfig, compute_samples: Sequence[ComputeSample]) -> dict[str, Any]:
-    """The ``compute`` block: FLOPs coefficients from the model, ms per TFLOP fitted on timed packs."""
+    """The ``compute`` block: eq. 13's token FLOPs, the rate and the squared term fitted on timed packs.
+
+    ``ms_per_tflop = a * 1e12 / flops_per_token`` and ``flops_per_token_sq = b * 1e12 / ms_per_tflop``
+    for the fit ``ms = a * sum(S) + b * sum(S^2) + fixed_ms`` (worker/profiling/fit.py), so the
+    cost model's ``ms_per_tflop * (flops_per_token * S + flops_per_token_sq * S^2) / 1e12`` reproduces the
+    fit exactly; eq. 13's own squared coefficient is kept beside it as ``flops_per_token_sq_eq13``.
+    """
     per_token, per_token_sq = flops_coefficients(model)
-    ms_per_tflop, fixed_ms, compute_r2 = fit_compute(compute_samples)
+    terms = fit_compute_terms(compute_samples)
+    ms_per_tflop = terms.ms_per_token * 1e12 / per_token
     return {
         "flops_per_token": per_token,
-        "flops_per_token_sq": per_token_sq,
+        "flops_per_token_sq": round(terms.ms_per_token_sq * 1e12 / ms_per_tflop, 3),
+        "flops_per_token_sq_eq13": per_token_sq,
         "ms_per_tflop": round(ms_per_tflop, 6),
-        "fixed_ms": round(fixed_ms, 6),
-        "r2": round(compute_r2, 6),
-        "source": "flops: Skrull eq. 13 x layers x 3; ms: layers x one decoder layer forward+backward, "
-        "least squares over packs of sequences",
+        "fixed_ms": round(terms.fixed_ms, 6),
+        "r2": round(terms.r2, 6),
+        "median_abs_rel_error": round(terms.median_abs_rel_error, 6),
+        "source": "flops_per_token: Skrull eq. 13 x layers x 3; ms: layers x one decoder layer forward+backward "
+        "+ the LM head and its loss, relative least squares of ms on sum(S), sum(S^2) and 1 over packs of "
+        "sequences; flops_per_token_sq: the fitted squared term at the token term's rate",
         "samples": [{"lengths": list(s.lengths), "flops": s.flops, "ms": round(s.ms, 6)} for s in compute_samples],
     }
 

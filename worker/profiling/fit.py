@@ -4,9 +4,14 @@ What ``skrull profile`` measures and how each contract coefficient follows (docs
 Skrull appendix C):
 
 - compute (eq. 14, ``T_comp = ms_per_tflop * FLOPs / 1e12 + fixed_ms``): least squares of relative
-  residuals of measured forward+backward milliseconds against FLOPs (eq. 13 x layers x 3) over packs
-  of sequences; the intercept is kept non-negative (a negative fixed cost would make tiny microbatches
-  free);
+  residuals of measured forward+backward milliseconds over packs of sequences, with the token term and
+  the squared-length term fitted apart (``fit_compute_terms``: ``ms = a * sum(S) + b * sum(S^2) + c``).
+  Eq. 13 gives both terms one FLOP rate, but on a GPU they are different kernels (GEMMs vs causal
+  flash attention, which skips the masked half and runs at its own efficiency), and for gated MLPs
+  wider than ``8h/3`` (Qwen2.5: ``I = 5.4h``) eq. 13's ``16h^2`` undercounts the token term. The
+  profile keeps eq. 13's ``flops_per_token``, takes ``ms_per_tflop = a / flops_per_token`` and states
+  the squared term in the same rate (``flops_per_token_sq = b / ms_per_tflop``, an effective count).
+  Every coefficient is kept non-negative (a negative fixed cost would make tiny microbatches free);
 - communication (eq. 16, ``T_comm = ms_per_mib * MiB + fixed_ms``): the same fit of collective time
   against message size;
 - memory (appendix C.1, ``Memory(S) = alpha * S + beta``): least squares of activation bytes against
@@ -105,6 +110,63 @@ def fit_compute(samples: Sequence[ComputeSample]) -> tuple[float, float, float]:
     if line.slope <= 0:
         raise FitError(f"compute: time does not grow with FLOPs (slope {line.slope:.3g} ms per TFLOP)")
     return line.slope, line.intercept, line.r2
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ComputeTerms:
+    """``ms = ms_per_token * sum(S) + ms_per_token_sq * sum(S^2) + fixed_ms`` fitted over timed packs."""
+
+    ms_per_token: float
+    ms_per_token_sq: float
+    fixed_ms: float
+    r2: float
+    median_abs_rel_error: float
+    n: int
+
+    def predict(self, lengths: Sequence[int]) -> float:
+        return self.ms_per_token * sum(lengths) + self.ms_per_token_sq * sum(s * s for s in lengths) + self.fixed_ms
+
+
+def fit_compute_terms(samples: Sequence[ComputeSample]) -> ComputeTerms:
+    """Relative least squares of ``ms`` on ``[sum(S), sum(S^2), 1]`` with every coefficient >= 0.
+
+    The non-negative solution is the best of the plain least-squares fits over the column subsets
+    that keep the token column (three columns: at most four small solves, no iterative solver).
+    """
+    if len(samples) < 3:
+        raise FitError(f"compute: need at least 3 measurements, got {len(samples)}")
+    ys = np.asarray([s.ms for s in samples], dtype=np.float64)
+    if not np.all(np.isfinite(ys)) or np.any(ys <= 0):
+        raise FitError("compute: measurements must be finite and positive")
+    cols = np.asarray(
+        [[float(sum(s.lengths)), float(sum(x * x for x in s.lengths)), 1.0] for s in samples], dtype=np.float64
+    )
+    if np.ptp(cols[:, 0]) == 0.0:
+        raise FitError("compute: measurements must span more than one size")
+    w = 1.0 / ys
+    best: tuple[float, np.ndarray] | None = None
+    for keep in ((0, 1, 2), (0, 1), (0, 2), (0,)):
+        a = cols[:, keep] * w[:, None]
+        coef, *_ = np.linalg.lstsq(a, ys * w, rcond=None)
+        if np.any(coef < 0.0):
+            continue
+        full = np.zeros(3)
+        full[list(keep)] = coef
+        residual = float((((cols @ full) - ys) * w) @ (((cols @ full) - ys) * w))
+        if best is None or residual < best[0]:
+            best = (residual, full)
+    if best is None or best[1][0] <= 0.0:
+        raise FitError("compute: time does not grow with tokens")
+    coef = best[1]
+    predicted = cols @ coef
+    return ComputeTerms(
+        ms_per_token=float(coef[0]),
+        ms_per_token_sq=float(coef[1]),
+        fixed_ms=float(coef[2]),
+        r2=r_squared(predicted, ys),
+        median_abs_rel_error=float(np.median(np.abs(predicted - ys) / ys)),
+        n=len(samples),
+    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

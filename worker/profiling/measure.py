@@ -2,10 +2,17 @@
 
 Everything is measured on one decoder layer (RMSNorm, rotary GQA attention, SwiGLU MLP) with the
 model's dimensions and random weights, in the training dtype; a microbatch's compute is
-``num_layers x`` that layer's forward+backward (embedding and LM head are outside Skrull eq. 13 and
-are absorbed by the fitted ``fixed_ms``). A GPU's part of a microbatch is what worker/layout.py says it
-holds: its local sequences whole, and its shard pieces, each attending to its sequence's key prefix
-(random keys stand in for the gathered ones: the same kernel work, no collective).
+``num_layers x`` that layer's forward+backward plus the LM head and its cross-entropy over the same
+tokens (``HeadTimer``: in chunks under activation checkpointing, as worker/hf/step.py runs it). The
+head is outside Skrull eq. 13 but not free: ``6 * h * vocab`` FLOPs per token (8 with the recompute),
+which for Qwen2.5-0.5B is 0.8 GFLOP against the layers' 1.2; the fit's token term absorbs it.
+A GPU's part of a microbatch is what worker/layout.py says it holds: its local sequences whole, and
+its shard pieces, each attending to its sequence's key prefix (random keys stand in for the gathered
+ones: the same kernel work, no collective).
+
+Eager PyTorch costs host time per operator (on the H100 machine of docs/gpu-check: ~50 us per
+operator, ~5 ms per decoder layer forward+backward), so packs too small to cover it take about the
+same time whatever their size; the fit's ``fixed_ms`` carries that floor.
 
 Times are medians over repeats after warm-up with CUDA events on a GPU, and the fastest repeat with
 ``perf_counter`` on a CPU. Activation bytes are the bytes autograd saves for backward (unique storages,
@@ -184,6 +191,64 @@ def part_step(
     return step
 
 
+class HeadTimer:
+    """Milliseconds of the LM head and its summed cross-entropy, forward and backward, for ``tokens`` rows.
+
+    The logits are made ``chunk_tokens`` rows at a time under activation checkpointing (the head's
+    forward runs again in backward), in the training dtype with the loss in float32, as
+    ``worker.hf.step.causal_lm_loss`` does with ``loss_chunk_tokens``; one timing per token count.
+    """
+
+    def __init__(
+        self, model: ModelConfig, *, timer: Timer, dtype: torch.dtype, chunk_tokens: int = 4096, seed: int = 0
+    ) -> None:
+        if chunk_tokens < 1:
+            raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
+        gen = torch.Generator().manual_seed(seed)
+        self._weight = (
+            (torch.randn(model.vocab_size, model.hidden_size, generator=gen) * model.hidden_size**-0.5)
+            .to(device=timer.device, dtype=dtype)
+            .requires_grad_(True)
+        )
+        self._model = model
+        self._timer = timer
+        self._dtype = dtype
+        self._chunk = chunk_tokens
+        self._cache: dict[int, float] = {}
+
+    def _step(self, tokens: int) -> Callable[[], None]:
+        from torch.utils.checkpoint import checkpoint
+
+        device = self._timer.device
+        gen = torch.Generator().manual_seed(tokens)
+        x = torch.randn(tokens, self._model.hidden_size, generator=gen).to(device=device, dtype=self._dtype)
+        x.requires_grad_(True)
+        labels = torch.randint(0, self._model.vocab_size, (tokens,), generator=gen).to(device)
+        weight = self._weight
+
+        def chunk_loss(h: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.cross_entropy((h @ weight.t()).float(), y, reduction="sum")
+
+        def step() -> None:
+            total = x.new_zeros((), dtype=torch.float32)
+            for start in range(0, tokens, self._chunk):
+                end = start + self._chunk
+                part: torch.Tensor = checkpoint(chunk_loss, x[start:end], labels[start:end], use_reentrant=False)
+                total = total + part
+            torch.autograd.backward(total)
+            x.grad = None
+            weight.grad = None
+
+        return step
+
+    def __call__(self, tokens: int) -> float:
+        if tokens <= 0:
+            return 0.0
+        if tokens not in self._cache:
+            self._cache[tokens] = self._timer.ms(self._step(tokens))
+        return self._cache[tokens]
+
+
 def measure_parts(
     layer: DecoderLayer,
     parts: Sequence[Part],
@@ -192,8 +257,10 @@ def measure_parts(
     kernel: AttentionKernel,
     timer: Timer,
     dtype: torch.dtype,
+    head: Callable[[int], float] | None = None,
 ) -> list[float]:
-    """Milliseconds of each part on the whole model (``num_layers`` x one layer); equal parts timed once."""
+    """Milliseconds of each part on the whole model (``num_layers`` x one layer, plus ``head`` of the
+    part's tokens when given); equal parts timed once."""
     cache: dict[Part, float] = {}
     out = []
     for part in parts:
@@ -202,7 +269,7 @@ def measure_parts(
             continue
         if part not in cache:
             step = part_step(layer, part, kernel=kernel, device=timer.device, dtype=dtype)
-            cache[part] = num_layers * timer.ms(step)
+            cache[part] = num_layers * timer.ms(step) + (head(part.num_tokens) if head is not None else 0.0)
         out.append(cache[part])
     return out
 
@@ -215,10 +282,11 @@ def measure_compute(
     kernel: AttentionKernel,
     timer: Timer,
     dtype: torch.dtype,
+    head: Callable[[int], float] | None = None,
 ) -> list[ComputeSample]:
     """One sample per pack of whole sequences: its FLOPs and the model's forward+backward ms."""
     parts = [Part(local_lengths=tuple(p)) for p in packs]
-    times = measure_parts(layer, parts, num_layers=model.num_layers, kernel=kernel, timer=timer, dtype=dtype)
+    times = measure_parts(layer, parts, num_layers=model.num_layers, kernel=kernel, timer=timer, dtype=dtype, head=head)
     return [
         ComputeSample(lengths=tuple(p), flops=sequence_flops(model, p), ms=ms)
         for p, ms in zip(packs, times, strict=True)

@@ -35,6 +35,7 @@ from skrull.worker.profiling.check import CheckStats, check_stats, rank_compute_
 from skrull.worker.profiling.comm import measure_comm
 from skrull.worker.profiling.document import profile_document
 from skrull.worker.profiling.measure import (
+    HeadTimer,
     Part,
     Timer,
     build_layer,
@@ -99,7 +100,10 @@ def run_profile(opts: ProfileOptions) -> dict[str, Any]:
     timer = Timer(opts.device, warmup=1, repeats=opts.repeats)
     layer = build_layer(opts.model, device=opts.device, dtype=opts.dtype)
     grid = length_grid(opts.max_tokens)
-    compute = measure_compute(opts.model, layer, compute_packs(grid), kernel=kernel, timer=timer, dtype=opts.dtype)
+    head = HeadTimer(opts.model, timer=timer, dtype=opts.dtype)
+    compute = measure_compute(
+        opts.model, layer, compute_packs(grid), kernel=kernel, timer=timer, dtype=opts.dtype, head=head
+    )
     attention = measure_attention(opts.model, grid, kernel=kernel, timer=timer, dtype=opts.dtype)
     memory_tokens = sorted({max(MIN_TOKENS, opts.max_tokens * k // 4) for k in range(1, 5)})
     memory = measure_memory(layer, memory_tokens, kernel=kernel, device=opts.device, dtype=opts.dtype)
@@ -174,6 +178,7 @@ def run_check(
     attention = select_kernel(device, dtype, kernel)
     timer = Timer(device, warmup=1, repeats=repeats)
     layer = build_layer(model, device=device, dtype=dtype)
+    head = HeadTimer(model, timer=timer, dtype=dtype)
     rows = []
     for k, dataset in enumerate(datasets):
         request = synthesize_request(
@@ -193,7 +198,7 @@ def run_check(
             for rank in range(parallel.num_gpus):
                 parts = [Part.of(layout) for layout in rank_layouts(plan, lengths, iteration=0, rank=rank)]
                 times = measure_parts(
-                    layer, parts, num_layers=model.num_layers, kernel=attention, timer=timer, dtype=dtype
+                    layer, parts, num_layers=model.num_layers, kernel=attention, timer=timer, dtype=dtype, head=head
                 )
                 measured.append(sum(times))
             rows.append(
