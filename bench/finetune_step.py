@@ -12,7 +12,8 @@ time (reference model, the profile given), the measured step time and the speedu
 Needs CUDA GPUs; without one it says so in one line and exits 2. Prints a Markdown table and writes it,
 with the device, the versions and the date, to ``--out``.
 
-    python bench/finetune_step.py --profile docs/gpu-check/profile.json --out docs/finetune-step.md
+    python bench/finetune_step.py --profile docs/gpu-check/qwen2.5-0.5b.profile.json \
+        --out docs/gpu-check/finetune-step.md
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--bucket-tokens", type=int, default=None, help="override the profile's bucket")
     p.add_argument("--loss-chunk-tokens", type=int, default=4096)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default=str(ROOT / "docs" / "finetune-step.md"))
+    p.add_argument("--out", default=str(ROOT / "docs" / "gpu-check" / "finetune-step.md"))
     return p.parse_args(argv)
 
 

@@ -1,0 +1,35 @@
+"""bench/gpu_check.sh (``make gpu-check``) on a machine without a GPU: one line, exit 2, nothing written."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the script runs the whole acceptance")
+def test_without_a_gpu_it_stops_with_one_line_and_writes_nothing(tmp_path: Path) -> None:
+    out_dir = tmp_path / "gpu-check"
+    env = {**os.environ, "PYTHON": sys.executable, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        ["bash", str(ROOT / "bench" / "gpu_check.sh"), str(out_dir)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and "needs a CUDA GPU" in done.stderr
+    assert not out_dir.exists()
+
+
+def test_without_an_output_folder_it_says_how_to_call_it() -> None:
+    done = subprocess.run(["bash", str(ROOT / "bench" / "gpu_check.sh")], capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0 and "usage: bench/gpu_check.sh OUT_DIR" in done.stderr
