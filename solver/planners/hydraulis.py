@@ -57,6 +57,7 @@ from __future__ import annotations
 import heapq
 import math
 import random
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -286,6 +287,8 @@ def minmax_pack(
         return ([0] * n if sum(sizes) <= cap else None), "trivial"
     if m >= n:
         return list(range(n)), "trivial"
+    if time_limit_s <= 0.0:  # the request's budget is spent: stage 1's greedy packing stands
+        return hint, "out-of-time"
     if hint is not None:
         loads = [0] * m
         for k, j in enumerate(hint):
@@ -306,6 +309,10 @@ def minmax_pack(
     if where is not None or name == "INFEASIBLE":
         return where, name
     return hint, name
+
+
+#: Share of ``time_budget_s`` the ILPs may run until (the rest: building and checking the plan).
+DEADLINE_FRACTION = 0.8
 
 
 class HydraulisPlanner:
@@ -333,6 +340,11 @@ class HydraulisPlanner:
         self.deterministic = deterministic
 
     def plan(self, problem: Problem) -> PlannerOutput:
+        # Wall-clock deadline for the ILPs (not in deterministic mode, whose limits are deterministic
+        # time): the static shares below ignore what was already spent (the first CP-SAT import alone
+        # takes ~0.1 s), so every call is also held to what is left of DEADLINE_FRACTION of the budget.
+        deterministic = self.deterministic or problem.deterministic
+        deadline = None if deterministic else time.monotonic() + DEADLINE_FRACTION * problem.time_budget_s
         costs = StrategyCosts.from_problem(problem)
         par = problem.parallel
         lengths = problem.lengths
@@ -388,7 +400,8 @@ class HydraulisPlanner:
                     costs,
                     limit,
                     problem.seed,
-                    deterministic=self.deterministic or problem.deterministic,
+                    deterministic=deterministic,
+                    deadline=deadline,
                 )
                 ilp_calls += calls
                 ilp_nonoptimal += nonoptimal
@@ -416,6 +429,7 @@ class HydraulisPlanner:
         seed: int,
         *,
         deterministic: bool,
+        deadline: float | None = None,
     ) -> tuple[list[list[int]], int, int]:
         """Stage 2 for one replica: (microbatches, ILP calls, ILP calls not proven optimal)."""
         if not ids:
@@ -430,10 +444,11 @@ class HydraulisPlanner:
         m = lower
         tried_feasible = 0
         while m <= len(ids) and tried_feasible < max(1, self.sweep):
+            left = limit if deadline is None else min(limit, deadline - time.monotonic())
             where, status = minmax_pack(
-                weights, sizes, m, cap, time_limit_s=limit, seed=seed, deterministic=deterministic
+                weights, sizes, m, cap, time_limit_s=left, seed=seed, deterministic=deterministic
             )
-            if status not in ("trivial", "greedy-optimal"):
+            if status not in ("trivial", "greedy-optimal", "out-of-time"):
                 calls += 1
                 nonoptimal += status != "OPTIMAL"
             if where is not None:

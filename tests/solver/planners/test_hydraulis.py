@@ -96,3 +96,25 @@ def test_same_request_same_plan() -> None:
     first = planned(planner, request)
     second = planned(planner, request)
     assert first.iterations == second.iterations
+
+
+def test_stage_two_keeps_the_greedy_packing_once_the_budget_is_spent() -> None:
+    where, status = minmax_pack([5, 4, 3, 3, 3], [1] * 5, 2, 100, time_limit_s=0.0, seed=0, deterministic=False)
+    assert status == "out-of-time" and where is not None and sorted(set(where)) == [0, 1]
+
+
+def test_ilps_stop_at_the_budget_deadline_whatever_their_static_share(monkeypatch: Any) -> None:
+    """Time already spent (a cold CP-SAT import, say) comes off every ILP's limit: a clock that jumps
+    past the deadline after the first reading leaves no ILP to run, and the plan is still valid."""
+    import skrull.solver.planners.hydraulis as hydraulis
+
+    readings = iter([100.0])
+    monkeypatch.setattr(hydraulis.time, "monotonic", lambda: next(readings, 1e9))
+    request = make_request([[90, 80, 70, 60, 50, 45, 40, 35, 30, 25, 20, 15] * 2], dp=2, cp=2, bucket=100)
+    problem = Problem.from_request(request)
+    out = HydraulisPlanner(ilp_time_limit_s=5.0).plan(problem)
+    assert dict(out.stats)["ilp_calls"] == 0.0
+    monkeypatch.undo()
+    assert planned(HydraulisPlanner(ilp_time_limit_s=5.0), request).iterations  # valid (checked by planned)
+    with_ilp = HydraulisPlanner(deterministic=True, ilp_time_limit_s=1.0).plan(problem)
+    assert dict(with_ilp.stats)["ilp_calls"] > 0  # the same request does use the ILP when time is left
