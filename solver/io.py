@@ -77,6 +77,13 @@ def request_from_dict(doc: Any, *, known_solvers: tuple[str, ...] | None = None)
     if not isinstance(doc, dict):
         raise RequestError("request", doc, "must be a JSON object")
     check_bounded(doc)
+    if isinstance(doc.get("schema"), str):  # a plan or a view given where a request belongs
+        raise RequestError(
+            "schema",
+            doc["schema"],
+            "a request has no schema field; this looks like a plan or a rank view (give the request "
+            "that produced it, or `skrull validate` to check a plan)",
+        )
     _refuse_unknown(doc, REQUEST_FIELDS, "")
     batches_doc = doc.get("batches")
     if not isinstance(batches_doc, list) or not batches_doc:

@@ -106,6 +106,8 @@ def check_bounded(doc: Any, *, field: str = "", root: str = "body") -> None:
             )
         elif isinstance(value, _NonFinite):
             raise RequestError(where, str(value), "NaN and Infinity are not JSON numbers; give a finite number")
+        elif isinstance(value, float) and math.isnan(value):
+            raise RequestError(where, str(value), "not a number; give a finite number")
         elif isinstance(value, float) and not math.isfinite(value):
             raise RequestError(where, str(value), "the number overflows; give a finite number")
         elif isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_JSON_INT:

@@ -147,3 +147,18 @@ def test_plan_with_unknown_sharding_mode_names_the_field() -> None:
     doc["iterations"][0]["microbatches"][0]["sharding"] = "striped"
     with pytest.raises(RequestError, match=r"iterations\[0\]\.microbatches\[0\]\.sharding: 'striped'"):
         plan_from_dict(doc)
+
+
+def test_a_plan_given_as_a_request_is_named_for_what_it_is() -> None:
+    plan_doc = plan_to_dict(solve(request_from_dict(GOOD)))
+    with pytest.raises(RequestError) as err:
+        request_from_dict(plan_doc)
+    assert err.value.field == "schema" and err.value.value == plan_doc["schema"]
+    assert "looks like a plan" in str(err.value)
+
+
+@pytest.mark.parametrize(("value", "says"), [(float("nan"), "not a number"), (float("inf"), "overflows")])
+def test_non_finite_numbers_given_in_process_are_named(value: float, says: str) -> None:
+    with pytest.raises(RequestError) as err:
+        request_from_dict(with_(time_budget_s=value))
+    assert err.value.field == "time_budget_s" and says in str(err.value)
