@@ -124,6 +124,20 @@ def _notify(conn: psycopg.Connection[Any], job_id: str, *, queued: bool = False)
         conn.execute("SELECT pg_notify(%s, '')", (QUEUE_CHANNEL,))
 
 
+def _connect_failure(url: str, pool_error: Exception, timeout_s: float) -> str:
+    """One line for a failed start: the server's own reason when it answered (a missing role or
+    database, a wrong password), else that it could not be reached. The pool only reports a timeout,
+    so one direct connection asks for the reason."""
+    try:
+        psycopg.connect(url, connect_timeout=max(1, round(timeout_s))).close()
+    except psycopg.Error as exc:
+        reason = " ".join(str(exc).split())
+        if "FATAL" in reason:
+            return f"db: PostgreSQL at {_redacted(url)} refused the connection: {reason[reason.index('FATAL'):]}"
+        return f"db: cannot reach PostgreSQL at {_redacted(url)}: {reason}"
+    return f"db: cannot reach PostgreSQL at {_redacted(url)}: {pool_error}"
+
+
 class PostgresJobStore:
     """``JobStore`` on a PostgreSQL database (see the module docstring)."""
 
@@ -140,7 +154,7 @@ class PostgresJobStore:
             self._pool.open(wait=True, timeout=connect_timeout_s)
         except Exception as exc:
             self._pool.close()
-            raise ConnectionError(f"db: cannot reach PostgreSQL at {_redacted(url)}: {exc}") from None
+            raise ConnectionError(_connect_failure(url, exc, connect_timeout_s)) from None
         self._listen_conn: psycopg.Connection[Any] | None = None
         self._migrate()
 
