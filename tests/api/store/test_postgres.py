@@ -134,5 +134,5 @@ def test_lease_times_come_from_the_database_clock() -> None:
 
 
 def test_a_server_that_answers_but_refuses_says_why() -> None:
-    with pytest.raises(ConnectionError, match='refused the connection: FATAL: +role "no_such_role" does not exist'):
+    with pytest.raises(ConnectionError, match=r'refused the connection: FATAL: +role "no_such_role" does not exist'):
         PostgresJobStore("postgresql://no_such_role@127.0.0.1:5432/test", connect_timeout_s=2)
