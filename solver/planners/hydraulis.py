@@ -66,7 +66,7 @@ import numpy as np
 from skrull.solver.cost import CostCoefficients, CostModel
 from skrull.solver.errors import InfeasibleError
 from skrull.solver.planners.base import TIE_MS, PlannerOutput, iteration_seed, make_spec
-from skrull.solver.planners.minmax_ilp import solve_minmax_pack
+from skrull.solver.planners.minmax_ilp import import_fits, solve_minmax_pack
 from skrull.solver.types import MicrobatchSpec, Problem
 
 #: Stage-1 shuffles, as Hydraulis.
@@ -444,7 +444,11 @@ class HydraulisPlanner:
         m = lower
         tried_feasible = 0
         while m <= len(ids) and tried_feasible < max(1, self.sweep):
-            left = limit if deadline is None else min(limit, deadline - time.monotonic())
+            left = limit
+            if deadline is not None:
+                to_deadline = deadline - time.monotonic()
+                # a cold CP-SAT import (once per process) alone would overrun what is left
+                left = min(limit, to_deadline) if import_fits(to_deadline) else 0.0
             where, status = minmax_pack(
                 weights, sizes, m, cap, time_limit_s=left, seed=seed, deterministic=deterministic
             )

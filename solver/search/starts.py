@@ -33,6 +33,7 @@ from skrull.solver.planners.base import Planner, PlannerOutput
 from skrull.solver.planners.baselines import DeepSpeedPlanner, PackedPlanner, SortedPlanner
 from skrull.solver.planners.dynamic_cp import DynamicCpPlanner
 from skrull.solver.planners.hydraulis import HydraulisPlanner
+from skrull.solver.planners.minmax_ilp import COLD_IMPORT_S, CP_SAT_MODULE
 from skrull.solver.planners.skrull import RoundRobinPlanner, SkrullPlanner
 from skrull.solver.planners.verl_kk import VerlKkPlanner
 from skrull.solver.planners.wlb import WlbPlanner
@@ -53,8 +54,8 @@ EVALUATION_PER_SEQUENCE_S = 3e-6
 #: chunk's budget is the request's less the finishing margins): below it no peer can be asked for
 #: instead, and the time this process would wait for them is worth more to the search.
 PEER_SLACK_S = 0.01
-#: Importing a start's solver module (CP-SAT: 0.32-0.45 s measured on the 2-core machine).
-IMPORT_S = 0.5
+#: Importing a start's solver module (CP-SAT: solver/planners/minmax_ilp.py).
+IMPORT_S = COLD_IMPORT_S
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -92,7 +93,7 @@ STARTS: tuple[Start, ...] = (
         make=HydraulisPlanner,
         per_sequence_s=1.2e-4,
         fixed_s=0.005,
-        imports="ortools.sat.python.cp_model",
+        imports=CP_SAT_MODULE,
     ),
     Start(name="wlb", isolated=True, make=WlbPlanner, per_sequence_s=1e-4, fixed_s=0.002),
     Start(name="dynamic-cp", isolated=True, make=DynamicCpPlanner, per_sequence_s=1.2e-4, fixed_s=0.002),

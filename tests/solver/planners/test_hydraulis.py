@@ -118,3 +118,14 @@ def test_ilps_stop_at_the_budget_deadline_whatever_their_static_share(monkeypatc
     assert planned(HydraulisPlanner(ilp_time_limit_s=5.0), request).iterations  # valid (checked by planned)
     with_ilp = HydraulisPlanner(deterministic=True, ilp_time_limit_s=1.0).plan(problem)
     assert dict(with_ilp.stats)["ilp_calls"] > 0  # the same request does use the ILP when time is left
+
+
+def test_a_cold_cp_sat_import_counts_against_the_time_left(monkeypatch: Any) -> None:
+    import sys
+
+    from skrull.solver.planners.minmax_ilp import COLD_IMPORT_S, CP_SAT_MODULE, import_fits
+
+    __import__(CP_SAT_MODULE)
+    assert import_fits(0.0)  # imported: costs nothing more
+    monkeypatch.delitem(sys.modules, CP_SAT_MODULE)
+    assert not import_fits(COLD_IMPORT_S - 0.01) and import_fits(COLD_IMPORT_S)
