@@ -154,8 +154,8 @@ def report(
         f"transformers {_version('transformers')}, flash-attn {_version('flash-attn')}.",
         f"Model: {Path(args.model_config).name} ({model_config['num_hidden_layers']} layers, hidden "
         f"{model_config['hidden_size']}), random weights, bf16, SGD; loss chunks of {args.loss_chunk_tokens} rows.",
-        f"Batches: {args.batches} per dataset, {args.per_rank} sequences per DP rank; profile {profile.name} "
-        f"(estimates), bucket {args.bucket_tokens or profile.bucket_tokens} tokens.",
+        f"Batches: {args.batches} per dataset, {args.per_rank} sequences per DP rank; estimates from profile "
+        f"{profile.name}, bucket {args.bucket_tokens or profile.bucket_tokens} tokens.",
         "Step time: slowest rank's forward + backward + gradient all-reduce, mean over the timed steps.",
         "",
         "| dataset | solver | kernel | tokens | estimated ms / iteration | measured ms / step | speedup vs deepspeed |",

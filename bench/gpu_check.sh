@@ -3,13 +3,20 @@
 #
 #   bench/gpu_check.sh OUT_DIR [MODEL ...]      (PYTHON=... picks the interpreter; default python3)
 #
+# Run it from the repository root with an interpreter that can import torch, pytest, transformers and
+# skrull (the project's venv, or PYTHONPATH=$PWD with those installed); it installs nothing.
+#
 # For each model shape (default qwen2.5-0.5b): the GPU tests once, a measured profile
 # (OUT_DIR/<model>.profile.json), its predictions checked against measured per-rank compute
 # (OUT_DIR/<model>.check.md, median relative error <= 15%), then a measured training step per planner
 # (OUT_DIR/finetune-step.md; FINETUNE_ARGS adds arguments of bench/finetune_step.py). Every step runs even when an earlier one fails; the exit status is the
 # first failure's. The device, torch and the attention kernel go to OUT_DIR/device.txt.
 set -u
-out=${1:?usage: bench/gpu_check.sh OUT_DIR [MODEL ...]}
+if [ $# -lt 1 ]; then
+    echo "usage: bench/gpu_check.sh OUT_DIR [MODEL ...]  (from the repository root; PYTHON=... picks the interpreter)" >&2
+    exit 2
+fi
+out=$1
 shift
 models=("${@:-qwen2.5-0.5b}")
 py=${PYTHON:-python3}
@@ -25,6 +32,7 @@ step() {  # step NAME CMD...: run, log to OUT_DIR/NAME.log, remember the first f
     if [ "$rc" -ne 0 ] && [ "$status" -eq 0 ]; then status=$rc; fi
 }
 
+"$py" -c 'import torch' 2>/dev/null || { echo "gpu-check: $py cannot import torch; set PYTHON to an interpreter with torch (make gpu-check uses the project's venv)" >&2; exit 2; }
 "$py" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else "gpu-check: needs a CUDA GPU and torch sees none (torch.cuda.is_available() is False); nothing was run")' || exit 2
 mkdir -p "$out"
 "$py" - >"$out/device.txt" <<'EOF'

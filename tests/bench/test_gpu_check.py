@@ -33,3 +33,16 @@ def test_without_a_gpu_it_stops_with_one_line_and_writes_nothing(tmp_path: Path)
 def test_without_an_output_folder_it_says_how_to_call_it() -> None:
     done = subprocess.run(["bash", str(ROOT / "bench" / "gpu_check.sh")], capture_output=True, text=True, timeout=60)
     assert done.returncode != 0 and "usage: bench/gpu_check.sh OUT_DIR" in done.stderr
+
+
+def test_an_interpreter_without_torch_is_named_in_one_line(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHON": "false"}  # an "interpreter" that can import nothing
+    done = subprocess.run(
+        ["bash", str(ROOT / "bench" / "gpu_check.sh"), str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert done.returncode == 2 and done.stderr.count("\n") == 1
+    assert "false cannot import torch; set PYTHON" in done.stderr and not (tmp_path / "out").exists()
