@@ -24,6 +24,7 @@ from skrull.solver.ilp.search import EXACT_MAX_BINARIES, improve_lns, model_size
 from skrull.solver.planners.base import PlannerOutput, make_spec
 from skrull.solver.planners.dacp import dacp_place
 from skrull.solver.planners.skrull import gds_dacp_batch
+from skrull.solver.search.bound import layout_free_bound_ms
 from skrull.solver.search.budget import FINISH_PER_SEQUENCE_S
 from skrull.solver.types import MicrobatchSpec, Parallel, Problem
 
@@ -101,7 +102,10 @@ def optimize_iteration(
     cost = CostModel(problem.profile, bucket_tokens=problem.bucket_tokens)
     lengths = problem.lengths
     n = problem.parallel.cp
-    lower = cost.lower_bound_ms([lengths[i] for i in ids], problem.parallel)
+    # the static bound and the layout-free one (search/bound.py) both hold for every static plan; the
+    # layout-free one counts whole microbatches, so it is the tighter where fixed costs dominate
+    batch = [lengths[i] for i in ids]
+    lower = max(cost.lower_bound_ms(batch, problem.parallel), layout_free_bound_ms(batch, cost, problem.parallel))
     if model_size(seq_ids=ids, lengths=lengths, group_size=n, cost=cost, hint=hint) <= EXACT_MAX_BINARIES:
         work = exact_work(problem, ids, hint, group_size=n, cost=cost, lower_bound_ms=lower, backend=backend)
     else:

@@ -125,3 +125,27 @@ def test_auto_is_no_slower_than_any_fixed_planner_it_considers() -> None:
         for mine, theirs in zip(auto.iterations, plan.iterations, strict=True):
             assert mine.estimated_ms <= theirs.estimated_ms + 1e-9, other
     assert auto.solve.bound_ms is not None and auto.solve.bound_ms <= auto.estimated_ms
+
+
+def test_static_bound_is_never_below_the_layout_free_bound() -> None:
+    """With a large per-microbatch cost (a measured, host-bound profile) the layout-free bound, which
+    counts whole microbatches, is the tighter one; the static ILP reports the best bound it knows."""
+    from skrull.solver.io import request_from_dict
+    from skrull.solver.search.bound import layout_free_bound_ms
+
+    lengths = [3000, 1200, 900, 700, 500, 400, 300, 250, 200, 150, 120, 100, 80, 60, 40, 20] * 2
+    request = request_from_dict(
+        {
+            "batches": [lengths],
+            "parallel": {"dp": 2, "cp": 2},
+            "profile": "h100-80g-measured/qwen2.5-0.5b",
+            "solver": "ilp",
+            "time_budget_s": 0.5,
+            "deterministic": True,
+        }
+    )
+    plan = solve(request)
+    cost = CostModel(request.profile, bucket_tokens=request.bucket_tokens)
+    layout_free = layout_free_bound_ms(lengths, cost, request.parallel)
+    assert plan.solve.bound_ms is not None
+    assert layout_free - 1e-6 <= plan.solve.bound_ms <= plan.estimated_ms + 1e-6
