@@ -43,6 +43,7 @@ from skrull.api.execute import LeaseLostError, solve_job
 from skrull.api.sizes import DEFAULT_MAX_ITERATION_TOKENS, DEFAULT_MAX_PLAN_TOKENS, check_plan_tokens
 from skrull.api.store.base import ClaimedJob, IterationRecord, JobStore
 from skrull.api.store.open import open_store
+from skrull.solver.planners.minmax_ilp import preload_cp_sat
 
 if TYPE_CHECKING:
     from skrull.api.settings import Settings
@@ -137,6 +138,7 @@ def worker_main(config: WorkerConfig, wake: Any, events: Any, stop: Any) -> None
     """Entry point of a solver process."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the server decides
     import_plugins(config.plugins)
+    preload_cp_sat()  # its first import (~0.4 s) would otherwise fall inside a job's time budget
     store = open_store(config.db, sqlite_synchronous=config.synchronous, pool_size=3)
     parent = multiprocessing.parent_process()
     try:

@@ -28,6 +28,7 @@ from skrull.solver.cost import CostModel
 from skrull.solver.datasets import distribution_names, synthesize_request
 from skrull.solver.errors import RequestError
 from skrull.solver.metrics import work_ms
+from skrull.solver.planners.minmax_ilp import preload_cp_sat
 from skrull.solver.planners.registry import planner_names
 from skrull.solver.planning import solve
 from skrull.solver.profile import load_profile
@@ -88,6 +89,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--large", action="store_true", help="also auto on 65,536 sequences with a 2 s budget")
     args = parser.parse_args()
+    preload_cp_sat()  # as a service's solver process does; bench/cold_wall.py measures cold processes
     budgets = [float(b) for b in args.budgets.split(",")] if args.budgets else list(BUDGETS)
     datasets = args.datasets.split(",") if args.datasets else list(distribution_names())
     if args.quick:

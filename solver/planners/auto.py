@@ -37,7 +37,7 @@ from skrull.solver.search.bound import microbatch_floor_ms
 from skrull.solver.search.budget import FINISH_PER_SEQUENCE_S
 from skrull.solver.search.clock import Clock, clock_for
 from skrull.solver.search.improve import iteration_ms, search_iteration
-from skrull.solver.search.starts import run_starts
+from skrull.solver.search.starts import STARTS, run_starts
 from skrull.solver.types import MicrobatchSpec, Problem
 
 #: Batches are planned together up to this many sequences per chunk (whole batches; one at least).
@@ -117,7 +117,10 @@ class AutoPlanner:
         if problem.deterministic:  # every start, in process: the same starts on any machine
             starts = run_starts(sub, deadline=float("inf"), keep_s=0.0, isolate=False)
         else:
-            starts = run_starts(sub, deadline=deadline, keep_s=SEARCH_SHARE * span)
+            # without deferral, the peers' child spends no time on WLB-LLM's outlier queues: ``wlb-keep``
+            # (its packing and sharding, no queues) is the plan of that family auto may return
+            names = None if self.allow_pending else [s.name for s in STARTS if s.name != "wlb"]
+            starts = run_starts(sub, deadline=deadline, keep_s=SEARCH_SHARE * span, names=names)
         outputs = [o for _, o in starts if self.allow_pending or not o.pending]
         candidates = choose_starts(sub, outputs)
         cost = CostModel(problem.profile, bucket_tokens=problem.bucket_tokens)

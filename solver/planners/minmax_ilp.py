@@ -11,6 +11,7 @@ deterministic one.
 
 from __future__ import annotations
 
+import importlib
 import sys
 from collections.abc import Sequence
 
@@ -19,6 +20,13 @@ from collections.abc import Sequence
 #: ILP while the module is cold and less than this is left.
 CP_SAT_MODULE = "ortools.sat.python.cp_model"
 COLD_IMPORT_S = 0.5
+
+
+def preload_cp_sat() -> None:
+    """Import CP-SAT now, outside any budget (a service's solver process calls this before its first
+    job): a process that only ever sees short budgets would otherwise never find the time to import
+    it, and ``hydraulis`` and ``auto``'s hydraulis start would never run their ILP there."""
+    importlib.import_module(CP_SAT_MODULE)
 
 
 def import_fits(seconds_left: float) -> bool:

@@ -49,6 +49,7 @@ COSTS: dict[str, Cost] = {
     "hydraulis": Cost(0.01, 2e-4),
     "dynamic-cp": Cost(0.005, 2.5e-4),
     "wlb": Cost(0.005, 1.5e-4),
+    "wlb-keep": Cost(0.005, 1.2e-4),  # auto's start: wlb without the outlier queues (no queue search)
 }
 
 

@@ -96,6 +96,8 @@ STARTS: tuple[Start, ...] = (
         imports=CP_SAT_MODULE,
     ),
     Start(name="wlb", isolated=True, make=WlbPlanner, per_sequence_s=1e-4, fixed_s=0.002),
+    # WLB-LLM's packing and adaptive sharding without the outlier delay: a start that keeps every batch
+    Start(name="wlb-keep", isolated=True, make=lambda: WlbPlanner(num_queues=0), per_sequence_s=5e-5, fixed_s=0.002),
     Start(name="dynamic-cp", isolated=True, make=DynamicCpPlanner, per_sequence_s=1.2e-4, fixed_s=0.002),
     # the plain-CP baselines: never better than ``packed`` on the bundled distributions, run last
     Start(name="deepspeed", make=DeepSpeedPlanner, per_sequence_s=2e-6),
@@ -148,6 +150,8 @@ def run_starts(
                 peers = []
         if k > 0 and start in peers:
             continue
+        if isolate and start.isolated and smallest_budget_s(start.name, sizes) > problem.time_budget_s:
+            continue  # as in the peers' child: a peer this budget could not ask for costs the search time
         left = end - time.monotonic() - evaluation_s * (len(out) + 1 + len(peers))
         predicted = predicted_s(start, sizes)
         if out and predicted > left:
@@ -180,7 +184,9 @@ def _start_peers(peers: Sequence[Start], problem: Problem, sizes: Sequence[int],
         for start in order:
             left = end - time.monotonic()
             predicted = predicted_s(start, sizes)
-            if predicted > left:
+            # a peer that could not be asked for with this budget on its own does not run either: the
+            # parent waits for the child, and that time is worth more to the search
+            if predicted > left or smallest_budget_s(start.name, sizes) > problem.time_budget_s:
                 continue
             if start.imports is not None:  # not timed: the parent imports it for the later calls
                 importlib.import_module(start.imports)

@@ -132,6 +132,9 @@ def test_auto_never_defers_by_default_and_a_deferring_start_competes_when_allowe
     allowed = assemble_plan(problem, AutoPlanner(allow_pending=True).plan(problem), solver="auto", wall_ms=0.0)
     assert plan_problems(allowed, request) == []
     assert per_work(allowed, request) <= per_work(wlb, request) * (1 + 1e-9)
+    # auto's own wlb start keeps WLB-LLM's packing and sharding without the outlier queues: no deferral
+    keep = next(s for s in starts_module.STARTS if s.name == "wlb-keep").make().plan(problem)
+    assert keep.pending == ()
 
 
 def test_deterministic_requests_give_the_same_plan() -> None:
