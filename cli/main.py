@@ -38,7 +38,7 @@ from skrull.solver.io import (
 )
 from skrull.solver.planners.registry import get_planner, planner_names
 from skrull.solver.planning import solve
-from skrull.solver.profile import bundled_profile_names
+from skrull.solver.profile import bundled_profile_names, load_profile
 from skrull.solver.types import Parallel, Request
 from skrull.solver.validate import validate_plan
 
@@ -205,8 +205,29 @@ def cmd_profiles(args: argparse.Namespace) -> int:
     if args.name:
         print(dumps(parse_profile(_profile_arg(args.name)).to_dict()))
         return 0
+    if not args.long:
+        for name in bundled_profile_names():
+            print(name)
+        return 0
+    print("| profile | source | bucket tokens | ms_per_tflop | fixed_ms | microbatch_ms | check |")
+    print("|---|---|---|---|---|---|---|")
     for name in bundled_profile_names():
-        print(name)
+        try:
+            profile = load_profile(name)
+        except ValueError as exc:  # a broken file in $SKRULL_PROFILES_DIR: say so, list the rest
+            print(f"| {name} | unreadable: {exc} | - | - | - | - | - |")
+            continue
+        extra = profile.extra
+        measured = extra.get("measured")
+        source = f"measured on {measured.get('device', '?')}" if isinstance(measured, dict) else "derived"
+        check = extra.get("check")
+        verdict = "-"
+        if isinstance(check, dict) and isinstance(check.get("median_abs_rel_error"), (int, float)):
+            verdict = f"{check['median_abs_rel_error']:.1%} median error ({'pass' if check.get('passed') else 'fail'})"
+        print(
+            f"| {name} | {source} | {profile.bucket_tokens} | {profile.compute.ms_per_tflop:.3f} "
+            f"| {profile.compute.fixed_ms:.2f} | {profile.microbatch_ms:.2f} | {verdict} |"
+        )
     return 0
 
 
@@ -251,6 +272,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("profiles", help="list bundled profiles, or print one")
     p.add_argument("name", nargs="?")
+    p.add_argument("--long", action="store_true", help="a table: derived or measured, bucket, coefficients, check")
     p.set_defaults(func=cmd_profiles)
 
     derive_cli.add_parser(sub)

@@ -143,3 +143,19 @@ def test_profiles_lists_bundled_and_shows_one() -> None:
     assert "h100-80g/qwen2.5-0.5b" in out.stdout.split()
     shown = json.loads(skrull("profiles", "h100-80g/qwen2.5-7b").stdout)
     assert shown["memory"]["bucket_tokens"] == 13000
+
+
+def test_profiles_long_tells_measured_from_derived_and_survives_a_broken_user_profile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from skrull.cli.main import main
+
+    (tmp_path / "lab__broken.json").write_text('{"name": "lab/broken"}')
+    monkeypatch.setenv("SKRULL_PROFILES_DIR", str(tmp_path))
+    assert main(["profiles", "--long"]) == 0
+    rows = {line.split("|")[1].strip(): line for line in capsys.readouterr().out.splitlines()[2:]}
+    assert "measured on NVIDIA H100 80GB HBM3" in rows["h100-80g-measured/qwen2.5-0.5b"]
+    assert "8.0% median error (pass)" in rows["h100-80g-measured/qwen2.5-0.5b"]
+    assert "(fail)" in rows["h100-80g-measured/qwen2.5-7b"]
+    assert "| derived | 26000 |" in rows["h100-80g/qwen2.5-0.5b"]
+    assert "unreadable: " in rows["lab/broken"] and "compute" in rows["lab/broken"]
