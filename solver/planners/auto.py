@@ -117,9 +117,8 @@ class AutoPlanner:
         if problem.deterministic:  # every start, in process: the same starts on any machine
             starts = run_starts(sub, deadline=float("inf"), keep_s=0.0, isolate=False)
         else:
-            # without deferral, the peers' child spends no time on WLB-LLM's outlier queues: ``wlb-keep``
-            # (its packing and sharding, no queues) is the plan of that family auto may return
-            names = None if self.allow_pending else [s.name for s in STARTS if s.name != "wlb"]
+            # without deferral no time goes to starts that defer (``wlb-keep`` is WLB-LLM without its queues)
+            names = None if self.allow_pending else [s.name for s in STARTS if not s.defers]
             starts = run_starts(sub, deadline=deadline, keep_s=SEARCH_SHARE * span, names=names)
         outputs = [o for _, o in starts if self.allow_pending or not o.pending]
         candidates = choose_starts(sub, outputs)

@@ -72,6 +72,14 @@ class Start:
     #: A module the start imports on its first run (its solver), which a forked child imports again
     #: unless this process already has it.
     imports: str | None = None
+    #: Its plans may leave sequences pending (WLB-LLM's outlier queues): ``auto`` runs it only when it
+    #: may return such a plan (``AutoPlanner(allow_pending=True)``).
+    defers: bool = False
+
+    def affordable(self, batch_sizes: Sequence[int], time_budget_s: float) -> bool:
+        """Whether this budget could ask for the start on its own (``budget.smallest_budget_s``): a peer it
+        could not is not worth the time the search would wait for it."""
+        return smallest_budget_s(self.name, batch_sizes) <= time_budget_s
 
     def unit_s(self, batch_sizes: Sequence[int]) -> float:
         return (
@@ -95,7 +103,7 @@ STARTS: tuple[Start, ...] = (
         fixed_s=0.005,
         imports=CP_SAT_MODULE,
     ),
-    Start(name="wlb", isolated=True, make=WlbPlanner, per_sequence_s=1e-4, fixed_s=0.002),
+    Start(name="wlb", isolated=True, make=WlbPlanner, per_sequence_s=1e-4, fixed_s=0.002, defers=True),
     # WLB-LLM's packing and adaptive sharding without the outlier delay: a start that keeps every batch
     Start(name="wlb-keep", isolated=True, make=lambda: WlbPlanner(num_queues=0), per_sequence_s=5e-5, fixed_s=0.002),
     Start(name="dynamic-cp", isolated=True, make=DynamicCpPlanner, per_sequence_s=1.2e-4, fixed_s=0.002),
@@ -150,8 +158,8 @@ def run_starts(
                 peers = []
         if k > 0 and start in peers:
             continue
-        if isolate and start.isolated and smallest_budget_s(start.name, sizes) > problem.time_budget_s:
-            continue  # as in the peers' child: a peer this budget could not ask for costs the search time
+        if isolate and start.isolated and not start.affordable(sizes, problem.time_budget_s):
+            continue
         left = end - time.monotonic() - evaluation_s * (len(out) + 1 + len(peers))
         predicted = predicted_s(start, sizes)
         if out and predicted > left:
@@ -184,9 +192,7 @@ def _start_peers(peers: Sequence[Start], problem: Problem, sizes: Sequence[int],
         for start in order:
             left = end - time.monotonic()
             predicted = predicted_s(start, sizes)
-            # a peer that could not be asked for with this budget on its own does not run either: the
-            # parent waits for the child, and that time is worth more to the search
-            if predicted > left or smallest_budget_s(start.name, sizes) > problem.time_budget_s:
+            if predicted > left or not start.affordable(sizes, problem.time_budget_s):
                 continue
             if start.imports is not None:  # not timed: the parent imports it for the later calls
                 importlib.import_module(start.imports)
