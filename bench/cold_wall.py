@@ -23,7 +23,6 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SETUPS = [("h100-80g/qwen2.5-0.5b", 4, 8), ("h100-80g/qwen2.5-7b", 2, 16)]
 CHILD = """
 import dataclasses, json, sys, time
 from skrull.solver.datasets import synthesize_request
@@ -48,8 +47,7 @@ else:
 """
 
 
-def cold_wall_ms(solver: str, budget: float, dataset: str, setup: tuple[str, int, int]) -> float | None:
-    profile, dp, cp = setup
+def cold_wall_ms(solver: str, budget: float, dataset: str, profile: str, dp: int, cp: int) -> float | None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     args = [solver, str(budget), dataset, profile, str(dp), str(cp)]
     out = subprocess.run([sys.executable, "-c", CHILD, *args], capture_output=True, text=True, env=env, check=True)
@@ -58,7 +56,9 @@ def cold_wall_ms(solver: str, budget: float, dataset: str, setup: tuple[str, int
 
 
 def main() -> None:
-    sys.path.insert(0, str(ROOT))
+    sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+    from budget import SETUPS, allowed_ms  # the same shapes and the same promise as bench/budget.py
+
     from skrull.solver.planners.registry import planner_names
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -76,23 +76,21 @@ def main() -> None:
         f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d}, load {os.getloadavg()[0]:.2f}; "
         f"slowest of {', '.join(datasets)} (ms)\n"
     )
-    for setup in SETUPS:
-        print(f"### {setup[0]}, DP{setup[1]} x CP{setup[2]}, 256 sequences\n")
-        print("| planner | " + " | ".join(f"{b:g} s (<= {b * 1e3 + max(20.0, 50 * b):.0f})" for b in budgets) + " |")
+    for profile, parallel in SETUPS:
+        print(f"### {profile}, DP{parallel.dp} x CP{parallel.cp}, 256 sequences\n")
+        print("| planner | " + " | ".join(f"{b:g} s (<= {allowed_ms(b):.0f})" for b in budgets) + " |")
         print("|---|" + "---|" * len(budgets))
         for solver in solvers:
             cells = []
             for budget in budgets:
-                walls = [cold_wall_ms(solver, budget, d, setup) for d in datasets]
+                walls = [cold_wall_ms(solver, budget, d, profile, parallel.dp, parallel.cp) for d in datasets]
                 if all(w is None for w in walls):
                     cells.append("refused")
                     continue
                 worst = max(w for w in walls if w is not None)
-                over = worst > budget * 1e3 + max(20.0, 50 * budget)
-                cells.append(f"{worst:.0f}{' !' if over else ''}")
+                cells.append(f"{worst:.0f}{' !' if worst > allowed_ms(budget) else ''}")
             print(f"| {solver} | " + " | ".join(cells) + " |", flush=True)
         print()
-
 
 if __name__ == "__main__":
     main()
