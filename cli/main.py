@@ -209,6 +209,8 @@ def cmd_profiles(args: argparse.Namespace) -> int:
         for name in bundled_profile_names():
             print(name)
         return 0
+    from skrull.worker.profiling.check import read_check  # numpy only: no torch
+
     print("| profile | source | bucket tokens | ms_per_tflop | fixed_ms | microbatch_ms | check |")
     print("|---|---|---|---|---|---|---|")
     for name in bundled_profile_names():
@@ -220,10 +222,8 @@ def cmd_profiles(args: argparse.Namespace) -> int:
         extra = profile.extra
         measured = extra.get("measured")
         source = f"measured on {measured.get('device', '?')}" if isinstance(measured, dict) else "derived"
-        check = extra.get("check")
-        verdict = "-"
-        if isinstance(check, dict) and isinstance(check.get("median_abs_rel_error"), (int, float)):
-            verdict = f"{check['median_abs_rel_error']:.1%} median error ({'pass' if check.get('passed') else 'fail'})"
+        check = read_check(extra)
+        verdict = "-" if check is None else f"{check[0]:.1%} median error ({'pass' if check[1] else 'fail'})"
         print(
             f"| {name} | {source} | {profile.bucket_tokens} | {profile.compute.ms_per_tflop:.3f} "
             f"| {profile.compute.fixed_ms:.2f} | {profile.microbatch_ms:.2f} | {verdict} |"

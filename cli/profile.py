@@ -20,6 +20,10 @@ from skrull.solver.types import Parallel
 EXIT_USER_ERROR = 2
 
 
+#: The median relative error a recorded check passes under when no --max-median-error is given.
+RECORD_LIMIT = 0.15
+
+
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("profile", help="measure this GPU for a model and write a profile; --check PROFILE")
     p.add_argument("--check", metavar="PROFILE", default=None, help="check a profile's predictions on this device")
@@ -49,6 +53,11 @@ def add_parser(sub: Any) -> None:
         default=None,
         metavar="FRACTION",
         help="exit 1 when the overall median relative error exceeds this (e.g. 0.15)",
+    )
+    chk.add_argument(
+        "--record",
+        action="store_true",
+        help="write the result into the profile file as its check block (limit: --max-median-error, else 0.15)",
     )
     p.set_defaults(func=cmd_profile)
 
@@ -177,6 +186,17 @@ def _check(args: argparse.Namespace, *, device: Any, dtype: Any, model_from_doc:
                 f"deepspeed {times['deepspeed']:.2f} ms: {times['deepspeed'] / times['skrull']:.2f}x"
             )
     limit = args.max_median_error
+    if args.record:
+        from skrull.worker.profiling.check import check_block, check_what
+
+        doc["check"] = check_block(
+            median_abs_rel_error=round(overall.median_abs_rel_error, 4),
+            limit=limit if limit is not None else RECORD_LIMIT,
+            what=check_what(
+                datasets=datasets, solvers=solvers, dp=args.dp, cp=args.cp, sequences_per_rank=args.per_rank
+            ),
+        )
+        Path(args.check).write_text(dumps(doc) + "\n", encoding="utf-8")  # as the profile was written
     if limit is not None and not overall.median_abs_rel_error <= limit:
         print(
             f"skrull: error: check failed: median relative error {overall.median_abs_rel_error:.1%} > {limit:.1%}",

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from skrull.solver.profile import profile_from_dict
+from skrull.worker.profiling.check import check_block, check_what
 from tests.cli.test_main import ROOT, skrull
 
 NO_GPU = not torch.cuda.is_available()
@@ -51,6 +52,20 @@ def test_cpu_dry_run_writes_a_contract_profile_and_checks_it(tmp_path: Path) -> 
     )  # fmt: skip
     assert strict.returncode == 1 and "overall: median abs error" in strict.stdout
     assert strict.stderr.count("\n") == 1 and strict.stderr.startswith("skrull: error: check failed: median")
+
+    before = json.loads(target.read_text())
+    recorded = skrull(
+        "profile", "--check", str(target), "--device", "cpu", "--dp", "1", "--cp", "2", "--per-rank", "3",
+        "--bucket-tokens", "128", "--repeats", "1", "--dataset", "llama3-sft-mix", "--record",
+    )  # fmt: skip
+    assert recorded.returncode == 0, recorded.stderr
+    after = json.loads(target.read_text())
+    error = after["check"]["median_abs_rel_error"]
+    assert f"overall: median abs error {error:.1%}" in recorded.stdout
+    what = check_what(
+        datasets=["llama3-sft-mix"], solvers=["skrull", "deepspeed"], dp=1, cp=2, sequences_per_rank=3
+    )
+    assert after == {**before, "check": check_block(median_abs_rel_error=error, limit=0.15, what=what)}
 
 
 def test_check_refuses_a_profile_without_the_model_shape(tmp_path: Path) -> None:

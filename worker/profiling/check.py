@@ -8,8 +8,10 @@ each rank's compute on one GPU, in turn, with no collective.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -58,3 +60,47 @@ def check_stats(predicted: Sequence[float], measured: Sequence[float]) -> CheckS
         max_abs_rel_error=float(rel.max()),
         r2=r_squared(p, y),
     )
+
+
+def check_what(*, datasets: Sequence[str], solvers: Sequence[str], dp: int, cp: int, sequences_per_rank: int) -> str:
+    """What a check measured, in words (the ``what`` of ``check_block``)."""
+    return (
+        f"skrull profile --check: every rank's compute of the first iteration of {' and '.join(solvers)} plans "
+        f"({', '.join(datasets)}; DP{dp} x CP{cp}, {sequences_per_rank} sequences per rank), predicted vs measured"
+    )
+
+
+def check_block(*, median_abs_rel_error: float, limit: float, what: str, report: str | None = None) -> dict[str, Any]:
+    """A profile's ``check`` block, the one writer (``skrull profile --check --record``); ``read_check`` reads it."""
+    block: dict[str, Any] = {
+        "median_abs_rel_error": median_abs_rel_error,
+        "limit": limit,
+        "passed": median_abs_rel_error <= limit,
+        "what": what,
+    }
+    if report is not None:
+        block["report"] = report
+    return block
+
+
+def read_check(doc: Mapping[str, Any]) -> tuple[float, bool] | None:
+    """``(median relative error, passed)`` of a profile document's ``check`` block; None when it has no
+    readable one (a hand-written profile, or a block with a non-finite error)."""
+    block = doc.get("check")
+    if not isinstance(block, Mapping):
+        return None
+    error, limit = _finite(block.get("median_abs_rel_error")), _finite(block.get("limit"))
+    if error is None or limit is None:
+        return None
+    return error, error <= limit
+
+
+def _finite(value: Any) -> float | None:
+    """``value`` as a finite float, or None (booleans, strings, NaN, infinities, integers past float)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from skrull.solver.cost import CostModel
@@ -47,3 +49,38 @@ def test_errors_are_relative_to_the_measurement_and_idle_ranks_are_skipped() -> 
     assert 0.95 < stats.r2 < 1.0
     with pytest.raises(ValueError, match="as many"):
         check_stats([1.0], [1.0, 2.0])
+
+
+def test_check_block_is_read_back_as_written() -> None:
+    from skrull.worker.profiling.check import check_block, read_check
+
+    block = check_block(median_abs_rel_error=0.08, limit=0.15, what="w", report="r.md")
+    assert block == {"median_abs_rel_error": 0.08, "limit": 0.15, "passed": True, "what": "w", "report": "r.md"}
+    assert read_check({"check": block}) == (0.08, True)
+    assert read_check({"check": check_block(median_abs_rel_error=0.2, limit=0.15, what="w")}) == (0.2, False)
+
+
+@pytest.mark.parametrize(
+    "check",
+    [None, "fine", [], {}, {"median_abs_rel_error": float("nan"), "limit": 0.15},
+     {"median_abs_rel_error": True, "limit": 0.15}, {"median_abs_rel_error": "0.1", "limit": 0.15},
+     {"median_abs_rel_error": 0.1, "limit": float("inf")}, {"median_abs_rel_error": 10**400, "limit": 0.15},
+     {"median_abs_rel_error": {"a": {"b": 1}}, "limit": 0.15}],
+)  # fmt: skip
+def test_an_unreadable_check_block_reads_as_none(check: Any) -> None:
+    from skrull.worker.profiling.check import read_check
+
+    assert read_check({"check": check}) is None
+
+
+@pytest.mark.parametrize("model", ["qwen2.5-0.5b", "qwen2.5-7b"])
+def test_bundled_check_blocks_are_what_the_writer_makes(model: str) -> None:
+    from skrull.solver.profile import load_profile
+    from skrull.worker.profiling.check import check_block, check_what
+
+    block = load_profile(f"h100-80g-measured/{model}").extra["check"]
+    datasets, solvers = ["chatqa2-long-sft", "llama3-sft-mix"], ["skrull", "deepspeed"]
+    what = check_what(datasets=datasets, solvers=solvers, dp=1, cp=8, sequences_per_rank=16)
+    error, report = block["median_abs_rel_error"], f"docs/gpu-check/{model}.check.md"
+    expected = check_block(median_abs_rel_error=error, limit=0.15, what=what, report=report)
+    assert block == expected
