@@ -12,9 +12,12 @@ all N (DACP, eqs. 1-5):
     Time = microbatch_ms + max_j [ max(T_comm(sum sharded S), T_comp(sum_{local[j]} FLOPs(S)))
                                    + T_comp(sum_{sharded} FLOPs(S) / N) ]
 
-Memory (eq. 7): ``sum_{local[j]} S + sum_{sharded} S / N <= bucket_tokens`` for every j. It is checked
-in integers as ``N * sum_{local[j]} S + sum_{sharded} S <= N * bucket_tokens`` so that planners and the
-validator never disagree through rounding.
+Memory (eq. 7), per GPU in real tokens: GPU j holds ``sum_{local[j]} S`` plus the pieces of the sharded
+sequences that the split gives it (``solver.sharding``, which deals remainders round-robin over the
+microbatch so every GPU holds ``floor(T/N)`` or ``ceil(T/N)`` of the ``T`` sharded tokens). So every GPU
+fits exactly when ``sum_{local[j]} S + ceil(T/N) <= bucket_tokens``, which is checked in integers as
+``N * sum_{local[j]} S + T <= N * bucket_tokens`` (``fits``), the check every planner makes; the
+validator recounts each GPU's real pieces (``bucket_use_tokens``).
 
 Iteration time (eq. 8): the max over GPUs of the summed Time of the microbatches each GPU takes part in.
 
@@ -33,6 +36,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from skrull.solver.profile import Profile
+from skrull.solver.sharding import DEFAULT_SHARDING, max_position_tokens, position_token_counts
 from skrull.solver.types import Iteration, Microbatch, MicrobatchSpec, Parallel
 
 MIB = float(2**20)
@@ -187,17 +191,24 @@ class CostModel:
             worst = max(worst, max(comm, local) + dist)
         return self._mb_ms + worst
 
-    def bucket_use_tokens(self, local_lengths: Sequence[Sequence[int]], sharded_lengths: Sequence[int]) -> list[float]:
-        """Tokens held by each GPU of the group: ``sum local[j] + sum sharded / N`` (eq. 7)."""
-        share = sum(sharded_lengths) / len(local_lengths)
-        return [sum(lens) + share for lens in local_lengths]
+    def bucket_use_tokens(
+        self,
+        local_lengths: Sequence[Sequence[int]],
+        sharded_lengths: Sequence[int],
+        *,
+        sharding: str = DEFAULT_SHARDING,
+    ) -> list[int]:
+        """Tokens each GPU of the group really holds: its local sequences plus the pieces that
+        ``sharding`` cuts for it (``solver.sharding.position_token_counts``)."""
+        pieces = position_token_counts(sharding, sharded_lengths, len(local_lengths))
+        return [sum(lens) + piece for lens, piece in zip(local_lengths, pieces, strict=True)]
 
     def fits(self, local_lengths: Sequence[Sequence[int]], sharded_lengths: Sequence[int]) -> bool:
-        """Whether every GPU of the group stays within ``bucket_tokens`` (eq. 7, exact in integers)."""
-        group_size = len(local_lengths)
-        sharded = sum(sharded_lengths)
-        limit = group_size * self.bucket_tokens
-        return all(group_size * sum(lens) + sharded <= limit for lens in local_lengths)
+        """Whether every GPU of the group stays within ``bucket_tokens`` in real tokens, in every sharding
+        mode: ``sum local[j] + ceil(T/N) <= bucket`` for every j (eq. 7; module doc)."""
+        share = max_position_tokens(sum(sharded_lengths), len(local_lengths))
+        limit = self.bucket_tokens - share
+        return all(sum(lens) <= limit for lens in local_lengths)
 
     def spec_time_ms(self, spec: MicrobatchSpec | Placement, lengths: Sequence[int]) -> float:
         """Time of a planner's microbatch, looking lengths up by global sequence id."""

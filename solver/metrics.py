@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from skrull.solver.cost import CostModel
+from skrull.solver.sharding import position_token_counts
 from skrull.solver.types import Iteration, Plan
 
 
@@ -41,13 +42,14 @@ def imbalance_degree(plan: Plan) -> float | None:
 
 
 def peak_bucket_use(plan: Plan, lengths: Sequence[int]) -> float:
-    """Largest per-GPU token load of any microbatch, as a fraction of ``bucket_tokens``."""
-    peak = 0.0
+    """Largest per-GPU token load of any microbatch (real tokens: local sequences plus the pieces the
+    microbatch's sharding cuts for the GPU), as a fraction of ``bucket_tokens``."""
+    peak = 0
     for it in plan.iterations:
         for mb in it.microbatches:
-            share = sum(lengths[i] for i in mb.sharded) / len(mb.ranks)
-            for ids in mb.local:
-                peak = max(peak, sum(lengths[i] for i in ids) + share)
+            pieces = position_token_counts(mb.sharding, [lengths[i] for i in mb.sharded], len(mb.ranks))
+            for ids, piece in zip(mb.local, pieces, strict=True):
+                peak = max(peak, sum(lengths[i] for i in ids) + piece)
     return peak / plan.bucket_tokens
 
 

@@ -29,6 +29,7 @@ from xml.sax.saxutils import escape, quoteattr
 
 from skrull.solver.cost import CostModel
 from skrull.solver.errors import RequestError
+from skrull.solver.sharding import position_token_counts
 from skrull.solver.types import Plan
 
 #: Fill colours of the segments and strips (colour-blind-safe Tableau 10 picks).
@@ -88,7 +89,7 @@ class LaneBar:
 
     @property
     def bucket_use(self) -> float | None:
-        """``(sum local S + sum sharded S / N) / bucket_tokens`` (eq. 7)."""
+        """``(sum local S + this GPU's pieces of the sharded S) / bucket_tokens`` (eq. 7, real tokens)."""
         if self.local_tokens is None or self.sharded_share_tokens is None:
             return None
         return (self.local_tokens + self.sharded_share_tokens) / self.bucket_tokens
@@ -134,13 +135,14 @@ def iteration_timeline(
         start = max(free_at[g] for g in mb.ranks)
         n = len(mb.ranks)
         sharded_lengths = [lengths[i] for i in mb.sharded] if lengths is not None else []
+        pieces = position_token_counts(mb.sharding, sharded_lengths, n) if lengths is not None else ()
         for j, gpu in enumerate(mb.ranks):
             overhead = overlap = sharded = None
             local_tokens: int | None = None
             share: float | None = None
             if lengths is not None:
                 local_tokens = sum(lengths[i] for i in mb.local[j])
-                share = sum(sharded_lengths) / n
+                share = pieces[j]
             if split:
                 assert model is not None and lengths is not None
                 comm = model.t_comm_ms(sum(sharded_lengths)) if n > 1 else 0.0

@@ -9,7 +9,8 @@ It knows nothing of how planners work; it checks a plan against the request and 
 * microbatches: ``ranks`` distinct and in ``0..dp*cp-1``; one ``local`` list per rank; nothing sharded on
   a one-GPU group; a known ``sharding`` mode; not empty; every GPU executes its microbatches at distinct
   steps;
-* memory (eq. 7): every GPU within ``bucket_tokens`` in every microbatch;
+* memory (eq. 7): every GPU within ``bucket_tokens`` in every microbatch, counting the tokens it really
+  holds (its local sequences plus the pieces the microbatch's sharding mode cuts for it);
 * estimates: every ``estimated_ms`` and ``lower_bound_ms`` equals the reference model, the iteration
   estimate is never below its bound; ``solve`` is consistent (objective = summed iteration estimates,
   bound <= objective, gap = (objective - bound) / objective).
@@ -125,9 +126,12 @@ def microbatch_problems(
     lengths = ledger.lengths
     local_lengths = [[lengths[i] for i in ids] for ids in mb.local]
     sharded_lengths = [lengths[i] for i in mb.sharded]
-    if not model.fits(local_lengths, sharded_lengths):
-        use = max(model.bucket_use_tokens(local_lengths, sharded_lengths))
-        problems.append(f"{where}: a GPU holds {use:.1f} tokens, over bucket_tokens={model.bucket_tokens}")
+    if mb.sharding in SHARDING_MODES:
+        use = model.bucket_use_tokens(local_lengths, sharded_lengths, sharding=mb.sharding)
+        over = [(tokens, g) for tokens, g in zip(use, mb.ranks, strict=True) if tokens > model.bucket_tokens]
+        if over:
+            tokens, g = max(over)
+            problems.append(f"{where}: GPU {g} holds {tokens} tokens, over bucket_tokens={model.bucket_tokens}")
     expected = model.microbatch_time_ms(local_lengths, sharded_lengths)
     if not _close(mb.estimated_ms, expected):
         problems.append(f"{where}: estimated_ms {mb.estimated_ms} != reference {expected:.6f}")

@@ -8,8 +8,18 @@ cuts (``solver.sharding.group_ranges``). ``RankView.to_dict`` writes the view do
 
 Sharding of the sequences of a microbatch over its N GPUs follows the microbatch's ``sharding`` mode
 (``solver.sharding``; the default ``zigzag`` cuts each sequence into 2N chunks, position p taking chunks
-p and 2N-1-p, the remainder to the leading chunks). A view of a non-default mode carries ``"sharding"``.
-Every sharded sequence gets an entry at every position, with no ranges where it holds no token.
+p and 2N-1-p, remainder tokens dealt round-robin over the microbatch so no GPU exceeds its bucket). A view
+of a non-default mode carries ``"sharding"``. Every sharded sequence gets an entry at every position,
+with no ranges where it holds no token.
+
+Cost. A view costs time linear in what the rank itself runs, not in the size of its groups: the cut of
+one position is O(sharded sequences) (``solver.sharding.position_ranges``), and which microbatches a rank
+takes part in comes from an ``IterationIndex`` built once per iteration (O(microbatches x group size),
+the size of the iteration itself) and kept for the last few iterations asked about. Each microbatch of the
+view still lists its group's ``ranks``, as the format requires.
+
+The view also states ``max_microbatches``: the most microbatches any GPU runs in the iteration, so a
+consumer that must run a fixed number of steps (a Trainer's gradient accumulation, FSDP) pads exactly.
 
 The packed buffer of a GPU for one microbatch holds its local sequences (in the plan's order) and then
 its pieces of the sharded sequences (each piece in range order); ``cu_seqlens`` delimits every local
@@ -18,6 +28,8 @@ sequence and every piece, flash-attention's spelling (int offsets starting at 0)
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import pairwise
@@ -25,10 +37,11 @@ from typing import Any
 
 from skrull.solver.errors import RequestError
 from skrull.solver.jsonsafe import read_int, read_ints
-from skrull.solver.sharding import DEFAULT_SHARDING, chunks, group_ranges, read_sharding, zigzag_ranges
+from skrull.solver.sharding import DEFAULT_SHARDING, chunks, position_ranges, read_sharding, zigzag_ranges
 from skrull.solver.types import Iteration, Microbatch, Parallel, Plan
 
 __all__ = [
+    "IterationIndex",
     "RankMicrobatch",
     "RankView",
     "Shard",
@@ -95,6 +108,8 @@ class RankView:
     rank: int
     num_tokens_in_iteration: int
     microbatches: tuple[RankMicrobatch, ...]
+    #: The most microbatches any GPU of the world runs in this iteration (>= ``len(microbatches)``).
+    max_microbatches: int
 
     def to_dict(self, *, plan_id: str | None = None) -> dict[str, Any]:
         """The worker-view document (docs/formats.md "Worker view")."""
@@ -103,6 +118,7 @@ class RankView:
             "iteration": self.iteration,
             "rank": self.rank,
             "num_tokens_in_iteration": self.num_tokens_in_iteration,
+            "max_microbatches": self.max_microbatches,
             "microbatches": [mb.to_dict() for mb in self.microbatches],
         }
 
@@ -116,8 +132,8 @@ def _cumsum(values: Sequence[int]) -> tuple[int, ...]:
 
 def _rank_microbatch(mb: Microbatch, lengths: Sequence[int], position: int) -> RankMicrobatch:
     local = mb.local[position]
-    cuts = group_ranges(mb.sharding, [lengths[i] for i in mb.sharded], len(mb.ranks))
-    shards = tuple(Shard(seq_id=i, num_tokens=lengths[i], ranges=cuts[k][position]) for k, i in enumerate(mb.sharded))
+    cut = position_ranges(mb.sharding, [lengths[i] for i in mb.sharded], len(mb.ranks), position)
+    shards = tuple(Shard(seq_id=i, num_tokens=lengths[i], ranges=cut[k]) for k, i in enumerate(mb.sharded))
     pieces = [lengths[i] for i in local] + [end - start for s in shards for start, end in s.ranges]
     return RankMicrobatch(
         step=mb.step,
@@ -131,6 +147,61 @@ def _rank_microbatch(mb: Microbatch, lengths: Sequence[int], position: int) -> R
     )
 
 
+class IterationIndex:
+    """Which microbatches every GPU takes part in (at which position), in step order, and the iteration's
+    token count: built once per iteration in O(microbatches x group size), so each rank view after it
+    costs only what that rank runs."""
+
+    __slots__ = ("by_rank", "iteration", "lengths", "max_microbatches", "num_tokens")
+
+    def __init__(self, iteration: Iteration, lengths: Sequence[int]) -> None:
+        self.iteration = iteration
+        self.lengths = lengths
+        by_rank: dict[int, list[tuple[Microbatch, int]]] = {}
+        total = 0
+        for mb in sorted(iteration.microbatches, key=lambda m: m.step):
+            for position, g in enumerate(mb.ranks):
+                by_rank.setdefault(g, []).append((mb, position))
+                total += sum(lengths[i] for i in mb.local[position])
+            total += sum(lengths[i] for i in mb.sharded)
+        self.by_rank = by_rank
+        self.num_tokens = total
+        self.max_microbatches = max((len(v) for v in by_rank.values()), default=0)
+
+    def view(self, rank: int) -> RankView:
+        """GPU ``rank``'s view (``rank_view``)."""
+        return RankView(
+            iteration=self.iteration.index,
+            rank=rank,
+            num_tokens_in_iteration=self.num_tokens,
+            microbatches=tuple(_rank_microbatch(mb, self.lengths, p) for mb, p in self.by_rank.get(rank, ())),
+            max_microbatches=self.max_microbatches,
+        )
+
+
+#: Indexes of the iterations most recently viewed, by the identity of the iteration and the lengths. An
+#: entry holds both objects, so an id cannot be reused while its entry lives.
+_INDEXES: OrderedDict[tuple[int, int], IterationIndex] = OrderedDict()
+_INDEXES_KEPT = 8
+_INDEXES_LOCK = threading.Lock()
+
+
+def iteration_index(iteration: Iteration, lengths: Sequence[int]) -> IterationIndex:
+    """The (cached) ``IterationIndex`` of ``iteration`` over ``lengths``."""
+    key = (id(iteration), id(lengths))
+    with _INDEXES_LOCK:
+        index = _INDEXES.get(key)
+        if index is not None and index.iteration is iteration and index.lengths is lengths:
+            _INDEXES.move_to_end(key)
+            return index
+    index = IterationIndex(iteration, lengths)
+    with _INDEXES_LOCK:
+        _INDEXES[key] = index
+        while len(_INDEXES) > _INDEXES_KEPT:
+            _INDEXES.popitem(last=False)
+    return index
+
+
 def rank_view(iteration: Iteration, lengths: Sequence[int], *, parallel: Parallel, rank: int) -> RankView:
     """GPU ``rank``'s microbatches of ``iteration``, in step order, with its shard ranges and buffer layout.
 
@@ -140,12 +211,7 @@ def rank_view(iteration: Iteration, lengths: Sequence[int], *, parallel: Paralle
     num_gpus = parallel.num_gpus
     if not 0 <= rank < num_gpus:
         raise RequestError("rank", rank, f"must be in 0..{num_gpus - 1}")
-    total = sum(lengths[i] for mb in iteration.microbatches for i in mb.seq_ids)
-    mine = tuple(
-        _rank_microbatch(mb, lengths, mb.ranks.index(rank))
-        for mb in sorted((mb for mb in iteration.microbatches if rank in mb.ranks), key=lambda m: m.step)
-    )
-    return RankView(iteration=iteration.index, rank=rank, num_tokens_in_iteration=total, microbatches=mine)
+    return iteration_index(iteration, lengths).view(rank)
 
 
 def plan_iteration(plan: Plan, iteration: int) -> Iteration:
@@ -217,4 +283,7 @@ def rank_view_from_dict(doc: Any) -> RankView:
         rank=read_int(doc.get("rank"), "view.rank", minimum=0),
         num_tokens_in_iteration=read_int(doc.get("num_tokens_in_iteration"), "view.num_tokens_in_iteration", minimum=0),
         microbatches=microbatches,
+        max_microbatches=read_int(
+            doc.get("max_microbatches", len(microbatches)), "view.max_microbatches", minimum=len(microbatches)
+        ),
     )

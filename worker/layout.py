@@ -23,14 +23,13 @@ its row in that buffer.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from skrull.solver.errors import RequestError
 from skrull.solver.sharding import (
     DEFAULT_SHARDING,
-    SEQUENCE_RULES,
     SHARDING_MODES,
     contiguous_ranges,
     group_ranges,
@@ -40,18 +39,8 @@ from skrull.solver.types import Iteration, Plan
 from skrull.solver.worker_view import RankMicrobatch, plan_iteration, rank_view, rank_view_from_dict
 
 Ranges = tuple[tuple[int, int], ...]
-ShardingRule = Callable[[int, int, int], Ranges]
 
 __all__ = ["SHARDING_MODES", "contiguous_ranges", "zigzag_ranges"]
-
-#: The per-sequence cuts by name (``solver.sharding``: the plan's and the worker's one vocabulary).
-SHARDING_RULES: dict[str, ShardingRule] = SEQUENCE_RULES
-
-
-def sharding_rule(name: str) -> ShardingRule:
-    if name not in SHARDING_RULES:
-        raise RequestError("sharding", name, f"unknown sharding; known: {', '.join(SHARDING_RULES)}")
-    return SHARDING_RULES[name]
 
 
 def check_sharding(name: str, *, field: str = "sharding") -> str:

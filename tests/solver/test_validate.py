@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 
 from skrull.solver.errors import InvalidPlanError
+from skrull.solver.planners.base import make_spec
 from skrull.solver.planning import solve
 from skrull.solver.types import Microbatch, Plan
 from skrull.solver.validate import plan_problems, validate_plan
@@ -98,3 +99,31 @@ def test_catches_inconsistent_solve_block(request_and_plan: tuple) -> None:
     problems = plan_problems(bad, request)
     assert any("objective_ms" in p for p in problems)
     assert any("bound_ms" in p for p in problems)
+
+
+def _one_microbatch_plan(request_batches: list[list[int]], *, local: tuple, sharded: tuple, bucket: int) -> tuple:
+    """A plan of one microbatch over GPUs 0 and 1, priced by the reference model."""
+    from skrull.solver.cost import CostModel
+
+    request = make_request(request_batches, dp=1, cp=2, bucket=bucket)
+    model = CostModel(request.profile, bucket_tokens=bucket)
+    lengths = [s for b in request_batches for s in b]
+    it = model.price_iteration(
+        [make_spec(step=0, ranks=(0, 1), local=local, sharded=sharded)], lengths, parallel=request.parallel, index=0
+    )
+    plan = solve(request)
+    objective = it.estimated_ms
+    solve_info = dataclasses.replace(plan.solve, objective_ms=objective, bound_ms=None, gap=None)
+    return request, dataclasses.replace(plan, iterations=(it,), solve=solve_info)
+
+
+def test_memory_is_checked_in_the_tokens_each_gpu_really_holds() -> None:
+    # 19 sharded tokens over 2 GPUs, zigzag: 4 chunks of 4, 3 dealt (to GPU 0, 1, 0): GPU 0 holds 10, GPU 1 9.
+    # One local token fits beside GPU 1's 9 pieces (10 <= 10) although the average share (9.5) says 10.5.
+    request, plan = _one_microbatch_plan([[1, 19]], local=((), (0,)), sharded=(1,), bucket=10)
+    assert plan_problems(plan, request) == []
+    # On GPU 0 it does not: 1 + 10 = 11, and the problem names the GPU and its real count.
+    request, plan = _one_microbatch_plan([[1, 19]], local=((0,), ()), sharded=(1,), bucket=10)
+    assert plan_problems(plan, request) == [
+        "iterations[0].microbatches[0]: GPU 0 holds 11 tokens, over bucket_tokens=10"
+    ]

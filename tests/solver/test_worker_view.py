@@ -71,7 +71,7 @@ def test_view_serializes_in_the_contract_shape() -> None:
     request = make_request([[10, 150]], dp=1, cp=2, bucket=100)
     plan = solve(request)
     doc = plan_rank_view(plan, [10, 150], iteration=0, rank=1).to_dict(plan_id="p1")
-    assert set(doc) == {"plan_id", "iteration", "rank", "num_tokens_in_iteration", "microbatches"}
+    assert set(doc) == {"plan_id", "iteration", "rank", "num_tokens_in_iteration", "max_microbatches", "microbatches"}
     mb = doc["microbatches"][0]
     assert set(mb) == {"step", "ranks", "position", "local", "shards", "cu_seqlens", "max_seqlen"}
     assert mb["shards"][0]["id"] == 1 and mb["shards"][0]["length"] == 150

@@ -10,14 +10,15 @@ from hypothesis import strategies as st
 
 from skrull.solver.errors import RequestError
 from skrull.solver.planning import solve
+from skrull.solver.sharding import SHARDING_MODES, group_ranges
 from skrull.solver.worker_view import plan_rank_view
 from skrull.worker.layout import (
     MicrobatchLayout,
     ShardedSequence,
+    check_sharding,
     contiguous_ranges,
     layouts_from_view_dict,
     rank_layouts,
-    sharding_rule,
 )
 from tests.conftest import make_request
 
@@ -26,8 +27,9 @@ from tests.conftest import make_request
 def layouts(draw: st.DrawFn) -> MicrobatchLayout:
     size = draw(st.integers(1, 5))
     ranks = tuple(draw(st.permutations(range(size + 2)))[:size])
-    rule = sharding_rule(draw(st.sampled_from(["zigzag", "contiguous"])))
+    mode = draw(st.sampled_from(SHARDING_MODES))
     sharded_lengths = draw(st.lists(st.integers(1, 40), max_size=3))
+    cuts = group_ranges(mode, sharded_lengths, size)
     local = draw(st.lists(st.integers(1, 30), max_size=3))
     return MicrobatchLayout(
         step=0,
@@ -36,8 +38,7 @@ def layouts(draw: st.DrawFn) -> MicrobatchLayout:
         local_ids=tuple(range(100, 100 + len(local))),
         local_lengths=tuple(local),
         sharded=tuple(
-            ShardedSequence(seq_id=i, num_tokens=n, ranges=tuple(rule(n, size, p) for p in range(size)))
-            for i, n in enumerate(sharded_lengths)
+            ShardedSequence(seq_id=i, num_tokens=n, ranges=cuts[i]) for i, n in enumerate(sharded_lengths)
         ),
     )
 
@@ -131,4 +132,4 @@ def test_malformed_view_and_unknown_sharding_name_the_field() -> None:
     with pytest.raises(RequestError, match=r"view\.microbatches\[0\]"):
         layouts_from_view_dict({"num_tokens_in_iteration": 3, "microbatches": [{"step": 0}]})
     with pytest.raises(RequestError, match="sharding: 'spiral'"):
-        sharding_rule("spiral")
+        check_sharding("spiral")
