@@ -33,6 +33,7 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/planners.py
 	$(BIN)/python bench/latency.py
+	$(BIN)/python bench/views.py
 	$(BIN)/python bench/ilp.py --sizes 16,32,64 --budgets 1
 	$(BIN)/python bench/peers.py
 	$(BIN)/python bench/execute.py

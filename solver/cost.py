@@ -183,7 +183,13 @@ class CostModel:
         comm = self.t_comm_ms(sharded_tokens)
         dist = self.t_comp_ms(sharded_flops / group_size)
         worst = 0.0
+        idle_counted = False
         for lens in local_lengths:
+            if not lens:  # no local work: max(comm, 0) + dist, the same for every such GPU
+                if not idle_counted:
+                    worst = max(worst, comm + dist)
+                    idle_counted = True
+                continue
             local_flops = 0.0
             for s in lens:
                 local_flops += self._fpt * s + self._fpt_sq * s * s
@@ -223,8 +229,14 @@ class CostModel:
 
         ``microbatches`` yields ``(ranks, time_ms)`` pairs.
         """
-        per_gpu = [0.0] * num_gpus
+        # Summed per group first: a plan reuses few groups, so this costs O(microbatches + sum of distinct
+        # group sizes) rather than O(microbatches x group size).
+        per_group: dict[tuple[int, ...], float] = {}
         for ranks, time_ms in microbatches:
+            key = tuple(ranks)
+            per_group[key] = per_group.get(key, 0.0) + time_ms
+        per_gpu = [0.0] * num_gpus
+        for ranks, time_ms in per_group.items():
             for g in ranks:
                 per_gpu[g] += time_ms
         return max(per_gpu, default=0.0)

@@ -249,7 +249,9 @@ def position_token_counts(mode: str, lengths: Sequence[int], group_size: int) ->
         r = _remainder(mode, s, n)
         base += (s - r) // n
         dealt_total += r
-    return tuple(base + dealt(p, start=0, count=dealt_total, group_size=n) for p in range(n))
+    # dealt(p, start=0, count=dealt_total): every position ``full``, the first ``rest`` one more
+    full, rest = divmod(dealt_total, n)
+    return (base + full + 1,) * rest + (base + full,) * (n - rest)
 
 
 def max_position_tokens(sharded_tokens: int, group_size: int) -> int:

@@ -8,6 +8,7 @@ on a CPU with no process group around.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import chain
 from typing import Literal
 
 from skrull.solver.profile import Profile
@@ -118,7 +119,7 @@ class MicrobatchSpec:
 
     @property
     def seq_ids(self) -> tuple[int, ...]:
-        return tuple(i for ids in self.local for i in ids) + self.sharded
+        return tuple(chain.from_iterable(self.local)) + self.sharded
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -132,7 +133,7 @@ class Microbatch:
 
     @property
     def seq_ids(self) -> tuple[int, ...]:
-        return tuple(i for ids in self.local for i in ids) + self.sharded
+        return tuple(chain.from_iterable(self.local)) + self.sharded
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

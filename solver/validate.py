@@ -22,6 +22,7 @@ import math
 
 from skrull.solver.cost import CostModel
 from skrull.solver.errors import InvalidPlanError
+from skrull.solver.sharding import position_token_counts
 from skrull.solver.types import (
     PLAN_SCHEMA,
     SHARDING_MODES,
@@ -110,7 +111,7 @@ def microbatch_problems(
     whether it is well formed enough to count in its iteration's time, and whether all its ids are known
     (so it counts in the iteration's bound)."""
     problems: list[str] = []
-    if not mb.ranks or len(set(mb.ranks)) != len(mb.ranks) or any(not 0 <= g < num_gpus for g in mb.ranks):
+    if not mb.ranks or len(set(mb.ranks)) != len(mb.ranks) or min(mb.ranks) < 0 or max(mb.ranks) >= num_gpus:
         return [f"{where}: ranks {list(mb.ranks)} must be distinct GPUs in 0..{num_gpus - 1}"], False, False
     if len(mb.local) != len(mb.ranks):
         return [f"{where}: {len(mb.local)} local lists for {len(mb.ranks)} ranks"], False, False
@@ -118,17 +119,24 @@ def microbatch_problems(
         problems.append(f"{where}: sequences sharded over a one-GPU group")
     if mb.sharding not in SHARDING_MODES:
         problems.append(f"{where}: sharding {mb.sharding!r} is not one of {', '.join(SHARDING_MODES)}")
-    ok = all(ledger.count(i, where, iteration) for i in mb.seq_ids)
-    if not mb.seq_ids:
+    seq_ids = mb.seq_ids
+    ok = all(ledger.count(i, where, iteration) for i in seq_ids)
+    if not seq_ids:
         problems.append(f"{where}: holds no sequence")
     if not ok:
         return problems, True, False
     lengths = ledger.lengths
-    local_lengths = [[lengths[i] for i in ids] for ids in mb.local]
+    local_lengths = [[lengths[i] for i in ids] if ids else [] for ids in mb.local]
     sharded_lengths = [lengths[i] for i in mb.sharded]
     if mb.sharding in SHARDING_MODES:
-        use = model.bucket_use_tokens(local_lengths, sharded_lengths, sharding=mb.sharding)
-        over = [(tokens, g) for tokens, g in zip(use, mb.ranks, strict=True) if tokens > model.bucket_tokens]
+        # each GPU's real tokens: its local sequences plus the pieces the microbatch's split cuts for it
+        pieces = position_token_counts(mb.sharding, sharded_lengths, len(mb.ranks))
+        bucket = model.bucket_tokens
+        over = [
+            (sum(lens) + pieces[j], mb.ranks[j])
+            for j, lens in enumerate(local_lengths)
+            if (lens or pieces[j] > bucket) and sum(lens) + pieces[j] > bucket
+        ]
         if over:
             tokens, g = max(over)
             problems.append(f"{where}: GPU {g} holds {tokens} tokens, over bucket_tokens={model.bucket_tokens}")
@@ -138,13 +146,38 @@ def microbatch_problems(
     return problems, True, True
 
 
+def step_problems(steps_of_group: dict[tuple[int, ...], list[tuple[int, str]]]) -> list[str]:
+    """Every GPU runs its microbatches at distinct steps. Microbatches come grouped by their ``ranks``
+    (a plan reuses few groups), so a GPU's steps are gathered per group it belongs to: O(microbatches +
+    sum of distinct group sizes) instead of O(microbatches x group size)."""
+    groups = list(steps_of_group)
+    groups_of_gpu: dict[int, list[int]] = {}
+    for k, ranks in enumerate(groups):
+        for g in ranks:
+            groups_of_gpu.setdefault(g, []).append(k)
+    problems: list[str] = []
+    checked: set[tuple[int, ...]] = set()
+    for g in sorted(groups_of_gpu):
+        member_of = tuple(groups_of_gpu[g])
+        if member_of in checked:  # the same groups, the same steps: reported once, for the first GPU
+            continue
+        checked.add(member_of)
+        seen: set[int] = set()
+        for k in member_of:
+            for step, where in steps_of_group[groups[k]]:
+                if step in seen:
+                    problems.append(f"{where}: GPU {g} has two microbatches at step {step}")
+                seen.add(step)
+    return problems
+
+
 def iteration_problems(it: Iteration, *, par: Parallel, model: CostModel, ledger: _Ledger) -> list[str]:
     """Every microbatch of one iteration, distinct steps per GPU, the iteration estimate (eq. 8) and its
     lower bound (never beaten by a static-layout plan)."""
     problems: list[str] = []
     num_gpus = par.num_gpus
-    steps_of_gpu: list[set[int]] = [set() for _ in range(num_gpus)]
     well_formed: list[tuple[tuple[int, ...], float]] = []
+    steps_of_group: dict[tuple[int, ...], list[tuple[int, str]]] = {}
     ids: list[int] = []
     for m, mb in enumerate(it.microbatches):
         where = f"iterations[{it.index}].microbatches[{m}]"
@@ -157,10 +190,8 @@ def iteration_problems(it: Iteration, *, par: Parallel, model: CostModel, ledger
         if not counted:
             continue
         well_formed.append((mb.ranks, mb.estimated_ms))
-        for g in mb.ranks:
-            if mb.step in steps_of_gpu[g]:
-                problems.append(f"{where}: GPU {g} has two microbatches at step {mb.step}")
-            steps_of_gpu[g].add(mb.step)
+        steps_of_group.setdefault(mb.ranks, []).append((mb.step, where))
+    problems.extend(step_problems(steps_of_group))
     expected_it = model.iteration_time_ms(well_formed, num_gpus)
     if not _close(it.estimated_ms, expected_it):
         problems.append(f"iterations[{it.index}]: estimated_ms {it.estimated_ms} != reference {expected_it:.6f}")

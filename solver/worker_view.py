@@ -29,10 +29,10 @@ sequence and every piece, flash-attention's spelling (int offsets starting at 0)
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
+from collections import OrderedDict, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import pairwise
+from itertools import chain, pairwise
 from typing import Any
 
 from skrull.solver.errors import RequestError
@@ -148,33 +148,45 @@ def _rank_microbatch(mb: Microbatch, lengths: Sequence[int], position: int) -> R
 
 
 class IterationIndex:
-    """Which microbatches every GPU takes part in (at which position), in step order, and the iteration's
-    token count: built once per iteration in O(microbatches x group size), so each rank view after it
-    costs only what that rank runs."""
+    """Which microbatches every GPU takes part in (at which position) and the iteration's token count,
+    built once per iteration so each rank view after it costs only what that rank runs.
+
+    Microbatches are grouped by their ``ranks`` tuple first (a plan reuses few groups: one per CP group in
+    the static layout, one per GPU for local-only microbatches), so building costs O(microbatches) tuple
+    hashes plus O(sum of distinct group sizes), not O(microbatches x group size) in Python.
+    """
 
     __slots__ = ("by_rank", "iteration", "lengths", "max_microbatches", "num_tokens")
 
     def __init__(self, iteration: Iteration, lengths: Sequence[int]) -> None:
         self.iteration = iteration
         self.lengths = lengths
-        by_rank: dict[int, list[tuple[Microbatch, int]]] = {}
+        groups: dict[tuple[int, ...], list[Microbatch]] = {}
         total = 0
         for mb in sorted(iteration.microbatches, key=lambda m: m.step):
-            for position, g in enumerate(mb.ranks):
-                by_rank.setdefault(g, []).append((mb, position))
-                total += sum(lengths[i] for i in mb.local[position])
-            total += sum(lengths[i] for i in mb.sharded)
-        self.by_rank = by_rank
+            groups.setdefault(mb.ranks, []).append(mb)
+            total += sum(lengths[i] for i in chain.from_iterable(mb.local)) + sum(lengths[i] for i in mb.sharded)
+        by_rank: defaultdict[int, list[tuple[list[Microbatch], int]]] = defaultdict(list)
+        for ranks, members in groups.items():
+            for position, g in enumerate(ranks):
+                by_rank[g].append((members, position))
+        self.by_rank = dict(by_rank)
         self.num_tokens = total
-        self.max_microbatches = max((len(v) for v in by_rank.values()), default=0)
+        self.max_microbatches = max(
+            (sum(len(members) for members, _ in entries) for entries in self.by_rank.values()), default=0
+        )
 
     def view(self, rank: int) -> RankView:
-        """GPU ``rank``'s view (``rank_view``)."""
+        """GPU ``rank``'s view (``rank_view``), microbatches in step order."""
+        entries = self.by_rank.get(rank, [])
+        mine = [(mb, position) for members, position in entries for mb in members]
+        if len(entries) > 1:
+            mine.sort(key=lambda e: e[0].step)
         return RankView(
             iteration=self.iteration.index,
             rank=rank,
             num_tokens_in_iteration=self.num_tokens,
-            microbatches=tuple(_rank_microbatch(mb, self.lengths, p) for mb, p in self.by_rank.get(rank, ())),
+            microbatches=tuple(_rank_microbatch(mb, self.lengths, p) for mb, p in mine),
             max_microbatches=self.max_microbatches,
         )
 

@@ -100,3 +100,36 @@ def test_views_of_other_sharding_modes_cover_every_token_once(mode: str) -> None
                 tokens[sh.seq_id].extend(range(s, e))
     assert all(sorted(t) == list(range(lengths[i])) for i, t in tokens.items())
     assert max(held) - min(held) <= (1 if mode == "per-document" else 2)
+
+
+def _all_sharded_plan(cp: int) -> tuple:
+    lengths = [cp * 3 + k for k in range(5)]
+    request = make_request([lengths], dp=1, cp=cp, bucket=100, solver="deepspeed")
+    return solve(request), lengths
+
+
+def test_a_rank_view_costs_what_the_rank_runs_not_its_group_size() -> None:
+    # the same plan shape over 64 and 8,192 GPUs: a view's cost must not grow with the group (it used to
+    # cut every position of every sharded sequence to keep one)
+    import time
+
+    timings = []
+    for cp in (64, 8192):
+        plan, lengths = _all_sharded_plan(cp)
+        plan_rank_view(plan, lengths, iteration=0, rank=1)  # builds the iteration's index once
+        start = time.perf_counter()
+        for rank in range(0, cp, cp // 32):
+            view = plan_rank_view(plan, lengths, iteration=0, rank=rank)
+        timings.append(time.perf_counter() - start)
+        assert view.max_microbatches == len(view.microbatches) == len(plan.iterations[0].microbatches)
+    assert timings[1] < 10 * timings[0] + 0.05
+
+
+@pytest.mark.parametrize("solver", ["skrull", "auto", "dynamic-cp", "wlb"])
+def test_every_view_states_the_iterations_largest_microbatch_count(solver: str) -> None:
+    request = make_request([[30, 45, 7, 90, 12, 3, 60, 150, 5, 5, 8]], dp=2, cp=3, bucket=60, solver=solver)
+    plan = solve(request)
+    lengths = [s for b in request.batches for s in b]
+    views = [plan_rank_view(plan, lengths, iteration=0, rank=r) for r in range(6)]
+    counts = [len(v.microbatches) for v in views]
+    assert {v.max_microbatches for v in views} == {max(counts)}
