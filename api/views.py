@@ -7,7 +7,7 @@ iterations and the request's lengths are cached too, so the first view of each r
 readers every other part of the project uses, so a view is the library's view of the stored plan.
 
 Memory is bounded in bytes: the three caches share ``cache_bytes`` (each entry weighed by its size: a
-view's body, ~8 bytes of parsed objects per byte of an iteration's JSON, ~40 bytes per request length),
+view's body, a parsed iteration by ``parsed_bytes``, ~40 bytes per request length),
 and at most ``MAX_COLD_RENDERS`` views are built from the store at once, so a burst of first fetches of
 large iterations cannot hold many parsed iterations at the same time.
 
@@ -34,9 +34,27 @@ from skrull.solver.worker_view import rank_view
 
 #: Views built from the store (cache misses) at the same time, per server process.
 MAX_COLD_RENDERS = 2
-#: Estimated bytes of Python objects per byte of an iteration's JSON, and per request length.
-PARSED_BYTES_PER_JSON_BYTE = 8
+#: Estimated bytes of Python objects per request length, per id or rank held in a parsed iteration, per
+#: slot of a microbatch's ``local`` tuple (a pointer; an empty list reads as the one shared empty tuple) and
+#: per microbatch object.
 BYTES_PER_LENGTH = 40
+BYTES_PER_ID = 36
+BYTES_PER_SLOT = 8
+BYTES_PER_MICROBATCH = 400
+
+
+def parsed_bytes(it: Iteration) -> int:
+    """Estimated memory of a parsed iteration (and the rank-view index built over it): ids, one local slot
+    per GPU of each group, and each distinct ``ranks`` tuple once (``solver.io`` shares equal ones). A
+    CP 4,096 plan of 202 all-sharded microbatches weighs ~7 MB, not 8x its 6.6 MB of JSON."""
+    groups = {id(mb.ranks): len(mb.ranks) for mb in it.microbatches}
+    slots = sum(len(mb.local) for mb in it.microbatches)
+    ids = sum(len(mb.sharded) + sum(len(ids) for ids in mb.local if ids) for mb in it.microbatches)
+    return (
+        BYTES_PER_MICROBATCH * len(it.microbatches)
+        + BYTES_PER_SLOT * 2 * slots  # the local tuples and the index's (microbatch, position) entries
+        + BYTES_PER_ID * (ids + sum(groups.values()))
+    )
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -164,7 +182,7 @@ class RankViews:
                 raise DamagedRecordError(
                     record.job_id, f"iteration {record.index} cannot be read ({type(exc).__name__}: {exc})"
                 ) from None
-            self._iterations.put(key, it, size=PARSED_BYTES_PER_JSON_BYTE * len(record.doc_json))
+            self._iterations.put(key, it, size=parsed_bytes(it))
         return it
 
     def render(self, record: IterationRecord, rank: int, page: int = 0) -> RenderedView:
@@ -184,11 +202,10 @@ class RankViews:
     def _render(self, record: IterationRecord, rank: int, page: int) -> RenderedView:
         lengths, parallel = self._job(record.job_id)
         view = rank_view(self.iteration(record), lengths, parallel=parallel, rank=rank)
-        doc = view.to_dict(plan_id=record.job_id)
-        body = json.dumps(doc, separators=(",", ":")).encode()
+        body = view.to_json(plan_id=record.job_id)
         etag = view_etag(record, rank)
         if json_tokens(body) > self.max_view_tokens:
-            return self._paged(record, rank, page, doc)
+            return self._paged(record, rank, page, view.to_dict(plan_id=record.job_id))
         if page != 0:
             raise RequestError("page", page, "must be 0: this view has 1 page")
         rendered = RenderedView(etag=etag, body=body)

@@ -246,16 +246,23 @@ def _optional_float(value: Any, field: str) -> float | None:
     return None if value is None else _float(value, field)
 
 
-def microbatch_from_dict(doc: Any, *, field: str = "microbatch") -> Microbatch:
+def microbatch_from_dict(
+    doc: Any, *, field: str = "microbatch", groups: dict[tuple[int, ...], tuple[int, ...]] | None = None
+) -> Microbatch:
+    """Read one microbatch. ``groups`` (one per iteration) makes equal ``ranks`` one shared tuple: a plan
+    reuses few groups, and at CP 16,384 each copy would hold 16,384 ints."""
     mb = _object(doc, field)
     local = mb.get("local")
     if not isinstance(local, list):
         raise RequestError(f"{field}.local", local, "must be a list of id lists")
     sharding = read_sharding(mb.get("sharding", DEFAULT_SHARDING), f"{field}.sharding")
+    ranks = read_ints(mb.get("ranks"), f"{field}.ranks")
+    if groups is not None:
+        ranks = groups.setdefault(ranks, ranks)
     return Microbatch(
         step=read_int(mb.get("step"), f"{field}.step", minimum=0),
-        ranks=read_ints(mb.get("ranks"), f"{field}.ranks"),
-        local=tuple(read_ints(ids, f"{field}.local[{j}]") for j, ids in enumerate(local)),
+        ranks=ranks,
+        local=tuple(() if ids == [] else read_ints(ids, f"{field}.local[{j}]") for j, ids in enumerate(local)),
         sharded=read_ints(mb.get("sharded"), f"{field}.sharded"),
         estimated_ms=_float(mb.get("estimated_ms"), f"{field}.estimated_ms"),
         sharding=sharding,
@@ -268,10 +275,12 @@ def iteration_from_dict(doc: Any, *, field: str = "iteration") -> Iteration:
     microbatches = it.get("microbatches")
     if not isinstance(microbatches, list):
         raise RequestError(f"{field}.microbatches", microbatches, "must be a list of microbatches")
+    groups: dict[tuple[int, ...], tuple[int, ...]] = {}
     return Iteration(
         index=read_int(it.get("index"), f"{field}.index", minimum=0),
         microbatches=tuple(
-            microbatch_from_dict(mb, field=f"{field}.microbatches[{m}]") for m, mb in enumerate(microbatches)
+            microbatch_from_dict(mb, field=f"{field}.microbatches[{m}]", groups=groups)
+            for m, mb in enumerate(microbatches)
         ),
         estimated_ms=_float(it.get("estimated_ms"), f"{field}.estimated_ms"),
         lower_bound_ms=_float(it.get("lower_bound_ms"), f"{field}.lower_bound_ms"),

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 import pytest
@@ -60,3 +61,15 @@ def test_a_bad_view_document_names_the_field(path: tuple[Any, ...], value: Any, 
     with pytest.raises(RequestError) as err:
         rank_view_from_dict(doc)
     assert err.value.field == field
+
+
+@pytest.mark.parametrize("plan_id", [None, "abc123", "@@ranks@@0@@ranks@@", 'quote"and\\slash'])
+def test_the_fast_encoding_is_the_documents_json(plan_id: str | None) -> None:
+    # ranks encoded once per group must give exactly the bytes of encoding the whole document
+    request = make_request([[30, 45, 7, 90, 12, 3, 60, 150, 5, 5, 8]], dp=2, cp=3, bucket=60, solver="dynamic-cp")
+    plan = solve(request)
+    lengths = [s for b in request.batches for s in b]
+    for rank in range(6):
+        view = plan_rank_view(plan, lengths, iteration=0, rank=rank)
+        expected = json.dumps(view.to_dict(plan_id=plan_id), separators=(",", ":")).encode()
+        assert view.to_json(plan_id=plan_id) == expected
