@@ -2,7 +2,8 @@
 
 * No tokens configured (``SKRULL_SUBMIT_TOKENS`` and ``SKRULL_READ_TOKENS`` empty): the API is open, as
   on a trusted network.
-* Tokens configured: every ``/v1`` request needs ``Authorization: Bearer <token>``. A missing or unknown
+* Tokens configured: every ``/v1`` request needs ``Authorization: Bearer <token>``. A token belongs to a
+  tenant (``team-a=tokA``; ``api.tenants``), and a tenant sees only its own plans. A missing or unknown
   token answers 401 (with ``WWW-Authenticate: Bearer``); a read-only token (a GPU worker's) that tries
   to write (any method but GET/HEAD/OPTIONS: submit, upload a profile, compare) answers 403. Submit
   tokens may do everything. ``/healthz`` and ``/metrics`` stay open for probes and scrapers.
@@ -26,8 +27,9 @@ from typing import Annotated
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from skrull.api.errors import ApiProblem
+from skrull.api.errors import ApiProblem, invalid_field
 from skrull.api.settings import Settings
+from skrull.api.tenants import DEFAULT_TENANT, owns
 
 READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 #: Buckets idle this long are forgotten (a full bucket is the same as none).
@@ -36,11 +38,13 @@ _FORGET_AFTER_S = 300.0
 bearer = HTTPBearer(auto_error=False, description="a submit token, or a read-only worker token")
 
 
-def _matches(token: str, tokens: frozenset[str]) -> bool:
-    """Constant-time membership (no early exit on the first matching character)."""
-    found = False
-    for candidate in tokens:
-        found |= hmac.compare_digest(token.encode(), candidate.encode())
+def _tenant_of(token: str, tokens: dict[str, str]) -> str | None:
+    """The tenant of ``token`` among ``tokens`` ({token: tenant}), or None; constant-time comparisons, no
+    early exit on the first match."""
+    found: str | None = None
+    for candidate, tenant in tokens.items():
+        if hmac.compare_digest(token.encode(), candidate.encode()):
+            found = tenant
     return found
 
 
@@ -84,8 +88,8 @@ class AccessControl:
     """The settings' tokens and rate limit, checked by ``require_access`` on every /v1 route."""
 
     def __init__(self, settings: Settings) -> None:
-        self.submit_tokens = settings.submit_token_set
-        self.read_tokens = settings.read_token_set
+        self.submit_tokens = settings.submit_token_tenants
+        self.read_tokens = settings.read_token_tenants
         self.limiter = (
             RateLimiter(rate_per_s=settings.rate_limit_per_s, burst=settings.rate_limit_burst)
             if settings.rate_limit_per_s > 0
@@ -96,9 +100,11 @@ class AccessControl:
     def enabled(self) -> bool:
         return bool(self.submit_tokens or self.read_tokens)
 
-    def check(self, *, method: str, token: str | None, client: str) -> None:
-        """Raise the 401/403/429 problem for this request, or return when it may go ahead."""
+    def check(self, *, method: str, token: str | None, client: str) -> str:
+        """Raise the 401/403/429 problem for this request, or return the caller's tenant
+        (``api.tenants``; the default tenant when no tokens are configured)."""
         key = f"address:{client}"
+        tenant = DEFAULT_TENANT
         if self.enabled:
             if token is None:
                 raise ApiProblem(
@@ -108,10 +114,12 @@ class AccessControl:
                     detail="this service needs Authorization: Bearer <token> (a submit token or a read-only token)",
                     headers={"WWW-Authenticate": 'Bearer realm="skrull"'},
                 )
-            if _matches(token, self.submit_tokens):
-                role = "submit"
-            elif _matches(token, self.read_tokens):
-                role = "read"
+            submit_tenant = _tenant_of(token, self.submit_tokens)
+            read_tenant = _tenant_of(token, self.read_tokens)
+            if submit_tenant is not None:
+                role, tenant = "submit", submit_tenant
+            elif read_tenant is not None:
+                role, tenant = "read", read_tenant
             else:
                 raise ApiProblem(
                     status=401,
@@ -142,6 +150,7 @@ class AccessControl:
                     headers={"Retry-After": str(retry_after)},
                     retry_after_s=retry_after,
                 )
+        return tenant
 
 
 async def require_access(
@@ -151,4 +160,17 @@ async def require_access(
     access: AccessControl = request.app.state.access
     token = credentials.credentials if credentials is not None else None
     client = request.client.host if request.client is not None else "unknown"
-    access.check(method=request.method, token=token, client=client)
+    request.state.tenant = access.check(method=request.method, token=token, client=client)
+
+
+def caller_tenant(request: Request) -> str:
+    """The tenant ``require_access`` found for this request."""
+    tenant: str = getattr(request.state, "tenant", DEFAULT_TENANT)
+    return tenant
+
+
+async def require_plan_of_tenant(request: Request, plan_id: str) -> None:
+    """FastAPI dependency of every route naming a plan: 404, as for an unknown id, unless ``plan_id`` is
+    one of the caller's tenant's plans."""
+    if not owns(caller_tenant(request), plan_id):
+        raise invalid_field("plan_id", plan_id, "no such plan", status=404, slug="unknown-plan")

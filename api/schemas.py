@@ -8,13 +8,13 @@ known solver and profile, every sequence placeable) and names the field and the 
 
 from __future__ import annotations
 
-import hashlib
 import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt
 
 from skrull.api.store.base import JobRecord
+from skrull.api.tenants import DEFAULT_TENANT, plan_id_for
 from skrull.solver.io import (
     DEFAULT_PROFILE,
     DEFAULT_SOLVER,
@@ -278,9 +278,10 @@ def canonical_request_json(request: Request) -> str:
     return json.dumps(request_to_dict(request, inline_profile=True), sort_keys=True, separators=(",", ":"))
 
 
-def job_id_for(canonical_json: str) -> str:
-    """Content address of a request: the first 128 bits of SHA-256 of its canonical JSON, in hex."""
-    return hashlib.sha256(canonical_json.encode()).hexdigest()[:32]
+def job_id_for(canonical_json: str, tenant: str = DEFAULT_TENANT) -> str:
+    """Content address of a request within its tenant: the first 128 bits of SHA-256 of its canonical JSON,
+    in hex, behind the tenant's prefix for a named tenant (``api.tenants.plan_id_for``)."""
+    return plan_id_for(tenant, canonical_json)
 
 
 def envelope_json(job: JobRecord) -> bytes:

@@ -24,7 +24,15 @@ from skrull.api.profiles import ProfileCatalog
 from skrull.api.schemas import canonical_request_json, job_id_for, request_from_document
 from skrull.api.settings import Settings
 from skrull.api.solving import Event, SolverPool, import_plugins
-from skrull.api.store.base import JobRecord, JobStore, NewJob, QueueFullError, SubmitOutcome
+from skrull.api.store.base import (
+    IdempotencyConflictError,
+    JobRecord,
+    JobStore,
+    NewJob,
+    QueueFullError,
+    SubmitOutcome,
+)
+from skrull.api.tenants import DEFAULT_TENANT, scoped_key
 from skrull.api.views import RankViews
 from skrull.solver.types import Request
 
@@ -60,9 +68,10 @@ class Service:
         request = request_from_document(self.profiles.inline(doc))
         return request, canonical_request_json(request)
 
-    def submit(self, doc: dict[str, Any], idempotency_key: str | None) -> SubmitOutcome:
+    def submit(self, doc: dict[str, Any], idempotency_key: str | None, tenant: str = DEFAULT_TENANT) -> SubmitOutcome:
+        """Store a job under its id within ``tenant`` (``api.tenants``); Idempotency-Keys are the tenant's."""
         request, canonical = self.prepare(doc)
-        job_id = job_id_for(canonical)
+        job_id = job_id_for(canonical, tenant)
         job = NewJob(
             job_id=job_id,
             request_json=canonical,
@@ -73,7 +82,11 @@ class Service:
             time_budget_s=request.time_budget_s,
         )
         try:
-            return self.store.submit(job, idempotency_key=idempotency_key, max_queued=self.settings.max_queued_jobs)
+            return self.store.submit(
+                job, idempotency_key=scoped_key(tenant, idempotency_key), max_queued=self.settings.max_queued_jobs
+            )
+        except IdempotencyConflictError as exc:
+            raise IdempotencyConflictError(idempotency_key or "", exc.job_id) from None
         except QueueFullError as exc:
             raise ApiProblem(
                 status=503,

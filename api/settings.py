@@ -17,6 +17,7 @@ from skrull.api.sizes import (
     DEFAULT_MAX_PLAN_TOKENS,
     DEFAULT_MAX_VIEW_TOKENS,
 )
+from skrull.api.tenants import parse_tokens
 
 
 def _default_solver_processes() -> int:
@@ -108,13 +109,17 @@ class Settings(BaseSettings):
 
     submit_tokens: str = Field(
         "",
-        description="comma-separated bearer tokens that may submit, upload profiles, compare and read; when "
-        "this or read_tokens is set, every /v1 and /metrics request needs a token (401 without, 403 for "
-        "a read-only token that writes)",
+        description="comma-separated bearer tokens that may submit, upload profiles, compare and read, each "
+        "optionally named by its tenant (team-a=tokA; unnamed tokens form the default tenant: plans are "
+        "visible only inside their tenant); when this or read_tokens is set, every /v1 and /metrics request "
+        "needs a token (401 without, 403 for a read-only token that writes)",
         repr=False,
     )
     read_tokens: str = Field(
-        "", description="comma-separated read-only bearer tokens (GPU workers fetching plans)", repr=False
+        "",
+        description="comma-separated read-only bearer tokens (GPU workers fetching plans), optionally named by "
+        "tenant like submit_tokens (team-a=tokAr)",
+        repr=False,
     )
     rate_limit_per_s: float = Field(
         0.0, ge=0, description="requests per second per token (per client address without tokens); 0: unlimited"
@@ -127,12 +132,21 @@ class Settings(BaseSettings):
         return str(value) if isinstance(value, Path) else value
 
     @property
+    def submit_token_tenants(self) -> dict[str, str]:
+        """``{token: tenant}`` of ``submit_tokens`` (``team-a=tokA``; unnamed tokens: the default tenant)."""
+        return parse_tokens(self.submit_tokens, field="SKRULL_SUBMIT_TOKENS")
+
+    @property
+    def read_token_tenants(self) -> dict[str, str]:
+        return parse_tokens(self.read_tokens, field="SKRULL_READ_TOKENS")
+
+    @property
     def submit_token_set(self) -> frozenset[str]:
-        return frozenset(t.strip() for t in self.submit_tokens.split(",") if t.strip())
+        return frozenset(self.submit_token_tenants)
 
     @property
     def read_token_set(self) -> frozenset[str]:
-        return frozenset(t.strip() for t in self.read_tokens.split(",") if t.strip())
+        return frozenset(self.read_token_tenants)
 
     @property
     def plugin_modules(self) -> tuple[str, ...]:

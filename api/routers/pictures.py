@@ -5,16 +5,18 @@ from __future__ import annotations
 import json
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import Response
 
+from skrull.api.access import require_plan_of_tenant
 from skrull.api.errors import ApiProblem, invalid_field
 from skrull.api.pictures import timeline_svg, view_page
 from skrull.api.routers.common import problems, service
 from skrull.api.service import Service
 from skrull.api.store.base import JobRecord
 
-router = APIRouter(prefix="/v1/plans", tags=["pictures"])
+# Every route here names a plan: visible only to its tenant (api.tenants).
+router = APIRouter(prefix="/v1/plans", tags=["pictures"], dependencies=[Depends(require_plan_of_tenant)])
 SVG = "image/svg+xml"
 
 

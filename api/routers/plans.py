@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Header, Query, Request
+from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.responses import Response
 
+from skrull.api.access import caller_tenant, require_plan_of_tenant
 from skrull.api.errors import invalid_field
 from skrull.api.limits import check_request_limits, check_wait
 from skrull.api.routers.common import JSON, problems, service
@@ -41,7 +42,7 @@ async def submit_plan(
     again)."""
     svc = service(request)
     check_request_limits(body, svc.settings)
-    outcome = await svc.blocking(svc.submit, request_document(body), idempotency_key)
+    outcome = await svc.blocking(svc.submit, request_document(body), idempotency_key, caller_tenant(request))
     job = outcome.job
     svc.metrics.submissions.inc("created" if outcome.created else "requeued" if outcome.requeued else "duplicate")
     if (outcome.created or outcome.requeued) and svc.pool is not None:
@@ -58,6 +59,7 @@ async def submit_plan(
     summary="Read a plan's status, progress and (once solved) the plan",
     response_model=PlanEnvelope,
     responses=problems(404, 422),
+    dependencies=[Depends(require_plan_of_tenant)],
 )
 async def get_plan(
     plan_id: str,
@@ -88,6 +90,7 @@ async def get_plan(
     operation_id="deletePlan",
     summary="Delete a plan, its iterations and the idempotency keys naming it (needs a submit token)",
     responses=problems(404),
+    dependencies=[Depends(require_plan_of_tenant)],
 )
 async def delete_plan(plan_id: str, request: Request) -> Response:
     """A plan being solved is deleted too: its solver's results are then refused. Resubmitting the same

@@ -6,9 +6,10 @@ import json
 import time
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import Response
 
+from skrull.api.access import require_plan_of_tenant
 from skrull.api.errors import ApiProblem, invalid_field
 from skrull.api.limits import check_wait
 from skrull.api.routers.common import JSON, problems, service
@@ -17,7 +18,8 @@ from skrull.api.service import Service
 from skrull.api.store.base import IterationRecord, JobRecord
 from skrull.api.views import RenderedView
 
-router = APIRouter(prefix="/v1/plans", tags=["rank views"])
+# Every route here names a plan: visible only to its tenant (api.tenants).
+router = APIRouter(prefix="/v1/plans", tags=["rank views"], dependencies=[Depends(require_plan_of_tenant)])
 
 
 def _not_modified(request: Request, etag: str) -> bool:
