@@ -22,6 +22,7 @@ from skrull.api.errors import install_error_handlers
 from skrull.api.limits import BodySizeLimit, JsonBody
 from skrull.api.metrics import Metrics
 from skrull.api.notify import Notifier
+from skrull.api.openapi import published_openapi
 from skrull.api.profiles import ProfileCatalog
 from skrull.api.routers import compare, health, pictures, plans, profiles, ranks
 from skrull.api.routers.common import problems
@@ -137,4 +138,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         on_problem=lambda status, slug: metrics.errors.inc(str(status), slug),
     )
     app.add_middleware(HttpMetrics, metrics=metrics)
+    app.openapi = lambda: published_openapi(app, settings)  # type: ignore[method-assign]
     return app
