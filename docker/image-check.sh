@@ -40,7 +40,7 @@ if [ "${IMAGE_CHECK_FRESH_BASE:-0}" = 1 ] || ! podman image exists "$BASE"; then
         install -D -m 0644 "$HOST_CA" "$work/root$HOST_CA"
         changes+=(--change "ENV PIP_CERT=$HOST_CA" --change "ENV SSL_CERT_FILE=$HOST_CA")
     fi
-    tar -C "$work/root" -c . | podman import "${changes[@]}" - "$BASE" >/dev/null
+    tar -C "$work/root" -c . | podman import --quiet "${changes[@]}" - "$BASE" >/dev/null
     rm -rf "$work/root"
     echo "image-check: base $BASE made in $((SECONDS - start)) s"
 fi
