@@ -11,6 +11,7 @@ from fastapi.testclient import TestClient
 
 from skrull.api.schemas import CompareTable, PlanEnvelope, ProblemModel, RankViewModel
 from skrull.solver.io import plan_from_dict, request_from_dict
+from skrull.solver.profile import load_profile, profile_from_dict
 from skrull.solver.validate import plan_problems
 from tests.api.conftest import HAND_PROFILE, plan_request
 from tests.api.coverage import assert_views_cover_every_token_once
@@ -191,6 +192,17 @@ def test_profiles_list_read_upload_and_name_in_requests(shared_app: TestClient) 
 
     envelope = solved(shared_app, {**plan_request([[150, 30]]), "profile": "lab/h100-measured"})
     assert envelope["status"] == "solved" and envelope["plan"]["bucket_tokens"] == 100
+
+
+def test_profiles_are_served_as_the_planning_library_writes_them(shared_app: TestClient) -> None:
+    # one writer of the format (Profile.to_dict): the service neither re-serializes nor rewrites numbers
+    bundled = shared_app.get("/v1/profiles/h100-80g/qwen2.5-7b")
+    assert bundled.json() == load_profile("h100-80g/qwen2.5-7b").to_dict()
+    measured = {**HAND_PROFILE, "name": "lab/served-as-written", "notes": {"gpus": 8}}
+    up = shared_app.post("/v1/profiles", json=measured)
+    written = profile_from_dict(measured, path="profile").to_dict()
+    assert up.status_code == 201 and up.json() == written
+    assert shared_app.get("/v1/profiles/lab/served-as-written").json() == written
 
 
 @pytest.mark.parametrize(
