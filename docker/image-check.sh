@@ -6,8 +6,8 @@
 #    $BASE. Made once; kept in podman's storage for later runs (IMAGE_CHECK_FRESH_BASE=1 remakes it).
 # 2. The image: `podman build --isolation chroot` of docker/Dockerfile with PYTHON_IMAGE=$BASE.
 # 3. The try: `buildah run --isolation chroot` starts `skrull serve` in a container of the image, on the
-#    host's network; docker/image_probe.py submits examples/requests/contract-example.json, waits for its plan and reads a
-#    rank view. The container is removed afterwards, pass or fail.
+#    host's network; docker/image_probe.py submits examples/requests/contract-example.json, waits for its
+#    plan and reads a rank view. The container is removed afterwards, pass or fail.
 # Needs root and Debian's podman, buildah and debootstrap (apt-get install podman buildah debootstrap).
 set -euo pipefail
 cd "$(dirname "$0")/.."

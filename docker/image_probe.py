@@ -1,6 +1,6 @@
 """Try a running image: ``python3 docker/image_probe.py URL`` (the standard library only, so the host
-needs no project environment). Waits for ``/healthz``, submits the bundled contract-example.json, long-polls
-its plan until solved and reads GPU 0's rank view of iteration 0; exit status 0 when every step answered
+needs no project environment). Waits for ``/healthz``, submits the bundled contract-example.json,
+long-polls its plan until solved and reads GPU 0's rank view of iteration 0; exit status 0 when every step answered
 as docs/service.md says, else 1 with one line naming the step.
 """
 
