@@ -3,6 +3,9 @@ HTTP and read with ``prometheus_client``'s own parser, and the in-process regist
 
 from __future__ import annotations
 
+import os
+import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -90,3 +93,21 @@ def test_an_app_in_one_process_keeps_its_own_registry() -> None:
     assert got[("skrull_solver_processes", ())] == 3
     other = samples(second.render(jobs_by_status={}, solver_processes=0).decode())
     assert ("skrull_submissions_total", (("outcome", "created"),)) not in other
+
+
+def test_solve_counts_survive_a_solver_process_that_died(metrics_server: tuple[LiveServer, Path]) -> None:
+    server, scratch = metrics_server
+    (shared,) = scratch.glob("skrull-metrics-*")
+    assert server.process is not None
+    with PlanningClient(server.url) as client:
+        client.wait(client.submit(plan_request([[77, 78]])), timeout_s=30)
+        (solver_file,) = [p for p in shared.glob("histogram_*.db") if p.name != f"histogram_{server.process.pid}.db"]
+        os.kill(int(solver_file.stem.split("_")[1]), signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while samples(httpx.get(f"{server.url}/metrics").text).get(("skrull_solver_restarts_total", ())) != 1:
+            assert time.monotonic() < deadline, "the solver process was not replaced"
+            time.sleep(0.1)
+        client.wait(client.submit(plan_request([[90, 12]])), timeout_s=30)
+    got = samples(httpx.get(f"{server.url}/metrics").text)
+    assert got[("skrull_solve_duration_seconds_count", (("solver", "skrull"), ("status", "solved")))] == 2
+    assert len(list(shared.glob("histogram_*.db"))) == 3  # the dead process's file is still summed
