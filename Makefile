@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 TORCH  ?= torch==2.13.0
 
-.PHONY: setup demo test lint bench clean profiles gpu-check
+.PHONY: setup demo test lint bench clean profiles gpu-check image-check
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -54,6 +54,12 @@ gpu-check: $(STAMP)
 	$(BIN)/python -c 'import flash_attn' 2>/dev/null || $(BIN)/pip install --no-build-isolation flash-attn \
 		|| echo "flash-attn did not install: PyTorch's varlen kernel is used"
 	PYTHON=$(BIN)/python bash bench/gpu_check.sh $(GPU_CHECK) qwen2.5-0.5b qwen2.5-7b
+
+# The image built and tried where no image registry is reachable (docker/image-check.sh): a bookworm base
+# made with debootstrap, `podman build --isolation chroot`, then `skrull serve` in it answering a plan and a
+# rank view. Needs root and Debian's podman, buildah and debootstrap.
+image-check:
+	bash docker/image-check.sh
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -22,6 +22,7 @@ from skrull.api.errors import install_error_handlers
 from skrull.api.limits import BodySizeLimit, JsonBody
 from skrull.api.metrics import Metrics
 from skrull.api.notify import Notifier
+from skrull.api.openapi import published_openapi
 from skrull.api.profiles import ProfileCatalog
 from skrull.api.routers import compare, health, pictures, plans, profiles, ranks
 from skrull.api.routers.common import problems
@@ -67,7 +68,7 @@ class HttpMetrics:
         finally:
             route = scope.get("route")
             template = getattr(route, "path", None) or "unmatched"
-            self.metrics.http_seconds.observe(time.perf_counter() - start, template, scope["method"], str(code))
+            self.metrics.http_seconds.labels(template, scope["method"], str(code)).observe(time.perf_counter() - start)
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -123,18 +124,19 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         docs_url="/docs",
         openapi_url="/openapi.json",
     )
-    install_error_handlers(app, on_problem=lambda status, slug: metrics.errors.inc(str(status), slug))
+    install_error_handlers(app, on_problem=lambda status, slug: metrics.errors.labels(str(status), slug).inc())
     app.state.access = AccessControl(settings)
     guarded = {"dependencies": [Depends(require_access)], "responses": problems(401, 403, 429)}
     for router in (plans.router, ranks.router, pictures.router, compare.router, profiles.router):
         app.include_router(router, **guarded)  # type: ignore[arg-type]
     app.include_router(health.router)
-    count_problem = lambda status, slug: metrics.errors.inc(str(status), slug)  # noqa: E731
+    count_problem = lambda status, slug: metrics.errors.labels(str(status), slug).inc()  # noqa: E731
     app.add_middleware(JsonBody, on_problem=count_problem)
     app.add_middleware(
         BodySizeLimit,
         max_bytes=settings.max_body_bytes,
-        on_problem=lambda status, slug: metrics.errors.inc(str(status), slug),
+        on_problem=lambda status, slug: metrics.errors.labels(str(status), slug).inc(),
     )
     app.add_middleware(HttpMetrics, metrics=metrics)
+    app.openapi = lambda: published_openapi(app, settings)  # type: ignore[method-assign]
     return app

@@ -14,7 +14,7 @@ from typing import Any
 from skrull.api.errors import ApiProblem, invalid_field
 from skrull.api.store.base import JobStore
 from skrull.solver.errors import RequestError
-from skrull.solver.profile import bundled_profile_names, load_profile, profile_from_dict
+from skrull.solver.profile import Profile, bundled_profile_names, load_profile, profile_from_dict
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$")
 
@@ -28,14 +28,15 @@ class ProfileCatalog:
         bundled = [(n, "bundled") for n in bundled_profile_names()]
         return bundled + [(n, "uploaded") for n in self._store.profile_names()]
 
-    def document(self, name: str) -> dict[str, Any]:
+    def document_json(self, name: str) -> str:
+        """The profile as the planning library writes it (``Profile.to_dict``), as canonical JSON: a bundled
+        profile written now, an uploaded one as stored (written the same way when it was uploaded)."""
         if name in bundled_profile_names():
-            return load_profile(name).to_dict()
+            return canonical_profile_json(load_profile(name))
         stored = self._store.get_profile(name)
         if stored is None:
             raise invalid_field("name", name, self._unknown_reason(), status=404, slug="unknown-profile")
-        doc: dict[str, Any] = json.loads(stored)
-        return doc
+        return stored
 
     def _unknown_reason(self) -> str:
         names = [n for n, _ in self.names()]
@@ -70,5 +71,9 @@ class ProfileCatalog:
                 detail=f"name: {json.dumps(name)}: a bundled profile has this name; upload under another name",
             )
         profile = profile_from_dict(doc, path="profile")
-        canonical = json.dumps(profile.to_dict(), sort_keys=True, separators=(",", ":"))
-        return name, self._store.put_profile(name, canonical)
+        return name, self._store.put_profile(name, canonical_profile_json(profile))
+
+
+def canonical_profile_json(profile: Profile) -> str:
+    """What is stored and served: the library's one writer of the format, keys sorted, no spaces."""
+    return json.dumps(profile.to_dict(), sort_keys=True, separators=(",", ":"))

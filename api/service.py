@@ -103,7 +103,7 @@ class Service:
         deleted = self.store.delete(job_id)
         self.views.forget(job_id)
         if deleted:
-            self.metrics.plans_deleted.inc("request")
+            self.metrics.plans_deleted.labels("request").inc()
         return deleted
 
     def sweep_expired(self) -> list[str]:
@@ -112,7 +112,7 @@ class Service:
         for job_id in ids:
             self.views.forget(job_id)
         if ids:
-            self.metrics.plans_deleted.inc("expired", amount=len(ids))
+            self.metrics.plans_deleted.labels("expired").inc(len(ids))
         return ids
 
     async def sweep_expired_forever(self) -> None:
@@ -164,17 +164,17 @@ class Service:
         """Called from the pool's threads: count, then wake the long-polls on the job (on the loop)."""
         kind = event[0]
         if kind == "done":
-            _, job_id, outcome, solver, seconds = event
-            if outcome in ("solved", "failed"):
-                self.metrics.solve_seconds.observe(float(seconds), str(solver), str(outcome))
+            _, job_id, outcome, solver, seconds, recorded = event
+            if outcome in ("solved", "failed") and not recorded:
+                self.metrics.solve_seconds.labels(str(solver), str(outcome)).observe(float(seconds))
             if outcome == "failed":
-                self.metrics.jobs_failed.inc("solve-error")
+                self.metrics.jobs_failed.labels("solve-error").inc()
         elif kind == "recovered":
             _, job_id, status = event
             if status == "queued":
                 self.metrics.jobs_retried.inc()
             else:
-                self.metrics.jobs_failed.inc("solver-died")
+                self.metrics.jobs_failed.labels("solver-died").inc()
         elif kind == "restarted":
             self.metrics.solver_restarts.inc()
             return

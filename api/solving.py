@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from skrull.api.errors import ApiProblem, from_failure
 from skrull.api.execute import LeaseLostError, solve_job
+from skrull.api.metrics import SolverMetrics
 from skrull.api.sizes import DEFAULT_MAX_ITERATION_TOKENS, DEFAULT_MAX_PLAN_TOKENS, check_plan_tokens
 from skrull.api.store.base import ClaimedJob, IterationRecord, JobStore
 from skrull.api.store.open import open_store
@@ -51,7 +52,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("skrull.solving")
 
 #: Events a solver process sends: ("claimed", job_id), ("iteration", job_id, index),
-#: ("done", job_id, outcome, solver, seconds) with outcome solved|failed|lost.
+#: ("done", job_id, outcome, solver, seconds, recorded) with outcome solved|failed|lost; ``recorded`` is
+#: True when the solver process counted the solve's duration itself (``api.metrics``, multi-process mode).
 Event = tuple[Any, ...]
 EventHandler = Callable[[Event], None]
 
@@ -140,6 +142,7 @@ def worker_main(config: WorkerConfig, wake: Any, events: Any, stop: Any) -> None
     import_plugins(config.plugins)
     preload_cp_sat()  # its first import (~0.4 s) would otherwise fall inside a job's time budget
     store = open_store(config.db, sqlite_synchronous=config.synchronous, pool_size=3)
+    metrics = SolverMetrics()
     parent = multiprocessing.parent_process()
     try:
         # A process whose server died (even by SIGKILL) finishes the job in hand, then exits.
@@ -155,7 +158,9 @@ def worker_main(config: WorkerConfig, wake: Any, events: Any, stop: Any) -> None
             events.put(("claimed", job.job_id))
             start = time.perf_counter()
             outcome = run_claimed(store, job, config, events)
-            events.put(("done", job.job_id, outcome, job.solver, time.perf_counter() - start))
+            seconds = time.perf_counter() - start
+            recorded = metrics.solved(solver=job.solver, outcome=outcome, seconds=seconds)
+            events.put(("done", job.job_id, outcome, job.solver, seconds, recorded))
     finally:
         store.close()
 
@@ -408,7 +413,7 @@ class SolverPool:
             )
             if self._store.fail(job_id=job.job_id, owner=job.lease_owner, error_json=json.dumps(problem.document())):
                 slot.process.kill()
-                self._on_event(("done", job.job_id, "failed", job.solver, elapsed))
+                self._on_event(("done", job.job_id, "failed", job.solver, elapsed, False))
 
     def recover_expired(self) -> None:
         reason = ApiProblem(

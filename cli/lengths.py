@@ -1,9 +1,13 @@
-"""``skrull lengths``: token lengths of local SFT data, in the loader's global batches, as a planning request.
+"""``skrull lengths``: token lengths of SFT data, in the loader's global batches, as a planning request.
 
     skrull lengths train.jsonl --tokenizer tokenizer.json --field prompt --field response \\
         --global-batch-size 256 --seed 1234 --dp 4 --cp 8 -o request.json
-    skrull lengths chats.parquet --tokenizer ./qwen --chat-template chatml --global-batch-size 64 \\
-        --submit http://planner:8000
+    skrull lengths chats.parquet --tokenizer ./qwen --global-batch-size 64 --submit http://planner:8000
+    skrull lengths --dataset ./my-sft-dir --split train --tokenizer ./qwen --global-batch-size 64
+
+Rows with a chat (``messages``) and no ``--field`` are rendered with the tokenizer's own chat template
+(``apply_chat_template``) unless ``--chat-template`` names a fixed layout. ``--dataset`` reads a Hugging
+Face dataset by name or local path (``datasets``) instead of files.
 """
 
 from __future__ import annotations
@@ -11,27 +15,40 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from skrull.corpus.lengths import BATCH_ROWS, count_lengths, lengths_request
+from skrull.corpus.chat_template import tokenizer_chat_renderer
+from skrull.corpus.hub import iter_dataset_rows
+from skrull.corpus.lengths import BATCH_ROWS, count_lengths, count_rows, lengths_request
 from skrull.corpus.progress import Progress
-from skrull.corpus.readers import FORMATS
-from skrull.corpus.text import TEMPLATES, text_extractor
+from skrull.corpus.readers import FORMATS, iter_rows
+from skrull.corpus.text import TEMPLATES, TOKENIZER_TEMPLATE, text_extractor
 from skrull.corpus.tokenizer import load_tokenizer
 from skrull.solver.errors import RequestError
 from skrull.solver.io import DEFAULT_PROFILE, dumps, parse_profile, read_json, request_from_dict
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("lengths", help="token lengths of local SFT data as a planning request")
-    p.add_argument("data", nargs="+", metavar="DATA", help="JSONL / JSON / Parquet files (read in order)")
+    p = sub.add_parser("lengths", help="token lengths of SFT data as a planning request")
+    p.add_argument("data", nargs="*", metavar="DATA", help="JSONL / JSON / Parquet files (read in order)")
+    p.add_argument(
+        "--dataset", metavar="NAME_OR_PATH", help="a Hugging Face dataset (name or local path) instead of DATA files"
+    )
+    p.add_argument("--split", default="train", help="the dataset's split (default train)")
+    p.add_argument("--dataset-config", metavar="NAME", help="the dataset's configuration, where it has several")
     p.add_argument(
         "--tokenizer", "-t", required=True, help="tokenizer.json, a directory holding one, or a .tiktoken file"
     )
     text = p.add_argument_group("what is tokenized (default: the 'text' field)")
     text.add_argument("--field", "-f", action="append", help="text field (repeat to join several with a newline)")
-    text.add_argument("--chat-template", choices=TEMPLATES, help="render a chat (--messages-field) with a template")
+    text.add_argument(
+        "--chat-template",
+        choices=TEMPLATES,
+        help="render a chat (--messages-field): the tokenizer's own template (default for chat rows: "
+        "apply_chat_template on a tokenizer directory) or a fixed layout",
+    )
     text.add_argument("--messages-field", default="messages", help="the chat's field (default messages)")
     text.add_argument("--no-special-tokens", action="store_true", help="leave out the tokenizer's special tokens")
     text.add_argument("--tiktoken-pattern", help="split regex of a tiktoken file (default cl100k's)")
@@ -96,27 +113,48 @@ def cmd_lengths(args: argparse.Namespace) -> int:
     if args.profile.endswith(".json") or Path(args.profile).is_file():
         profile_doc = read_json(args.profile, field="--profile")
     profile = parse_profile(profile_doc, field="--profile")
-    extract = text_extractor(fields=args.field, chat_template=args.chat_template, messages_field=args.messages_field)
-    tokenizer = load_tokenizer(
-        args.tokenizer, add_special_tokens=not args.no_special_tokens, tiktoken_pattern=args.tiktoken_pattern
-    )
     paths = [Path(d) for d in args.data]
+    if bool(paths) == bool(args.dataset):
+        raise RequestError("DATA", args.data, "give data files or --dataset NAME_OR_PATH (one of the two)")
     for path in paths:
         if not path.is_file():
             raise RequestError("DATA", str(path), "no such file")
-    columns = None if args.chat_template else (args.field or ["text"])
-    if args.chat_template:
-        columns = [args.messages_field]
-    lengths = count_lengths(
-        paths,
-        tokenizer=tokenizer,
-        extract=extract,
-        fmt=args.format,
-        columns=columns,
-        max_length=args.max_length,
-        batch_rows=args.batch_rows,
-        progress=Progress(total_bytes=sum(p.stat().st_size for p in paths)),
+
+    def rows() -> Iterator[tuple[Any, int]]:
+        if args.dataset:
+            return iter_dataset_rows(args.dataset, split=args.split, config=args.dataset_config)
+        return iter_rows(paths[0], fmt=args.format)
+
+    chat_template = args.chat_template
+    if chat_template is None and not args.field:
+        first = next(rows(), (None, 0))[0]
+        if isinstance(first, dict) and isinstance(first.get(args.messages_field), list):
+            chat_template = TOKENIZER_TEMPLATE  # chat rows: the model's own template
+    renderer = tokenizer_chat_renderer(args.tokenizer) if chat_template == TOKENIZER_TEMPLATE else None
+    extract = text_extractor(
+        fields=args.field, chat_template=chat_template, messages_field=args.messages_field, chat_renderer=renderer
     )
+    tokenizer = load_tokenizer(
+        args.tokenizer,
+        # the template writes the special tokens it wants; added again they would be counted twice
+        add_special_tokens=not args.no_special_tokens and renderer is None,
+        tiktoken_pattern=args.tiktoken_pattern,
+    )
+    if args.dataset:
+        lengths = count_rows(
+            rows(), tokenizer=tokenizer, extract=extract, max_length=args.max_length, batch_rows=args.batch_rows
+        )
+    else:
+        lengths = count_lengths(
+            paths,
+            tokenizer=tokenizer,
+            extract=extract,
+            fmt=args.format,
+            columns=[args.messages_field] if chat_template else (args.field or ["text"]),
+            max_length=args.max_length,
+            batch_rows=args.batch_rows,
+            progress=Progress(total_bytes=sum(p.stat().st_size for p in paths)),
+        )
     bucket = args.bucket_tokens or profile.bucket_tokens
     doc = lengths_request(
         lengths,

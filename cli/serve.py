@@ -80,6 +80,13 @@ def _check_bindable(host: str, port: int) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from skrull.api.metrics_dir import metrics_directory  # imports no prometheus_client: it must come first
+
+    with metrics_directory():
+        return _serve(args)
+
+
+def _serve(args: argparse.Namespace) -> int:
     try:
         import uvicorn
 

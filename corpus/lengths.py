@@ -7,7 +7,7 @@ Rows are read streaming (corpus/readers.py), their texts batch-encoded ``batch_r
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,9 +32,32 @@ def count_lengths(
     progress: Progress | None = None,
 ) -> list[int]:
     """Tokens of every row, files in order (rows numbered from 0 over all files); ``max_length`` truncates."""
+
+    def rows() -> Iterator[tuple[Any, int]]:
+        base_bytes = 0
+        for path in paths:
+            for row, done in iter_rows(path, fmt=fmt, columns=columns):
+                yield row, base_bytes + done
+            base_bytes += path.stat().st_size
+
+    return count_rows(
+        rows(), tokenizer=tokenizer, extract=extract, max_length=max_length, batch_rows=batch_rows, progress=progress
+    )
+
+
+def count_rows(
+    rows: Iterable[tuple[Any, int]],
+    *,
+    tokenizer: LocalTokenizer,
+    extract: Callable[[Any, int], str],
+    max_length: int | None = None,
+    batch_rows: int = BATCH_ROWS,
+    progress: Progress | None = None,
+) -> list[int]:
+    """Tokens of every ``(row, done)`` (``done``: progress in the unit ``progress`` counts, bytes or rows),
+    encoded ``batch_rows`` texts at a time; ``max_length`` truncates."""
     lengths: list[int] = []
     texts: list[str] = []
-    base_bytes = 0
     done = 0
 
     def flush() -> None:
@@ -42,18 +65,16 @@ def count_lengths(
         lengths.extend(min(n, max_length) if max_length else n for n in counts)
         texts.clear()
 
-    for path in paths:
-        for row, done in iter_rows(path, fmt=fmt, columns=columns):
-            texts.append(extract(row, len(lengths) + len(texts)))
-            if len(texts) >= batch_rows:
-                flush()
-                if progress is not None:
-                    progress.update(done_bytes=base_bytes + done, rows=len(lengths), tokens=sum(lengths))
-        base_bytes += path.stat().st_size
+    for row, done in rows:
+        texts.append(extract(row, len(lengths) + len(texts)))
+        if len(texts) >= batch_rows:
+            flush()
+            if progress is not None:
+                progress.update(done_bytes=done, rows=len(lengths), tokens=sum(lengths))
     if texts:
         flush()
     if progress is not None:
-        progress.update(done_bytes=base_bytes, rows=len(lengths), tokens=sum(lengths), force=True)
+        progress.update(done_bytes=max(done, progress.total_bytes), rows=len(lengths), tokens=sum(lengths), force=True)
         progress.close()
     return lengths
 

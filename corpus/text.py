@@ -1,6 +1,9 @@
 """What of a row is tokenized: one or more text fields, or a chat rendered with a template.
 
-Templates (the published prompt formats; only the text layout matters for counting tokens):
+``tokenizer`` (the default for chat rows) renders a chat with the tokenizer's own chat template through
+``transformers``' ``apply_chat_template`` (corpus/chat_template.py): exactly what the model is trained
+on. For a bare ``tokenizer.json`` (or a tiktoken file), which carries no template, one of these fixed
+layouts gives a close count (the published prompt formats; only the text layout matters for counting):
 
 - ``chatml``  (Qwen, many SFT sets): ``<|im_start|>{role}\\n{content}<|im_end|>\\n`` per message;
 - ``llama3``: ``<|begin_of_text|>`` then ``<|start_header_id|>{role}<|end_header_id|>\\n\\n{content}<|eot_id|>``
@@ -18,7 +21,9 @@ from typing import Any
 
 from skrull.solver.errors import RequestError
 
-TEMPLATES: tuple[str, ...] = ("chatml", "llama3", "plain")
+#: ``tokenizer``: the tokenizer's own template; the others: fixed layouts, for tokenizers without one.
+TOKENIZER_TEMPLATE = "tokenizer"
+TEMPLATES: tuple[str, ...] = (TOKENIZER_TEMPLATE, "chatml", "llama3", "plain")
 
 
 def _messages(row: Mapping[str, Any], field: str, where: str) -> list[tuple[str, str]]:
@@ -50,19 +55,33 @@ def render_chat(messages: Sequence[tuple[str, str]], template: str) -> str:
 
 
 def text_extractor(
-    *, fields: Sequence[str] | None, chat_template: str | None, messages_field: str = "messages"
+    *,
+    fields: Sequence[str] | None,
+    chat_template: str | None,
+    messages_field: str = "messages",
+    chat_renderer: Callable[[Sequence[tuple[str, str]]], str] | None = None,
 ) -> Callable[[Any, int], str]:
-    """A function ``(row, row_number) -> text``; fields are joined with a newline."""
+    """A function ``(row, row_number) -> text``; fields are joined with a newline. ``chat_renderer`` renders
+    chats for ``chat_template="tokenizer"`` (``corpus.chat_template.tokenizer_chat_renderer``)."""
     if chat_template is not None:
         if fields:
             raise RequestError("--field", list(fields), "give either --field or --chat-template, not both")
-        render_chat([], chat_template)  # refuse an unknown template up front
+        if chat_template == TOKENIZER_TEMPLATE:
+            if chat_renderer is None:
+                raise RequestError("--chat-template", chat_template, "needs the tokenizer's chat renderer")
+            renderer = chat_renderer
+        else:
+            render_chat([], chat_template)  # refuse an unknown template up front
+            template = chat_template
+
+            def renderer(messages: Sequence[tuple[str, str]]) -> str:
+                return render_chat(messages, template)
 
         def chat(row: Any, number: int) -> str:
             where = f"row {number}"
             if not isinstance(row, Mapping):
                 raise RequestError(where, row, "must be an object")
-            return render_chat(_messages(row, messages_field, where), chat_template)
+            return renderer(_messages(row, messages_field, where))
 
         return chat
     names = list(fields or ["text"])

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from skrull.api.routers.common import JSON, service
 from skrull.api.schemas import Health
 
 router = APIRouter(tags=["operations"])
-
-PROMETHEUS_MEDIA_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 @router.get(
@@ -42,15 +41,12 @@ async def health(request: Request) -> Response:
 @router.get(
     "/metrics",
     operation_id="metrics",
-    summary="Prometheus metrics (text exposition format 0.0.4)",
+    summary="Prometheus metrics (text exposition format)",
     response_class=Response,
     responses={200: {"content": {"text/plain": {}}}},
 )
 async def metrics(request: Request) -> Response:
     svc = service(request)
     counts = await svc.blocking(svc.store.count_by_status)
-    svc.metrics.queue_depth.set(counts.get("queued", 0))
-    for status in ("queued", "solving", "solved", "failed"):
-        svc.metrics.jobs.set(counts.get(status, 0), status)
-    svc.metrics.solver_processes.set(svc.pool.alive() if svc.pool is not None else 0)
-    return Response(svc.metrics.render(), media_type=PROMETHEUS_MEDIA_TYPE)
+    alive = svc.pool.alive() if svc.pool is not None else 0
+    return Response(svc.metrics.render(jobs_by_status=counts, solver_processes=alive), media_type=CONTENT_TYPE_LATEST)

@@ -44,7 +44,9 @@ async def submit_plan(
     check_request_limits(body, svc.settings)
     outcome = await svc.blocking(svc.submit, request_document(body), idempotency_key, caller_tenant(request))
     job = outcome.job
-    svc.metrics.submissions.inc("created" if outcome.created else "requeued" if outcome.requeued else "duplicate")
+    svc.metrics.submissions.labels(
+        "created" if outcome.created else "requeued" if outcome.requeued else "duplicate"
+    ).inc()
     if (outcome.created or outcome.requeued) and svc.pool is not None:
         svc.pool.wake()
     headers = {"Location": f"/v1/plans/{job.job_id}"}
@@ -80,7 +82,7 @@ async def get_plan(
     if job is None:
         raise invalid_field("plan_id", plan_id, "no such plan", status=404, slug="unknown-plan")
     if job.status == "solved":
-        svc.metrics.plans_served.inc("plan")
+        svc.metrics.plans_served.labels("plan").inc()
     return Response(envelope_json(job), media_type=JSON)
 
 

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import json
-
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from skrull.api.errors import ApiProblem, invalid_field
+from skrull.api.errors import from_request_error, invalid_field
 from skrull.api.routers.common import JSON, problems, service
 from skrull.api.schemas import ProfileList, ProfileModel, ProfileSummary
+from skrull.solver.errors import RequestError
+from skrull.solver.jsonsafe import MalformedJsonError, loads_json
 
 router = APIRouter(prefix="/v1/profiles", tags=["profiles"])
 
@@ -29,9 +29,8 @@ async def list_profiles(request: Request) -> ProfileList:
     responses=problems(404),
 )
 async def get_profile(name: str, request: Request) -> Response:
-    svc = service(request)
-    doc = await svc.blocking(svc.profiles.document, name)
-    return Response(ProfileModel.model_validate(doc).model_dump_json(), media_type=JSON)
+    svc = service(request)  # ProfileModel documents the answer; the library's writer makes it
+    return Response(await svc.blocking(svc.profiles.document_json, name), media_type=JSON)
 
 
 @router.post(
@@ -52,26 +51,21 @@ async def get_profile(name: str, request: Request) -> Response:
     },
 )
 async def upload_profile(request: Request) -> Response:
-    """The body is a profile document (docs/formats.md "Profile") with a new ``name``; it is validated by the
-    planning library, which names the field and value of any mistake."""
+    """The body is a profile document (docs/formats.md "Profile") with a new ``name``; it is read by the
+    planning library's one JSON reader and validated by its one profile reader, which name the field and
+    value of any mistake, and answered as that library writes it."""
     svc = service(request)
     try:
-        doc = json.loads(await request.body())
-    except ValueError as exc:
-        raise ApiProblem(
-            status=422,
-            slug="malformed-json",
-            title="malformed JSON",
-            field="body",
-            value=None,
-            detail=f"body: malformed JSON: {exc}",
-        ) from None
+        doc = loads_json(await request.body())
+    except RequestError as exc:
+        slug = "malformed-json" if isinstance(exc, MalformedJsonError) else "invalid-request"
+        raise from_request_error(exc, slug=slug) from None
     if not isinstance(doc, dict):
         raise invalid_field("profile", doc, "must be a profile object")
     name, created = await svc.blocking(svc.profiles.upload, doc)
-    stored = await svc.blocking(svc.profiles.document, name)
+    stored = await svc.blocking(svc.profiles.document_json, name)
     return Response(
-        ProfileModel.model_validate(stored).model_dump_json(),
+        stored,
         status_code=201 if created else 200,
         media_type=JSON,
         headers={"Location": f"/v1/profiles/{name}"},

@@ -115,7 +115,7 @@ def _answer(request: Request, svc: Service, etag: str, body: bytes) -> Response:
     headers = {"ETag": etag, "Cache-Control": "private, max-age=31536000, immutable"}
     if _not_modified(request, etag):
         return Response(status_code=304, headers=headers)
-    svc.metrics.plans_served.inc("rank_view")
+    svc.metrics.plans_served.labels("rank_view").inc()
     return Response(body, media_type=JSON, headers=headers)
 
 

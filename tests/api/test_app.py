@@ -11,9 +11,11 @@ from fastapi.testclient import TestClient
 
 from skrull.api.schemas import CompareTable, PlanEnvelope, ProblemModel, RankViewModel
 from skrull.solver.io import plan_from_dict, request_from_dict
+from skrull.solver.profile import load_profile, profile_from_dict
 from skrull.solver.validate import plan_problems
 from tests.api.conftest import HAND_PROFILE, plan_request
 from tests.api.coverage import assert_views_cover_every_token_once
+from tests.api.scrape import families, samples
 
 PROBLEM = "application/problem+json"
 
@@ -192,6 +194,17 @@ def test_profiles_list_read_upload_and_name_in_requests(shared_app: TestClient) 
     assert envelope["status"] == "solved" and envelope["plan"]["bucket_tokens"] == 100
 
 
+def test_profiles_are_served_as_the_planning_library_writes_them(shared_app: TestClient) -> None:
+    # one writer of the format (Profile.to_dict): the service neither re-serializes nor rewrites numbers
+    bundled = shared_app.get("/v1/profiles/h100-80g/qwen2.5-7b")
+    assert bundled.json() == load_profile("h100-80g/qwen2.5-7b").to_dict()
+    measured = {**HAND_PROFILE, "name": "lab/served-as-written", "notes": {"gpus": 8}}
+    up = shared_app.post("/v1/profiles", json=measured)
+    written = profile_from_dict(measured, path="profile").to_dict()
+    assert up.status_code == 201 and up.json() == written
+    assert shared_app.get("/v1/profiles/lab/served-as-written").json() == written
+
+
 @pytest.mark.parametrize(
     ("doc", "status", "field"),
     [
@@ -248,13 +261,14 @@ def test_metrics_count_solves_queue_plans_and_errors(shared_app: TestClient) -> 
     solved(shared_app, plan_request([[77, 78]]))
     shared_app.get("/v1/plans/does-not-exist")
     text = shared_app.get("/metrics").text
-    lines = text.splitlines()
-    assert "# TYPE skrull_solve_duration_seconds histogram" in lines
-    assert any(ln.startswith('skrull_solve_duration_seconds_count{solver="skrull",status="solved"}') for ln in lines)
-    assert any(ln.startswith("skrull_queue_depth ") for ln in lines)
-    assert any(ln.startswith('skrull_plans_served_total{kind="plan"}') for ln in lines)
-    assert 'skrull_errors_total{status="404",type="unknown-plan"}' in text
-    assert 'skrull_http_request_duration_seconds_count{route="/v1/plans/{plan_id}",method="GET",code="200"}' in text
+    assert families(text)["skrull_solve_duration_seconds"] == "histogram"
+    got = samples(text)
+    assert got[("skrull_solve_duration_seconds_count", (("solver", "skrull"), ("status", "solved")))] >= 1
+    assert ("skrull_queue_depth", ()) in got
+    assert got[("skrull_plans_served_total", (("kind", "plan"),))] >= 1
+    assert got[("skrull_errors_total", (("status", "404"), ("type", "unknown-plan")))] >= 1
+    route = (("code", "200"), ("method", "GET"), ("route", "/v1/plans/{plan_id}"))
+    assert got[("skrull_http_request_duration_seconds_count", route)] >= 1
 
 
 def test_openapi_has_stable_operation_ids_and_docs(shared_app: TestClient) -> None:

@@ -73,3 +73,20 @@ def test_the_envelope_matches_its_schema_in_every_state() -> None:
         assert envelope.status == status
         assert (envelope.plan is not None) == (status == "solved")
         assert (envelope.error is not None) == (status == "failed")
+
+
+def test_the_request_model_and_the_librarys_reader_know_the_same_fields() -> None:
+    # the pydantic model checks shape at the edge, then hands off to the one reader (solver.io); a field
+    # added to one and not the other would be refused, or silently dropped, by the service alone
+    from skrull.api.schemas import CompareRequestIn, ParallelModel, PlanRequestIn
+    from skrull.solver.io import DEFAULT_PROFILE, DEFAULT_SOLVER, DEFAULT_TIME_BUDGET_S, PARALLEL_FIELDS, REQUEST_FIELDS
+
+    assert set(PlanRequestIn.model_fields) == REQUEST_FIELDS
+    assert set(CompareRequestIn.model_fields) == REQUEST_FIELDS | {"solvers"}
+    assert set(ParallelModel.model_fields) == PARALLEL_FIELDS
+    defaults = {name: field.default for name, field in PlanRequestIn.model_fields.items()}
+    assert (defaults["profile"], defaults["solver"], defaults["time_budget_s"]) == (
+        DEFAULT_PROFILE,
+        DEFAULT_SOLVER,
+        DEFAULT_TIME_BUDGET_S,
+    )

@@ -13,7 +13,7 @@ from skrull.corpus.order import global_batches
 from skrull.solver.io import request_from_dict
 from tests.api.conftest import LiveServer
 from tests.cli.test_main import skrull
-from tests.corpus.tiny import build_bpe_tokenizer, sample_texts
+from tests.corpus.tiny import build_bpe_tokenizer, build_chat_tokenizer_dir, sample_texts
 
 
 @pytest.fixture(scope="module")
@@ -96,3 +96,49 @@ def test_rejects_a_missing_field_naming_row_and_field(tmp_path: Path, bpe_tokeni
     out = skrull("lengths", str(data), "-t", str(bpe_tokenizer_json), "-b", "1", "--field", "prompt")
     assert out.returncode == 2
     assert out.stderr.startswith("skrull: error: row 0.prompt: None: must be a string (row fields: text)")
+
+
+def test_chat_rows_are_counted_with_the_tokenizers_own_template(tmp_path: Path) -> None:
+    from transformers import AutoTokenizer
+
+    tokenizer_dir = build_chat_tokenizer_dir(tmp_path / "tok")
+    conversations = [
+        [{"role": "user", "content": t[:25]}, {"role": "assistant", "content": t}] for t in sample_texts(18, seed=5)
+    ]
+    data = write_jsonl(tmp_path / "chats.jsonl", [{"messages": c} for c in conversations])
+    out = skrull(
+        "lengths", str(data), "-t", str(tokenizer_dir), "-b", "6", "--no-shuffle",
+        "--lengths-out", str(tmp_path / "lengths.json"),
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    reference = AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True)
+    expected = [len(reference.apply_chat_template(c, tokenize=True, return_dict=False)) for c in conversations]
+    assert json.loads((tmp_path / "lengths.json").read_text()) == expected
+    assert json.loads(out.stdout)["batches"] == [expected[0:6], expected[6:12], expected[12:18]]
+
+
+def test_a_local_dataset_gives_the_same_request_as_its_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")  # inherited by the command: nothing may be downloaded
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    tokenizer_dir = build_chat_tokenizer_dir(tmp_path / "tok")
+    dataset = tmp_path / "sft"
+    dataset.mkdir()
+    data = write_jsonl(dataset / "train.jsonl", [{"text": t} for t in sample_texts(30, seed=2)])
+    common = ("-t", str(tokenizer_dir), "-b", "8", "--seed", "3", "--dp", "2")
+    from_files = skrull("lengths", str(data), *common)
+    from_dataset = skrull("lengths", "--dataset", str(dataset), "--split", "train", *common)
+    assert from_files.returncode == 0 and from_dataset.returncode == 0, from_dataset.stderr
+    assert json.loads(from_dataset.stdout) == json.loads(from_files.stdout)
+    both = skrull("lengths", str(data), "--dataset", str(dataset), *common)
+    assert both.returncode == 2 and both.stderr.strip().startswith("skrull: error: DATA:")
+    bad_split = skrull("lengths", "--dataset", str(dataset), "--split", "nope", *common)
+    assert bad_split.returncode == 2 and "--split: 'nope'" in bad_split.stderr
+    assert len(bad_split.stderr.strip().splitlines()) == 1
+
+
+def test_chat_rows_with_a_bare_tokenizer_file_ask_for_a_layout(tmp_path: Path, bpe_tokenizer_json: Path) -> None:
+    data = write_jsonl(tmp_path / "chats.jsonl", [{"messages": [{"role": "user", "content": "hi"}]}] * 4)
+    out = skrull("lengths", str(data), "-t", str(bpe_tokenizer_json), "-b", "2")
+    assert out.returncode == 2 and "--chat-template chatml" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1

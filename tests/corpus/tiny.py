@@ -45,3 +45,22 @@ def build_tiktoken_file(path: Path) -> Path:
     tokens = [bytes([b]) for b in range(256)] + [b"th", b"the", b" the", b"qu", b"ck", b"ick"]
     path.write_text("".join(f"{base64.b64encode(t).decode()} {rank}\n" for rank, t in enumerate(tokens)))
     return path
+
+
+#: A chat template in the Jinja form tokenizers carry (``chat_template`` of ``tokenizer_config.json``),
+#: written here: a BOS, then each message between role markers.
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }} [/{{ m['role'] }}]\n{% endfor %}"
+)
+
+
+def build_chat_tokenizer_dir(directory: Path) -> Path:
+    """A tokenizer directory as models ship them: ``tokenizer.json`` (the tiny BPE) and a
+    ``tokenizer_config.json`` naming its class, BOS token and chat template."""
+    import json
+
+    directory.mkdir(parents=True, exist_ok=True)
+    build_bpe_tokenizer(directory / "tokenizer.json")
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "chat_template": CHAT_TEMPLATE}
+    (directory / "tokenizer_config.json").write_text(json.dumps(config))
+    return directory

@@ -1,6 +1,7 @@
 """docker/: the image is the tested wheel, and every compose service runs that one image.
 
-No container engine runs here, so these tests read the files: the Dockerfile's build stage must run the
+The image is built and tried by `make image-check` (docker/image-check.sh, root and podman); these tests
+read the files on every run, with no container engine: the Dockerfile's build stage must run the
 wheel test's `pip wheel` on the whole build context, its runtime stage must install that wheel with the
 same extra, and its entry point must be the installed console script. Compose services must build the
 image from that Dockerfile and start commands the CLI accepts.
