@@ -3,10 +3,15 @@
 * No tokens configured (``SKRULL_SUBMIT_TOKENS`` and ``SKRULL_READ_TOKENS`` empty): the API is open, as
   on a trusted network.
 * Tokens configured: every ``/v1`` request needs ``Authorization: Bearer <token>``. A token belongs to a
-  tenant (``team-a=tokA``; ``api.tenants``), and a tenant sees only its own plans. A missing or unknown
+  tenant (``team-a=tokA``; ``api.tenants``), and a tenant sees only its own plans. ``/metrics`` needs a
+  token too unless ``SKRULL_METRICS_OPEN=1``; ``/healthz`` stays open for probes.
+* Failed authentications (no token, unknown token) are rate-limited per client address by default: after
+  ``auth_failure_burst`` (20) failures, refilled at ``auth_failures_per_s`` (1/s), every authenticated
+  request from that address answers 429 with ``Retry-After`` before its token is checked, so tokens
+  cannot be guessed at full speed (0 turns this off). A missing or unknown
   token answers 401 (with ``WWW-Authenticate: Bearer``); a read-only token (a GPU worker's) that tries
   to write (any method but GET/HEAD/OPTIONS: submit, upload a profile, compare) answers 403. Submit
-  tokens may do everything. ``/healthz`` and ``/metrics`` stay open for probes and scrapers.
+  tokens may do everything.
 * Rate limit (``SKRULL_RATE_LIMIT_PER_S`` > 0): a token bucket per token (per client address when no
   tokens are configured) holding ``rate_limit_burst`` requests and refilled at ``rate_limit_per_s``;
   an empty bucket answers 429 with ``Retry-After`` = the whole seconds until one request is allowed,
@@ -63,9 +68,7 @@ class RateLimiter:
         self._buckets: dict[str, _Bucket] = {}
         self._last_sweep = time.monotonic()
 
-    def take(self, key: str, *, now: float | None = None) -> float:
-        """0 when the request may go ahead, else the seconds until it may."""
-        now = time.monotonic() if now is None else now
+    def _refilled(self, key: str, now: float) -> _Bucket:
         bucket = self._buckets.get(key)
         if bucket is None:
             bucket = self._buckets[key] = _Bucket(tokens=float(self.burst), updated=now)
@@ -73,10 +76,20 @@ class RateLimiter:
         bucket.updated = now
         if now - self._last_sweep > _FORGET_AFTER_S:
             self._sweep(now)
+        return bucket
+
+    def take(self, key: str, *, now: float | None = None) -> float:
+        """0 when the request may go ahead, else the seconds until it may."""
+        bucket = self._refilled(key, time.monotonic() if now is None else now)
         if bucket.tokens >= 1.0:
             bucket.tokens -= 1.0
             return 0.0
         return (1.0 - bucket.tokens) / self.rate_per_s
+
+    def wait_s(self, key: str, *, now: float | None = None) -> float:
+        """What ``take`` would answer, without taking anything."""
+        bucket = self._refilled(key, time.monotonic() if now is None else now)
+        return 0.0 if bucket.tokens >= 1.0 else (1.0 - bucket.tokens) / self.rate_per_s
 
     def _sweep(self, now: float) -> None:
         self._last_sweep = now
@@ -95,6 +108,12 @@ class AccessControl:
             if settings.rate_limit_per_s > 0
             else None
         )
+        self.failures = (
+            RateLimiter(rate_per_s=settings.auth_failures_per_s, burst=settings.auth_failure_burst)
+            if settings.auth_failures_per_s > 0
+            else None
+        )
+        self.metrics_open = settings.metrics_open
 
     @property
     def enabled(self) -> bool:
@@ -106,7 +125,9 @@ class AccessControl:
         key = f"address:{client}"
         tenant = DEFAULT_TENANT
         if self.enabled:
+            self._refuse_guessing(key)
             if token is None:
+                self._failed(key)
                 raise ApiProblem(
                     status=401,
                     slug="unauthorized",
@@ -121,6 +142,7 @@ class AccessControl:
             elif read_tenant is not None:
                 role, tenant = "read", read_tenant
             else:
+                self._failed(key)
                 raise ApiProblem(
                     status=401,
                     slug="unauthorized",
@@ -152,6 +174,28 @@ class AccessControl:
                 )
         return tenant
 
+    def _refuse_guessing(self, address_key: str) -> None:
+        """429 for every authenticated request from an address whose failed authentications used up their
+        bucket, before its token is looked at: a guesser learns nothing more until the bucket refills."""
+        if self.failures is None:
+            return
+        wait_s = self.failures.wait_s(address_key)
+        if wait_s > 0:
+            retry_after = max(1, math.ceil(wait_s))
+            raise ApiProblem(
+                status=429,
+                slug="rate-limited",
+                title="too many failed authentications",
+                detail=f"more than {self.failures.burst} failed authentications from this address, refilled at "
+                f"{self.failures.rate_per_s:g} per second (SKRULL_AUTH_FAILURES_PER_S); retry after Retry-After",
+                headers={"Retry-After": str(retry_after)},
+                retry_after_s=retry_after,
+            )
+
+    def _failed(self, address_key: str) -> None:
+        if self.failures is not None:
+            self.failures.take(address_key)
+
 
 async def require_access(
     request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
@@ -167,6 +211,16 @@ def caller_tenant(request: Request) -> str:
     """The tenant ``require_access`` found for this request."""
     tenant: str = getattr(request.state, "tenant", DEFAULT_TENANT)
     return tenant
+
+
+async def require_metrics_access(
+    request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
+) -> None:
+    """``/metrics`` needs a token (any tenant's, submit or read) when the service has tokens, unless
+    ``SKRULL_METRICS_OPEN`` says scrapers may read it without one."""
+    access: AccessControl = request.app.state.access
+    if access.enabled and not access.metrics_open:
+        await require_access(request, credentials)
 
 
 async def require_plan_of_tenant(request: Request, plan_id: str) -> None:

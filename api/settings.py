@@ -125,6 +125,16 @@ class Settings(BaseSettings):
         0.0, ge=0, description="requests per second per token (per client address without tokens); 0: unlimited"
     )
     rate_limit_burst: int = Field(50, ge=1, description="requests a token may make at once before the rate applies")
+    auth_failures_per_s: float = Field(
+        1.0,
+        ge=0,
+        description="failed authentications (no or unknown token) refilled per second per client address; once "
+        "auth_failure_burst are used up, the address gets 429 before its token is checked; 0: unlimited",
+    )
+    auth_failure_burst: int = Field(20, ge=1, description="failed authentications an address may make at once")
+    metrics_open: bool = Field(
+        False, description="serve /metrics without a token even when tokens are configured (for scrapers)"
+    )
 
     @field_validator("db", mode="before")
     @classmethod

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from skrull.api.access import require_metrics_access
 from skrull.api.routers.common import JSON, service
 from skrull.api.schemas import Health
 
@@ -44,6 +45,7 @@ async def health(request: Request) -> Response:
     summary="Prometheus metrics (text exposition format)",
     response_class=Response,
     responses={200: {"content": {"text/plain": {}}}},
+    dependencies=[Depends(require_metrics_access)],
 )
 async def metrics(request: Request) -> Response:
     svc = service(request)

@@ -3,13 +3,16 @@ limits (429 with Retry-After), and the open API when no tokens are configured.""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from pathlib import Path
 
+import httpx
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from skrull.api.access import RateLimiter
-from tests.api.conftest import plan_request, running_app
+from tests.api.conftest import LiveServer, plan_request, running_app
 
 PROBLEM = "application/problem+json"
 SUBMIT = {"Authorization": "Bearer submit-secret"}
@@ -40,7 +43,8 @@ def test_tokens_are_enforced_with_problem_json(tmp_path: Path) -> None:
         assert client.get(f"/v1/plans/{plan_id}", headers=SUBMIT).status_code == 200
         assert client.get(f"/v1/plans/{plan_id}").status_code == 401
         # nothing the refused requests sent was stored
-        assert client.get("/metrics").text.count('skrull_submissions_total{outcome="created"} 1.0') == 1
+        scraped = client.get("/metrics", headers=READ).text
+        assert scraped.count('skrull_submissions_total{outcome="created"} 1.0') == 1
 
 
 def test_without_tokens_the_api_is_open(tmp_path: Path) -> None:
@@ -103,3 +107,86 @@ def test_the_client_sends_its_token_on_every_request() -> None:
     with PlanningClient("http://planner", token="worker-secret", transport=httpx.MockTransport(handler)) as client:
         client.submit(plan_request([[10]]))
     assert seen == ["Bearer worker-secret"]
+
+
+# -- promises of a service with tokens, against a real server ---------------------------------------------
+
+LIVE_TOKENS = {"SKRULL_SUBMIT_TOKENS": "submit-secret", "SKRULL_READ_TOKENS": "worker-secret"}
+
+
+def _solved_plan(client: httpx.Client) -> str:
+    r = client.post("/v1/plans", json=plan_request([[10, 20, 150]], dp=1, cp=2), headers=SUBMIT)
+    plan_id: str = r.json()["id"]
+    assert client.get(f"/v1/plans/{plan_id}", params={"wait": 20, "until": "final"}, headers=READ).json()[
+        "status"
+    ] == "solved"
+    return plan_id
+
+
+def test_metrics_need_a_token_unless_opened(live_server_factory: Callable[..., LiveServer], tmp_path: Path) -> None:
+    closed = live_server_factory(tmp_path / "a.db", solver_processes=0, env=LIVE_TOKENS).start()
+    opened = live_server_factory(
+        tmp_path / "b.db", solver_processes=0, env={**LIVE_TOKENS, "SKRULL_METRICS_OPEN": "1"}
+    ).start()
+    assert httpx.get(f"{closed.url}/metrics").status_code == 401
+    assert httpx.get(f"{closed.url}/metrics", headers=READ).status_code == 200
+    assert httpx.get(f"{opened.url}/metrics").status_code == 200
+    assert httpx.get(f"{closed.url}/healthz").status_code == 200  # probes need no token
+
+
+def test_head_is_answered_wherever_get_is(live_server_factory: Callable[..., LiveServer], tmp_path: Path) -> None:
+    server = live_server_factory(tmp_path / "s.db", solver_processes=1, env=LIVE_TOKENS).start()
+    with httpx.Client(base_url=server.url, timeout=30) as client:
+        plan_id = _solved_plan(client)
+        for path in (
+            f"/v1/plans/{plan_id}",
+            f"/v1/plans/{plan_id}/ranks/1?iteration=0",
+            f"/v1/plans/{plan_id}/timeline.svg?iteration=0",
+            "/v1/profiles",
+            "/healthz",
+            "/metrics",
+            "/openapi.json",
+        ):
+            get = client.get(path, headers=READ)
+            head = client.head(path, headers=READ)
+            assert (head.status_code, head.content) == (get.status_code, b""), path
+            assert head.headers["content-type"] == get.headers["content-type"], path
+        assert client.head("/v1/plans/nope", headers=READ).status_code == 404
+        assert client.head("/v1/profiles").status_code == 401
+
+
+def test_authenticated_answers_are_never_kept_by_shared_caches(
+    live_server_factory: Callable[..., LiveServer], tmp_path: Path
+) -> None:
+    server = live_server_factory(tmp_path / "s.db", solver_processes=1, env=LIVE_TOKENS).start()
+    with httpx.Client(base_url=server.url, timeout=30) as client:
+        plan_id = _solved_plan(client)
+        view = client.get(f"/v1/plans/{plan_id}/ranks/1?iteration=0", headers=READ)
+        for r in (
+            view,
+            client.get(f"/v1/plans/{plan_id}/timeline.svg?iteration=0", headers=READ),
+            client.get(f"/v1/plans/{plan_id}", headers=READ),
+            client.get("/v1/profiles", headers=READ),
+            client.get("/v1/profiles"),  # a refusal too
+        ):
+            assert r.headers["cache-control"] == "private, no-store", r.url
+        # the client's own copy still revalidates
+        again = client.get(
+            f"/v1/plans/{plan_id}/ranks/1?iteration=0", headers={**READ, "If-None-Match": view.headers["etag"]}
+        )
+        assert again.status_code == 304
+
+
+def test_failed_authentication_is_rate_limited_per_address(
+    live_server_factory: Callable[..., LiveServer], tmp_path: Path
+) -> None:
+    env = {**LIVE_TOKENS, "SKRULL_AUTH_FAILURE_BURST": "5", "SKRULL_AUTH_FAILURES_PER_S": "0.5"}
+    server = live_server_factory(tmp_path / "s.db", solver_processes=0, env=env).start()
+    with httpx.Client(base_url=server.url, timeout=30) as client:
+        guesses = [client.get("/v1/profiles", headers={"Authorization": f"Bearer guess-{k}"}) for k in range(8)]
+        assert [r.status_code for r in guesses] == [401] * 5 + [429] * 3
+        assert int(guesses[-1].headers["retry-after"]) >= 1
+        # once the address is over its failures, even the right token waits: guessing gains nothing
+        assert client.get("/v1/profiles", headers=READ).status_code == 429
+        time.sleep(2.2)  # one failure refilled at 0.5/s
+        assert client.get("/v1/profiles", headers=READ).status_code == 200
