@@ -93,7 +93,8 @@ def published_openapi(app: FastAPI, settings: Settings) -> dict[str, Any]:
             for parameter in operation.get("parameters", ()):
                 if parameter["in"] == "query" and parameter["name"] == WAIT_PARAMETER:
                     parameter["schema"]["maximum"] = settings.max_wait_s
-            if not (settings.submit_token_set or settings.read_token_set):
+            open_metrics = settings.metrics_open and operation.get("operationId") == "metrics"
+            if not (settings.submit_token_set or settings.read_token_set) or open_metrics:
                 operation.pop("security", None)
                 for code in ("401", "403"):
                     operation.get("responses", {}).pop(code, None)

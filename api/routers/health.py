@@ -7,7 +7,7 @@ from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from skrull.api.access import require_metrics_access
-from skrull.api.routers.common import JSON, service
+from skrull.api.routers.common import JSON, problems, service
 from skrull.api.schemas import Health
 
 router = APIRouter(tags=["operations"])
@@ -44,7 +44,7 @@ async def health(request: Request) -> Response:
     operation_id="metrics",
     summary="Prometheus metrics (text exposition format)",
     response_class=Response,
-    responses={200: {"content": {"text/plain": {}}}},
+    responses={200: {"content": {"text/plain": {}}}, **problems(401, 403, 429)},
     dependencies=[Depends(require_metrics_access)],
 )
 async def metrics(request: Request) -> Response:

@@ -34,10 +34,12 @@ def test_the_default_server_publishes_its_default_limits_and_no_security(tmp_pat
     assert "securitySchemes" not in doc["components"]
 
 
-def test_with_tokens_every_v1_operation_declares_bearer_security(tmp_path: Path) -> None:
+def test_with_tokens_every_v1_operation_and_metrics_declare_bearer_security(tmp_path: Path) -> None:
     doc = published(tmp_path, submit_tokens="s3cret", read_tokens="r3ad")
     ops = operations(doc)
     guarded = {key for key, op in ops.items() if op.get("security") == [{"HTTPBearer": []}]}
-    assert guarded == {key for key in ops if " /v1/" in key}
+    assert guarded == {key for key in ops if " /v1/" in key or key.endswith(" /metrics")}
+    opened = operations(published(tmp_path, submit_tokens="s3cret", metrics_open=True))
+    assert not any(key.endswith(" /metrics") and "security" in op for key, op in opened.items())
     assert doc["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"
     assert all("401" in ops[key]["responses"] for key in guarded)
