@@ -35,6 +35,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from skrull.api.errors import ApiProblem, invalid_field
 from skrull.api.settings import Settings
 from skrull.api.tenants import DEFAULT_TENANT, owns
+from skrull.solver.jsonsafe import check_text
 
 READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 #: Buckets idle this long are forgotten (a full bucket is the same as none).
@@ -225,6 +226,7 @@ async def require_metrics_access(
 
 async def require_plan_of_tenant(request: Request, plan_id: str) -> None:
     """FastAPI dependency of every route naming a plan: 404, as for an unknown id, unless ``plan_id`` is
-    one of the caller's tenant's plans."""
+    one of the caller's tenant's plans. A plan id holding NUL or a lone surrogate is a 422 naming it."""
+    check_text(plan_id, "plan_id")
     if not owns(caller_tenant(request), plan_id):
         raise invalid_field("plan_id", plan_id, "no such plan", status=404, slug="unknown-plan")

@@ -9,7 +9,11 @@ one ``RequestError`` naming the JSON path (``profile.compute.fixed_ms``), before
 * ``NaN``, ``Infinity``, ``-Infinity``, and float literals that overflow (``1e400``);
 * integers beyond ``MAX_JSON_INT`` (2^53, exact as floats); literals longer than ``MAX_INT_DIGITS``
   digits are never converted at all;
-* an object key given twice.
+* an object key given twice;
+* a string (a value or a key) holding NUL or a lone UTF-16 surrogate (``"\ud800"``): JSON's escapes allow
+  both, but neither is text: a surrogate cannot be encoded as UTF-8 (writing it to a file, a terminal or
+  SQLite fails) and PostgreSQL refuses NUL in text. ``check_text`` is the same check for strings that
+  arrive elsewhere (URL path segments, headers).
 
 ``check_bounded`` also runs on documents built in code (it is what request and profile parsing call), and
 walks with an explicit stack, so no document can exhaust the interpreter's recursion.
@@ -82,6 +86,19 @@ def _ints_in_range(values: list[Any]) -> bool:
     return set(map(type, values)) == {int} and min(values) >= -MAX_JSON_INT and max(values) <= MAX_JSON_INT
 
 
+_NOT_TEXT = re.compile("[\x00\ud800-\udfff]")
+
+
+def check_text(value: str, field: str) -> None:
+    """Refuse a string holding NUL or a lone surrogate, naming the field (the module doc says why)."""
+    found = _NOT_TEXT.search(value)
+    if found is not None:
+        char = found.group()
+        what = "NUL (\\u0000)" if char == "\x00" else f"a lone surrogate (\\u{ord(char):04x})"
+        shown = value[:64].encode("utf-8", "backslashreplace").decode("ascii", "backslashreplace")
+        raise RequestError(field, shown, f"holds {what}, which is not text; send valid Unicode without NUL")
+
+
 def check_bounded(doc: Any, *, field: str = "", root: str = "body") -> None:
     """Refuse what ``loads_json`` marks, and nesting deeper than ``MAX_JSON_DEPTH``, naming the JSON path.
 
@@ -97,9 +114,14 @@ def check_bounded(doc: Any, *, field: str = "", root: str = "body") -> None:
             if isinstance(value, _DuplicateKeys):
                 raise RequestError(join_path(path, value.duplicate), value.duplicate, "key given more than once")
             if isinstance(value, dict):
+                for k in value:
+                    if isinstance(k, str) and _NOT_TEXT.search(k):
+                        check_text(k, join_path(path, k.encode("utf-8", "backslashreplace").decode("ascii")))
                 stack.extend((v, join_path(path, str(k)), depth + 1) for k, v in value.items())
             elif value and not _ints_in_range(value):
                 stack.extend((v, join_path(path, k), depth + 1) for k, v in enumerate(value))
+        elif isinstance(value, str) and not isinstance(value, (_HugeInt, _NonFinite)):
+            check_text(value, where)
         elif isinstance(value, _HugeInt):
             raise RequestError(
                 where, value[:12] + "...", f"an integer literal of {len(value)} digits; integers are at most 2^53"

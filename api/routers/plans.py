@@ -12,6 +12,7 @@ from skrull.api.errors import invalid_field
 from skrull.api.limits import check_request_limits, check_wait
 from skrull.api.routers.common import JSON, problems, service
 from skrull.api.schemas import PlanEnvelope, PlanRequestIn, envelope_json, request_document
+from skrull.solver.jsonsafe import check_text
 
 router = APIRouter(prefix="/v1/plans", tags=["plans"])
 
@@ -41,6 +42,8 @@ async def submit_plan(
     address of the request: resubmitting the same request answers the same plan (a failed one is queued
     again)."""
     svc = service(request)
+    if idempotency_key is not None:
+        check_text(idempotency_key, "Idempotency-Key")
     check_request_limits(body, svc.settings)
     outcome = await svc.blocking(svc.submit, request_document(body), idempotency_key, caller_tenant(request))
     job = outcome.job

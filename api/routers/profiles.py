@@ -9,7 +9,7 @@ from skrull.api.errors import from_request_error, invalid_field
 from skrull.api.routers.common import JSON, problems, service
 from skrull.api.schemas import ProfileList, ProfileModel, ProfileSummary
 from skrull.solver.errors import RequestError
-from skrull.solver.jsonsafe import MalformedJsonError, loads_json
+from skrull.solver.jsonsafe import MalformedJsonError, check_text, loads_json
 
 router = APIRouter(prefix="/v1/profiles", tags=["profiles"])
 
@@ -29,6 +29,7 @@ async def list_profiles(request: Request) -> ProfileList:
     responses=problems(404),
 )
 async def get_profile(name: str, request: Request) -> Response:
+    check_text(name, "name")
     svc = service(request)  # ProfileModel documents the answer; the library's writer makes it
     return Response(await svc.blocking(svc.profiles.document_json, name), media_type=JSON)
 
