@@ -153,7 +153,10 @@ class Service:
         return LONG_POLL_RECHECK_NOTIFIED_S if self.store.notifies else LONG_POLL_RECHECK_S
 
     def on_store_change(self, job_id: str) -> None:
-        """Called from the store's watcher thread: wake the long-polls on ``job_id`` (on the loop)."""
+        """Called from the store's watcher thread on any replica's change of ``job_id``: drop what this
+        replica cached of it (it may have been deleted, expired, failed or resubmitted elsewhere), then wake
+        the long-polls on it (on the loop)."""
+        self.views.forget(job_id)
         if self.loop is not None and not self.loop.is_closed():
             with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
                 self.loop.call_soon_threadsafe(self.notifier.notify, job_id)
@@ -169,12 +172,14 @@ class Service:
                 self.metrics.solve_seconds.labels(str(solver), str(outcome)).observe(float(seconds))
             if outcome == "failed":
                 self.metrics.jobs_failed.labels("solve-error").inc()
+                self.views.forget(str(job_id))
         elif kind == "recovered":
             _, job_id, status = event
             if status == "queued":
                 self.metrics.jobs_retried.inc()
             else:
                 self.metrics.jobs_failed.labels("solver-died").inc()
+                self.views.forget(str(job_id))
         elif kind == "restarted":
             self.metrics.solver_restarts.inc()
             return

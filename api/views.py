@@ -141,6 +141,10 @@ class RankViews:
         self._jobs: LRU[str, tuple[tuple[int, ...], Parallel]] = LRU(max_jobs, max_bytes=cache_bytes // 4)
         self.max_view_tokens = max_view_tokens
         self._cold = threading.BoundedSemaphore(MAX_COLD_RENDERS)
+        #: Plans with anything cached (a superset: evicted entries are not removed), so ``forget`` is free
+        #: for the many store changes of plans this replica holds nothing of.
+        self._cached_jobs: set[str] = set()
+        self._cached_lock = threading.Lock()
 
     @property
     def cached_bytes(self) -> int:
@@ -150,10 +154,19 @@ class RankViews:
         return self._views.get((job_id, iteration, rank, page))
 
     def forget(self, job_id: str) -> None:
-        """Drop everything cached of a deleted plan."""
+        """Drop everything cached of a plan that was deleted, expired, failed or changed (on any replica:
+        ``Service.on_store_change``), so a plan resubmitted under the same id is never served the old views."""
+        with self._cached_lock:
+            if job_id not in self._cached_jobs:
+                return
+            self._cached_jobs.discard(job_id)
         self._views.discard_where(lambda k: k[0] != job_id)
         self._iterations.discard_where(lambda k: k[0] != job_id)
         self._jobs.discard_where(lambda k: k != job_id)
+
+    def _remember(self, job_id: str) -> None:
+        with self._cached_lock:
+            self._cached_jobs.add(job_id)
 
     def _job(self, job_id: str) -> tuple[tuple[int, ...], Parallel]:
         """The stored request's lengths by global sequence id and its layout (read with ``solver.io``)."""
@@ -200,6 +213,7 @@ class RankViews:
             return self._render(record, rank, page)
 
     def _render(self, record: IterationRecord, rank: int, page: int) -> RenderedView:
+        self._remember(record.job_id)
         lengths, parallel = self._job(record.job_id)
         view = rank_view(self.iteration(record), lengths, parallel=parallel, rank=rank)
         body = view.to_json(plan_id=record.job_id)

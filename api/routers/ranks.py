@@ -69,6 +69,8 @@ async def get_rank_view(
         return _answer(request, svc, view.etag, view.body)
     if job is None:
         raise invalid_field("plan_id", plan_id, "no such plan", status=404, slug="unknown-plan")
+    if job.status == "failed":  # also when some iterations were published before it failed
+        raise _failed(job)
     if not 0 <= rank < job.num_gpus:
         raise invalid_field("rank", rank, f"must be in 0..{job.num_gpus - 1}", status=404, slug="unknown-rank")
     if not 0 <= iteration < job.num_iterations:
@@ -79,15 +81,7 @@ async def get_rank_view(
     record, job = await _wait_for_iteration(svc, job, iteration, wait)
     if record is None:
         if job.status == "failed":
-            error = json.loads(job.error_json) if job.error_json else None
-            raise ApiProblem(
-                status=409,
-                slug="plan-failed",
-                title="plan failed",
-                detail=f"plan {plan_id} failed: {error['detail'] if error else 'unknown reason'}",
-                plan_id=plan_id,
-                error=error,
-            )
+            raise _failed(job)
         body = NotReady(
             plan_id=plan_id,
             iteration=iteration,
@@ -102,12 +96,25 @@ async def get_rank_view(
 def _first_look(
     svc: Service, plan_id: str, iteration: int, rank: int, page: int
 ) -> tuple[JobRecord | None, RenderedView | None]:
-    """Blocking: the job, and the rendered view when the rank and iteration exist and are solved."""
+    """Blocking: the job, and the rendered view when the rank and iteration exist and are solved (and the
+    plan has not failed: a failed plan's views answer 409 even where an iteration was published)."""
     job = svc.store.get(plan_id)
-    if job is None or not (0 <= rank < job.num_gpus and 0 <= iteration < job.num_iterations):
+    if job is None or job.status == "failed" or not (0 <= rank < job.num_gpus and 0 <= iteration < job.num_iterations):
         return job, None
     record = svc.store.iteration(plan_id, iteration)
     return job, None if record is None else svc.views.render(record, rank, page)
+
+
+def _failed(job: JobRecord) -> ApiProblem:
+    error = json.loads(job.error_json) if job.error_json else None
+    return ApiProblem(
+        status=409,
+        slug="plan-failed",
+        title="plan failed",
+        detail=f"plan {job.job_id} failed: {error['detail'] if error else 'unknown reason'}",
+        plan_id=job.job_id,
+        error=error,
+    )
 
 
 def _answer(request: Request, svc: Service, etag: str, body: bytes) -> Response:

@@ -445,6 +445,8 @@ class PostgresJobStore:
             ids = [str(r[0]) for r in rows]
             if ids:
                 conn.execute("DELETE FROM idempotency_keys WHERE job_id = ANY(%s)", (ids,))
+            for job_id in ids:  # other replicas drop what they cached of the expired plans
+                _notify(conn, job_id)
         return ids
 
     def count_by_status(self) -> dict[str, int]:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from skrull.solver.errors import InfeasibleError
 from skrull.solver.planners.base import PlannerOutput
+from skrull.solver.planners.baselines import DeepSpeedPlanner
 from skrull.solver.planners.registry import register
 from skrull.solver.planners.skrull import SkrullPlanner
 from skrull.solver.types import Problem
@@ -98,7 +99,46 @@ class InvalidPlanner:
         return PlannerOutput(iterations=tuple(specs + specs for specs in output.iterations))
 
 
-TEST_PLANNERS = (SlowPlanner, CountedPlanner, CrashPlanner, CrashOncePlanner, InfeasiblePlanner, InvalidPlanner)
+class FailsLaterPlanner:
+    """Skrull, streaming batch by batch, except that a batch holding a sequence of 13 tokens is refused after
+    ``$SKRULL_TEST_SLEEP_S`` (default 0.3 s): the plan fails after its earlier iterations were published."""
+
+    name = "test-fails-later"
+    streams_iterations = True
+
+    def plan(self, problem: Problem) -> PlannerOutput:
+        if 13 in problem.lengths:
+            time.sleep(float(os.environ.get(SLEEP_ENV, "0.3")))
+            raise InfeasibleError("test planner refuses a batch holding 13 tokens")
+        return SkrullPlanner().plan(problem)
+
+
+class FlipPlanner:
+    """Skrull the first time it sees a problem, one sequence per microbatch (DeepSpeed's plan) every later
+    time (a marker file remembers): a resubmitted request then gets a different plan under the same id."""
+
+    name = "test-flip"
+    streams_iterations = False
+
+    def plan(self, problem: Problem) -> PlannerOutput:
+        key = hashlib.sha256(repr(problem.lengths).encode()).hexdigest()[:16]
+        marker = Path(os.environ[MARKER_ENV]) / f"flip-{key}"
+        if not marker.exists():
+            marker.write_text("planned once")
+            return SkrullPlanner().plan(problem)
+        return DeepSpeedPlanner().plan(problem)
+
+
+TEST_PLANNERS = (
+    SlowPlanner,
+    CountedPlanner,
+    CrashPlanner,
+    CrashOncePlanner,
+    InfeasiblePlanner,
+    InvalidPlanner,
+    FailsLaterPlanner,
+    FlipPlanner,
+)
 
 
 def register_all() -> None:
