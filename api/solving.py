@@ -81,16 +81,30 @@ class WorkerConfig:
 RENEWALS_PER_LEASE = 3
 
 
+#: Exit status of a solver process that found its server gone while solving.
+EXIT_ORPHANED = 75
+
+
 class _Heartbeat:
-    """Renews a lease every ``lease_s / RENEWALS_PER_LEASE`` while a job is being solved."""
+    """Renews a lease every ``lease_s / RENEWALS_PER_LEASE`` while a job is being solved.
+
+    A solver whose server died (even by SIGKILL) is an orphan: nobody reads its events, and a new server
+    may take its job back once the lease expires. So the heartbeat renews only while the server lives;
+    seeing it gone, it ends the process at once (``EXIT_ORPHANED``), well within the lease. Whatever it would
+    have written is refused anyway (the stores check that a lease is unexpired before every write:
+    fencing), so a solver paused past its lease cannot overwrite the job's next owner."""
 
     def __init__(self, store: JobStore, *, job_id: str, owner: str, lease_s: float) -> None:
         self._store, self._job_id, self._owner, self._lease_s = store, job_id, owner, lease_s
         self._stop = threading.Event()
+        self._parent = multiprocessing.parent_process()
         self._thread = threading.Thread(target=self._run, name="lease-heartbeat", daemon=True)
 
     def _run(self) -> None:
         while not self._stop.wait(self._lease_s / RENEWALS_PER_LEASE):
+            if self._parent is not None and not self._parent.is_alive():
+                log.warning("job %s: the server is gone; this solver stops, its lease expires", self._job_id)
+                os._exit(EXIT_ORPHANED)
             if not self._store.heartbeat(job_id=self._job_id, owner=self._owner, lease_s=self._lease_s):
                 return
 
@@ -145,7 +159,8 @@ def worker_main(config: WorkerConfig, wake: Any, events: Any, stop: Any) -> None
     metrics = SolverMetrics()
     parent = multiprocessing.parent_process()
     try:
-        # A process whose server died (even by SIGKILL) finishes the job in hand, then exits.
+        # A process whose server died (even by SIGKILL) claims nothing more; the job in hand is abandoned by its
+        # heartbeat (_Heartbeat) and taken back by a live server once its lease expires.
         while not stop.is_set() and (parent is None or parent.is_alive()):
             job = store.claim(owner=config.owner, lease_s=config.lease_s)
             if job is None:

@@ -281,16 +281,19 @@ class PostgresJobStore:
     def heartbeat(self, *, job_id: str, owner: str, lease_s: float) -> bool:
         with self._tx() as conn:
             cur = conn.execute(
-                f"UPDATE jobs SET lease_expires = {NOW} + %s WHERE id = %s AND lease_owner = %s AND status = 'solving'",
+                f"UPDATE jobs SET lease_expires = {NOW} + %s WHERE id = %s AND lease_owner = %s AND status = 'solving' "
+                f"AND lease_expires >= {NOW}",  # an expired lease is not renewed: it may be taken back any moment
                 (lease_s, job_id, owner),
             )
             return cur.rowcount == 1
 
     @staticmethod
     def _owns(conn: psycopg.Connection[Any], job_id: str, owner: str) -> bool:
-        """Lock the job row and check the lease: a concurrent recovery waits for this transaction, or wins first."""
+        """Lock the job row and check the lease, unexpired (fencing: a solver that lost its lease writes
+        nothing); a concurrent recovery waits for this transaction, or wins first."""
         row = conn.execute(
-            "SELECT 1 FROM jobs WHERE id = %s AND lease_owner = %s AND status = 'solving' FOR UPDATE",
+            "SELECT 1 FROM jobs WHERE id = %s AND lease_owner = %s AND status = 'solving' "
+            f"AND lease_expires >= {NOW} FOR UPDATE",
             (job_id, owner),
         ).fetchone()
         return row is not None

@@ -247,14 +247,17 @@ class SQLiteJobStore:
         now = time.time()
         with self._write(conn):
             cur = conn.execute(
-                "UPDATE jobs SET lease_expires = ? WHERE id = ? AND lease_owner = ? AND status = 'solving'",
-                (now + lease_s, job_id, owner),
+                "UPDATE jobs SET lease_expires = ? WHERE id = ? AND lease_owner = ? AND status = 'solving' "
+                "AND lease_expires >= ?",  # an expired lease is not renewed: it may be taken back any moment
+                (now + lease_s, job_id, owner, now),
             )
         return cur.rowcount == 1
 
     def _owns(self, conn: sqlite3.Connection, job_id: str, owner: str) -> bool:
+        """The lease is this owner's and unexpired (fencing: a solver that lost its lease writes nothing)."""
         row = conn.execute(
-            "SELECT 1 FROM jobs WHERE id = ? AND lease_owner = ? AND status = 'solving'", (job_id, owner)
+            "SELECT 1 FROM jobs WHERE id = ? AND lease_owner = ? AND status = 'solving' AND lease_expires >= ?",
+            (job_id, owner, time.time()),
         ).fetchone()
         return row is not None
 

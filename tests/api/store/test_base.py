@@ -155,6 +155,25 @@ def test_heartbeat_keeps_a_lease_alive_and_fails_once_it_is_lost(store: JobStore
     assert not store.heartbeat(job_id="job0001", owner="a", lease_s=60)
 
 
+def test_an_expired_lease_is_fenced_off_before_anyone_takes_it_back(store: JobStore) -> None:
+    # A solver that paused past its lease (or whose server vanished) must not write, even while the job is
+    # still marked solving under its name: the next owner would find its work overwritten.
+    store.submit(job(1, iterations=2))
+    store.claim(owner="late", lease_s=0.05)
+    time.sleep(0.12)
+    assert store.get("job0001").lease_owner == "late"  # nobody has taken it back yet
+    assert not store.heartbeat(job_id="job0001", owner="late", lease_s=60)  # no resurrection
+    assert not store.publish_iteration(record("job0001", 0), owner="late")
+    assert not store.complete(
+        job_id="job0001", owner="late", plan_json="{}", iterations=[record("job0001", 0), record("job0001", 1)]
+    )
+    assert not store.fail(job_id="job0001", owner="late", error_json=REASON)
+    assert store.iterations("job0001") == [] and store.get("job0001").status == "solving"
+    assert [r.job_id for r in store.recover_expired(reason_json=REASON, max_attempts=2)] == ["job0001"]
+    assert store.claim(owner="next", lease_s=60) is not None
+    assert store.publish_iteration(record("job0001", 0), owner="next")
+
+
 def test_resubmitting_a_failed_job_queues_it_again(store: JobStore) -> None:
     store.submit(job(1))
     store.claim(owner="a", lease_s=10)
