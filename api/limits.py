@@ -22,6 +22,7 @@ from skrull.api.settings import Settings
 from skrull.solver.errors import RequestError
 from skrull.solver.jsonsafe import MalformedJsonError, loads_json
 from skrull.solver.search.budget import check_budget
+from skrull.solver.types import Parallel
 
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 
@@ -182,7 +183,8 @@ def check_request_limits(body: PlanRequestIn, settings: Settings) -> None:
             slug="limit-exceeded",
         )
     try:  # a budget the planner cannot keep is refused now, not after a hard timeout
-        check_budget(body.solver, [len(b) for b in body.batches], float(body.time_budget_s))
+        parallel = Parallel(dp=body.parallel.dp, cp=body.parallel.cp)
+        check_budget(body.solver, [len(b) for b in body.batches], float(body.time_budget_s), parallel)
     except RequestError as exc:
         raise from_request_error(exc, slug="budget-too-small") from None
 

@@ -34,7 +34,7 @@ from skrull.solver.cost import CostModel
 from skrull.solver.planners.base import PlannerOutput
 from skrull.solver.planners.exact import groups_to_specs, is_static, kill_grace_s, optimize_iteration, specs_to_groups
 from skrull.solver.search.bound import microbatch_floor_ms
-from skrull.solver.search.budget import FINISH_PER_SEQUENCE_S
+from skrull.solver.search.budget import FINISH_RESERVE_PER_SEQUENCE_S
 from skrull.solver.search.clock import Clock, clock_for
 from skrull.solver.search.improve import iteration_ms, search_iteration
 from skrull.solver.search.starts import STARTS, run_starts
@@ -74,7 +74,7 @@ class AutoPlanner:
     def plan(self, problem: Problem) -> PlannerOutput:
         clock = clock_for(problem.deterministic)
         begin = clock()
-        per_sequence = FINISH_PER_SEQUENCE_S + BOUND_PER_SEQUENCE_S
+        per_sequence = FINISH_RESERVE_PER_SEQUENCE_S + BOUND_PER_SEQUENCE_S
         end = begin + problem.time_budget_s - FINISH_MARGIN_S - per_sequence * len(problem.lengths)
         chunks = _chunks(problem.batch_ids)
         iterations: list[Specs] = []

@@ -25,7 +25,7 @@ from skrull.solver.planners.base import PlannerOutput, make_spec
 from skrull.solver.planners.dacp import dacp_place
 from skrull.solver.planners.skrull import gds_dacp_batch
 from skrull.solver.search.bound import layout_free_bound_ms
-from skrull.solver.search.budget import FINISH_PER_SEQUENCE_S
+from skrull.solver.search.budget import FINISH_RESERVE_PER_SEQUENCE_S
 from skrull.solver.types import MicrobatchSpec, Parallel, Problem
 
 Groups = list[list[GroupMicrobatch]]
@@ -154,10 +154,10 @@ IterationSolve = Callable[[Problem, tuple[int, ...], int, float, float], tuple[S
 def plan_within_budget(problem: Problem, solve_iteration: IterationSolve) -> PlannerOutput:
     """Every iteration in turn with an equal share of the time left. The budget covers the whole solve:
     each solver process is killed at its deadline plus ``kill_grace_s``, and the time to estimate and
-    validate the plan (``FINISH_PER_SEQUENCE_S`` per sequence) is kept back."""
+    validate the plan (``FINISH_RESERVE_PER_SEQUENCE_S`` per sequence) is kept back."""
     begin = time.monotonic()
     grace = kill_grace_s(problem.time_budget_s)
-    end = begin + problem.time_budget_s - grace - FINISH_PER_SEQUENCE_S * len(problem.lengths)
+    end = begin + problem.time_budget_s - grace - FINISH_RESERVE_PER_SEQUENCE_S * len(problem.lengths)
     iterations, bounds, statuses = [], [], []
     offset = 0
     for k, ids in enumerate(problem.batch_ids):

@@ -1,12 +1,22 @@
 """Budgets as promises: the smallest ``time_budget_s`` each planner can keep, and the early refusal.
 
 A planner's solve (planning, estimating and validating the plan: ``planning.solve``) takes about
-``fixed_s + per_sequence_s * K + per_square_s * sum_b K_b^2`` for K sequences in batches of K_b; the
-constants below are measured on a loaded 2-core machine and doubled. Planners that search (``auto``,
-``ilp``, ``hydraulis``'s stage-2 ILP) scale their work to the budget, so for them this is only what
-their first constructive step and the final checks need. A request whose budget is below the figure is
-refused before any work, with a ``RequestError`` naming ``time_budget_s`` and the smallest budget that
-can work (the service answers 422), instead of overrunning its budget.
+
+    fixed_s + per_sequence_s * K + per_square_s * sum_b K_b^2 + per_rank_square_s * sum_b (K_b / dp)^2
+            + per_slot_s * K * cp + per_gpu_s * K * dp * cp + FINISH_PER_SEQUENCE_S * K
+
+for K sequences in batches of K_b over dp x cp GPUs (``Cost.seconds``: the raw estimate). The terms are
+the shapes the planners' work was measured to follow (``bench/budget_estimates.py``, a loaded 2-core
+machine): linear for the packers and Skrull; ``K * cp`` for planners whose every microbatch spans a CP
+group (``deepspeed``, ``sorted``: one local list per GPU per microbatch to write and validate);
+``(K_b / dp)^2`` for verl's Karmarkar-Karp split of each DP rank's share into microbatches; ``K_b^2 + K *
+G`` for dynamic CP's per-sequence group search. The raw estimate is within 2x of the measured wall for
+every fixed-work planner (the benchmark's table in docs/benchmarks.md); the smallest budget accepted is
+``SAFETY`` times it. Planners that search (``auto``, ``ilp``, ``hydraulis``'s stage-2 ILP) scale their work
+to the budget, so for them this is only what their first constructive step and the final checks need. A
+request whose budget is below the figure is refused before any work, with a ``RequestError`` naming
+``time_budget_s`` and the smallest budget that can work (the service answers 422), instead of overrunning
+its budget.
 """
 
 from __future__ import annotations
@@ -16,11 +26,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from skrull.solver.errors import RequestError
+from skrull.solver.types import Parallel
 
-#: Estimating and validating a plan, per sequence (measured 1.2 us on one core; doubled).
-FINISH_PER_SEQUENCE_S = 2.5e-6
-#: Headroom over the measured cost, for a loaded machine.
+#: Estimating and validating a plan, per sequence (measured 1.2 us on one core).
+FINISH_PER_SEQUENCE_S = 1.2e-6
+#: Headroom of the smallest accepted budget over the raw estimate, for a loaded machine.
 SAFETY = 2.0
+#: What a searching planner keeps back of its budget per sequence to finish (estimate and validate).
+FINISH_RESERVE_PER_SEQUENCE_S = 2.5e-6
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,40 +41,59 @@ class Cost:
     fixed_s: float
     per_sequence_s: float
     per_square_s: float = 0.0
+    per_rank_square_s: float = 0.0
+    per_slot_s: float = 0.0
+    per_gpu_s: float = 0.0
 
-    def seconds(self, batch_sizes: Sequence[int]) -> float:
+    def seconds(self, batch_sizes: Sequence[int], parallel: Parallel | None = None) -> float:
+        """The raw estimate (module doc); without ``parallel``, one GPU."""
+        dp, cp = (parallel.dp, parallel.cp) if parallel is not None else (1, 1)
         num = sum(batch_sizes)
-        squares = sum(b * b for b in batch_sizes)
-        return self.fixed_s + self.per_sequence_s * num + self.per_square_s * squares + FINISH_PER_SEQUENCE_S * num
+        return (
+            self.fixed_s
+            + self.per_sequence_s * num
+            + self.per_square_s * sum(b * b for b in batch_sizes)
+            + self.per_rank_square_s * sum((b / dp) ** 2 for b in batch_sizes)
+            + self.per_slot_s * num * cp
+            + self.per_gpu_s * num * dp * cp
+            + FINISH_PER_SEQUENCE_S * num
+        )
 
 
-#: Measured single-run costs (before SAFETY) of each planner's unavoidable work.
+#: Measured raw costs of each planner's unavoidable work (bench/budget_estimates.py).
 COSTS: dict[str, Cost] = {
-    "auto": Cost(0.004, 1e-6),  # the ``packed`` start, then it stops at its deadline
-    "packed": Cost(0.001, 1e-6),
-    "deepspeed": Cost(0.001, 1e-6),
-    "sorted": Cost(0.001, 2e-6),
-    "skrull": Cost(0.002, 1e-5),
-    "round-robin": Cost(0.002, 1e-5),
-    "verl-kk": Cost(0.002, 5e-6, 1.5e-8),
+    "auto": Cost(0.004, 2e-6),  # the ``packed`` start, then it stops at its deadline
+    "packed": Cost(0.001, 0.3e-6),
+    "deepspeed": Cost(0.001, 13e-6, per_slot_s=0.5e-6),
+    "sorted": Cost(0.001, 13e-6, per_slot_s=0.5e-6),
+    "skrull": Cost(0.001, 2.5e-6),
+    "round-robin": Cost(0.001, 2.5e-6),
+    "verl-kk": Cost(0.002, 4e-6, per_rank_square_s=5.6e-8),
     "ilp": Cost(0.06, 2e-5),  # the ``skrull`` start, a forked solver process building its model
     "ilp-flex": Cost(0.03, 1e-5),  # ``auto``'s start and a forked solver process
     "hydraulis": Cost(0.01, 2e-4),
-    "dynamic-cp": Cost(0.005, 2.5e-4),
-    "wlb": Cost(0.005, 1.5e-4),
-    "wlb-keep": Cost(0.005, 1.2e-4),  # auto's start: wlb without the outlier queues (no queue search)
+    "dynamic-cp": Cost(0.005, 0.0, per_square_s=6.9e-8, per_gpu_s=3.1e-6),
+    "wlb": Cost(0.005, 8.5e-5, per_gpu_s=4.8e-8),
+    "wlb-keep": Cost(0.005, 7e-5, per_gpu_s=4e-8),  # auto's start: wlb without the outlier queues
 }
 
 
-def smallest_budget_s(solver: str, batch_sizes: Sequence[int]) -> float:
-    """The smallest ``time_budget_s`` ``solver`` keeps for batches of these sizes (unknown: 0)."""
+def estimated_s(solver: str, batch_sizes: Sequence[int], parallel: Parallel | None = None) -> float:
+    """The raw estimate of ``solver``'s unavoidable work (module doc; unknown planner: 0)."""
     cost = COSTS.get(solver)
-    return 0.0 if cost is None else SAFETY * cost.seconds(batch_sizes)
+    return 0.0 if cost is None else cost.seconds(batch_sizes, parallel)
 
 
-def check_budget(solver: str, batch_sizes: Sequence[int], time_budget_s: float) -> None:
+def smallest_budget_s(solver: str, batch_sizes: Sequence[int], parallel: Parallel | None = None) -> float:
+    """The smallest ``time_budget_s`` ``solver`` keeps for batches of these sizes (unknown: 0)."""
+    return SAFETY * estimated_s(solver, batch_sizes, parallel)
+
+
+def check_budget(
+    solver: str, batch_sizes: Sequence[int], time_budget_s: float, parallel: Parallel | None = None
+) -> None:
     """Refuse, before any work, a budget the planner cannot keep."""
-    need = smallest_budget_s(solver, batch_sizes)
+    need = smallest_budget_s(solver, batch_sizes, parallel)
     if time_budget_s < need:
         raise RequestError(
             "time_budget_s",

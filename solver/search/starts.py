@@ -39,7 +39,7 @@ from skrull.solver.planners.verl_kk import VerlKkPlanner
 from skrull.solver.planners.wlb import WlbPlanner
 from skrull.solver.search.budget import smallest_budget_s
 from skrull.solver.search.construct import SpreadStart
-from skrull.solver.types import Problem
+from skrull.solver.types import Parallel, Problem
 
 #: Weight of the newest measurement in a start's time scale.
 SCALE_SMOOTHING = 0.5
@@ -76,10 +76,10 @@ class Start:
     #: may return such a plan (``AutoPlanner(allow_pending=True)``).
     defers: bool = False
 
-    def affordable(self, batch_sizes: Sequence[int], time_budget_s: float) -> bool:
+    def affordable(self, batch_sizes: Sequence[int], time_budget_s: float, parallel: Parallel | None = None) -> bool:
         """Whether this budget could ask for the start on its own (``budget.smallest_budget_s``): a peer it
         could not is not worth the time the search would wait for it."""
-        return smallest_budget_s(self.name, batch_sizes) <= time_budget_s
+        return smallest_budget_s(self.name, batch_sizes, parallel) <= time_budget_s
 
     def unit_s(self, batch_sizes: Sequence[int]) -> float:
         return (
@@ -150,15 +150,17 @@ def run_starts(
         if k == 1 and isolate:  # the peers, in a child, while this process runs the cheap starts
             peers = [s for s in chosen[1:] if s.isolated]
             peers_end = end - evaluation_s * len(peers)
-            first = peer_order(peers, sizes)[0] if peers else None
-            worth = first is not None and problem.time_budget_s >= smallest_budget_s(first.name, sizes) - PEER_SLACK_S
+            first = peer_order(peers, sizes, problem.parallel)[0] if peers else None
+            worth = first is not None and (
+                problem.time_budget_s >= smallest_budget_s(first.name, sizes, problem.parallel) - PEER_SLACK_S
+            )
             if worth and any(predicted_s(s, sizes) <= peers_end - time.monotonic() for s in peers):
                 child = _start_peers(peers, problem, sizes, peers_end)
             else:  # none fits: no fork, and no time kept for costing their plans
                 peers = []
         if k > 0 and start in peers:
             continue
-        if isolate and start.isolated and not start.affordable(sizes, problem.time_budget_s):
+        if isolate and start.isolated and not start.affordable(sizes, problem.time_budget_s, problem.parallel):
             continue
         left = end - time.monotonic() - evaluation_s * (len(out) + 1 + len(peers))
         predicted = predicted_s(start, sizes)
@@ -186,13 +188,13 @@ def _start_peers(peers: Sequence[Start], problem: Problem, sizes: Sequence[int],
     first; their own times vary with the lengths, 15-150 ms on 256 sequences, too much to rank them by
     prediction), each only when its prediction fits before ``end`` and told the time left. It
     reports ``("began", name, 0)`` before each and ``(name, output, seconds)`` after it."""
-    order = peer_order(peers, sizes)
+    order = peer_order(peers, sizes, problem.parallel)
 
     def work(report: Report, _deadline: float) -> None:
         for start in order:
             left = end - time.monotonic()
             predicted = predicted_s(start, sizes)
-            if predicted > left or not start.affordable(sizes, problem.time_budget_s):
+            if predicted > left or not start.affordable(sizes, problem.time_budget_s, problem.parallel):
                 continue
             if start.imports is not None:  # not timed: the parent imports it for the later calls
                 importlib.import_module(start.imports)
@@ -204,9 +206,9 @@ def _start_peers(peers: Sequence[Start], problem: Problem, sizes: Sequence[int],
     return start_child(work, deadline=end)
 
 
-def peer_order(peers: Sequence[Start], sizes: Sequence[int]) -> list[Start]:
+def peer_order(peers: Sequence[Start], sizes: Sequence[int], parallel: Parallel | None = None) -> list[Start]:
     """The peers by the smallest budget each accepts on its own (``budget.smallest_budget_s``)."""
-    return sorted(peers, key=lambda s: smallest_budget_s(s.name, sizes))
+    return sorted(peers, key=lambda s: smallest_budget_s(s.name, sizes, parallel))
 
 
 def _collect_peers(child: Child, peers: Sequence[Start], sizes: Sequence[int], end: float) -> dict[str, PlannerOutput]:

@@ -89,7 +89,7 @@ def test_budget_is_kept_on_a_modest_request(solver: str) -> None:
 
 def test_a_budget_that_cannot_be_kept_is_refused_early_with_the_smallest_that_works() -> None:
     request = dataclasses.replace(qwen_request(1, 64), solver="dynamic-cp", time_budget_s=0.01)
-    need = smallest_budget_s("dynamic-cp", [256])
+    need = smallest_budget_s("dynamic-cp", [256], request.parallel)
     begin = time.perf_counter()
     with pytest.raises(RequestError) as caught:
         solve(request)

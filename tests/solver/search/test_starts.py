@@ -8,6 +8,7 @@ import json
 from skrull.solver.planners.baselines import PackedPlanner
 from skrull.solver.search import starts
 from skrull.solver.search.budget import smallest_budget_s
+from skrull.solver.types import Parallel
 
 
 def test_a_start_with_a_missing_module_is_predicted_with_its_import() -> None:
@@ -20,7 +21,8 @@ def test_a_start_with_a_missing_module_is_predicted_with_its_import() -> None:
 
 def test_the_peer_asked_for_at_the_smallest_budget_runs_first() -> None:
     sizes = [256]
-    peers = starts.peer_order([s for s in starts.STARTS if s.isolated], sizes)
-    assert [s.name for s in peers] == ["wlb-keep", "wlb", "hydraulis", "dynamic-cp"]
-    budgets = [smallest_budget_s(s.name, sizes) for s in peers]
+    parallel = Parallel(dp=4, cp=8)
+    peers = starts.peer_order([s for s in starts.STARTS if s.isolated], sizes, parallel)
+    assert [s.name for s in peers] == ["wlb-keep", "wlb", "dynamic-cp", "hydraulis"]
+    budgets = [smallest_budget_s(s.name, sizes, parallel) for s in peers]
     assert budgets == sorted(budgets)

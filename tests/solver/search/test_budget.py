@@ -1,0 +1,41 @@
+"""The up-front budget check: every registered planner has a cost, the estimate follows the request's
+shape (sequences, batch split, DP and CP degrees) as each planner's work does, and a refusal quotes the
+smallest budget that is then accepted."""
+
+from __future__ import annotations
+
+import pytest
+
+from skrull.solver.errors import RequestError
+from skrull.solver.planners.registry import planner_names
+from skrull.solver.search.budget import COSTS, SAFETY, check_budget, estimated_s, smallest_budget_s
+from skrull.solver.types import Parallel
+
+
+def test_every_registered_planner_has_a_measured_cost() -> None:
+    assert set(planner_names()) <= set(COSTS)
+
+
+def test_the_estimate_follows_each_planners_shape() -> None:
+    narrow, wide = Parallel(dp=4, cp=8), Parallel(dp=64, cp=8)
+    # verl's Karmarkar-Karp splits each DP rank's share: more DP ranks, smaller shares, less work
+    assert estimated_s("verl-kk", [8192], narrow) > 5 * estimated_s("verl-kk", [8192], wide)
+    # dynamic CP searches groups per sequence over the whole cluster: more GPUs, more work
+    assert estimated_s("dynamic-cp", [8192], wide) > 2 * estimated_s("dynamic-cp", [8192], narrow)
+    # an all-sharded planner writes and checks one local list per GPU of every microbatch's group
+    assert estimated_s("deepspeed", [1024], Parallel(dp=4, cp=64)) > 2 * estimated_s("deepspeed", [1024], narrow)
+    # one batch of 8192 costs dynamic CP more than eight of 1024 (its search is quadratic in a batch)
+    assert estimated_s("dynamic-cp", [8192], narrow) > 2 * estimated_s("dynamic-cp", [1024] * 8, narrow)
+    assert estimated_s("packed", [8192], narrow) == pytest.approx(estimated_s("packed", [1024] * 8, narrow), rel=0.2)
+
+
+@pytest.mark.parametrize("solver", sorted(COSTS))
+def test_a_refusal_quotes_a_budget_that_is_then_accepted(solver: str) -> None:
+    sizes, parallel = [4096, 4096], Parallel(dp=16, cp=8)
+    need = smallest_budget_s(solver, sizes, parallel)
+    assert need == pytest.approx(SAFETY * estimated_s(solver, sizes, parallel))
+    with pytest.raises(RequestError) as caught:
+        check_budget(solver, sizes, need * 0.9, parallel)
+    assert caught.value.field == "time_budget_s"
+    quoted = float(str(caught.value).rsplit(">= ", 1)[1])
+    check_budget(solver, sizes, quoted, parallel)  # accepted
