@@ -3,13 +3,14 @@
 A planner's solve (planning, estimating and validating the plan: ``planning.solve``) takes about
 
     fixed_s + per_sequence_s * K + per_square_s * sum_b K_b^2 + per_rank_square_s * sum_b (K_b / dp)^2
-            + per_slot_s * K * cp + per_gpu_s * K * dp * cp + FINISH_PER_SEQUENCE_S * K
+            + per_rank_cube_s * sum_b (K_b / dp)^3 + per_slot_s * K * cp + per_gpu_s * K * dp * cp
+            + FINISH_PER_SEQUENCE_S * K
 
 for K sequences in batches of K_b over dp x cp GPUs (``Cost.seconds``: the raw estimate). The terms are
 the shapes the planners' work was measured to follow (``bench/budget_estimates.py``, a loaded 2-core
 machine): linear for the packers and Skrull; ``K * cp`` for planners whose every microbatch spans a CP
 group (``deepspeed``, ``sorted``: one local list per GPU per microbatch to write and validate);
-``(K_b / dp)^2`` for verl's Karmarkar-Karp split of each DP rank's share into microbatches; ``K_b^2 + K *
+``(K_b / dp)^2`` and ``(K_b / dp)^3`` for verl's Karmarkar-Karp split of each DP rank's share into microbatches; ``K_b^2 + K *
 G`` for dynamic CP's per-sequence group search. The raw estimate is within 2x of the measured wall for
 every fixed-work planner (the benchmark's table in docs/benchmarks.md); the smallest budget accepted is
 ``SAFETY`` times it. Planners that search (``auto``, ``ilp``, ``hydraulis``'s stage-2 ILP) scale their work
@@ -42,6 +43,7 @@ class Cost:
     per_sequence_s: float
     per_square_s: float = 0.0
     per_rank_square_s: float = 0.0
+    per_rank_cube_s: float = 0.0
     per_slot_s: float = 0.0
     per_gpu_s: float = 0.0
 
@@ -54,6 +56,7 @@ class Cost:
             + self.per_sequence_s * num
             + self.per_square_s * sum(b * b for b in batch_sizes)
             + self.per_rank_square_s * sum((b / dp) ** 2 for b in batch_sizes)
+            + self.per_rank_cube_s * sum((b / dp) ** 3 for b in batch_sizes)
             + self.per_slot_s * num * cp
             + self.per_gpu_s * num * dp * cp
             + FINISH_PER_SEQUENCE_S * num
@@ -68,7 +71,7 @@ COSTS: dict[str, Cost] = {
     "sorted": Cost(0.001, 13e-6, per_slot_s=0.5e-6),
     "skrull": Cost(0.001, 2.5e-6),
     "round-robin": Cost(0.001, 2.5e-6),
-    "verl-kk": Cost(0.002, 4e-6, per_rank_square_s=5.6e-8),
+    "verl-kk": Cost(0.002, 4e-6, per_rank_square_s=3.4e-8, per_rank_cube_s=8.6e-12),
     "ilp": Cost(0.06, 2e-5),  # the ``skrull`` start, a forked solver process building its model
     "ilp-flex": Cost(0.03, 1e-5),  # ``auto``'s start and a forked solver process
     "hydraulis": Cost(0.01, 2e-4),
