@@ -57,6 +57,8 @@ class Service:
     pool: SolverPool | None = None
     loop: asyncio.AbstractEventLoop | None = None
     _compare_pool: ComparePool | None = field(default=None)
+    #: The running ``read_job`` per plan id (on the event loop only).
+    _job_reads: dict[str, asyncio.Future[JobRecord | None]] = field(default_factory=dict)
 
     async def blocking(self, fn: Callable[..., T], *args: Any) -> T:
         return await run_in_threadpool(fn, *args)
@@ -127,20 +129,40 @@ class Service:
 
     # -- long-polls ------------------------------------------------------------------------------------
 
+    async def read_job(self, job_id: str) -> JobRecord | None:
+        """``store.get`` in the thread pool, one read at a time per job: every long-poll of a job that
+        asks while a read of it is running shares that read (a thousand waiters on one plan are one read
+        per recheck, not a thousand queued in the thread pool)."""
+        task = self._job_reads.get(job_id)
+        if task is None:
+            task = asyncio.ensure_future(self.blocking(self.store.get, job_id))
+            self._job_reads[job_id] = task
+
+            def done(finished: asyncio.Future[JobRecord | None], key: str = job_id) -> None:
+                if self._job_reads.get(key) is finished:
+                    del self._job_reads[key]
+
+            task.add_done_callback(done)
+        return await asyncio.shield(task)
+
     async def wait_for_change(self, job_id: str, wait_s: float, *, until_final: bool = False) -> JobRecord | None:
         """The job, once its status or progress differs from when the call began (with ``until_final``: once
-        it is solved or failed), or when ``wait_s`` passed."""
-        job = await self.blocking(self.store.get, job_id)
+        it is solved or failed), or when ``wait_s`` passed: a recheck still running at the deadline is not
+        waited for (the last state read is answered), so a loaded thread pool cannot stretch a long-poll."""
+        deadline = time.monotonic() + wait_s
+        job = await self.read_job(job_id)
         if job is None or wait_s <= 0 or job.is_final:
             return job
         baseline = None if until_final else job.state_token
-        deadline = time.monotonic() + wait_s
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return job
             with self.notifier.listen(job_id) as listener:
-                current = await self.blocking(self.store.get, job_id)
+                try:
+                    current = await asyncio.wait_for(self.read_job(job_id), timeout=remaining)
+                except TimeoutError:
+                    return job
                 if current is None:  # deleted while waited on
                     return None
                 job = current
