@@ -2,6 +2,12 @@
 
 The stored request carries its profile inline, so a solved job is drawn with the same lengths and cost
 model it was planned with: the DACP split (overlap, sharded compute, overhead) and bucket use per GPU.
+
+A picture is bounded: it draws one bar per GPU per microbatch, so a plan of a few sequences sharded over
+tens of thousands of GPUs would make one of hundreds of MB. Over ``max_picture_bars`` bars
+(``SKRULL_MAX_PICTURE_BARS``, default 20,000, a few MB of SVG) the timeline answers 413 naming the limit and
+how many bars the asked iterations have (ask for fewer with ``?iteration=``), and the page shows the
+figures without the picture.
 """
 
 from __future__ import annotations
@@ -9,6 +15,8 @@ from __future__ import annotations
 import json
 from html import escape
 
+from skrull.api.errors import ApiProblem
+from skrull.api.sizes import DEFAULT_MAX_PICTURE_BARS
 from skrull.api.store.base import JobRecord
 from skrull.solver.cost import CostModel
 from skrull.solver.io import plan_from_dict, request_from_dict
@@ -18,10 +26,34 @@ from skrull.solver.render import plan_timelines, render_svg
 REFRESH_S = 2
 
 
-def timeline_svg(job: JobRecord, request_json: str, iterations: list[int] | None = None) -> str:
-    """The SVG of a solved job (``job.plan_json`` set); ``iterations`` default to all."""
+def picture_too_large(bars: int, limit: int, *, plan_id: str) -> ApiProblem:
+    return ApiProblem(
+        status=413,
+        slug="picture-too-large",
+        title="picture too large",
+        detail=f"the timeline of plan {plan_id} would draw {bars} bars (one per GPU per microbatch); at most {limit} "
+        "are drawn (SKRULL_MAX_PICTURE_BARS): ask for fewer iterations (?iteration=i), or read rank views",
+        limit=limit,
+        bars=bars,
+    )
+
+
+def timeline_svg(
+    job: JobRecord,
+    request_json: str,
+    iterations: list[int] | None = None,
+    *,
+    max_bars: int = DEFAULT_MAX_PICTURE_BARS,
+) -> str:
+    """The SVG of a solved job (``job.plan_json`` set); ``iterations`` default to all. Over ``max_bars``
+    bars: the 413 ``picture_too_large`` problem, before anything is drawn."""
     assert job.plan_json is not None, "only solved jobs are drawn"
-    plan = plan_from_dict(json.loads(job.plan_json))
+    doc = json.loads(job.plan_json)
+    chosen = range(len(doc["iterations"])) if iterations is None else iterations
+    bars = sum(len(mb["ranks"]) for i in chosen for mb in doc["iterations"][i]["microbatches"])
+    if bars > max_bars:
+        raise picture_too_large(bars, max_bars, plan_id=job.job_id)
+    plan = plan_from_dict(doc)
     request = request_from_dict(json.loads(request_json))
     lengths = [n for batch in request.batches for n in batch]
     model = CostModel(request.profile, bucket_tokens=request.bucket_tokens)

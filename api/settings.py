@@ -14,6 +14,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from skrull.api.sizes import (
     DEFAULT_CACHE_BYTES,
     DEFAULT_MAX_ITERATION_TOKENS,
+    DEFAULT_MAX_PICTURE_BARS,
     DEFAULT_MAX_PLAN_TOKENS,
     DEFAULT_MAX_VIEW_TOKENS,
 )
@@ -123,6 +124,11 @@ class Settings(BaseSettings):
     )
     rate_limit_per_s: float = Field(
         0.0, ge=0, description="requests per second per token (per client address without tokens); 0: unlimited"
+    )
+    max_picture_bars: int = Field(
+        DEFAULT_MAX_PICTURE_BARS,
+        ge=1,
+        description="bars (one per GPU per microbatch) a timeline picture may draw; more: 413",
     )
     rate_limit_burst: int = Field(50, ge=1, description="requests a token may make at once before the rate applies")
     auth_failures_per_s: float = Field(

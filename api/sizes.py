@@ -39,3 +39,7 @@ def check_plan_tokens(text: str, limit: int, *, what: str) -> None:
             f"{what} has {tokens} JSON tokens; at most {limit} are stored and served ({setting}): "
             "plan fewer sequences or fewer GPUs per request",
         )
+
+#: The most bars (one per GPU per microbatch) a timeline picture draws (``SKRULL_MAX_PICTURE_BARS``): about
+#: 150-300 bytes of SVG each, so a few MB at most.
+DEFAULT_MAX_PICTURE_BARS = 20_000

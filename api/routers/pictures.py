@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import json
+from html import escape
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request
@@ -38,7 +40,7 @@ def _check_iterations(job: JobRecord, iterations: list[int] | None) -> None:
     operation_id="getPlanTimeline",
     summary="The solved plan as a per-GPU timeline (SVG)",
     response_class=Response,
-    responses={200: {"content": {SVG: {}}}, **problems(404, 409, 422)},
+    responses={200: {"content": {SVG: {}}}, **problems(404, 409, 413, 422)},
 )
 async def get_timeline(
     plan_id: str,
@@ -59,7 +61,9 @@ async def get_timeline(
             detail=f"plan {plan_id} is {job.status}" + (f": {detail}" if detail else "; draw it once solved"),
             plan_id=plan_id,
         )
-    svg = await svc.blocking(timeline_svg, job, request_json, iteration)
+    svg = await svc.blocking(
+        functools.partial(timeline_svg, max_bars=svc.settings.max_picture_bars), job, request_json, iteration
+    )
     return Response(svg, media_type=SVG, headers={"Cache-Control": "public, max-age=3600"})
 
 
@@ -77,5 +81,10 @@ async def view_plan(plan_id: str, request: Request) -> Response:
         raise invalid_field("plan_id", plan_id, "no such plan", status=404, slug="unknown-plan")
     svg = None
     if job.plan_json is not None and request_json is not None:
-        svg = await svc.blocking(timeline_svg, job, request_json)
+        try:
+            svg = await svc.blocking(
+                functools.partial(timeline_svg, max_bars=svc.settings.max_picture_bars), job, request_json
+            )
+        except ApiProblem as problem:  # too large to draw: the page keeps its figures and says why
+            svg = f'<p class="pending">{escape(problem.detail)}</p>'
     return Response(view_page(job, svg), media_type="text/html; charset=utf-8")

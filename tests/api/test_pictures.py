@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
+from collections.abc import Callable
 from pathlib import Path
 
+import httpx
 from fastapi.testclient import TestClient
 
-from tests.api.conftest import plan_request, running_app
+from tests.api.conftest import LiveServer, plan_request, running_app
 
 SVG_NS = "{http://www.w3.org/2000/svg}"
 PROBLEM = "application/problem+json"
@@ -70,3 +72,22 @@ def test_view_page_embeds_the_timeline_and_links_the_plan(shared_app: TestClient
     assert page.status_code == 200 and page.headers["content-type"] == "text/html; charset=utf-8"
     assert "<svg" in page.text and 'class="lane"' in page.text and "refresh" not in page.text
     assert f'href="/v1/plans/{envelope["id"]}"' in page.text
+
+
+def test_a_picture_over_its_bar_limit_is_refused_and_the_page_says_why(
+    live_server_factory: Callable[..., LiveServer], tmp_path: Path
+) -> None:
+    # 4 sequences sharded one per microbatch over 8 GPUs: 32 bars; the limit is set at 20
+    server = live_server_factory(tmp_path / "s.db", solver_processes=1, env={"SKRULL_MAX_PICTURE_BARS": "20"}).start()
+    doc = plan_request([[150, 160, 170, 180]], dp=1, cp=8, solver="deepspeed")
+    with httpx.Client(base_url=server.url, timeout=30) as client:
+        plan_id = client.post("/v1/plans", json=doc).json()["id"]
+        assert client.get(f"/v1/plans/{plan_id}", params={"wait": 20, "until": "final"}).json()["status"] == "solved"
+        refused = client.get(f"/v1/plans/{plan_id}/timeline.svg")
+        assert refused.status_code == 413
+        problem = refused.json()
+        assert problem["type"] == "urn:skrull:problem:picture-too-large"
+        assert (problem["bars"], problem["limit"]) == (32, 20)
+        assert "SKRULL_MAX_PICTURE_BARS" in problem["detail"]
+        page = client.get(f"/v1/plans/{plan_id}/view")
+        assert page.status_code == 200 and "SKRULL_MAX_PICTURE_BARS" in page.text and "<svg" not in page.text
