@@ -8,8 +8,10 @@ readers every other part of the project uses, so a view is the library's view of
 
 Memory is bounded in bytes: the three caches share ``cache_bytes`` (each entry weighed by its size: a
 view's body, a parsed iteration by ``parsed_bytes``, ~40 bytes per request length),
-and at most ``MAX_COLD_RENDERS`` views are built from the store at once, so a burst of first fetches of
-large iterations cannot hold many parsed iterations at the same time.
+and at most ``MAX_COLD_RENDERS`` views (plus ``MAX_LARGE_COLD_RENDERS`` of iterations over
+``LARGE_ITERATION_BYTES``, which never take an ordinary slot) are built from the store at once, so a burst
+of first fetches of large iterations cannot hold many parsed iterations at the same time, nor keep other
+plans' first fetches waiting.
 
 Output is bounded per answer: a view of more than ``max_view_tokens`` JSON tokens is served in pages of
 whole microbatches (``?page=k``, 0-based); every page then carries ``page`` and ``pages``. A single
@@ -32,8 +34,12 @@ from skrull.solver.io import iteration_from_dict, request_from_dict
 from skrull.solver.types import Iteration, Parallel, Problem
 from skrull.solver.worker_view import rank_view
 
-#: Views built from the store (cache misses) at the same time, per server process.
+#: Views built from the store (cache misses) at the same time, per server process, of ordinary iterations
+#: and of large ones (stored JSON over ``LARGE_ITERATION_BYTES``): large ones have their own slot, so a few
+#: huge plans (CP 4,096 and wider) cannot hold every slot while other plans' first fetches time out.
 MAX_COLD_RENDERS = 2
+MAX_LARGE_COLD_RENDERS = 1
+LARGE_ITERATION_BYTES = 1 << 20
 #: Estimated bytes of Python objects per request length, per id or rank held in a parsed iteration, per
 #: slot of a microbatch's ``local`` tuple (a pointer; an empty list reads as the one shared empty tuple) and
 #: per microbatch object.
@@ -141,6 +147,7 @@ class RankViews:
         self._jobs: LRU[str, tuple[tuple[int, ...], Parallel]] = LRU(max_jobs, max_bytes=cache_bytes // 4)
         self.max_view_tokens = max_view_tokens
         self._cold = threading.BoundedSemaphore(MAX_COLD_RENDERS)
+        self._cold_large = threading.BoundedSemaphore(MAX_LARGE_COLD_RENDERS)
         #: Plans with anything cached (a superset: evicted entries are not removed), so ``forget`` is free
         #: for the many store changes of plans this replica holds nothing of.
         self._cached_jobs: set[str] = set()
@@ -206,7 +213,7 @@ class RankViews:
         hit = self._views.get(key)
         if hit is not None:
             return hit
-        with self._cold:
+        with self._cold_large if len(record.doc_json) > LARGE_ITERATION_BYTES else self._cold:
             hit = self._views.get(key)  # rendered by another thread while this one waited
             if hit is not None:
                 return hit

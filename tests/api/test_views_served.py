@@ -5,19 +5,22 @@ token of every sequence exactly once."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from fastapi.testclient import TestClient
 
+from skrull.api import views as views_module
 from skrull.solver.datasets import synthesize_request
 from skrull.solver.io import parse_profile, plan_from_dict, request_to_dict
 from skrull.solver.planners.registry import planner_names
 from skrull.solver.types import Parallel, Plan
 from skrull.solver.worker_view import plan_rank_view
-from tests.api.conftest import LiveServer
+from tests.api.conftest import LiveServer, plan_request, running_app
 
 #: The project's planners (the service tests' own planners excluded).
 PLANNERS = tuple(name for name in planner_names() if not name.startswith("test-"))
@@ -106,3 +109,37 @@ def test_a_real_server_serves_the_librarys_views(live_server: LiveServer, solver
             return body
 
         check_views(plan_id, plan, [n for batch in doc["batches"] for n in batch], get_view)
+
+
+def test_large_iterations_render_in_their_own_slot(tmp_path: Path) -> None:
+    # A huge plan's first fetches must not hold the slots every other plan's first fetch needs (and the
+    # reverse): with the ordinary slots taken, a large iteration still renders, and with the large slot
+    # taken, an ordinary one does.
+    with running_app(tmp_path / "s.db") as client:
+        small = client.post("/v1/plans", json=plan_request([[10, 20, 150]], dp=1, cp=2)).json()["id"]
+        large_doc = plan_request([[150 + k for k in range(40)]], dp=1, cp=4096, solver="deepspeed")
+        large = client.post("/v1/plans", json=large_doc).json()["id"]
+        for plan_id in (small, large):
+            final = client.get(f"/v1/plans/{plan_id}", params={"wait": 30, "until": "final"}).json()
+            assert final["status"] == "solved"
+        views = client.app.state.service.views  # type: ignore[attr-defined]
+        store = client.app.state.service.store  # type: ignore[attr-defined]
+        small_record, large_record = store.iteration(small, 0), store.iteration(large, 0)
+        assert len(large_record.doc_json) > views_module.LARGE_ITERATION_BYTES > len(small_record.doc_json)
+        for taken, record in ((views._cold, large_record), (views._cold_large, small_record)):
+            held = [taken.acquire(timeout=1) for _ in range(8)]
+            try:
+                done = threading.Event()
+
+                def render(r: Any = record, finished: threading.Event = done) -> None:
+                    views.render(r, 1)
+                    finished.set()
+
+                worker = threading.Thread(target=render)
+                worker.start()
+                assert done.wait(timeout=20), "a render waited for a slot of the other kind"
+            finally:
+                for ok in held:
+                    if ok:
+                        taken.release()
+            worker.join()
