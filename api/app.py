@@ -19,7 +19,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from skrull.api.access import AccessControl, require_access
 from skrull.api.errors import install_error_handlers
-from skrull.api.http_semantics import HeadAsGet, PrivateAnswers
+from skrull.api.http_semantics import BoundedWrites, HeadAsGet, PrivateAnswers
 from skrull.api.limits import BodySizeLimit, JsonBody
 from skrull.api.metrics import Metrics
 from skrull.api.notify import Notifier
@@ -138,6 +138,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         max_bytes=settings.max_body_bytes,
         on_problem=lambda status, slug: metrics.errors.labels(str(status), slug).inc(),
     )
+    app.add_middleware(BoundedWrites, write_timeout_s=settings.write_timeout_s)
     app.add_middleware(PrivateAnswers, enabled=app.state.access.enabled)
     app.add_middleware(HttpMetrics, metrics=metrics)
     app.add_middleware(HeadAsGet)

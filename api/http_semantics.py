@@ -8,13 +8,30 @@
   no-store`` replaces whatever a route set (a rank view's ``public``/``immutable`` caching only holds on
   an open service). ETags still work: a client that kept a view itself revalidates with
   ``If-None-Match`` and gets 304.
+* ``BoundedWrites``: an answer is handed to the server in chunks of ``WRITE_CHUNK_BYTES`` (views of the
+  shared cache are sliced, not copied), and uvicorn waits for its write buffer to drain below its high-water
+  mark before taking the next one, so a client that reads slowly, or never, holds at most about one chunk
+  plus that buffer of the server's memory, not its whole answer (a thousand readers that stopped reading a
+  1 MB view each used to hold a GB). A client whose answer does not drain within ``write_timeout_s`` is
+  cut off, freeing the rest.
 """
+
 
 from __future__ import annotations
 
+import asyncio
+import logging
+
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+log = logging.getLogger("skrull.api")
 PRIVATE = b"private, no-store"
+#: Bytes of an answer handed to the server at a time.
+WRITE_CHUNK_BYTES = 64 * 1024
+
+
+class ClientStoppedReadingError(Exception):
+    """An answer did not drain to its client within the write deadline."""
 
 
 class HeadAsGet:
@@ -53,3 +70,39 @@ class PrivateAnswers:
             await send(message)
 
         await self.app(scope, receive, send_private)
+
+
+class BoundedWrites:
+    def __init__(self, app: ASGIApp, *, write_timeout_s: float) -> None:
+        self.app = app
+        self.write_timeout_s = write_timeout_s
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_bounded(message: Message) -> None:
+            body = message.get("body", b"") if message["type"] == "http.response.body" else b""
+            if len(body) <= WRITE_CHUNK_BYTES:
+                await self._send(send, message)
+                return
+            view = memoryview(body)
+            more = message.get("more_body", False)
+            for start in range(0, len(body), WRITE_CHUNK_BYTES):
+                piece = view[start : start + WRITE_CHUNK_BYTES]
+                last = start + WRITE_CHUNK_BYTES >= len(body)
+                await self._send(send, {"type": "http.response.body", "body": piece, "more_body": more or not last})
+
+        try:
+            await self.app(scope, receive, send_bounded)
+        except ClientStoppedReadingError as exc:  # the answer is incomplete: the server closes the connection
+            log.info("%s %s: %s", scope.get("method"), scope.get("path"), exc)
+
+    async def _send(self, send: Send, message: Message) -> None:
+        try:
+            await asyncio.wait_for(send(message), timeout=self.write_timeout_s)
+        except TimeoutError:
+            raise ClientStoppedReadingError(
+                f"an answer did not drain to its client within {self.write_timeout_s:g} s (SKRULL_WRITE_TIMEOUT_S)"
+            ) from None

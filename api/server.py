@@ -16,6 +16,7 @@ are bounded by ``BodySizeLimit``.
 from __future__ import annotations
 
 import asyncio
+import resource
 from typing import Any
 
 import h11
@@ -24,6 +25,8 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from skrull.api.settings import Settings
 
 _RECEIVED = (h11.DONE, h11.MUST_CLOSE, h11.CLOSED, h11.ERROR)
+#: Files the server holds besides its connections (store, solver processes' pipes, logs, the listener).
+OTHER_FILES = 512
 
 
 class ReadTimeoutH11(H11Protocol):
@@ -69,6 +72,21 @@ class ReadTimeoutH11(H11Protocol):
 def protocol_class(settings: Settings) -> type[ReadTimeoutH11]:
     """``ReadTimeoutH11`` with the configured deadline (uvicorn instantiates the class itself)."""
     return type("SkrullH11", (ReadTimeoutH11,), {"read_timeout_s": settings.request_read_timeout_s})
+
+
+def raise_open_files_limit(settings: Settings) -> int:
+    """Raise this process's soft limit of open files to fit ``limit_concurrency`` connections plus the
+    store's, the solver pipes' and the log's (where the hard limit allows; it is never lowered): at the
+    usual soft limit of 1,024 a few hundred idle connections would end ``accept`` before the concurrency
+    limit is reached. Returns the soft limit in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = settings.limit_concurrency + OTHER_FILES
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        new = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+        if new > soft:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+            soft = new
+    return soft
 
 
 def uvicorn_options(settings: Settings) -> dict[str, Any]:

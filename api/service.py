@@ -21,7 +21,7 @@ from skrull.api.errors import ApiProblem
 from skrull.api.metrics import Metrics
 from skrull.api.notify import Notifier
 from skrull.api.profiles import ProfileCatalog
-from skrull.api.schemas import canonical_request_json, job_id_for, request_from_document
+from skrull.api.schemas import canonical_request_json, envelope_json, job_id_for, request_from_document
 from skrull.api.settings import Settings
 from skrull.api.solving import Event, SolverPool, import_plugins
 from skrull.api.store.base import (
@@ -33,8 +33,11 @@ from skrull.api.store.base import (
     SubmitOutcome,
 )
 from skrull.api.tenants import DEFAULT_TENANT, scoped_key
-from skrull.api.views import RankViews
+from skrull.api.views import LRU, RankViews
 from skrull.solver.types import Request
+
+#: Bytes of finished plans' envelopes kept in memory, shared by their readers.
+DEFAULT_ENVELOPE_BYTES = 64 * 2**20
 
 T = TypeVar("T")
 log = logging.getLogger("skrull.api")
@@ -59,6 +62,23 @@ class Service:
     _compare_pool: ComparePool | None = field(default=None)
     #: The running ``read_job`` per plan id (on the event loop only).
     _job_reads: dict[str, asyncio.Future[JobRecord | None]] = field(default_factory=dict)
+    #: Envelopes of finished plans, shared by every reader (``envelope``).
+    _envelopes: LRU[tuple[str, float], bytes] = field(
+        default_factory=lambda: LRU(256, max_bytes=DEFAULT_ENVELOPE_BYTES)
+    )
+
+    def envelope(self, job: JobRecord) -> bytes:
+        """The envelope of ``job`` as JSON. A finished plan's never changes until it is deleted or
+        resubmitted (which changes ``updated_at``), so one copy is kept and shared by all its readers: a
+        plan of several MB read by a hundred slow clients is held once, not a hundred times."""
+        if not job.is_final:
+            return envelope_json(job)
+        key = (job.job_id, job.updated_at)
+        body = self._envelopes.get(key)
+        if body is None:
+            body = envelope_json(job)
+            self._envelopes.put(key, body, size=len(body))
+        return body
 
     async def blocking(self, fn: Callable[..., T], *args: Any) -> T:
         return await run_in_threadpool(fn, *args)

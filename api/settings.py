@@ -97,7 +97,13 @@ class Settings(BaseSettings):
     )
     retention_sweep_s: float = Field(60.0, gt=0, description="how often expired plans are deleted")
     limit_concurrency: int = Field(
-        1024, ge=1, description="open connections and running requests beyond which new ones get 503 (uvicorn)"
+        8192,
+        ge=1,
+        description="open connections and running requests beyond which new ones get 503 (uvicorn); the "
+        "server raises its open-files limit to fit it where the hard limit allows",
+    )
+    write_timeout_s: float = Field(
+        30.0, gt=0, description="an answer must drain to the client within this; a client that stops reading is cut off"
     )
     timeout_keep_alive_s: float = Field(5.0, gt=0, description="idle keep-alive connections are closed after this")
     request_read_timeout_s: float = Field(

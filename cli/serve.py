@@ -93,7 +93,7 @@ def _serve(args: argparse.Namespace) -> int:
         from skrull.api.app import create_app
     except ImportError as exc:
         raise RequestError("serve", exc.name, "the service needs the api extra: pip install 'skrull[api]'") from None
-    from skrull.api.server import uvicorn_options
+    from skrull.api.server import raise_open_files_limit, uvicorn_options
     from skrull.api.store.open import StoreUnusableError, open_store
 
     settings = settings_from_args(args, _FLAGS)
@@ -102,6 +102,7 @@ def _serve(args: argparse.Namespace) -> int:
     except StoreUnusableError as exc:
         raise RequestError("--db", settings.db, str(exc)) from None
     _check_bindable(settings.host, settings.port)
+    raise_open_files_limit(settings)
     uvicorn.run(
         create_app(settings),
         host=settings.host,

@@ -95,7 +95,7 @@ def check_text(value: str, field: str) -> None:
     if found is not None:
         char = found.group()
         what = "NUL (\\u0000)" if char == "\x00" else f"a lone surrogate (\\u{ord(char):04x})"
-        shown = value[:64].encode("utf-8", "backslashreplace").decode("ascii", "backslashreplace")
+        shown = value[:64].encode("ascii", "backslashreplace").decode("ascii")
         raise RequestError(field, shown, f"holds {what}, which is not text; send valid Unicode without NUL")
 
 
@@ -116,7 +116,7 @@ def check_bounded(doc: Any, *, field: str = "", root: str = "body") -> None:
             if isinstance(value, dict):
                 for k in value:
                     if isinstance(k, str) and _NOT_TEXT.search(k):
-                        check_text(k, join_path(path, k.encode("utf-8", "backslashreplace").decode("ascii")))
+                        check_text(k, join_path(path, k))
                 stack.extend((v, join_path(path, str(k)), depth + 1) for k, v in value.items())
             elif value and not _ints_in_range(value):
                 stack.extend((v, join_path(path, k), depth + 1) for k, v in enumerate(value))

@@ -11,7 +11,7 @@ from skrull.api.access import caller_tenant, require_plan_of_tenant
 from skrull.api.errors import invalid_field
 from skrull.api.limits import check_request_limits, check_wait
 from skrull.api.routers.common import JSON, problems, service
-from skrull.api.schemas import PlanEnvelope, PlanRequestIn, envelope_json, request_document
+from skrull.api.schemas import PlanEnvelope, PlanRequestIn, request_document
 from skrull.solver.jsonsafe import check_text
 
 router = APIRouter(prefix="/v1/plans", tags=["plans"])
@@ -55,7 +55,7 @@ async def submit_plan(
     headers = {"Location": f"/v1/plans/{job.job_id}"}
     if not outcome.created:
         headers["Idempotent-Replayed"] = "true"
-    return Response(envelope_json(job), status_code=202, media_type=JSON, headers=headers)
+    return Response(svc.envelope(job), status_code=202, media_type=JSON, headers=headers)
 
 
 @router.get(
@@ -86,7 +86,7 @@ async def get_plan(
         raise invalid_field("plan_id", plan_id, "no such plan", status=404, slug="unknown-plan")
     if job.status == "solved":
         svc.metrics.plans_served.labels("plan").inc()
-    return Response(envelope_json(job), media_type=JSON)
+    return Response(svc.envelope(job), media_type=JSON)
 
 
 @router.delete(
