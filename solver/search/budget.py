@@ -10,9 +10,9 @@ for K sequences in batches of K_b over dp x cp GPUs (``Cost.seconds``: the raw e
 the shapes the planners' work was measured to follow (``bench/budget_estimates.py``, a loaded 2-core
 machine): linear for the packers and Skrull; ``K * cp`` for planners whose every microbatch spans a CP
 group (``deepspeed``, ``sorted``: one local list per GPU per microbatch to write and validate);
-``(K_b / dp)^2`` and ``(K_b / dp)^3`` for verl's Karmarkar-Karp split of each DP rank's share into microbatches; ``K_b^2 + K *
-G`` for dynamic CP's per-sequence group search; WLB-LLM's packing has all of linear, ``K_b^2``, ``K * cp``
-and ``K * G`` parts. The raw estimate is within 2x of the measured wall for
+``(K_b / dp)^2`` and ``(K_b / dp)^3`` for verl's Karmarkar-Karp split of each DP rank's share into
+microbatches; ``K_b^2 + K * G`` for dynamic CP's per-sequence group search; WLB-LLM's packing has
+linear, ``K_b^2``, ``K * cp`` and ``K * G`` parts. The raw estimate is within 2x of the measured wall for
 every fixed-work planner (the benchmark's table in docs/benchmarks.md); the smallest budget accepted is
 ``SAFETY`` times it. Planners that search (``auto``, ``ilp``, ``hydraulis``'s stage-2 ILP) scale their work
 to the budget, so for them this is only what their first constructive step and the final checks need. A
@@ -75,7 +75,7 @@ COSTS: dict[str, Cost] = {
     "verl-kk": Cost(0.002, 4e-6, per_rank_square_s=3.4e-8, per_rank_cube_s=8.6e-12),
     "ilp": Cost(0.06, 2e-5),  # the ``skrull`` start, a forked solver process building its model
     "ilp-flex": Cost(0.03, 1e-5),  # ``auto``'s start and a forked solver process
-    "hydraulis": Cost(0.01, 2e-4),
+    "hydraulis": Cost(0.01, 2e-4, per_square_s=5e-9, per_slot_s=3e-6),
     "dynamic-cp": Cost(0.005, 0.0, per_square_s=6.9e-8, per_gpu_s=3.1e-6),
     "wlb": Cost(0.005, 2.5e-5, per_square_s=2.6e-9, per_slot_s=4.8e-6, per_gpu_s=5e-8),
     # auto's start: wlb without the outlier queues (no queue search; ~0.8 of wlb)
