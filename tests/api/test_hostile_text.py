@@ -3,6 +3,7 @@ a real server on SQLite and on PostgreSQL: one 422 naming the field, never a 5xx
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -46,7 +47,7 @@ def test_not_text_anywhere_is_one_422_naming_the_field(server: httpx.Client) -> 
     @given(st.sampled_from(PLACES), hostile)
     def one(place: tuple[str, Callable[[dict[str, Any], str], None]], text: str) -> None:
         field, put = place
-        doc = plan_request([[10, 20]])
+        doc = copy.deepcopy(plan_request([[10, 20]]))  # the hand profile is shared: never change it in place
         put(doc, text)
         r = server.post("/v1/plans", content=_dumps(doc), headers={"content-type": "application/json"})
         counts["sent"] += 1
