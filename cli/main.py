@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
+import skrull
 from skrull.cli import derive as derive_cli
 from skrull.cli import execute as execute_cli
 from skrull.cli import finetune as finetune_cli
@@ -240,6 +241,7 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="skrull", description="Skrull: data scheduling for long-context SFT (DP x CP).")
+    parser.add_argument("--version", action="version", version=f"skrull {skrull.__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("plan", help="plan a request and print the plan JSON")

@@ -159,3 +159,18 @@ def test_profiles_long_tells_measured_from_derived_and_survives_a_broken_user_pr
     assert "(fail)" in rows["h100-80g-measured/qwen2.5-7b"]
     assert "| derived | 26000 |" in rows["h100-80g/qwen2.5-0.5b"]
     assert "unreadable: " in rows["lab/broken"] and "compute" in rows["lab/broken"]
+
+
+def test_version_names_the_installed_distribution() -> None:
+    from importlib.metadata import version
+
+    out = skrull("--version")
+    assert out.returncode == 0 and out.stdout.strip() == f"skrull {version('skrull')}"
+
+
+def test_the_readme_counts_the_bundled_profiles() -> None:
+    from skrull.solver.profile import bundled_profile_names
+
+    words = {4: "Four", 5: "Five", 6: "Six", 7: "Seven", 8: "Eight", 9: "Nine", 10: "Ten"}
+    count = len(bundled_profile_names())
+    assert f"{words[count]} are bundled" in (ROOT / "README.md").read_text()
