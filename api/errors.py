@@ -162,7 +162,9 @@ def _loc_to_field(loc: Sequence[Any]) -> str:
 
 
 def from_validation_error(exc: RequestValidationError) -> ApiProblem:
-    errors = list(exc.errors())
+    """One 422 naming the first mistake, every mistake under ``errors``. Unknown fields lead: a misspelt
+    field (``paralel``) also makes the field it meant missing, and the cause is the misspelling."""
+    errors = sorted(exc.errors(), key=lambda e: e.get("type") != "extra_forbidden")
     details = []
     for err in errors:
         loc = err.get("loc", ())

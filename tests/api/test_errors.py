@@ -174,3 +174,17 @@ def test_a_full_queue_answers_503_with_retry_after_but_replays_still_work(tmp_pa
 def test_a_malformed_profile_upload_is_a_problem(limited: TestClient) -> None:
     r = limited.post("/v1/profiles", content=b'{"name": ', headers={"content-type": "application/json"})
     assert problem_of(r, 422).type.endswith("malformed-json")
+
+
+@pytest.mark.parametrize(
+    ("typo", "meant"), [("paralel", "parallel"), ("batch", "batches"), ("profil", "profile")]
+)
+def test_a_misspelt_field_is_named_before_the_field_it_leaves_missing(
+    limited: TestClient, typo: str, meant: str
+) -> None:
+    doc = plan_request([[10, 20]])
+    doc[typo] = doc.pop(meant)
+    problem = problem_of(limited.post("/v1/plans", json=doc), 422).model_dump()
+    assert problem["field"] == typo and "unknown field" in problem["detail"]
+    fields = [e["field"] for e in problem["errors"]]
+    assert fields[0] == typo and fields[1:] in ([], [meant])  # a required field it leaves missing comes second
