@@ -187,6 +187,15 @@ def cmd_request(args: argparse.Namespace) -> int:
     if not args.dataset:
         raise RequestError("--dataset", None, f"required; one of {', '.join(distribution_names())}")
     request = _load_request(args, solver=args.solver)
+    limit = request.parallel.cp * request.bucket_tokens
+    cut = sum(1 for batch in request.batches for n in batch if n == limit)
+    if cut:  # sampled lengths over what any plan can hold are cut to it, as an SFT loader's max_length would
+        total = sum(len(b) for b in request.batches)
+        print(
+            f"skrull: note: {cut} of {total} sampled lengths were cut to cp x bucket_tokens = {limit} tokens, the "
+            "longest sequence a plan can hold (raise --cp or --bucket-tokens to keep them longer)",
+            file=sys.stderr,
+        )
     _write(dumps(request_to_dict(request), compact=True), args.output)
     return 0
 

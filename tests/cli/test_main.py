@@ -174,3 +174,15 @@ def test_the_readme_counts_the_bundled_profiles() -> None:
     words = {4: "Four", 5: "Five", 6: "Six", 7: "Seven", 8: "Eight", 9: "Nine", 10: "Ten"}
     count = len(bundled_profile_names())
     assert f"{words[count]} are bundled" in (ROOT / "README.md").read_text()
+
+
+def test_request_says_how_many_sampled_lengths_it_cut_to_the_group(tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    shape = ("--dataset", "chatqa2-long-sft", "--dp", "2", "--per-rank", "64")
+    cut = skrull("request", *shape, "--cp", "1", "-o", str(out))
+    doc = read_json(str(out))
+    at_limit = sum(1 for b in doc["batches"] for n in b if n == 26000)
+    assert cut.returncode == 0 and at_limit > 0
+    assert f"{at_limit} of 128 sampled lengths were cut to cp x bucket_tokens = 26000" in cut.stderr
+    roomy = skrull("request", "--dataset", "chatqa2-long-sft", "--dp", "2", "--cp", "64", "--per-rank", "8")
+    assert roomy.returncode == 0 and "were cut" not in roomy.stderr
