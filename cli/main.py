@@ -72,6 +72,27 @@ DATASET_DEFAULTS = {"dp": 4, "cp": 8, "per_rank": 64, "batches": 1}
 
 
 def _load_request(args: argparse.Namespace, *, solver: str | None) -> Request:
+    request = _read_request(args, solver=solver)
+    _warn_if_check_failed(request)
+    return request
+
+
+def _warn_if_check_failed(request: Request) -> None:
+    """A measured profile whose own check failed (its predictions against measured per-rank compute) still
+    plans, but its estimates may be off: say so once, on stderr."""
+    from skrull.worker.profiling.check import read_check  # numpy only: no torch
+
+    check = read_check(request.profile.extra)
+    if check is not None and not check[1]:
+        limit = request.profile.extra["check"]["limit"]
+        print(
+            f"skrull: warning: profile {request.profile.name} failed its own check (median error {check[0]:.1%} "
+            f"over the {float(limit):.0%} limit): its estimates may be off; `skrull profiles --long` lists the checks",
+            file=sys.stderr,
+        )
+
+
+def _read_request(args: argparse.Namespace, *, solver: str | None) -> Request:
     if args.request and args.dataset:
         raise RequestError("--dataset", args.dataset, "give either --request or --dataset, not both")
     if args.request:

@@ -186,3 +186,12 @@ def test_request_says_how_many_sampled_lengths_it_cut_to_the_group(tmp_path: Pat
     assert f"{at_limit} of 128 sampled lengths were cut to cp x bucket_tokens = 26000" in cut.stderr
     roomy = skrull("request", "--dataset", "chatqa2-long-sft", "--dp", "2", "--cp", "64", "--per-rank", "8")
     assert roomy.returncode == 0 and "were cut" not in roomy.stderr
+
+
+@pytest.mark.parametrize(
+    ("profile", "warned"), [("h100-80g-measured/qwen2.5-7b", True), ("h100-80g/qwen2.5-7b", False)]
+)
+def test_planning_with_a_profile_that_failed_its_own_check_warns(profile: str, warned: bool) -> None:
+    out = skrull("plan", "--dataset", "mooncake", "--dp", "1", "--cp", "8", "--per-rank", "8", "--profile", profile)
+    assert out.returncode == 0 and plan_from_dict(json.loads(out.stdout)).solver
+    assert ("failed its own check (median error 20.7%" in out.stderr) is warned
