@@ -7,6 +7,7 @@ Flags override ``SKRULL_*`` environment variables, which override the defaults (
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import TYPE_CHECKING, Any
 
 from skrull.solver.errors import RequestError
@@ -37,13 +38,14 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument(
         "--solver-processes",
-        "--solvers",
         dest="solver_processes",
         type=int,
         default=None,
         help="local solver processes; 0 leaves solving to `skrull solver-worker` (default: one per CPU but one; "
         "env SKRULL_SOLVER_PROCESSES)",
     )
+    # The former spelling: `--solvers` is the planner list of `skrull compare`, so here it only warns.
+    p.add_argument("--solvers", dest="solvers_count", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--log-level", default=None, help="uvicorn log level (default info)")
     p.set_defaults(func=cmd_serve)
 
@@ -81,6 +83,15 @@ def _check_bindable(host: str, port: int) -> None:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from skrull.api.metrics_dir import metrics_directory  # imports no prometheus_client: it must come first
+
+    if args.solvers_count is not None:
+        print(
+            "skrull: warning: `skrull serve --solvers N` is now --solver-processes N (--solvers is the planner list "
+            "of `skrull compare`); taking it as --solver-processes this time",
+            file=sys.stderr,
+        )
+        if args.solver_processes is None:
+            args.solver_processes = args.solvers_count
 
     with metrics_directory():
         return _serve(args)

@@ -44,3 +44,11 @@ def test_a_bad_flag_is_one_line_and_exit_2() -> None:
 def test_a_bad_environment_variable_is_named() -> None:
     out = serve(env={"SKRULL_MAX_WAIT_S": "forever"})
     assert out.returncode == 2 and out.stderr.startswith("skrull: error: SKRULL_MAX_WAIT_S: 'forever': ")
+
+
+def test_the_former_solvers_flag_warns_that_it_is_now_solver_processes() -> None:
+    # --solvers is the planner list of `skrull compare`; on serve it used to be the process count
+    out = serve("--solvers", "0", "--port", "70000")  # the bad port ends it before anything starts
+    lines = out.stderr.strip().splitlines()
+    assert "`skrull serve --solvers N` is now --solver-processes N" in lines[0]
+    assert lines[-1].startswith("skrull: error: --port: 70000") and out.returncode == 2
