@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from skrull.api.store.base import IterationRecord
-from skrull.solver.compare import REFERENCE_SOLVER, compare
+from skrull.solver.compare import REFERENCE_SOLVER, compare, table_columns, table_rows
 from skrull.solver.io import iteration_from_dict, iteration_to_dict, plan_to_dict, request_from_dict
 from skrull.solver.planning import IterationResult, combine_iterations, solve, solve_batch, streams_iterations
 from skrull.solver.types import Plan, Request
@@ -117,17 +117,6 @@ def compare_table(request_json: str, solvers: Sequence[str] | None) -> dict[str,
     """``POST /v1/compare``'s answer (run in a separate process): one row per solver, table-shaped."""
     request = request_from_dict(json.loads(request_json))
     rows, _ = compare(request, solvers)
-    columns = [
-        "solver",
-        "iteration_ms",
-        "lower_bound_ms",
-        "ratio_to_bound",
-        "speedup",
-        "planning_ms",
-        "num_microbatches",
-        "status",
-        "error",
-    ]
     return {
         "reference": REFERENCE_SOLVER,
         "num_sequences": request.num_sequences,
@@ -135,6 +124,6 @@ def compare_table(request_json: str, solvers: Sequence[str] | None) -> dict[str,
         "parallel": {"dp": request.parallel.dp, "cp": request.parallel.cp},
         "profile": request.profile.name,
         "bucket_tokens": request.bucket_tokens,
-        "columns": columns,
-        "rows": [[getattr(r, c) for c in columns] for r in rows],
+        "columns": table_columns(),
+        "rows": table_rows(rows),
     }

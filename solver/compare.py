@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from skrull.solver.cost import CostModel
 from skrull.solver.errors import PlannerBugError, SkrullError
@@ -159,6 +160,17 @@ def _speedup(reference: Plan | None, plan: Plan, lengths: list[int], model: Cost
     if ref_work <= 0 or own_work <= 0:
         return None
     return (reference.estimated_ms / ref_work) / (plan.estimated_ms / own_work)
+
+
+def table_columns() -> list[str]:
+    """Every figure of a ``CompareRow``, in order: the columns of ``POST /v1/compare``'s table. The CLI's
+    text table (``format_table``) formats the same rows, so the service answers every figure it prints."""
+    return [f.name for f in dataclasses.fields(CompareRow)]
+
+
+def table_rows(rows: Sequence[CompareRow]) -> list[list[Any]]:
+    """The rows' values in ``table_columns`` order (JSON-ready)."""
+    return [[getattr(r, c) for c in table_columns()] for r in rows]
 
 
 def _opt(value: float | None, fmt: str) -> str:

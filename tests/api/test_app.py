@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from typing import Any
@@ -292,3 +293,19 @@ def test_openapi_has_stable_operation_ids_and_docs(shared_app: TestClient) -> No
     submit = spec["paths"]["/v1/plans"]["post"]
     assert "application/problem+json" in submit["responses"]["422"]["content"]
     assert json.dumps(spec).count("Idempotency-Key") >= 1
+
+
+def test_compare_answers_every_figure_the_cli_table_prints(shared_app: TestClient) -> None:
+    # one function makes both: the service's rows are the library's compare rows, whole
+    from skrull.solver.compare import compare
+    from skrull.solver.io import request_from_dict
+
+    doc = {**plan_request([[150, 30, 60, 10]]), "solvers": ["skrull", "ilp-flex"], "time_budget_s": 0.5}
+    table = CompareTable.model_validate(shared_app.post("/v1/compare", json=doc).json())
+    for figure in ("layout", "bound_ms", "gap", "ratio_to_bound", "imbalance_degree", "peak_bucket_use", "pending"):
+        assert figure in table.columns
+    rows = {row[0]: dict(zip(table.columns, row, strict=True)) for row in table.rows}
+    library, _ = compare(request_from_dict({k: v for k, v in doc.items() if k != "solvers"}), ["skrull"])
+    expected = {k: v for k, v in dataclasses.asdict(library[0]).items() if k != "planning_ms"}
+    assert {k: v for k, v in rows["skrull"].items() if k != "planning_ms"} == expected
+    assert rows["ilp-flex"]["layout"] == "flexible" and rows["ilp-flex"]["bound_ms"] is not None
