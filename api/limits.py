@@ -21,7 +21,7 @@ from skrull.api.schemas import PlanRequestIn
 from skrull.api.settings import Settings
 from skrull.solver.errors import RequestError
 from skrull.solver.jsonsafe import MalformedJsonError, loads_json
-from skrull.solver.search.budget import check_budget
+from skrull.solver.search.budget import check_budget, smallest_budget_s
 from skrull.solver.types import Parallel
 
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
@@ -175,6 +175,20 @@ def check_request_limits(body: PlanRequestIn, settings: Settings) -> None:
             f"dp * cp = {num_gpus} GPUs; at most {settings.max_gpus} are accepted (SKRULL_MAX_GPUS)",
             slug="limit-exceeded",
         )
+    parallel = Parallel(dp=body.parallel.dp, cp=body.parallel.cp)
+    batch_sizes = [len(b) for b in body.batches]
+    if body.time_budget_s is None:  # the planner's default for this size; more than the server allows is refused
+        need_s = smallest_budget_s(body.solver, batch_sizes, parallel)
+        if need_s > settings.max_time_budget_s:
+            raise invalid_field(
+                "time_budget_s",
+                None,
+                f"not given; {body.solver!r} needs at least {need_s:.2g} s for {sum(batch_sizes)} sequences, "
+                f"more than the {settings.max_time_budget_s:g} s this server allows (SKRULL_MAX_TIME_BUDGET_S); "
+                "split the request or choose a faster solver",
+                slug="limit-exceeded",
+            )
+        return
     if body.time_budget_s > settings.max_time_budget_s:
         raise invalid_field(
             "time_budget_s",
@@ -183,8 +197,7 @@ def check_request_limits(body: PlanRequestIn, settings: Settings) -> None:
             slug="limit-exceeded",
         )
     try:  # a budget the planner cannot keep is refused now, not after a hard timeout
-        parallel = Parallel(dp=body.parallel.dp, cp=body.parallel.cp)
-        check_budget(body.solver, [len(b) for b in body.batches], float(body.time_budget_s), parallel)
+        check_budget(body.solver, batch_sizes, float(body.time_budget_s), parallel)
     except RequestError as exc:
         raise from_request_error(exc, slug="budget-too-small") from None
 

@@ -50,7 +50,8 @@ def _request_constraints(props: dict[str, Any], settings: Settings) -> None:
     max_budget_s = min(settings.max_time_budget_s, MAX_TIME_BUDGET_S)
     budget = props["time_budget_s"]
     for branch in budget.get("anyOf", [budget]):
-        branch.update({"exclusiveMinimum": 0, "maximum": max_budget_s})
+        if branch.get("type") != "null":  # null or left out: the planner's default
+            branch.update({"exclusiveMinimum": 0, "maximum": max_budget_s})
     props["solver"]["enum"] = list(planner_names())
     props["seed"].update({"minimum": 0, "maximum": 2**63 - 1})
     for name, extra in (

@@ -8,6 +8,7 @@ known solver and profile, every sequence placeable) and names the field and the 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any, Literal
 
@@ -67,7 +68,12 @@ class PlanRequestIn(BaseModel):
         "baselines deepspeed, packed, sorted, round-robin, the peers wlb, dynamic-cp, hydraulis, verl-kk, and any "
         "planner registered",
     )
-    time_budget_s: StrictFloat | StrictInt = Field(DEFAULT_TIME_BUDGET_S, description="wall-clock solve budget")
+    time_budget_s: StrictFloat | StrictInt | None = Field(
+        None,
+        description="wall-clock solve budget in seconds; left out, the planner's default for the request's size: "
+        f"{DEFAULT_TIME_BUDGET_S:g} s (60 s for ilp and ilp-flex), raised to what the planner needs, at most "
+        "the server's SKRULL_MAX_TIME_BUDGET_S",
+    )
     bucket_tokens: StrictInt | None = Field(None, description="override of profile.memory.bucket_tokens")
     backend: str | None = Field(None, description="exact solver backend (scip or cpsat), where the solver has one")
     seed: StrictInt = Field(0, description="seed of planners that shuffle")
@@ -269,12 +275,16 @@ def request_from_document(doc: dict[str, Any]) -> Request:
     return request_from_dict(doc)
 
 
-def canonical_request_json(request: Request) -> str:
+def canonical_request_json(request: Request, *, explicit_budget: bool = True) -> str:
     """The request with its profile inlined, as canonical JSON: what a job stores and what its id hashes.
 
     Inlining makes a stored job self-contained (a later profile upload cannot change it) and makes two
-    submissions of the same planning problem share one id.
+    submissions of the same planning problem share one id. A request without ``time_budget_s`` stores its
+    planner's default (``Request.resolved_time_budget_s``): the job's hard limit needs the figure, and the
+    same problem asked with and without naming that default is one plan.
     """
+    if explicit_budget and request.time_budget_s is None:
+        request = dataclasses.replace(request, time_budget_s=request.resolved_time_budget_s)
     return json.dumps(request_to_dict(request, inline_profile=True), sort_keys=True, separators=(",", ":"))
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -85,10 +86,15 @@ class Service:
 
     # -- submissions -----------------------------------------------------------------------------------
 
-    def prepare(self, doc: dict[str, Any]) -> tuple[Request, str]:
-        """Validate a request document (profile names resolved); the request and its canonical JSON."""
+    def prepare(self, doc: dict[str, Any], *, explicit_budget: bool = True) -> tuple[Request, str]:
+        """Validate a request document (profile names resolved); the request and its canonical JSON. A plan
+        request without ``time_budget_s`` is stored with its planner's default, at most SKRULL_MAX_TIME_BUDGET_S
+        (``api.limits`` refused it if the planner needs more); a compare leaves it to each planner."""
         request = request_from_document(self.profiles.inline(doc))
-        return request, canonical_request_json(request)
+        if explicit_budget and request.time_budget_s is None:  # the default, within what this server allows
+            budget_s = min(request.resolved_time_budget_s, self.settings.max_time_budget_s)
+            request = dataclasses.replace(request, time_budget_s=budget_s)
+        return request, canonical_request_json(request, explicit_budget=explicit_budget)
 
     def submit(self, doc: dict[str, Any], idempotency_key: str | None, tenant: str = DEFAULT_TENANT) -> SubmitOutcome:
         """Store a job under its id within ``tenant`` (``api.tenants``); Idempotency-Keys are the tenant's."""
@@ -101,7 +107,7 @@ class Service:
             num_iterations=len(request.batches),
             num_sequences=request.num_sequences,
             num_gpus=request.parallel.num_gpus,
-            time_budget_s=request.time_budget_s,
+            time_budget_s=request.resolved_time_budget_s,
         )
         try:
             return self.store.submit(

@@ -40,7 +40,7 @@ from skrull.solver.io import (
 from skrull.solver.planners.registry import get_planner, planner_names
 from skrull.solver.planning import solve
 from skrull.solver.profile import bundled_profile_names, load_profile
-from skrull.solver.types import Parallel, Request
+from skrull.solver.types import Parallel, Plan, Request
 from skrull.solver.validate import validate_plan
 
 EXIT_USER_ERROR = 2
@@ -176,7 +176,19 @@ def cmd_plan(args: argparse.Namespace) -> int:
     request = _load_request(args, solver=args.solver)
     plan = solve(request)
     _write(dumps(plan_to_dict(plan), compact=args.compact), args.output)
+    _note_if_stopped(request, plan)
     return 0
+
+
+def _note_if_stopped(request: Request, plan: Plan) -> None:
+    """An exact planner stopped by its budget before proving its plan optimal says so, with the gap left
+    (``solve.gap``) and what to raise: the plan is valid, only its optimality is unproven."""
+    if plan.solve.status in ("feasible", "timeout") and plan.solve.gap is not None and plan.solve.gap > 0:
+        print(
+            f"skrull: note: {plan.solver} stopped at a {plan.solve.gap:.1%} gap to its proven bound when its "
+            f"{request.resolved_time_budget_s:g} s budget ran out; raise --time-budget-s (time_budget_s) to close it",
+            file=sys.stderr,
+        )
 
 
 def cmd_compare(args: argparse.Namespace) -> int:

@@ -18,6 +18,7 @@ from typing import Any
 from skrull.solver.errors import RequestError, SequenceTooLongError, UnknownSolverError
 from skrull.solver.jsonsafe import check_bounded, join_path, loads_json, read_int, read_ints
 from skrull.solver.profile import Profile, load_profile, profile_from_dict
+from skrull.solver.search import budget as budget_defaults
 from skrull.solver.sharding import read_sharding
 from skrull.solver.types import (
     DEFAULT_SHARDING,
@@ -32,7 +33,8 @@ from skrull.solver.types import (
 )
 
 DEFAULT_PROFILE = "h100-80g/qwen2.5-0.5b"
-DEFAULT_TIME_BUDGET_S = 1.0
+#: A request without ``time_budget_s`` gets this, raised for its size (``search.budget.default_budget_s``).
+DEFAULT_TIME_BUDGET_S = budget_defaults.DEFAULT_TIME_BUDGET_S
 #: The planner a request gets when it names none: the best plan within the budget (docs/auto.md).
 DEFAULT_SOLVER = "auto"
 BACKENDS = ("scip", "cpsat")
@@ -107,8 +109,10 @@ def request_from_dict(doc: Any, *, known_solvers: tuple[str, ...] | None = None)
     if not isinstance(solver, str) or solver not in known_solvers:
         raise UnknownSolverError("solver", solver, f"unknown solver; known: {', '.join(known_solvers)}")
 
-    budget = doc.get("time_budget_s", DEFAULT_TIME_BUDGET_S)
-    if (
+    budget = doc.get("time_budget_s")
+    if "time_budget_s" not in doc:
+        pass  # the planner's default for the request's size (Request.resolved_time_budget_s)
+    elif (
         isinstance(budget, bool)
         or not isinstance(budget, (int, float))
         or not 0 < budget <= MAX_TIME_BUDGET_S  # compared before any conversion: a huge int never meets float()
@@ -133,7 +137,7 @@ def request_from_dict(doc: Any, *, known_solvers: tuple[str, ...] | None = None)
         parallel=parallel,
         profile=profile,
         solver=solver,
-        time_budget_s=float(budget),
+        time_budget_s=None if budget is None else float(budget),
         bucket_tokens_override=bucket,
         backend=backend,
         seed=seed,
@@ -162,8 +166,9 @@ def request_to_dict(request: Request, *, inline_profile: bool = False) -> dict[s
         "parallel": {"dp": request.parallel.dp, "cp": request.parallel.cp},
         "profile": request.profile.to_dict() if inline_profile else request.profile.name,
         "solver": request.solver,
-        "time_budget_s": request.time_budget_s,
     }
+    if request.time_budget_s is not None:  # left out: the planner's default (Request.resolved_time_budget_s)
+        doc["time_budget_s"] = request.time_budget_s
     if request.bucket_tokens_override is not None:
         doc["bucket_tokens"] = request.bucket_tokens_override
     if request.backend is not None:

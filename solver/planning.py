@@ -87,7 +87,7 @@ def solve(request: Request) -> Plan:
     ``solve.wall_ms`` covers planning, estimation and validation (everything but reading and writing).
     A budget the solver cannot keep is refused first (``search.budget.check_budget``).
     """
-    check_budget(request.solver, [len(b) for b in request.batches], request.time_budget_s, request.parallel)
+    check_budget(request.solver, [len(b) for b in request.batches], request.resolved_time_budget_s, request.parallel)
     start = time.perf_counter()
     problem = Problem.from_request(request)
     planner = get_planner(request.solver)
@@ -140,7 +140,7 @@ def solve_batch(request: Request, index: int) -> IterationResult:
     budget, as iteration ``index`` in the request's global sequence ids (validated on its own)."""
     offset = sum(len(b) for b in request.batches[:index])
     sub = dataclasses.replace(
-        request, batches=(request.batches[index],), time_budget_s=request.time_budget_s / len(request.batches)
+        request, batches=(request.batches[index],), time_budget_s=request.resolved_time_budget_s / len(request.batches)
     )
     plan = solve(sub)
     return IterationResult(

@@ -40,13 +40,17 @@ class Parallel:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Request:
-    """A planning request: the lengths of one or more global batches, a layout and a profile."""
+    """A planning request: the lengths of one or more global batches, a layout and a profile.
+
+    ``time_budget_s=None``: the planner's default for a request this size (``search.budget.default_budget_s``),
+    what ``resolved_time_budget_s`` answers.
+    """
 
     batches: tuple[tuple[int, ...], ...]
     parallel: Parallel
     profile: Profile
     solver: str = "auto"
-    time_budget_s: float = 1.0
+    time_budget_s: float | None = None
     bucket_tokens_override: int | None = None
     backend: str | None = None
     seed: int = 0
@@ -62,6 +66,15 @@ class Request:
     @property
     def num_sequences(self) -> int:
         return sum(len(b) for b in self.batches)
+
+    @property
+    def resolved_time_budget_s(self) -> float:
+        """The budget in force: the request's own, else its planner's default for its size."""
+        if self.time_budget_s is not None:
+            return self.time_budget_s
+        from skrull.solver.search.budget import default_budget_s  # the budget module imports this one
+
+        return default_budget_s(self.solver, [len(b) for b in self.batches], self.parallel)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -92,7 +105,7 @@ class Problem:
             parallel=request.parallel,
             profile=request.profile,
             bucket_tokens=request.bucket_tokens,
-            time_budget_s=request.time_budget_s,
+            time_budget_s=request.resolved_time_budget_s,
             seed=request.seed,
             backend=request.backend,
             deterministic=request.deterministic,

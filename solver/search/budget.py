@@ -19,6 +19,11 @@ to the budget, so for them this is only what their first constructive step and t
 request whose budget is below the figure is refused before any work, with a ``RequestError`` naming
 ``time_budget_s`` and the smallest budget that can work (the service answers 422), instead of overrunning
 its budget.
+
+A request that names no budget gets ``default_budget_s``: 1 s (60 s for the exact planners ``ilp`` and
+``ilp-flex``, which run until proven optimal or that cap), raised to the smallest budget the planner keeps
+for the request's size, and never more than ``MAX_DEFAULT_TIME_BUDGET_S``. A user who asked for no budget
+gets a plan, not a refusal for lack of one.
 """
 
 from __future__ import annotations
@@ -92,6 +97,23 @@ def estimated_s(solver: str, batch_sizes: Sequence[int], parallel: Parallel | No
 def smallest_budget_s(solver: str, batch_sizes: Sequence[int], parallel: Parallel | None = None) -> float:
     """The smallest ``time_budget_s`` ``solver`` keeps for batches of these sizes (unknown: 0)."""
     return SAFETY * estimated_s(solver, batch_sizes, parallel)
+
+
+#: The budget of a request that names none, before its size raises it (``default_budget_s``).
+DEFAULT_TIME_BUDGET_S = 1.0
+#: The exact planners run until proven optimal or this cap when the request names no budget.
+EXACT_DEFAULT_TIME_BUDGET_S = 60.0
+EXACT_SOLVERS = ("ilp", "ilp-flex")
+#: The most a request that names no budget is given (the service caps it further: SKRULL_MAX_TIME_BUDGET_S).
+MAX_DEFAULT_TIME_BUDGET_S = 600.0
+
+
+def default_budget_s(solver: str, batch_sizes: Sequence[int], parallel: Parallel | None = None) -> float:
+    """The budget of a request that names none (module doc):
+    ``min(MAX_DEFAULT, max(base, smallest_budget_s))`` with ``base`` 1 s, or 60 s for an exact planner."""
+    base = EXACT_DEFAULT_TIME_BUDGET_S if solver in EXACT_SOLVERS else DEFAULT_TIME_BUDGET_S
+    need = _round_up(smallest_budget_s(solver, batch_sizes, parallel))
+    return min(MAX_DEFAULT_TIME_BUDGET_S, max(base, need))
 
 
 def check_budget(

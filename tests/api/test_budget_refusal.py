@@ -20,3 +20,31 @@ def test_a_budget_too_small_for_the_planner_is_refused_at_submission(tmp_path: P
         quoted = float(problem.detail.rsplit(">= ", 1)[1])
         ok = client.post("/v1/plans", json={**doc, "time_budget_s": quoted})
         assert ok.status_code == 202, ok.text
+
+
+def test_a_request_without_a_budget_is_planned_with_its_planners_default(tmp_path: Path) -> None:
+    from skrull.api.schemas import PlanEnvelope
+
+    with running_app(tmp_path / "skrull.db", max_time_budget_s=5.0) as client:
+        # the heuristic's default is one second: the same plan (id) as naming it
+        doc = plan_request([[50, 120, 30]], solver="skrull")
+        r = client.post("/v1/plans", json=doc)
+        assert r.status_code == 202, r.text
+        assert r.json()["id"] == client.post("/v1/plans", json={**doc, "time_budget_s": 1.0}).json()["id"]
+        done = client.get(f"/v1/plans/{r.json()['id']}", params={"wait": 30, "until": "final"})
+        envelope = PlanEnvelope.model_validate(done.json())
+        assert envelope.status == "solved" and envelope.plan is not None
+        # ilp's default (run until optimal, at most 60 s) is capped by what this server allows
+        exact = plan_request([[50, 120, 30]], solver="ilp")
+        capped = client.post("/v1/plans", json=exact).json()["id"]
+        assert capped == client.post("/v1/plans", json={**exact, "time_budget_s": 5.0}).json()["id"]
+
+
+def test_a_request_without_a_budget_that_needs_more_than_the_server_allows_is_refused(tmp_path: Path) -> None:
+    doc = plan_request([[50] * 200], solver="dynamic-cp")
+    with running_app(tmp_path / "skrull.db", max_time_budget_s=0.01) as client:
+        r = client.post("/v1/plans", json=doc)
+        assert r.status_code == 422, r.text
+        problem = ProblemModel.model_validate(r.json())
+        assert problem.field == "time_budget_s" and problem.value is None
+        assert problem.type.endswith("limit-exceeded") and "SKRULL_MAX_TIME_BUDGET_S" in problem.detail

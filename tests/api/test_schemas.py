@@ -30,7 +30,8 @@ def test_the_plan_id_is_the_content_address_of_the_request() -> None:
 def test_the_canonical_request_inlines_the_profile() -> None:
     canonical = json.loads(canonical_request_json(request_from_dict(plan_request([[5]]))))
     assert canonical["profile"]["compute"] == HAND_PROFILE["compute"]
-    assert request_from_dict(canonical) == request_from_dict(plan_request([[5]]))
+    # a request that names no budget is stored with its planner's default: the job's hard limit needs it
+    assert request_from_dict(canonical) == request_from_dict(plan_request([[5]], time_budget_s=1.0))
 
 
 def test_the_plan_schema_describes_sharding_modes_and_solve_stats() -> None:
@@ -79,14 +80,15 @@ def test_the_request_model_and_the_librarys_reader_know_the_same_fields() -> Non
     # the pydantic model checks shape at the edge, then hands off to the one reader (solver.io); a field
     # added to one and not the other would be refused, or silently dropped, by the service alone
     from skrull.api.schemas import CompareRequestIn, ParallelModel, PlanRequestIn
-    from skrull.solver.io import DEFAULT_PROFILE, DEFAULT_SOLVER, DEFAULT_TIME_BUDGET_S, PARALLEL_FIELDS, REQUEST_FIELDS
+    from skrull.solver.io import DEFAULT_PROFILE, DEFAULT_SOLVER, PARALLEL_FIELDS, REQUEST_FIELDS
 
     assert set(PlanRequestIn.model_fields) == REQUEST_FIELDS
     assert set(CompareRequestIn.model_fields) == REQUEST_FIELDS | {"solvers"}
     assert set(ParallelModel.model_fields) == PARALLEL_FIELDS
     defaults = {name: field.default for name, field in PlanRequestIn.model_fields.items()}
+    # no budget: left out of the document, so the library gives the planner's default for the request's size
     assert (defaults["profile"], defaults["solver"], defaults["time_budget_s"]) == (
         DEFAULT_PROFILE,
         DEFAULT_SOLVER,
-        DEFAULT_TIME_BUDGET_S,
+        None,
     )

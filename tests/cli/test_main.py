@@ -195,3 +195,33 @@ def test_planning_with_a_profile_that_failed_its_own_check_warns(profile: str, w
     out = skrull("plan", "--dataset", "mooncake", "--dp", "1", "--cp", "8", "--per-rank", "8", "--profile", profile)
     assert out.returncode == 0 and plan_from_dict(json.loads(out.stdout)).solver
     assert ("failed its own check (median error 20.7%" in out.stderr) is warned
+
+
+def test_plan_without_a_budget_gets_one_large_enough_for_the_request(tmp_path: Path) -> None:
+    shape = ("--dataset", "mooncake", "--dp", "2", "--cp", "64", "--per-rank", "8192", "--solver", "deepspeed")
+    refused = skrull("plan", *shape, "--time-budget-s", "1", "-o", str(tmp_path / "no.json"))
+    assert refused.returncode == 2 and "ask for time_budget_s >=" in refused.stderr
+    out = skrull("plan", *shape, "-o", str(tmp_path / "plan.json"))
+    assert out.returncode == 0, out.stderr
+    plan = plan_from_dict(read_json(str(tmp_path / "plan.json")))
+    assert sum(len(mb.seq_ids) for it in plan.iterations for mb in it.microbatches) == 16384
+
+
+@pytest.mark.parametrize(("status", "gap", "noted"), [("feasible", 0.298, True), ("optimal", 0.0, False)])
+def test_an_exact_plan_stopped_by_its_budget_says_its_gap_and_what_to_raise(
+    status: str, gap: float, noted: bool, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import dataclasses
+
+    from skrull.cli.main import _note_if_stopped
+    from skrull.solver.planning import solve
+
+    request = request_from_dict(read_json(EXAMPLES / "contract-example.json"))
+    request = dataclasses.replace(request, solver="skrull", time_budget_s=None)
+    plan = solve(request)
+    plan = dataclasses.replace(plan, solver="ilp", solve=dataclasses.replace(plan.solve, status=status, gap=gap))
+    _note_if_stopped(request, plan)
+    said = capsys.readouterr().err
+    expected = "skrull: note: ilp stopped at a 29.8% gap to its proven bound when its 1 s budget ran out"
+    assert (expected in said and "raise --time-budget-s" in said) is noted
+    assert bool(said) is noted

@@ -162,3 +162,34 @@ def test_non_finite_numbers_given_in_process_are_named(value: float, says: str) 
     with pytest.raises(RequestError) as err:
         request_from_dict(with_(time_budget_s=value))
     assert err.value.field == "time_budget_s" and says in str(err.value)
+
+
+def test_a_request_without_a_budget_plans_with_its_planners_default_and_writes_none() -> None:
+    from skrull.solver.search.budget import default_budget_s
+
+    # 16,384 sequences at CP 64: deepspeed needs more than the one-second default, and is not refused for it
+    doc = {
+        "batches": [[64] * 16384],
+        "parallel": {"dp": 2, "cp": 64},
+        "profile": "h100-80g/qwen2.5-0.5b",
+        "solver": "deepspeed",
+    }
+    request = request_from_dict(doc)
+    assert request.time_budget_s is None
+    assert request.resolved_time_budget_s == default_budget_s("deepspeed", [16384], request.parallel) > 1.0
+    with pytest.raises(RequestError, match="time_budget_s"):
+        solve(request_from_dict({**doc, "time_budget_s": 1.0}))
+    plan = solve(request)
+    assert sorted(i for it in plan.iterations for mb in it.microbatches for i in mb.seq_ids) == list(range(16384))
+    # the document stays without a budget, so reading it back gives the same request
+    assert "time_budget_s" not in request_to_dict(request)
+    assert request_from_dict(request_to_dict(request)) == request
+
+
+@pytest.mark.parametrize("solver", ["ilp", "ilp-flex"])
+def test_an_exact_planner_without_a_budget_runs_until_it_proves_its_plan(solver: str) -> None:
+    doc = {k: v for k, v in GOOD.items() if k != "time_budget_s"}
+    request = request_from_dict({**doc, "solver": solver})
+    assert request.resolved_time_budget_s == 60.0  # its cap, not the heuristics' one second
+    plan = solve(request)
+    assert plan.solve.status == "optimal" and plan.solve.wall_ms < 60e3

@@ -39,3 +39,26 @@ def test_a_refusal_quotes_a_budget_that_is_then_accepted(solver: str) -> None:
     assert caught.value.field == "time_budget_s"
     quoted = float(str(caught.value).rsplit(">= ", 1)[1])
     check_budget(solver, sizes, quoted, parallel)  # accepted
+
+
+def test_a_request_without_a_budget_gets_what_its_planner_needs() -> None:
+    from skrull.solver.search.budget import (
+        EXACT_DEFAULT_TIME_BUDGET_S,
+        MAX_DEFAULT_TIME_BUDGET_S,
+        default_budget_s,
+    )
+
+    small, large = [256], [65536]
+    parallel = Parallel(dp=8, cp=64)
+    # small requests: one second, or the exact planners' cap (they run until proven optimal or it)
+    assert default_budget_s("skrull", small, parallel) == 1.0
+    assert default_budget_s("ilp", small, parallel) == default_budget_s("ilp-flex", small, parallel)
+    assert default_budget_s("ilp", small, parallel) == EXACT_DEFAULT_TIME_BUDGET_S
+    # large ones: raised to the smallest budget the planner keeps, which check_budget then accepts
+    need = smallest_budget_s("deepspeed", large, parallel)
+    assert need > 1.0
+    given = default_budget_s("deepspeed", large, parallel)
+    assert need <= given <= need * 1.1
+    check_budget("deepspeed", large, given, parallel)
+    # never more than the documented maximum
+    assert default_budget_s("dynamic-cp", [65536] * 64, Parallel(dp=1024, cp=16)) == MAX_DEFAULT_TIME_BUDGET_S
