@@ -14,6 +14,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import platform
+import sys
+
+from tqdm import tqdm
 
 from skrull.solver.datasets import synthesize_request
 from skrull.solver.planning import solve
@@ -44,7 +47,7 @@ def main() -> None:
     )
     print("| dataset | solver | tokens | microbatches | rank ms min / max | tokens/s per rank min / max | iter. ms |")
     print("|---|---|---|---|---|---|---|")
-    for dataset in DATASETS:
+    for dataset in tqdm(DATASETS, desc="execute", file=sys.stderr, leave=False, disable=None):
         full = synthesize_request(
             dataset=dataset, parallel=parallel, profile=profile, sequences_per_rank=args.per_rank, seed=args.seed
         )

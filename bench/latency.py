@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
 
 from skrull.solver.datasets import synthesize_request
 from skrull.solver.io import dumps, request_to_dict
@@ -37,7 +38,9 @@ def main() -> None:
     print("| dataset | sequences | layout | runs | p50 ms | p99 ms | `skrull plan` process s |")
     print("|---|---|---|---|---|---|---|")
     for dataset in args.datasets.split(","):
-        for parallel, per_rank, runs in SIZES:
+        for parallel, per_rank, runs in tqdm(
+            SIZES, desc=f"latency {dataset}", file=sys.stderr, leave=False, disable=None
+        ):
             times = []
             for seed in range(runs):
                 request = synthesize_request(

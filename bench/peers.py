@@ -18,10 +18,12 @@ import dataclasses
 import os
 import platform
 import statistics
+import sys
 import time
 from collections.abc import Callable, Sequence
 
 import numpy as np
+from tqdm import tqdm
 
 from skrull.solver.compare import compare
 from skrull.solver.cost import CostModel
@@ -86,7 +88,9 @@ def section_peers(batches: int, seed: int) -> None:
         print(f"### {profile_name}, DP{parallel.dp} x CP{parallel.cp}, {per_rank} per rank\n")
         print("| dataset | skrull ms | " + " | ".join(PEERS) + " |")
         print("|---|---:|" + "---:|" * len(PEERS))
-        for dataset in distribution_names():
+        for dataset in tqdm(
+            distribution_names(), desc=f"peers {profile_name}", file=sys.stderr, leave=False, disable=None
+        ):
             request = synthesize_request(
                 dataset=dataset,
                 parallel=parallel,

@@ -13,6 +13,9 @@ import argparse
 import dataclasses
 import platform
 import statistics
+import sys
+
+from tqdm import tqdm
 
 from skrull.solver.compare import compare
 from skrull.solver.datasets import distribution_names, synthesize_request
@@ -44,7 +47,13 @@ def main() -> None:
         head = "| dataset | " + " | ".join(f"{s} ms (x bound, speedup)" for s in solvers) + " |"
         print(head)
         print("|" + "---|" * (len(solvers) + 1))
-        for dataset in distribution_names():
+        for dataset in tqdm(
+            distribution_names(),
+            desc=f"{profile_name} DP{parallel.dp}xCP{parallel.cp}",
+            file=sys.stderr,
+            leave=False,
+            disable=None,
+        ):
             request = synthesize_request(
                 dataset=dataset,
                 parallel=parallel,

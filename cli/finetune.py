@@ -16,6 +16,7 @@ import argparse
 import sys
 from typing import Any
 
+from skrull.cli.flags import add_progress_flag, progress_enabled, say_progress
 from skrull.cli.processes import TOLERANCE_16_BIT, TOLERANCE_FLOAT32, add_process_arguments, request_for_processes
 from skrull.solver.errors import RequestError, SkrullError
 from skrull.solver.io import plan_from_dict, read_json
@@ -40,6 +41,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--loss-chunk-tokens", type=int, default=None, help="LM head + loss in chunks of this many rows")
     p.add_argument("--warmup", type=int, default=0, help="untimed steps first, not applied (default 0)")
     p.add_argument("--tolerance", type=float, default=None, help="max relative error (default 1e-4; 5e-2 in 16 bits)")
+    add_progress_flag(p)
     p.set_defaults(func=cmd_finetune)
 
 
@@ -148,7 +150,10 @@ def cmd_finetune(args: argparse.Namespace) -> int:
         record_grads=args.check,
         loss_chunk_tokens=args.loss_chunk_tokens,
         warmup_steps=args.warmup,
+        progress=args.progress,
     )
+    if progress_enabled(args.progress):  # the bar starts once the processes have imported torch
+        say_progress(f"skrull finetune: starting {world_size} processes ({args.backend}), plan {plan.solver}")
     try:
         result = finetune_plan(plan, lengths, world_size=world_size, backend=args.backend, config=config)
     except LaunchError as exc:

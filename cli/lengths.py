@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from skrull.cli.flags import add_progress_flag
 from skrull.corpus.chat_template import tokenizer_chat_renderer
 from skrull.corpus.hub import iter_dataset_rows
 from skrull.corpus.lengths import BATCH_ROWS, count_lengths, count_rows, lengths_request
@@ -74,6 +75,7 @@ def add_parser(sub: Any) -> None:
     out.add_argument("--submit", metavar="URL", help="submit the request to a planning service; print the plan id")
     out.add_argument("--lengths-out", metavar="FILE", help="also write every row's token count (JSON list)")
     out.add_argument("--batch-rows", type=int, default=BATCH_ROWS, help=argparse.SUPPRESS)
+    add_progress_flag(out)
     p.set_defaults(func=cmd_lengths)
 
 
@@ -142,7 +144,12 @@ def cmd_lengths(args: argparse.Namespace) -> int:
     )
     if args.dataset:
         lengths = count_rows(
-            rows(), tokenizer=tokenizer, extract=extract, max_length=args.max_length, batch_rows=args.batch_rows
+            rows(),
+            tokenizer=tokenizer,
+            extract=extract,
+            max_length=args.max_length,
+            batch_rows=args.batch_rows,
+            progress=Progress(total_bytes=None, unit="rows", enabled=args.progress),
         )
     else:
         lengths = count_lengths(
@@ -153,7 +160,7 @@ def cmd_lengths(args: argparse.Namespace) -> int:
             columns=[args.messages_field] if chat_template else (args.field or ["text"]),
             max_length=args.max_length,
             batch_rows=args.batch_rows,
-            progress=Progress(total_bytes=sum(p.stat().st_size for p in paths)),
+            progress=Progress(total_bytes=sum(p.stat().st_size for p in paths), enabled=args.progress),
         )
     bucket = args.bucket_tokens or profile.bucket_tokens
     doc = lengths_request(

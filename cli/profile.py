@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from skrull.cli.flags import add_progress_flag
 from skrull.solver.derive import TrainingSetup
 from skrull.solver.errors import RequestError, SkrullError
 from skrull.solver.io import dumps, parse_profile, read_json
@@ -39,6 +40,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--zero-stage", type=int, default=2, help="ZeRO stage for static memory (default 2)")
     p.add_argument("--name", default=None, help="profile name (default <device>/<model>)")
     p.add_argument("--output", "-o", metavar="FILE", help="write the profile here (default: stdout)")
+    add_progress_flag(p)
     chk = p.add_argument_group("--check")
     chk.add_argument("--dataset", default="chatqa2-long-sft,llama3-sft-mix", help="comma-separated distributions")
     chk.add_argument("--solvers", default="skrull,deepspeed", help="comma-separated planners")
@@ -116,6 +118,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
         num_gpus=args.gpus,
         capacity_bytes=capacity,
         setup=TrainingSetup(dp=args.train_dp, zero_stage=args.zero_stage),
+        progress=args.progress,
     )
     doc = run_profile(options)
     parse_profile(doc)  # the specification's reader must accept what we write
@@ -154,6 +157,7 @@ def _check(args: argparse.Namespace, *, device: Any, dtype: Any, model_from_doc:
         repeats=args.repeats,
         kernel=args.kernel,
         bucket_tokens=args.bucket_tokens,
+        progress=args.progress,
     )
     from skrull.worker.profiling.check import check_stats
 

@@ -74,7 +74,8 @@ def count_rows(
     if texts:
         flush()
     if progress is not None:
-        progress.update(done_bytes=max(done, progress.total_bytes), rows=len(lengths), tokens=sum(lengths), force=True)
+        done = max(done, progress.total_bytes or 0)
+        progress.update(done_bytes=done, rows=len(lengths), tokens=sum(lengths), force=True)
         progress.close()
     return lengths
 

@@ -1,40 +1,49 @@
-"""A one-line progress bar on a terminal's stderr (nothing at all when stderr is not a TTY)."""
+"""Progress of a long count on stderr, drawn by tqdm: rows and tokens so far over the bytes (or rows) read.
+
+tqdm draws only on a terminal by default (``enabled=None``), so piped or captured output stays clean;
+``enabled=True`` forces the bar (tests), ``False`` silences it.
+"""
 
 from __future__ import annotations
 
 import sys
-import time
 from typing import TextIO
 
-WIDTH = 30
+from tqdm import tqdm
+
 MIN_INTERVAL_S = 0.1
 
 
 class Progress:
-    def __init__(self, *, total_bytes: int, stream: TextIO | None = None, enabled: bool | None = None) -> None:
-        self.stream = stream or sys.stderr
-        self.enabled = self.stream.isatty() if enabled is None else enabled
-        self.total_bytes = max(1, total_bytes)
-        self.start = time.perf_counter()
-        self._last = 0.0
+    def __init__(
+        self,
+        *,
+        total_bytes: int | None,
+        stream: TextIO | None = None,
+        enabled: bool | None = None,
+        unit: str = "B",
+        desc: str = "counting tokens",
+    ) -> None:
+        self.total_bytes = total_bytes
+        self._done = 0
+        self.bar = tqdm(
+            total=total_bytes,
+            desc=desc,
+            unit=unit,
+            unit_scale=unit == "B",
+            unit_divisor=1024 if unit == "B" else 1000,
+            file=stream or sys.stderr,
+            disable=None if enabled is None else not enabled,
+            mininterval=MIN_INTERVAL_S,
+            dynamic_ncols=True,
+        )
 
     def update(self, *, done_bytes: int, rows: int, tokens: int, force: bool = False) -> None:
-        if not self.enabled:
-            return
-        now = time.perf_counter()
-        if not force and now - self._last < MIN_INTERVAL_S:
-            return
-        self._last = now
-        frac = min(1.0, done_bytes / self.total_bytes)
-        filled = int(WIDTH * frac)
-        rate = done_bytes / 2**20 / max(now - self.start, 1e-9)
-        self.stream.write(
-            f"\r[{'#' * filled}{'.' * (WIDTH - filled)}] {100 * frac:5.1f}%  "
-            f"{rows} rows  {tokens} tokens  {rate:.1f} MB/s"
-        )
-        self.stream.flush()
+        """``done_bytes``: how far the reading is, in the bar's unit (bytes of files, or rows)."""
+        if done_bytes > self._done:
+            self.bar.update(done_bytes - self._done)
+            self._done = done_bytes
+        self.bar.set_postfix(rows=rows, tokens=tokens, refresh=force)
 
     def close(self) -> None:
-        if self.enabled:
-            self.stream.write("\n")
-            self.stream.flush()
+        self.bar.close()

@@ -156,6 +156,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    # processes import torch and the service plans the first batches before the first line: say so now
+    print(
+        f"train_tiny: starting {args.dp * args.cp} processes (gloo) against {args.url}; one line per iteration "
+        "follows once the first planned batch arrives",
+        file=sys.stderr,
+        flush=True,
+    )
     launch(train, world_size=args.dp * args.cp, backend="gloo", args=(args, args.out))
 
 

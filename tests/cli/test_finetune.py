@@ -41,8 +41,13 @@ def test_check_passes_on_groups_wider_than_cp(wide_request: Path) -> None:
         "--steps",
         "2",
         "--check",
+        "--progress",
     )
     assert out.returncode == 0, out.stderr
+    # progress on stderr: the launch, then rank 0's bar over the steps (stdout stays the report)
+    assert "skrull finetune: starting 4 processes (gloo), plan dynamic-cp" in out.stderr
+    bar = [x for x in out.stderr.replace("\r", "\n").splitlines() if "skrull finetune: 100%" in x]
+    assert bar and "2/2" in bar[-1] and "step 1: loss" in bar[-1]
     assert "plan: dynamic-cp" in out.stdout and "2 microbatch(es) on groups wider than CP" in out.stdout
     largest = [line for line in out.stdout.splitlines() if line.startswith("largest relative error: ")]
     assert len(largest) == 1 and float(largest[0].split()[3]) <= 1e-4

@@ -46,7 +46,21 @@ def test_request_holds_the_token_counts_of_the_seeded_batches(tmp_path: Path, bp
     assert doc["parallel"] == {"dp": 2, "cp": 2}
     request_from_dict(doc)
     assert "4 global batches of 8" in out.stderr
-    assert "\r[" not in out.stderr  # no progress bar when stderr is not a terminal
+    assert "counting tokens" not in out.stderr  # no progress bar when stderr is not a terminal
+
+
+def test_progress_shows_rows_and_tokens_counted_when_asked(tmp_path: Path, bpe_tokenizer_json: Path) -> None:
+    texts = sample_texts(37, seed=9)
+    data = write_jsonl(tmp_path / "sft.jsonl", [{"text": t} for t in texts])
+    out = skrull(
+        "lengths", str(data), "--tokenizer", str(bpe_tokenizer_json), "--global-batch-size", "8", "--dp", "2",
+        "--cp", "2", "-o", str(tmp_path / "req.json"), "--lengths-out", str(tmp_path / "lengths.json"), "--progress",
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    total = sum(json.loads((tmp_path / "lengths.json").read_text()))
+    final = out.stderr.replace("\r", "\n").splitlines()
+    (line,) = [x for x in final if "counting tokens: 100%" in x][-1:]
+    assert "rows=37" in line and f"tokens={total}" in line
 
 
 def test_parquet_chats_with_a_template_and_truncation(tmp_path: Path, bpe_tokenizer_json: Path) -> None:

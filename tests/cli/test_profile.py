@@ -26,9 +26,14 @@ def test_without_a_gpu_profile_says_it_needs_one_in_one_line() -> None:
 def test_cpu_dry_run_writes_a_contract_profile_and_checks_it(tmp_path: Path) -> None:
     target = tmp_path / "tiny.json"
     out = skrull(
-        "profile", "--device", "cpu", "--model", "tiny", "--max-tokens", "512", "--repeats", "5", "-o", str(target)
-    )
+        "profile", "--device", "cpu", "--model", "tiny", "--max-tokens", "512", "--repeats", "5", "-o", str(target),
+        "--progress",
+    )  # fmt: skip
     assert out.returncode == 0, out.stderr
+    # the phases on stderr (tqdm), the summary line on stdout
+    phases = out.stderr.replace("\r", "\n")
+    assert "skrull profile: 100%" in phases and "4/4" in phases and "attention at 3 lengths" in phases
+    assert out.stdout.startswith(f"wrote {target}")
     doc = json.loads(target.read_text())
     profile = profile_from_dict(doc)
     assert profile.compute.ms_per_tflop > 0 and profile.bucket_tokens > 0
@@ -40,9 +45,10 @@ def test_cpu_dry_run_writes_a_contract_profile_and_checks_it(tmp_path: Path) -> 
     assert doc["comm"]["measured"] is False
     check = skrull(
         "profile", "--check", str(target), "--device", "cpu", "--dp", "1", "--cp", "2", "--per-rank", "3",
-        "--bucket-tokens", "128", "--repeats", "1", "--dataset", "llama3-sft-mix",
+        "--bucket-tokens", "128", "--repeats", "1", "--dataset", "llama3-sft-mix", "--progress",
     )  # fmt: skip
     assert check.returncode == 0, check.stderr
+    assert "skrull profile --check: 100%" in check.stderr and "4/4" in check.stderr  # 2 planners x 2 ranks
     assert "| llama3-sft-mix | skrull |" in check.stdout and "| llama3-sft-mix | deepspeed |" in check.stdout
     assert "overall: median abs error" in check.stdout and "R^2" in check.stdout
     strict = skrull(

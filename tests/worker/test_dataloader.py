@@ -75,10 +75,14 @@ def test_every_token_of_every_batch_reaches_exactly_one_rank(server: LiveServer)
         assert sorted(p for p, _ in positions) == list(range(len(dataset[sample])))  # each token once
 
 
-def test_example_trains_over_gloo_and_first_loss_is_the_unscheduled_loss(server: LiveServer, tmp_path: Path) -> None:
+def test_example_trains_over_gloo_and_first_loss_is_the_unscheduled_loss(
+    server: LiveServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "rows.json"
     argv = ["--url", server.url, "--iterations", "3", "--samples", "96", "--global-batch-size", "12", "--seed", "5"]
     train_tiny.main([*argv, "--out", str(out)])
+    # it says what it is doing before the processes' imports and the first plan (seconds of silence otherwise)
+    assert f"train_tiny: starting 4 processes (gloo) against {server.url}" in capsys.readouterr().err
     rows = json.loads(out.read_text())
     assert [r["iteration"] for r in rows] == [0, 1, 2]
     assert all(math.isfinite(r["loss"]) and r["blocked_ms"] >= 0 for r in rows)

@@ -36,6 +36,7 @@ from skrull.worker.inputs import SyntheticData
 from skrull.worker.kernels import select_kernel
 from skrull.worker.launch import device_for, launch
 from skrull.worker.layout import rank_layouts
+from skrull.worker.progress import progress_bar
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -51,6 +52,8 @@ class FinetuneConfig:
     loss_chunk_tokens: int | None = None
     #: Untimed steps first (their gradients are not applied; warm-up of allocator, kernels, sockets).
     warmup_steps: int = 0
+    #: Rank 0's tqdm bar over the steps on stderr: None on a terminal only, True always, False never.
+    progress: bool | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -92,6 +95,13 @@ def run_finetune_rank(
     """
     lengths = tuple(lengths)
     dtype = DTYPES[config.dtype]
+    bar = progress_bar(
+        total=config.warmup_steps + config.steps,
+        desc="skrull finetune",
+        unit="step",
+        enabled=config.progress if rank == 0 else False,  # one bar: rank 0's
+    )
+    bar.set_postfix_str("building the model", refresh=True)
     model = build_model(config.model_config, seed=config.seed, device=device, dtype=dtype)
     optimizer = torch.optim.SGD(model.parameters(), lr=config.lr)
     registry = GroupRegistry.for_plan(plan)
@@ -121,6 +131,8 @@ def run_finetune_rank(
         )
         slowest = torch.tensor([result.seconds], dtype=torch.float64, device=device)
         dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+        bar.set_postfix_str(f"{'warm-up' if step < 0 else 'step'} {step}: loss {result.loss:.4f}", refresh=False)
+        bar.update()
         if step < 0:
             continue
         grads = {}
@@ -139,6 +151,7 @@ def run_finetune_rank(
         microbatches += result.microbatches
         tokens += result.tokens
         optimizer.step()
+    bar.close()
     return {"records": records, "kernel": kernel.name, "work": (microbatches, tokens)}
 
 

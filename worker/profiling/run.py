@@ -44,6 +44,7 @@ from skrull.worker.profiling.measure import (
     measure_memory,
     measure_parts,
 )
+from skrull.worker.progress import progress_bar
 
 MIN_TOKENS = 128
 COMM_SIZES = tuple(2**k for k in range(20, 29, 2))  # 1 MiB .. 256 MiB gathered
@@ -61,6 +62,8 @@ class ProfileOptions:
     num_gpus: int = 1
     capacity_bytes: float | None = None
     setup: TrainingSetup = dataclasses.field(default_factory=TrainingSetup)
+    #: a tqdm bar over the phases on stderr: None on a terminal only, True always, False never
+    progress: bool | None = None
 
 
 def length_grid(max_tokens: int, *, min_tokens: int = MIN_TOKENS) -> list[int]:
@@ -101,16 +104,26 @@ def run_profile(opts: ProfileOptions) -> dict[str, Any]:
     layer = build_layer(opts.model, device=opts.device, dtype=opts.dtype)
     grid = length_grid(opts.max_tokens)
     head = HeadTimer(opts.model, timer=timer, dtype=opts.dtype)
+    bar = progress_bar(total=4, desc="skrull profile", unit="phase", enabled=opts.progress)
+    bar.set_postfix_str(f"compute of {len(compute_packs(grid))} packs", refresh=True)
     compute = measure_compute(
         opts.model, layer, compute_packs(grid), kernel=kernel, timer=timer, dtype=opts.dtype, head=head
     )
+    bar.update()
+    bar.set_postfix_str(f"attention at {len(grid)} lengths", refresh=True)
     attention = measure_attention(opts.model, grid, kernel=kernel, timer=timer, dtype=opts.dtype)
+    bar.update()
     memory_tokens = sorted({max(MIN_TOKENS, opts.max_tokens * k // 4) for k in range(1, 5)})
+    bar.set_postfix_str("activation memory", refresh=True)
     memory = measure_memory(layer, memory_tokens, kernel=kernel, device=opts.device, dtype=opts.dtype)
+    bar.update()
     comm = []
+    bar.set_postfix_str(f"communication over {opts.num_gpus} GPUs" if opts.num_gpus > 1 else "done", refresh=True)
     if opts.num_gpus > 1:
         backend = "nccl" if opts.device.type == "cuda" else "gloo"
         comm = measure_comm(num_gpus=opts.num_gpus, backend=backend, sizes=COMM_SIZES)
+    bar.update()
+    bar.close()
     device_name, device_memory = device_description(opts.device)
     capacity = opts.capacity_bytes if opts.capacity_bytes is not None else device_memory
     if capacity is None:
@@ -173,8 +186,15 @@ def run_check(
     repeats: int = 3,
     kernel: str | None = None,
     bucket_tokens: int | None = None,
+    progress: bool | None = None,
 ) -> list[CheckRow]:
     """Plan each dataset's request with each solver and measure every rank's compute (module docstring)."""
+    bar = progress_bar(
+        total=len(datasets) * len(solvers) * parallel.num_gpus,
+        desc="skrull profile --check",
+        unit="rank",
+        enabled=progress,
+    )
     attention = select_kernel(device, dtype, kernel)
     timer = Timer(device, warmup=1, repeats=repeats)
     layer = build_layer(model, device=device, dtype=dtype)
@@ -201,7 +221,10 @@ def run_check(
                     layer, parts, num_layers=model.num_layers, kernel=attention, timer=timer, dtype=dtype, head=head
                 )
                 measured.append(sum(times))
+                bar.set_postfix_str(f"{dataset}, {solver}", refresh=False)
+                bar.update()
             rows.append(
                 CheckRow(dataset=dataset, solver=solver, predicted_ms=tuple(predicted), measured_ms=tuple(measured))
             )
+    bar.close()
     return rows
