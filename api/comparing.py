@@ -105,7 +105,16 @@ class ComparePool:
             self._free.put_nowait(slot)
 
     def close(self) -> None:
+        """Stop every compare process and wait for it to exit. An idle one exits at once and releases what
+        its planners registered with multiprocessing's resource tracker (semaphores of the exact solvers'
+        child processes); not waiting left them to the tracker, which warned of leaked semaphores at exit.
+        A compare still running at shutdown is killed first (its client has gone with the server)."""
         for slot, executor in enumerate(self._slots):
-            if executor is not None:
-                executor.shutdown(wait=False, cancel_futures=True)
-                self._slots[slot] = None
+            if executor is None:
+                continue
+            if self.running:
+                for process in list(getattr(executor, "_processes", {}).values()):
+                    with contextlib.suppress(Exception):
+                        process.kill()
+            executor.shutdown(wait=True, cancel_futures=True)
+            self._slots[slot] = None

@@ -16,7 +16,7 @@ from skrull.solver.datasets import synthesize_request
 from skrull.solver.io import parse_profile, plan_from_dict, request_from_dict, request_to_dict
 from skrull.solver.types import Parallel
 from skrull.solver.validate import plan_problems
-from tests.api.conftest import LiveServer, plan_request, running
+from tests.api.conftest import ROOT, LiveServer, plan_request, running
 from tests.api.coverage import assert_views_cover_every_token_once
 
 PROBLEM = "application/problem+json"
@@ -156,3 +156,17 @@ def test_solver_processes_exit_once_their_server_is_gone(live_server_factory: An
     while any(running(pid) for pid in pids):
         assert time.monotonic() < deadline, "orphaned solver processes kept running"
         time.sleep(0.1)
+
+
+def test_a_server_that_ran_a_compare_shuts_down_without_leaking_semaphores(live_server_factory: Any) -> None:
+    # the compare process's planners register semaphores with multiprocessing's resource tracker; the
+    # server must let that process exit cleanly, or the tracker warns of leaked semaphores at exit
+    server = live_server_factory().start()
+    doc = json.loads((ROOT / "examples" / "requests" / "contract-example.json").read_text())
+    solvers = ["skrull", "ilp", "ilp-flex", "auto", "hydraulis"]  # the ones that start solver processes
+    r = httpx.post(f"{server.url}/v1/compare", json={**doc, "solvers": solvers}, timeout=120)
+    assert r.status_code == 200, r.text
+    assert server.stop() in GRACEFUL
+    time.sleep(3)  # the tracker (a process of its own) writes its warning as it exits, after the server
+    log = server.log.read_text()
+    assert "leaked semaphore" not in log, log
