@@ -27,6 +27,7 @@ from skrull.api.openapi import published_openapi
 from skrull.api.profiles import ProfileCatalog
 from skrull.api.routers import compare, health, pictures, plans, profiles, ranks
 from skrull.api.routers.common import problems
+from skrull.api.server import ReadDeadlineMiddleware
 from skrull.api.service import Service
 from skrull.api.settings import Settings
 from skrull.api.solving import SolverPool, import_plugins
@@ -142,5 +143,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(PrivateAnswers, enabled=app.state.access.enabled)
     app.add_middleware(HttpMetrics, metrics=metrics)
     app.add_middleware(HeadAsGet)
+    app.add_middleware(ReadDeadlineMiddleware)  # outermost: it marks where each request ends (api/server.py)
     app.openapi = lambda: published_openapi(app, settings)  # type: ignore[method-assign]
     return app

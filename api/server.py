@@ -3,11 +3,19 @@
 uvicorn closes idle keep-alive connections (``timeout_keep_alive``) and refuses connections beyond
 ``limit_concurrency`` with 503, but it sets no deadline on reading a request: a client that sends half
 its headers, or a body one byte a minute, holds its connection (and a file descriptor, and a
-``limit_concurrency`` slot) for as long as it likes. ``ReadTimeoutH11`` adds that deadline: from the
-moment a connection opens, and again from the first byte of every following request on it, the whole
-request (line, headers and body) must arrive within ``request_read_timeout_s``, else the connection is
-closed (a handler waiting for the body sees a disconnect). Writing the answer is not limited here:
-long-polls answer when they answer.
+``limit_concurrency`` slot) for as long as it likes. ``ReadDeadline`` adds that deadline: from the moment
+a connection opens, and again from the first byte of every following request on it, the whole request
+(line, headers and body) must arrive within ``request_read_timeout_s``, else the connection is closed (a
+handler waiting for the body sees a disconnect). Writing the answer is not limited here: long-polls
+answer when they answer.
+
+It is built from public pieces only. uvicorn accepts any ``asyncio.Protocol`` class as ``http``;
+``ReadDeadline`` is one that holds uvicorn's own h11 protocol and hands it every event unchanged
+(composition: nothing of uvicorn's is subclassed or reached into). What the wrapper cannot see, where a
+request ends, the ASGI layer can: ``ReadDeadlineMiddleware`` tells the connection when the request has
+arrived whole (its headers, for a request without a body; its last body chunk otherwise) and when the
+answer is sent. The connection is found through a context variable set while uvicorn handles the bytes
+(the request's task starts in that context), else by the peer address.
 
 ``h11_max_incomplete_event_size`` bounds the request line plus headers (``max_header_bytes``); bodies
 are bounded by ``BodySizeLimit``.
@@ -16,62 +24,154 @@ are bounded by ``BodySizeLimit``.
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import logging
 import resource
 from typing import Any
 
-import h11
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from skrull.api.settings import Settings
 
-_RECEIVED = (h11.DONE, h11.MUST_CLOSE, h11.CLOSED, h11.ERROR)
 #: Files the server holds besides its connections (store, solver processes' pipes, logs, the listener).
 OTHER_FILES = 512
+logger = logging.getLogger("skrull.server")
+
+_CURRENT: contextvars.ContextVar[ReadDeadline | None] = contextvars.ContextVar("skrull_connection", default=None)
+#: Live connections by peer address, for a request whose task did not inherit the context.
+_BY_PEER: dict[Any, ReadDeadline] = {}
 
 
-class ReadTimeoutH11(H11Protocol):
-    """uvicorn's h11 protocol with a deadline on reading each request (``read_timeout_s``)."""
+class ReadDeadline(asyncio.Protocol):
+    """uvicorn's HTTP protocol, held and fed unchanged, plus a deadline on reading each request."""
 
     read_timeout_s: float = 15.0
+    inner_class: type[asyncio.Protocol] = H11Protocol
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._read_deadline: asyncio.TimerHandle | None = None
+        self.inner = self.inner_class(*args, **kwargs)
+        self.transport: asyncio.Transport | None = None
+        self.peer: Any = None
+        self._deadline: asyncio.TimerHandle | None = None
+        #: "receiving" (a request is arriving), "handling" (it arrived; the answer is being made) or "idle"
+        self.state = "receiving"
+        self._bytes_while_handling = False
+
+    # -- the deadline ------------------------------------------------------------------------------------
 
     def _arm(self) -> None:
-        if self._read_deadline is None:
-            self._read_deadline = self.loop.call_later(self.read_timeout_s, self._read_timed_out)
+        self.state = "receiving"
+        if self._deadline is None:
+            self._deadline = asyncio.get_running_loop().call_later(self.read_timeout_s, self._timed_out)
 
     def _disarm(self) -> None:
-        if self._read_deadline is not None:
-            self._read_deadline.cancel()
-            self._read_deadline = None
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
 
-    def _read_timed_out(self) -> None:
-        self._read_deadline = None
-        if self.conn.their_state not in _RECEIVED and not self.transport.is_closing():
-            self.logger.info("closing a connection whose request did not arrive within %.1f s", self.read_timeout_s)
+    def _timed_out(self) -> None:
+        self._deadline = None
+        if self.state == "receiving" and self.transport is not None and not self.transport.is_closing():
+            logger.info("closing a connection whose request did not arrive within %.1f s", self.read_timeout_s)
             self.transport.close()
 
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
+    def request_received(self) -> None:
+        """The request has arrived whole (ReadDeadlineMiddleware)."""
+        self.state = "handling"
+        self._bytes_while_handling = False
+        self._disarm()
+
+    def response_sent(self) -> None:
+        """The answer is out: the next request's clock starts at its first byte (or now, if some came)."""
+        self.state = "idle"
+        if self._bytes_while_handling:
+            self._arm()
+
+    # -- asyncio.Protocol, handed on ---------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # asyncio's or uvloop's stream transport
+        self.peer = transport.get_extra_info("peername")
+        if self.peer is not None:
+            _BY_PEER[_peer_key(self.peer)] = self
         self._arm()
+        self.inner.connection_made(transport)
 
     def data_received(self, data: bytes) -> None:
-        if self.conn.their_state is h11.IDLE:  # the first bytes of a (next) request
+        if self.state == "idle":
             self._arm()
-        super().data_received(data)
-        if self.conn.their_state in _RECEIVED:
-            self._disarm()
+        elif self.state == "handling":
+            self._bytes_while_handling = True
+        token = _CURRENT.set(self)
+        try:
+            self.inner.data_received(data)
+        finally:
+            _CURRENT.reset(token)
+
+    def eof_received(self) -> bool | None:
+        return self.inner.eof_received()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
-        super().connection_lost(exc)
+        if self.peer is not None and _BY_PEER.get(_peer_key(self.peer)) is self:
+            del _BY_PEER[_peer_key(self.peer)]
+        self.inner.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        self.inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.inner.resume_writing()
 
 
-def protocol_class(settings: Settings) -> type[ReadTimeoutH11]:
-    """``ReadTimeoutH11`` with the configured deadline (uvicorn instantiates the class itself)."""
-    return type("SkrullH11", (ReadTimeoutH11,), {"read_timeout_s": settings.request_read_timeout_s})
+def _peer_key(peer: Any) -> Any:
+    return tuple(peer[:2]) if isinstance(peer, tuple) else peer
+
+
+def _connection(scope: Scope) -> ReadDeadline | None:
+    found = _CURRENT.get()
+    if found is not None:
+        return found
+    client = scope.get("client")
+    return _BY_PEER.get(_peer_key(tuple(client))) if client else None
+
+
+class ReadDeadlineMiddleware:
+    """Tells the request's connection (``ReadDeadline``) when the request has arrived and when its answer
+    is sent. Outermost, so it sees the request as uvicorn hands it over; a no-op under other servers."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        connection = _connection(scope) if scope["type"] == "http" else None
+        if connection is None:
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope.get("headers") or ())
+        if b"content-length" not in headers and b"transfer-encoding" not in headers:
+            connection.request_received()  # no body: the headers were the whole request
+        elif headers.get(b"content-length") == b"0":
+            connection.request_received()
+
+        async def receive_tracked() -> Message:
+            message = await receive()
+            if message["type"] == "http.disconnect" or not message.get("more_body", False):
+                connection.request_received()
+            return message
+
+        async def send_tracked(message: Message) -> None:
+            await send(message)
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                connection.response_sent()
+
+        await self.app(scope, receive_tracked, send_tracked)
+
+
+def protocol_class(settings: Settings) -> type[ReadDeadline]:
+    """``ReadDeadline`` with the configured deadline (uvicorn instantiates the class itself)."""
+    return type("SkrullReadDeadline", (ReadDeadline,), {"read_timeout_s": settings.request_read_timeout_s})
 
 
 def raise_open_files_limit(settings: Settings) -> int:

@@ -133,3 +133,23 @@ def test_headers_growing_past_the_limit_are_refused(server: LiveServer) -> None:
             while chunk := sock.recv(4096):
                 answer += chunk
     assert answer.startswith(b"HTTP/1.1 400") or answer == b"", answer[:100]
+
+
+def test_a_long_poll_outlives_the_read_deadline(server: LiveServer) -> None:
+    # the request arrived whole: waiting for the answer is not reading, whatever the deadline
+    with httpx.Client(base_url=server.url, timeout=10) as client:
+        plan_id = client.post("/v1/plans", json=plan_request([[10, 20, 30]], seed=77)).json()["id"]
+        start = time.monotonic()
+        r = client.get(f"/v1/plans/{plan_id}", params={"wait": 3 * READ_TIMEOUT_S})
+        assert r.status_code == 200 and r.json()["status"] == "queued"  # no solver processes on this server
+        assert time.monotonic() - start >= 3 * READ_TIMEOUT_S - 0.1
+        # and the same connection takes the next request at once
+        assert client.get("/healthz").status_code == 200
+
+
+def test_the_deadline_wraps_uvicorns_protocol_without_subclassing_it() -> None:
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    from skrull.api.server import ReadDeadline
+
+    assert not issubclass(ReadDeadline, H11Protocol) and ReadDeadline.inner_class is H11Protocol
