@@ -15,18 +15,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from skrull.cli.flags import add_progress_flag
-from skrull.corpus.chat_template import tokenizer_chat_renderer
-from skrull.corpus.hub import iter_dataset_rows
-from skrull.corpus.lengths import BATCH_ROWS, count_lengths, count_rows, lengths_request
+from skrull.corpus.lengths import BATCH_ROWS, count_rows, lengths_request
 from skrull.corpus.progress import Progress
-from skrull.corpus.readers import FORMATS, iter_rows
-from skrull.corpus.text import TEMPLATES, TOKENIZER_TEMPLATE, text_extractor
-from skrull.corpus.tokenizer import load_tokenizer
+from skrull.corpus.readers import FORMATS
+from skrull.corpus.source import open_text_source
+from skrull.corpus.text import TEMPLATES
 from skrull.solver.errors import RequestError
 from skrull.solver.io import DEFAULT_PROFILE, dumps, parse_profile, read_json, request_from_dict
 
@@ -115,53 +112,27 @@ def cmd_lengths(args: argparse.Namespace) -> int:
     if args.profile.endswith(".json") or Path(args.profile).is_file():
         profile_doc = read_json(args.profile, field="--profile")
     profile = parse_profile(profile_doc, field="--profile")
-    paths = [Path(d) for d in args.data]
-    if bool(paths) == bool(args.dataset):
-        raise RequestError("DATA", args.data, "give data files or --dataset NAME_OR_PATH (one of the two)")
-    for path in paths:
-        if not path.is_file():
-            raise RequestError("DATA", str(path), "no such file")
-
-    def rows() -> Iterator[tuple[Any, int]]:
-        if args.dataset:
-            return iter_dataset_rows(args.dataset, split=args.split, config=args.dataset_config)
-        return iter_rows(paths[0], fmt=args.format)
-
-    chat_template = args.chat_template
-    if chat_template is None and not args.field:
-        first = next(rows(), (None, 0))[0]
-        if isinstance(first, dict) and isinstance(first.get(args.messages_field), list):
-            chat_template = TOKENIZER_TEMPLATE  # chat rows: the model's own template
-    renderer = tokenizer_chat_renderer(args.tokenizer) if chat_template == TOKENIZER_TEMPLATE else None
-    extract = text_extractor(
-        fields=args.field, chat_template=chat_template, messages_field=args.messages_field, chat_renderer=renderer
-    )
-    tokenizer = load_tokenizer(
-        args.tokenizer,
-        # the template writes the special tokens it wants; added again they would be counted twice
-        add_special_tokens=not args.no_special_tokens and renderer is None,
+    source = open_text_source(
+        tokenizer=args.tokenizer,
+        files=args.data,
+        dataset=args.dataset,
+        split=args.split,
+        dataset_config=args.dataset_config,
+        fmt=args.format,
+        fields=args.field,
+        chat_template=args.chat_template,
+        messages_field=args.messages_field,
+        add_special_tokens=not args.no_special_tokens,
         tiktoken_pattern=args.tiktoken_pattern,
     )
-    if args.dataset:
-        lengths = count_rows(
-            rows(),
-            tokenizer=tokenizer,
-            extract=extract,
-            max_length=args.max_length,
-            batch_rows=args.batch_rows,
-            progress=Progress(total_bytes=None, unit="rows", enabled=args.progress),
-        )
-    else:
-        lengths = count_lengths(
-            paths,
-            tokenizer=tokenizer,
-            extract=extract,
-            fmt=args.format,
-            columns=[args.messages_field] if chat_template else (args.field or ["text"]),
-            max_length=args.max_length,
-            batch_rows=args.batch_rows,
-            progress=Progress(total_bytes=sum(p.stat().st_size for p in paths), enabled=args.progress),
-        )
+    lengths = count_rows(
+        source.rows(),
+        tokenizer=source.tokenizer,
+        extract=source.extract,
+        max_length=args.max_length,
+        batch_rows=args.batch_rows,
+        progress=Progress(total_bytes=source.total_bytes, unit=source.progress_unit, enabled=args.progress),
+    )
     bucket = args.bucket_tokens or profile.bucket_tokens
     doc = lengths_request(
         lengths,

@@ -23,16 +23,20 @@ CL100K_PATTERN = (
     r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+"""
 )
 
-Counter = Callable[[Sequence[str]], list[int]]
+Encoder = Callable[[Sequence[str]], list[list[int]]]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LocalTokenizer:
-    """A loaded tokenizer: ``count(texts)`` gives the token count of every text."""
+    """A loaded tokenizer: ``encode(texts)`` gives every text's token ids, ``count(texts)`` their numbers
+    (one encoder behind both, so a planned length is always the length of the ids the loader trains on)."""
 
     kind: str
     path: str
-    count: Counter
+    encode: Encoder
+
+    def count(self, texts: Sequence[str]) -> list[int]:
+        return [len(ids) for ids in self.encode(texts)]
 
 
 def load_tokenizer(
@@ -66,10 +70,10 @@ def load_tokenizer(
         # encode_batch_fast skips the character offsets a count does not need (tokenizers >= 0.20).
         encode = getattr(tok, "encode_batch_fast", tok.encode_batch)
 
-        def count_hf(texts: Sequence[str]) -> list[int]:
-            return [len(e.ids) for e in encode(list(texts), add_special_tokens=add_special_tokens)]
+        def encode_hf(texts: Sequence[str]) -> list[list[int]]:
+            return [e.ids for e in encode(list(texts), add_special_tokens=add_special_tokens)]
 
-        return LocalTokenizer(kind="tokenizers", path=str(p), count=count_hf)
+        return LocalTokenizer(kind="tokenizers", path=str(p), encode=encode_hf)
     try:
         import tiktoken
         from tiktoken.load import load_tiktoken_bpe
@@ -85,7 +89,7 @@ def load_tokenizer(
         name=p.stem, pat_str=tiktoken_pattern or CL100K_PATTERN, mergeable_ranks=ranks, special_tokens={}
     )
 
-    def count_tt(texts: Sequence[str]) -> list[int]:
-        return [len(ids) for ids in enc.encode_ordinary_batch(list(texts), num_threads=threads)]
+    def encode_tt(texts: Sequence[str]) -> list[list[int]]:
+        return enc.encode_ordinary_batch(list(texts), num_threads=threads)
 
-    return LocalTokenizer(kind="tiktoken", path=str(p), count=count_tt)
+    return LocalTokenizer(kind="tiktoken", path=str(p), encode=encode_tt)

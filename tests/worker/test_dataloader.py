@@ -153,3 +153,33 @@ def test_a_plan_that_defers_sequences_is_refused_not_trained_partially(server: L
                 pass
     assert caught.value.field == "solver"
     assert "deferred" in str(caught.value)
+
+
+def test_a_tokenized_chat_dataset_is_delivered_token_for_token(server: LiveServer, tmp_path: Path) -> None:
+    # chats rendered by the tokenizer's own template (a `datasets` dataset on disk) are what ranks train on
+    import datasets
+
+    from skrull.corpus.source import load_token_rows
+    from tests.corpus.test_source import chats
+    from tests.corpus.tiny import build_chat_tokenizer_dir
+
+    saved = tmp_path / "saved"
+    datasets.Dataset.from_list(chats(40)).save_to_disk(str(saved))
+    rows = load_token_rows(tokenizer=build_chat_tokenizer_dir(tmp_path / "tok"), dataset=str(saved), max_length=128)
+    delivered: dict[tuple[int, int], int] = {}
+    with PlanningClient(server.url) as client:
+        for rank in range(4):
+            batches = PlannedBatches(
+                rows, rows.lengths, client=client, rank=rank, dp=2, cp=2, global_batch_size=8,
+                profile=train_tiny.TINY_PROFILE, seed=1, num_iterations=3,
+            )  # fmt: skip
+            for ready in batches:
+                for mb in ready.microbatches:  # one batch per plan: sequence ids count from 0 in each
+                    for (seq_id, pos), token in zip(mb.layout.row_tokens, mb.input_ids.tolist(), strict=True):
+                        sample = ready.sample_indices[seq_id]
+                        assert (sample, pos) not in delivered
+                        delivered[(sample, pos)] = token
+            batches.close()
+    order = global_batches(40, global_batch_size=8, seed=1)[:3]
+    expected = {(s, p): rows[s]["input_ids"][p] for b in order for s in b for p in range(rows.lengths[s])}
+    assert delivered == expected
