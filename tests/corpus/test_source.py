@@ -35,9 +35,7 @@ def test_chat_rows_are_the_tokenizers_own_template_tokenized(tmp_path: Path, tok
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     got = load_token_rows(tokenizer=tokenizer_dir, files=[data])
     tok = AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True)
-    want = [
-        list(tok.apply_chat_template(r["messages"], tokenize=True, return_dict=True)["input_ids"]) for r in rows
-    ]
+    want = [list(tok.apply_chat_template(r["messages"], tokenize=True, return_dict=True)["input_ids"]) for r in rows]
     assert [got[i]["input_ids"] for i in range(len(got))] == want
     # the lengths a plan is made from are the lengths `skrull lengths` counts for the same data
     out = skrull(
