@@ -31,16 +31,18 @@ from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from skrull.api.client import PlanningClient
 from skrull.corpus.order import global_batches
 from skrull.solver.errors import RequestError
 from skrull.worker.inputs import pack
 from skrull.worker.layout import MicrobatchLayout, layouts_from_view_dict
 from skrull.worker.loss import IGNORE_INDEX
+
+if TYPE_CHECKING:  # the client (httpx, the api extra) is the caller's: a [worker] install imports this module
+    from skrull.api.client import PlanningClient
 
 #: Plan submissions in flight: the chunk being trained on and the next one (submitted ahead).
 PLANS_IN_FLIGHT = 2
