@@ -275,7 +275,7 @@ def request_from_document(doc: dict[str, Any]) -> Request:
     return request_from_dict(doc)
 
 
-def canonical_request_json(request: Request, *, explicit_budget: bool = True) -> str:
+def canonical_request_json(request: Request) -> str:
     """The request with its profile inlined, as canonical JSON: what a job stores and what its id hashes.
 
     Inlining makes a stored job self-contained (a later profile upload cannot change it) and makes two
@@ -283,7 +283,7 @@ def canonical_request_json(request: Request, *, explicit_budget: bool = True) ->
     planner's default (``Request.resolved_time_budget_s``): the job's hard limit needs the figure, and the
     same problem asked with and without naming that default is one plan.
     """
-    if explicit_budget and request.time_budget_s is None:
+    if request.time_budget_s is None:
         request = dataclasses.replace(request, time_budget_s=request.resolved_time_budget_s)
     return json.dumps(request_to_dict(request, inline_profile=True), sort_keys=True, separators=(",", ":"))
 

@@ -86,15 +86,15 @@ class Service:
 
     # -- submissions -----------------------------------------------------------------------------------
 
-    def prepare(self, doc: dict[str, Any], *, explicit_budget: bool = True) -> tuple[Request, str]:
-        """Validate a request document (profile names resolved); the request and its canonical JSON. A plan
-        request without ``time_budget_s`` is stored with its planner's default, at most SKRULL_MAX_TIME_BUDGET_S
-        (``api.limits`` refused it if the planner needs more); a compare leaves it to each planner."""
+    def prepare(self, doc: dict[str, Any], *, budget_solver: str | None = None) -> tuple[Request, str]:
+        """Validate a request document (profile names resolved); the request and its canonical JSON. A request
+        without ``time_budget_s`` is stored with a planner's default (``budget_solver``'s, else its own
+        planner's), at most SKRULL_MAX_TIME_BUDGET_S (``api.limits`` refused it if the planner needs more)."""
         request = request_from_document(self.profiles.inline(doc))
-        if explicit_budget and request.time_budget_s is None:  # the default, within what this server allows
-            budget_s = min(request.resolved_time_budget_s, self.settings.max_time_budget_s)
-            request = dataclasses.replace(request, time_budget_s=budget_s)
-        return request, canonical_request_json(request, explicit_budget=explicit_budget)
+        if request.time_budget_s is None:  # the job's hard limit and its id need the figure
+            default = dataclasses.replace(request, solver=budget_solver or request.solver).resolved_time_budget_s
+            request = dataclasses.replace(request, time_budget_s=min(default, self.settings.max_time_budget_s))
+        return request, canonical_request_json(request)
 
     def submit(self, doc: dict[str, Any], idempotency_key: str | None, tenant: str = DEFAULT_TENANT) -> SubmitOutcome:
         """Store a job under its id within ``tenant`` (``api.tenants``); Idempotency-Keys are the tenant's."""

@@ -25,6 +25,7 @@ from skrull.solver.metrics import imbalance_degree, peak_bucket_use, synchronize
 from skrull.solver.planners.registry import planner_names
 from skrull.solver.planning import solve
 from skrull.solver.search.bound import layout_free_bound_ms
+from skrull.solver.search.budget import compare_budget_s
 from skrull.solver.types import Plan, Request
 
 REFERENCE_SOLVER = "deepspeed"
@@ -73,6 +74,7 @@ class CompareRow:
 
 def compare(request: Request, solvers: Sequence[str] | None = None) -> tuple[list[CompareRow], dict[str, Plan]]:
     """Plan ``request`` with every solver (default: all registered); speedups are over ``deepspeed``.
+    A request without ``time_budget_s`` gives each planner ``search.budget.compare_budget_s``.
 
     ``iteration_ms`` is the plan's total over all iterations (one per batch).
     """
@@ -82,9 +84,17 @@ def compare(request: Request, solvers: Sequence[str] | None = None) -> tuple[lis
     for name in dict.fromkeys([*names, REFERENCE_SOLVER]):
         solver, backend = parse_solver_spec(name)
         try:
-            plans[name] = solve(dataclasses.replace(request, solver=solver, backend=backend or request.backend))
+            budget_s = request.time_budget_s
+            if budget_s is None:  # every planner the same quick default, raised to what it needs
+                budget_s = compare_budget_s(solver, [len(b) for b in request.batches], request.parallel)
+            planned = dataclasses.replace(
+                request, solver=solver, backend=backend or request.backend, time_budget_s=budget_s
+            )
+            plans[name] = solve(planned)
         except (SkrullError, PlannerBugError) as exc:  # one planner's failure is its row, not the table's
             errors[name] = str(exc)
+        except Exception as exc:  # a registered (plugin) planner that raises anything else: its row too
+            errors[name] = f"planner {name!r} failed: {type(exc).__name__}: {exc}"
     reference = plans.get(REFERENCE_SOLVER)
     lengths = [s for batch in request.batches for s in batch]
     model = CostModel(request.profile, bucket_tokens=request.bucket_tokens)

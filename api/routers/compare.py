@@ -6,7 +6,6 @@ never on the event loop.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 from fastapi import APIRouter, Request
@@ -17,7 +16,6 @@ from skrull.api.execute import compare_table
 from skrull.api.limits import check_request_limits
 from skrull.api.routers.common import JSON, problems, service
 from skrull.api.schemas import CompareRequestIn, CompareTable, request_document
-from skrull.solver.compare import REFERENCE_SOLVER
 from skrull.solver.planners.registry import planner_names
 
 router = APIRouter(prefix="/v1", tags=["compare"])
@@ -57,12 +55,12 @@ async def compare_planners(body: CompareRequestIn, request: Request) -> Response
             "(SKRULL_MAX_COMPARE_SEQUENCES)",
             slug="limit-exceeded",
         )
+    # without a budget every planner gets the same quick default (auto's), as `skrull compare` gives
     request_obj, canonical = await svc.blocking(
-        functools.partial(svc.prepare, explicit_budget=False), request_document(body)
+        functools.partial(svc.prepare, budget_solver="auto"), request_document(body)
     )
-    timeout_s = sum(  # every planner with its budget: the request's, else its own default
-        svc.settings.hard_limit_s(dataclasses.replace(request_obj, solver=name).resolved_time_budget_s)
-        for name in dict.fromkeys([*(solvers or known), REFERENCE_SOLVER])
-    )
+    num_solvers = len(solvers or known) + 1
+    assert request_obj.time_budget_s is not None
+    timeout_s = svc.settings.hard_limit_s(request_obj.time_budget_s) * num_solvers
     table = await svc.compare_pool().run(timeout_s, compare_table, canonical, solvers)
     return Response(CompareTable.model_validate(table).model_dump_json(), media_type=JSON)

@@ -74,3 +74,23 @@ def test_work_is_additive_over_the_sequences_a_plan_runs() -> None:
     # hand profile: ms_per_flop 2e-12, FLOPs(S) = 1e9 S + 1e5 S^2, microbatch 3 ms per 100 tokens, 2 GPUs
     expected = sum(2e-12 * (1e9 * s + 1e5 * s * s) + 3.0 * s / 100 for s in (40, 60, 100)) / 2
     assert work_ms(plan, [40, 60, 100], model) == pytest.approx(expected)
+
+
+def test_a_planner_that_raises_anything_is_its_rows_error_not_the_tables(monkeypatch: pytest.MonkeyPatch) -> None:
+    from skrull.solver.io import read_json, request_from_dict
+    from skrull.solver.planners import registry
+
+    class Broken:
+        name = "test-broken-compare"
+        streams_iterations = True
+
+        def plan(self, problem: object) -> object:
+            raise KeyError("SOME_SETTING")
+
+    monkeypatch.setitem(registry._REGISTRY, "test-broken-compare", Broken)
+    request = request_from_dict(read_json("examples/requests/contract-example.json"))
+    rows, plans = compare(request, ["skrull", "test-broken-compare"])
+    by_name = {r.solver: r for r in rows}
+    assert by_name["skrull"].status == "heuristic" and "skrull" in plans
+    assert by_name["test-broken-compare"].status == "error"
+    assert by_name["test-broken-compare"].error == "planner 'test-broken-compare' failed: KeyError: 'SOME_SETTING'"
