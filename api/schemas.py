@@ -78,6 +78,11 @@ class PlanRequestIn(BaseModel):
     backend: str | None = Field(None, description="exact solver backend (scip or cpsat), where the solver has one")
     seed: StrictInt = Field(0, description="seed of planners that shuffle")
     deterministic: StrictBool = Field(False, description="the same plan for the same request (exact solvers)")
+    equal_microbatches: StrictBool = Field(
+        False,
+        description="every GPU runs the same number of microbatches in every iteration (empty ones where needed, "
+        "each costing microbatch_ms): what FSDP and ZeRO-3 need, whose every forward gathers parameters over all ranks",
+    )
 
 
 class CompareRequestIn(PlanRequestIn):

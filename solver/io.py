@@ -39,9 +39,21 @@ DEFAULT_TIME_BUDGET_S = budget_defaults.DEFAULT_TIME_BUDGET_S
 DEFAULT_SOLVER = "auto"
 BACKENDS = ("scip", "cpsat")
 
-#: Every field of a request; anything else is refused (``deterministic``: same plan for the same request).
+#: Every field of a request; anything else is refused (``deterministic``: same plan for the same request;
+#: ``equal_microbatches``: every GPU runs the same number of microbatches per iteration).
 REQUEST_FIELDS = frozenset(
-    {"batches", "parallel", "profile", "solver", "time_budget_s", "bucket_tokens", "backend", "seed", "deterministic"}
+    {
+        "batches",
+        "parallel",
+        "profile",
+        "solver",
+        "time_budget_s",
+        "bucket_tokens",
+        "backend",
+        "seed",
+        "deterministic",
+        "equal_microbatches",
+    }
 )
 PARALLEL_FIELDS = frozenset({"dp", "cp"})
 #: Bounds of request numbers: token lengths and buckets up to 2^40 tokens, degrees up to 2^20 GPUs.
@@ -131,6 +143,9 @@ def request_from_dict(doc: Any, *, known_solvers: tuple[str, ...] | None = None)
     deterministic = doc.get("deterministic", False)
     if not isinstance(deterministic, bool):
         raise RequestError("deterministic", deterministic, "must be true or false")
+    equal = doc.get("equal_microbatches", False)
+    if not isinstance(equal, bool):
+        raise RequestError("equal_microbatches", equal, "must be true or false")
 
     request = Request(
         batches=tuple(batches),
@@ -142,6 +157,7 @@ def request_from_dict(doc: Any, *, known_solvers: tuple[str, ...] | None = None)
         backend=backend,
         seed=seed,
         deterministic=deterministic,
+        equal_microbatches=equal,
     )
     check_placeable(request)
     return request
@@ -177,6 +193,8 @@ def request_to_dict(request: Request, *, inline_profile: bool = False) -> dict[s
         doc["seed"] = request.seed
     if request.deterministic:
         doc["deterministic"] = True
+    if request.equal_microbatches:
+        doc["equal_microbatches"] = True
     return doc
 
 

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from skrull.solver.cost import CostModel
+from skrull.solver.equalize import equalize_microbatches
 from skrull.solver.errors import InvalidPlanError, PlannerBugError
 from skrull.solver.planners.base import PlannerOutput
 from skrull.solver.planners.registry import get_planner
@@ -73,6 +74,20 @@ def assemble_plan(problem: Problem, output: PlannerOutput, *, solver: str, wall_
     )
 
 
+def equalized(plan: Plan, problem: Problem, output: PlannerOutput) -> Plan:
+    """The plan with equal microbatch counts (solver/equalize.py): every planner honours
+    ``equal_microbatches`` the same way. A proof of optimality was for the unconstrained problem: it
+    still holds when the padding cost nothing (the constrained optimum is never below the unconstrained
+    one), and is dropped to "feasible" when it cost time; the bound stays valid either way."""
+    iterations = tuple(tuple(equalize_microbatches(it, problem.parallel)) for it in output.iterations)
+    padded = assemble_plan(
+        problem, dataclasses.replace(output, iterations=iterations), solver=plan.solver, wall_ms=0.0
+    )
+    if plan.solve.status == "optimal" and padded.solve.objective_ms > plan.solve.objective_ms + 1e-9:
+        padded = dataclasses.replace(padded, solve=dataclasses.replace(padded.solve, status="feasible"))
+    return padded
+
+
 def check_plan(plan: Plan, request: Request) -> None:
     """Validate a plan the project's planner made: a violation is a ``PlannerBugError``."""
     try:
@@ -93,6 +108,8 @@ def solve(request: Request) -> Plan:
     planner = get_planner(request.solver)
     output = planner.plan(problem)
     plan = assemble_plan(problem, output, solver=request.solver, wall_ms=0.0)
+    if request.equal_microbatches:
+        plan = equalized(plan, problem, output)
     check_plan(plan, request)
     wall_ms = (time.perf_counter() - start) * 1e3
     return dataclasses.replace(plan, solve=dataclasses.replace(plan.solve, wall_ms=wall_ms))

@@ -55,6 +55,8 @@ class Request:
     backend: str | None = None
     seed: int = 0
     deterministic: bool = False
+    #: every GPU of the world runs the same number of microbatches in every iteration (solver/equalize.py)
+    equal_microbatches: bool = False
 
     @property
     def bucket_tokens(self) -> int:

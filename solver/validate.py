@@ -105,7 +105,14 @@ def layout_problems(plan: Plan, request: Request) -> tuple[list[str], bool]:
 
 
 def microbatch_problems(
-    mb: Microbatch, *, where: str, iteration: int, num_gpus: int, model: CostModel, ledger: _Ledger
+    mb: Microbatch,
+    *,
+    where: str,
+    iteration: int,
+    num_gpus: int,
+    model: CostModel,
+    ledger: _Ledger,
+    empty_allowed: bool = False,
 ) -> tuple[list[str], bool, bool]:
     """One microbatch: group, local lists, sharding mode, ids, memory (eq. 7) and estimate (eqs. 1-5);
     whether it is well formed enough to count in its iteration's time, and whether all its ids are known
@@ -121,7 +128,7 @@ def microbatch_problems(
         problems.append(f"{where}: sharding {mb.sharding!r} is not one of {', '.join(SHARDING_MODES)}")
     seq_ids = mb.seq_ids
     ok = all(ledger.count(i, where, iteration) for i in seq_ids)
-    if not seq_ids:
+    if not seq_ids and not empty_allowed:  # empty ones only pad counts (equal_microbatches)
         problems.append(f"{where}: holds no sequence")
     if not ok:
         return problems, True, False
@@ -171,9 +178,12 @@ def step_problems(steps_of_group: dict[tuple[int, ...], list[tuple[int, str]]]) 
     return problems
 
 
-def iteration_problems(it: Iteration, *, par: Parallel, model: CostModel, ledger: _Ledger) -> list[str]:
+def iteration_problems(
+    it: Iteration, *, par: Parallel, model: CostModel, ledger: _Ledger, equal_microbatches: bool = False
+) -> list[str]:
     """Every microbatch of one iteration, distinct steps per GPU, the iteration estimate (eq. 8) and its
-    lower bound (never beaten by a static-layout plan)."""
+    lower bound (never beaten by a static-layout plan); with ``equal_microbatches``, the same number of
+    microbatches on every GPU (empty ones allowed)."""
     problems: list[str] = []
     num_gpus = par.num_gpus
     well_formed: list[tuple[tuple[int, ...], float]] = []
@@ -182,7 +192,13 @@ def iteration_problems(it: Iteration, *, par: Parallel, model: CostModel, ledger
     for m, mb in enumerate(it.microbatches):
         where = f"iterations[{it.index}].microbatches[{m}]"
         found, counted, known = microbatch_problems(
-            mb, where=where, iteration=it.index, num_gpus=num_gpus, model=model, ledger=ledger
+            mb,
+            where=where,
+            iteration=it.index,
+            num_gpus=num_gpus,
+            model=model,
+            ledger=ledger,
+            empty_allowed=equal_microbatches,
         )
         problems.extend(found)
         if known:
@@ -192,6 +208,21 @@ def iteration_problems(it: Iteration, *, par: Parallel, model: CostModel, ledger
         well_formed.append((mb.ranks, mb.estimated_ms))
         steps_of_group.setdefault(mb.ranks, []).append((mb.step, where))
     problems.extend(step_problems(steps_of_group))
+    if equal_microbatches:
+        per_group: dict[tuple[int, ...], int] = {}  # counted per group first, as the estimate is
+        for ranks, _ in well_formed:
+            per_group[tuple(ranks)] = per_group.get(tuple(ranks), 0) + 1
+        counts = [0] * num_gpus
+        for ranks, n in per_group.items():
+            for g in ranks:
+                counts[g] += n
+        fewest, most = min(counts, default=0), max(counts, default=0)
+        if fewest != most:
+            g = counts.index(fewest)
+            problems.append(
+                f"iterations[{it.index}]: equal_microbatches asks every GPU for the same number of microbatches; "
+                f"GPU {g} runs {fewest}, another {most}"
+            )
     expected_it = model.iteration_time_ms(well_formed, num_gpus)
     if not _close(it.estimated_ms, expected_it):
         problems.append(f"iterations[{it.index}]: estimated_ms {it.estimated_ms} != reference {expected_it:.6f}")
@@ -236,7 +267,11 @@ def plan_problems(plan: Plan, request: Request) -> list[str]:
     ledger = _Ledger(request, problems)
     model = CostModel(request.profile, bucket_tokens=request.bucket_tokens)
     for it in plan.iterations:
-        problems.extend(iteration_problems(it, par=request.parallel, model=model, ledger=ledger))
+        problems.extend(
+            iteration_problems(
+                it, par=request.parallel, model=model, ledger=ledger, equal_microbatches=request.equal_microbatches
+            )
+        )
     for i in plan.pending:
         ledger.count(i, "pending", None)
     problems.extend(ledger.completeness_problems())

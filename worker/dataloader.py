@@ -140,6 +140,7 @@ class PlannedBatches:
         timeout_s: float = 300.0,
         supervised_tokens: Callable[[int], int] | None = None,
         device: torch.device | None = None,
+        equal_microbatches: bool = False,
     ) -> None:
         if not 0 <= rank < dp * cp:
             raise RequestError("rank", rank, f"must be in 0..{dp * cp - 1}")
@@ -160,6 +161,9 @@ class PlannedBatches:
         #: The planner's budget per request (None: the service's default). Plans are prefetched while the
         #: previous iterations train, so a budget below one step's time costs the loop no waiting.
         self.time_budget_s = time_budget_s
+        #: every rank the same number of microbatches per iteration (some empty): ask for it when the model is
+        #: sharded (FSDP2 ``fully_shard``, ZeRO-3), whose every forward gathers parameters over all ranks
+        self.equal_microbatches = equal_microbatches
         self.batches_per_plan = batches_per_plan
         self.prefetch = prefetch
         self.timeout_s = timeout_s
@@ -192,6 +196,8 @@ class PlannedBatches:
             doc["bucket_tokens"] = self.bucket_tokens
         if self.time_budget_s is not None:
             doc["time_budget_s"] = self.time_budget_s
+        if self.equal_microbatches:
+            doc["equal_microbatches"] = True
         return doc
 
     def _plan_id(self, chunk: int) -> str:

@@ -22,8 +22,8 @@ def pack(layout: MicrobatchLayout, fetch: Fetch) -> torch.Tensor:
     """Concatenate ``fetch(id)`` for local sequences and the own slices ``[a, b)`` of sharded ones."""
     parts = [fetch(i) for i in layout.local_ids]
     parts.extend(fetch(p.seq_id)[p.start : p.end] for p in layout.pieces)
-    if not parts:
-        raise ValueError(f"microbatch step {layout.step} holds no sequence to pack")
+    if not parts:  # an empty microbatch (equal_microbatches): no tokens, the forward still runs
+        return torch.empty(0, dtype=torch.long)
     return torch.cat(parts)
 
 
