@@ -6,16 +6,22 @@ loss need. Behind it:
 
 1. The loader's order (corpus/order.py, the same function ``skrull lengths`` uses): global batch ``b``
    is a fixed set of dataset indices from ``seed`` and ``epoch``.
-2. Global batches are submitted to the planning service ``batches_per_plan`` at a time, ahead of use.
-   Every rank submits the same request; the service names a plan by the content of its request, so
-   the ranks share one plan without talking to each other.
-3. This rank's view of iteration ``i`` (``GET /v1/plans/{id}/ranks/{rank}?iteration=j``) is fetched in a
-   background thread ``prefetch`` iterations ahead, while the loop trains on iteration ``i - prefetch``.
+2. Global batches are planned ``batches_per_plan`` at a time, ahead of use: in this process by default
+   (``LocalPlans``: the library on a background thread, no service), or by a planning service
+   (``client=PlanningClient(url)``). Every rank plans (or submits) the same request, named by its
+   content, and requests are ``deterministic`` by default, so the ranks share one plan without talking
+   to each other (worker/plan_sources.py).
+3. This rank's view of iteration ``i`` (the rank view document; from a service
+   ``GET /v1/plans/{id}/ranks/{rank}?iteration=j``) is read in a background thread ``prefetch`` iterations
+   ahead, while the loop trains on iteration ``i - prefetch``. The rank comes from a ``DeviceMesh`` with
+   "dp" and "cp" dims, from ``torch.distributed`` under ``torchrun``, or is given (``resolve_rank``).
 4. Sequences are read from the map-style dataset and packed (worker/inputs.py): local sequences whole,
    shard pieces sliced; position ids restart per local sequence and stay global in pieces.
 
 ``blocked_s`` of each yielded iteration is the time ``next()`` waited for the planner: with prefetching
-one iteration ahead it is ~0 when planning an iteration takes less than training one.
+one iteration ahead it is ~0 when planning an iteration takes less than training one. ``state_dict()`` /
+``load_state_dict()`` resume at the next iteration (an optimizer step) with the plans the uninterrupted
+run had.
 
 Dataset items are ``{"input_ids": ..., "labels": ...}`` (sequences of ints or 1-D tensors of equal
 length, labels already aligned with inputs, ``-100`` where no loss is taken) or a bare sequence of
@@ -25,6 +31,7 @@ input ids (labels then are the next token, ``-100`` at the end). ``len(input_ids
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections import deque
@@ -34,14 +41,18 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.distributed as dist
 
 from skrull.corpus.order import global_batches
 from skrull.solver.errors import RequestError
 from skrull.worker.inputs import pack
 from skrull.worker.layout import MicrobatchLayout, layouts_from_view_dict
 from skrull.worker.loss import IGNORE_INDEX
+from skrull.worker.plan_sources import LocalPlans, PlanSource, ServicePlans
 
 if TYPE_CHECKING:  # the client (httpx, the api extra) is the caller's: a [worker] install imports this module
+    from torch.distributed.device_mesh import DeviceMesh
+
     from skrull.api.client import PlanningClient
 
 #: Plan submissions in flight: the chunk being trained on and the next one (submitted ahead).
@@ -114,6 +125,42 @@ def _as_tensor(value: Any, field: str, index: int) -> torch.Tensor:
     return t.long()
 
 
+def resolve_rank(*, rank: int | None, dp: int | None, cp: int | None, mesh: DeviceMesh | None) -> tuple[int, int, int]:
+    """This process's rank in the plan and the plan's DP x CP layout.
+
+    From a ``DeviceMesh`` with dims named "dp" and "cp" (rank ``dp_rank * cp + cp_rank``; a "tp" dim, when
+    present, gives its ranks the same view); else from ``torch.distributed`` (initialized, as under
+    ``torchrun`` with env://) or the ``RANK`` / ``WORLD_SIZE`` variables ``torchrun`` sets, with ``cp``
+    given and ``dp = world / cp``; else as given.
+    """
+    if mesh is not None:
+        names = tuple(mesh.mesh_dim_names or ())
+        if "dp" not in names or "cp" not in names or not set(names) <= {"dp", "cp", "tp"}:
+            raise RequestError("mesh", list(names), 'needs dims named "dp" and "cp" (and "tp", if any)')
+        dp_size, cp_size = mesh.size(names.index("dp")), mesh.size(names.index("cp"))
+        if (dp, cp) != (None, None) and (dp, cp) != (dp_size, cp_size):
+            raise RequestError("dp, cp", [dp, cp], f"disagree with the mesh (dp={dp_size}, cp={cp_size})")
+        return mesh.get_local_rank("dp") * cp_size + mesh.get_local_rank("cp"), dp_size, cp_size
+    if rank is None:
+        if dist.is_available() and dist.is_initialized():
+            rank, world = dist.get_rank(), dist.get_world_size()
+        elif "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+            rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        else:
+            raise RequestError("rank", None, "give rank, a DeviceMesh, or run under torchrun (torch.distributed)")
+        if cp is None or cp < 1 or world % cp:
+            raise RequestError("cp", cp, f"must divide the world size {world}")
+        if dp is None:
+            dp = world // cp
+        if dp * cp != world:
+            raise RequestError("dp", dp, f"dp * cp must be the world size {world}")
+    if dp is None or cp is None:
+        raise RequestError("dp" if dp is None else "cp", None, "needed with an explicit rank")
+    if not 0 <= rank < dp * cp:
+        raise RequestError("rank", rank, f"must be in 0..{dp * cp - 1}")
+    return rank, dp, cp
+
+
 class PlannedBatches:
     """Iterate ``ReadyIteration`` objects for ``rank`` (see the module docstring)."""
 
@@ -122,12 +169,14 @@ class PlannedBatches:
         dataset: Any,
         lengths: Sequence[int],
         *,
-        client: PlanningClient,
-        rank: int,
-        dp: int,
-        cp: int,
         global_batch_size: int,
         profile: str | Mapping[str, Any],
+        client: PlanningClient | None = None,
+        plans: PlanSource | None = None,
+        mesh: DeviceMesh | None = None,
+        rank: int | None = None,
+        dp: int | None = None,
+        cp: int | None = None,
         seed: int = 0,
         epoch: int = 0,
         shuffle: bool = True,
@@ -141,42 +190,82 @@ class PlannedBatches:
         supervised_tokens: Callable[[int], int] | None = None,
         device: torch.device | None = None,
         equal_microbatches: bool = False,
+        deterministic: bool = True,
     ) -> None:
-        if not 0 <= rank < dp * cp:
-            raise RequestError("rank", rank, f"must be in 0..{dp * cp - 1}")
+        rank, dp, cp = resolve_rank(rank=rank, dp=dp, cp=cp, mesh=mesh)
         if batches_per_plan < 1:
             raise RequestError("batches_per_plan", batches_per_plan, "must be an integer >= 1")
         if prefetch < 0:
             raise RequestError("prefetch", prefetch, "must be an integer >= 0")
         if len(dataset) != len(lengths):
             raise RequestError("lengths", len(lengths), f"must have one entry per dataset sample ({len(dataset)})")
+        if client is not None and plans is not None:
+            raise RequestError("plans", type(plans).__name__, "give a client (a service) or plans, not both")
         self.dataset = dataset
         self.lengths = list(lengths)
-        self.client = client
+        #: where plans come from: the service behind ``client``, else this process (worker/plan_sources.py)
+        self.plans: PlanSource = plans if plans is not None else ServicePlans(client) if client else LocalPlans()
+        self._owns_plans = plans is None and client is None
         self.rank = rank
         self.dp, self.cp = dp, cp
         self.profile = profile
         self.solver = solver
         self.bucket_tokens = bucket_tokens
-        #: The planner's budget per request (None: the service's default). Plans are prefetched while the
+        #: The planner's budget per request (None: the planner's default). Plans are prefetched while the
         #: previous iterations train, so a budget below one step's time costs the loop no waiting.
         self.time_budget_s = time_budget_s
         #: every rank the same number of microbatches per iteration (some empty): ask for it when the model is
         #: sharded (FSDP2 ``fully_shard``, ZeRO-3), whose every forward gathers parameters over all ranks
         self.equal_microbatches = equal_microbatches
+        #: the same request gives the same plan on any machine and under any load, so every rank (and a
+        #: resumed run) sees the same plan without a broadcast
+        self.deterministic = deterministic
         self.batches_per_plan = batches_per_plan
         self.prefetch = prefetch
         self.timeout_s = timeout_s
         self.supervised_tokens = supervised_tokens
         self.device = device or torch.device("cpu")
+        self.seed, self.epoch, self.shuffle = seed, epoch, shuffle
+        self.global_batch_size = global_batch_size
         self.batches = global_batches(
             len(lengths), global_batch_size=global_batch_size, seed=seed, epoch=epoch, shuffle=shuffle
         )
         if num_iterations is not None:
             self.batches = self.batches[:num_iterations]
+        #: the next iteration ``__iter__`` yields (``state_dict`` / ``load_state_dict``)
+        self.next_iteration = 0
         self._plans: dict[int, Future[str]] = {}
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=PLANS_IN_FLIGHT, thread_name_prefix="skrull-plans")
+
+    # -- resuming ------------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the loop is: the next iteration to train, and what defines the order it indexes."""
+        return {
+            "next_iteration": self.next_iteration,
+            "seed": self.seed,
+            "epoch": self.epoch,
+            "shuffle": self.shuffle,
+            "global_batch_size": self.global_batch_size,
+            "num_samples": len(self.lengths),
+            "dp": self.dp,
+            "cp": self.cp,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resume at ``state["next_iteration"]``: the next ``__iter__`` starts there, with the plans the
+        uninterrupted run would have had (deterministic plans of the same requests)."""
+        mine = self.state_dict()
+        for key, value in mine.items():
+            if key != "next_iteration" and state.get(key) != value:
+                raise RequestError(
+                    f"state_dict.{key}", state.get(key), f"was saved by a loader with {key}={value!r} here"
+                )
+        start = state.get("next_iteration")
+        if not isinstance(start, int) or not 0 <= start <= len(self.batches):
+            raise RequestError("state_dict.next_iteration", start, f"must be in 0..{len(self.batches)}")
+        self.next_iteration = start
 
     def __len__(self) -> int:
         return len(self.batches)
@@ -198,13 +287,15 @@ class PlannedBatches:
             doc["time_budget_s"] = self.time_budget_s
         if self.equal_microbatches:
             doc["equal_microbatches"] = True
+        if self.deterministic:
+            doc["deterministic"] = True
         return doc
 
     def _plan_id(self, chunk: int) -> str:
         with self._lock:
             future = self._plans.get(chunk)
             if future is None:
-                future = self._pool.submit(self.client.submit, self.request_document(chunk))
+                future = self._pool.submit(self.plans.submit, self.request_document(chunk))
                 self._plans[chunk] = future
         return future.result()
 
@@ -213,12 +304,12 @@ class PlannedBatches:
         plan_id = self._plan_id(chunk)
         if offset == 0 and (chunk + 1) * self.batches_per_plan < len(self.batches):
             self._plan_id_async(chunk + 1)  # submit the next plan while this one's views are read
-        return plan_id, self.client.rank_view(plan_id, self.rank, offset, timeout_s=self.timeout_s)
+        return plan_id, self.plans.rank_view(plan_id, self.rank, offset, timeout_s=self.timeout_s)
 
     def _plan_id_async(self, chunk: int) -> None:
         with self._lock:
             if chunk not in self._plans:
-                self._plans[chunk] = self._pool.submit(self.client.submit, self.request_document(chunk))
+                self._plans[chunk] = self._pool.submit(self.plans.submit, self.request_document(chunk))
 
     # -- packing -------------------------------------------------------------------------------------
 
@@ -285,7 +376,7 @@ class PlannedBatches:
     # -- iteration -----------------------------------------------------------------------------------
 
     def __iter__(self) -> Iterator[ReadyIteration]:
-        todo = deque(range(len(self.batches)))
+        todo = deque(range(self.next_iteration, len(self.batches)))
         pool = ThreadPoolExecutor(max_workers=self.prefetch + 1, thread_name_prefix="skrull-views")
         in_flight: deque[tuple[int, Future[tuple[str, dict[str, Any]]]]] = deque()
         try:
@@ -297,9 +388,13 @@ class PlannedBatches:
                 start = time.perf_counter()
                 plan_id, view = future.result()
                 blocked = time.perf_counter() - start
-                yield self._ready(i, plan_id, view, blocked)
+                ready = self._ready(i, plan_id, view, blocked)
+                self.next_iteration = i + 1
+                yield ready
         finally:
             pool.shutdown(wait=False, cancel_futures=True)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+        if self._owns_plans:
+            self.plans.close()

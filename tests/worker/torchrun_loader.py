@@ -1,0 +1,43 @@
+"""Run by tests/worker/test_loader_torchrun.py under ``torchrun``: every process builds a DeviceMesh from
+the env:// rendezvous, iterates the planned loader with in-process plans, and writes what it got."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from examples.train_tiny import TINY_PROFILE, make_dataset  # noqa: E402
+from skrull.worker.dataloader import PlannedBatches  # noqa: E402
+
+
+def main() -> None:
+    out_dir, shape = Path(sys.argv[1]), json.loads(sys.argv[2])  # {"dp": 2, "cp": 2} or with "tp"
+    dist.init_process_group("gloo")  # env:// from torchrun
+    mesh = init_device_mesh("cpu", tuple(shape.values()), mesh_dim_names=tuple(shape))
+    dataset = make_dataset(64, max_tokens=shape["cp"] * 64, seed=4)
+    loader = PlannedBatches(
+        dataset, [len(s) for s in dataset], mesh=mesh, global_batch_size=16, profile=TINY_PROFILE, seed=4,
+        num_iterations=3, time_budget_s=0.2,
+    )  # fmt: skip
+    got = []
+    for ready in loader:
+        for mb in ready.microbatches:
+            rows = [[ready.sample_indices[s], p] for s, p in mb.layout.row_tokens]
+            got.append(
+                {"iteration": ready.iteration, "plan": ready.plan_id, "rows": rows, "ids": mb.input_ids.tolist()}
+            )
+    loader.close()
+    (out_dir / f"rank{dist.get_rank()}.json").write_text(json.dumps({"rank": loader.rank, "got": got}))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
