@@ -178,6 +178,27 @@ def step_problems(steps_of_group: dict[tuple[int, ...], list[tuple[int, str]]]) 
     return problems
 
 
+def alignment_problems(
+    steps_of_group: dict[tuple[int, ...], list[tuple[int, str]]], *, it_index: int, num_gpus: int
+) -> list[str]:
+    """``equal_microbatches``: every GPU runs a microbatch at every step of the iteration (so the same
+    number, each GPU's k-th at the same step as every group it shares). Per group first, then per GPU."""
+    steps: list[set[int]] = [set() for _ in range(num_gpus)]
+    for ranks, entries in steps_of_group.items():
+        group_steps = {step for step, _ in entries}
+        for g in ranks:
+            steps[g] |= group_steps
+    every = set().union(*steps) if steps else set()
+    for g, mine in enumerate(steps):
+        if mine != every:
+            missing = min(every - mine)
+            return [
+                f"iterations[{it_index}]: equal_microbatches asks every GPU for a microbatch at every step; "
+                f"GPU {g} runs none at step {missing} ({len(mine)} microbatches, others up to {len(every)})"
+            ]
+    return []
+
+
 def iteration_problems(
     it: Iteration, *, par: Parallel, model: CostModel, ledger: _Ledger, equal_microbatches: bool = False
 ) -> list[str]:
@@ -209,20 +230,7 @@ def iteration_problems(
         steps_of_group.setdefault(mb.ranks, []).append((mb.step, where))
     problems.extend(step_problems(steps_of_group))
     if equal_microbatches:
-        per_group: dict[tuple[int, ...], int] = {}  # counted per group first, as the estimate is
-        for ranks, _ in well_formed:
-            per_group[tuple(ranks)] = per_group.get(tuple(ranks), 0) + 1
-        counts = [0] * num_gpus
-        for ranks, n in per_group.items():
-            for g in ranks:
-                counts[g] += n
-        fewest, most = min(counts, default=0), max(counts, default=0)
-        if fewest != most:
-            g = counts.index(fewest)
-            problems.append(
-                f"iterations[{it.index}]: equal_microbatches asks every GPU for the same number of microbatches; "
-                f"GPU {g} runs {fewest}, another {most}"
-            )
+        problems.extend(alignment_problems(steps_of_group, it_index=it.index, num_gpus=num_gpus))
     expected_it = model.iteration_time_ms(well_formed, num_gpus)
     if not _close(it.estimated_ms, expected_it):
         problems.append(f"iterations[{it.index}]: estimated_ms {it.estimated_ms} != reference {expected_it:.6f}")

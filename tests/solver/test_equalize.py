@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from skrull.solver.cost import CostModel
-from skrull.solver.equalize import equalize_microbatches, microbatch_counts
+from skrull.solver.equalize import equalize_microbatches, microbatch_counts, step_sets
 from skrull.solver.errors import RequestError
 from skrull.solver.io import read_json, request_from_dict, request_to_dict
 from skrull.solver.planning import solve
@@ -33,9 +33,9 @@ def test_every_planner_gives_every_gpu_the_same_count_and_changes_nothing_else(r
     equal_request = dataclasses.replace(request, solver=solver, equal_microbatches=True)
     plan = solve(equal_request)
     assert plan_problems(plan, equal_request) == []
-    for it in plan.iterations:
-        counts = microbatch_counts(it.microbatches, request.parallel.num_gpus)  # type: ignore[arg-type]
-        assert len(set(counts)) == 1
+    for it in plan.iterations:  # aligned: every GPU's k-th microbatch at the same step, so equal counts
+        assert len(set(step_sets(it.microbatches, request.parallel.num_gpus))) == 1
+        assert len(set(microbatch_counts(it.microbatches, request.parallel.num_gpus))) == 1
     # only empty microbatches were added: the placements are the unconstrained plan's, whole
     assert non_empty(plan.iterations) == non_empty(plain.iterations)
     assert plan.pending == plain.pending
@@ -49,10 +49,10 @@ def test_budgeted_planners_honour_it_too(request: Request, solver: str) -> None:
     equal_request = dataclasses.replace(request, solver=solver, time_budget_s=0.3, equal_microbatches=True)
     plan = solve(equal_request)
     assert plan_problems(plan, equal_request) == []
-    assert all(len(set(microbatch_counts(it.microbatches, request.parallel.num_gpus))) == 1 for it in plan.iterations)  # type: ignore[arg-type]
+    assert all(len(set(microbatch_counts(it.microbatches, request.parallel.num_gpus))) == 1 for it in plan.iterations)
 
 
-def test_padding_goes_after_each_gpus_last_step_one_per_short_cp_group() -> None:
+def test_every_gpu_gets_a_microbatch_at_every_step_one_empty_per_idle_cp_group() -> None:
     par = Parallel(dp=2, cp=2)
     specs = [
         MicrobatchSpec(step=0, ranks=(0, 1), local=((0,), ()), sharded=(1,)),
@@ -62,12 +62,14 @@ def test_padding_goes_after_each_gpus_last_step_one_per_short_cp_group() -> None
     ]
     padded = equalize_microbatches(specs, par)
     assert padded[: len(specs)] == specs
+    # at every step, each idle GPU gets an empty microbatch (one over a whole idle CP group)
     assert padded[len(specs) :] == [
-        MicrobatchSpec(step=3, ranks=(1,), local=((),), sharded=()),
-        MicrobatchSpec(step=3, ranks=(2, 3), local=((), ()), sharded=()),
-        MicrobatchSpec(step=4, ranks=(2, 3), local=((), ()), sharded=()),
+        MicrobatchSpec(step=1, ranks=(2, 3), local=((), ()), sharded=()),
+        MicrobatchSpec(step=2, ranks=(1,), local=((),), sharded=()),
+        MicrobatchSpec(step=2, ranks=(2, 3), local=((), ()), sharded=()),
     ]
     assert microbatch_counts(padded, par.num_gpus) == [3, 3, 3, 3]
+    assert step_sets(padded, par.num_gpus) == [frozenset({0, 1, 2})] * 4
 
 
 def test_the_validator_holds_plans_to_the_request() -> None:
@@ -75,9 +77,11 @@ def test_the_validator_holds_plans_to_the_request() -> None:
     equal = dataclasses.replace(request, solver="skrull", equal_microbatches=True)  # 7 vs 9 per GPU
     padded = solve(equal)
     plain = solve(dataclasses.replace(equal, equal_microbatches=False))
-    assert any(len(set(microbatch_counts(it.microbatches, 32))) > 1 for it in plain.iterations)  # type: ignore[arg-type]
+    assert any(len(set(microbatch_counts(it.microbatches, 32))) > 1 for it in plain.iterations)
     # the unconstrained plan breaks the promise; the padded one breaks the plain request's "no empty" rule
-    assert any("equal_microbatches asks every GPU" in p for p in plan_problems(plain, equal))
+    assert any(
+        "equal_microbatches asks every GPU for a microbatch at every step" in p for p in plan_problems(plain, equal)
+    )
     assert any(
         "holds no sequence" in p for p in plan_problems(padded, dataclasses.replace(equal, equal_microbatches=False))
     )
