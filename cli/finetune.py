@@ -13,6 +13,7 @@ only when the command runs.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from typing import Any
 
@@ -41,6 +42,12 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--loss-chunk-tokens", type=int, default=None, help="LM head + loss in chunks of this many rows")
     p.add_argument("--warmup", type=int, default=0, help="untimed steps first, not applied (default 0)")
     p.add_argument("--tolerance", type=float, default=None, help="max relative error (default 1e-4; 5e-2 in 16 bits)")
+    p.add_argument(
+        "--grad-sync",
+        default="allreduce",
+        help="how gradients are summed: allreduce (default), ddp (DistributedDataParallel, no_sync) or fsdp "
+        "(FSDP2 fully_shard); ddp and fsdp plan with equal_microbatches",
+    )
     add_progress_flag(p)
     p.set_defaults(func=cmd_finetune)
 
@@ -63,6 +70,16 @@ def _check_options(args: argparse.Namespace) -> None:
         raise RequestError("--loss-chunk-tokens", args.loss_chunk_tokens, "must be an integer >= 1")
     if not args.lr > 0:
         raise RequestError("--lr", args.lr, "must be a number > 0")
+    from skrull.worker.grad_sync import GRAD_SYNCS
+
+    if args.grad_sync not in GRAD_SYNCS:
+        raise RequestError("--grad-sync", args.grad_sync, f"must be one of {', '.join(GRAD_SYNCS)}")
+    if args.grad_sync != "allreduce" and args.loss_chunk_tokens is not None:
+        raise RequestError(
+            "--loss-chunk-tokens",
+            args.loss_chunk_tokens,
+            f"runs outside the {args.grad_sync} wrapper; use --grad-sync allreduce",
+        )
 
 
 def _print_run(
@@ -132,6 +149,10 @@ def cmd_finetune(args: argparse.Namespace) -> int:
     model_config = read_model_config(args.model_config)
     request, world_size = request_for_processes(args)
     _check_options(args)
+    from skrull.worker.grad_sync import NEED_EQUAL_MICROBATCHES
+
+    if args.grad_sync in NEED_EQUAL_MICROBATCHES:  # every rank a microbatch at every step (worker/grad_sync.py)
+        request = dataclasses.replace(request, equal_microbatches=True)
     tolerance = args.tolerance
     if tolerance is None:
         tolerance = TOLERANCE_FLOAT32 if args.dtype == "float32" else TOLERANCE_16_BIT
@@ -151,6 +172,7 @@ def cmd_finetune(args: argparse.Namespace) -> int:
         loss_chunk_tokens=args.loss_chunk_tokens,
         warmup_steps=args.warmup,
         progress=args.progress,
+        grad_sync=args.grad_sync,
     )
     if progress_enabled(args.progress):  # the bar starts once the processes have imported torch
         say_progress(f"skrull finetune: starting {world_size} processes ({args.backend}), plan {plan.solver}")

@@ -114,3 +114,28 @@ def test_a_plan_file_is_validated_against_the_request(tmp_path: Path) -> None:
                  "--plan", str(path))  # fmt: skip
     assert out.returncode == 2
     assert out.stderr.startswith("skrull: error: ") and out.stderr.strip().count("\n") == 0
+
+
+@pytest.mark.parametrize("grad_sync", ["ddp", "fsdp"])
+def test_ddp_and_fsdp2_give_the_plain_steps_gradients_on_groups_wider_than_cp(
+    wide_request: Path, grad_sync: str
+) -> None:
+    # gradients summed by the framework (DDP no_sync + a summing comm hook; FSDP2 fully_shard with
+    # equal, aligned microbatches: the flexible plan's groups meet in every forward) equal the plain step's
+    out = skrull(
+        "finetune", "--model-config", str(MODELS / "qwen2-tiny.json"), "--request", str(wide_request),
+        "--world-size", "4", "--backend", "gloo", "--steps", "2", "--check", "--grad-sync", grad_sync,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "2 microbatch(es) on groups wider than CP" in out.stdout
+    largest = [line for line in out.stdout.splitlines() if line.startswith("largest relative error: ")]
+    assert len(largest) == 1 and float(largest[0].split()[3]) <= 1e-4
+    assert out.stdout.rstrip().endswith("check passed")
+
+
+def test_grad_sync_mistakes_are_one_line() -> None:
+    base = ["finetune", "-m", str(MODELS / "qwen2-tiny.json"), "-r", str(EXAMPLES / "tiny-cpu-dp2-cp2.json")]
+    out = skrull(*base, "--grad-sync", "horovod")
+    assert out.returncode == 2 and "--grad-sync: 'horovod': must be one of allreduce, ddp, fsdp" in out.stderr
+    out = skrull(*base, "--grad-sync", "fsdp", "--loss-chunk-tokens", "64")
+    assert out.returncode == 2 and "--loss-chunk-tokens: 64: runs outside the fsdp wrapper" in out.stderr

@@ -27,6 +27,7 @@ import torch.distributed as dist
 
 from skrull.solver.io import plan_from_dict, plan_to_dict
 from skrull.solver.types import Plan
+from skrull.worker import grad_sync
 from skrull.worker.collectives import GroupRegistry
 from skrull.worker.dataloader import ready_microbatch
 from skrull.worker.execute import DTYPES
@@ -54,6 +55,8 @@ class FinetuneConfig:
     warmup_steps: int = 0
     #: Rank 0's tqdm bar over the steps on stderr: None on a terminal only, True always, False never.
     progress: bool | None = None
+    #: How gradients are summed over the world: "allreduce", "ddp" or "fsdp" (worker/grad_sync.py).
+    grad_sync: str = "allreduce"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -102,12 +105,13 @@ def run_finetune_rank(
         enabled=config.progress if rank == 0 else False,  # one bar: rank 0's
     )
     bar.set_postfix_str("building the model", refresh=True)
-    model = build_model(config.model_config, seed=config.seed, device=device, dtype=dtype)
-    optimizer = torch.optim.SGD(model.parameters(), lr=config.lr)
+    base = build_model(config.model_config, seed=config.seed, device=device, dtype=dtype)
+    vocab = int(base.config.vocab_size)
+    model: Any = grad_sync.wrap(base, config.grad_sync)
+    optimizer = torch.optim.SGD(model.parameters(), lr=config.lr)  # after sharding: FSDP2's DTensors
     registry = GroupRegistry.for_plan(plan)
     kernel = select_kernel(device, dtype, config.kernel)
     data = SyntheticData(seed=config.seed, lengths=lengths)
-    vocab = int(model.config.vocab_size)
     records = []
     microbatches = tokens = 0
     for step in range(-config.warmup_steps, config.steps):
@@ -136,8 +140,10 @@ def run_finetune_rank(
         if step < 0:
             continue
         grads = {}
-        if config.record_grads and rank == 0:
-            grads = {n: p.grad.detach().float().cpu().clone() for n, p in model.named_parameters()}
+        if config.record_grads and (rank == 0 or config.grad_sync == "fsdp"):  # FSDP: a collective
+            grads = grad_sync.full_gradients(model)
+            if rank != 0:
+                grads = {}
         records.append(
             StepRecord(
                 step=step,

@@ -32,13 +32,13 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from skrull.worker import grad_sync
 from skrull.worker.collectives import GroupRegistry
 from skrull.worker.dacp import DACPPlan
 from skrull.worker.dataloader import ReadyMicrobatch
 from skrull.worker.hf.inputs import model_inputs
 from skrull.worker.kernels import AttentionKernel
 from skrull.worker.loss import IGNORE_INDEX, count_supervised_tokens, per_token_loss
-from skrull.worker.train import reduce_gradients
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -119,7 +119,8 @@ def scheduled_step(
     loss_chunk_tokens: int | None = None,
     plans: Sequence[DACPPlan] | None = None,
 ) -> StepResult:
-    """This rank's microbatches in step order, then gradients and loss summed over the world.
+    """This rank's microbatches in step order, then gradients and loss summed over the world (through
+    DDP or FSDP2 when ``model`` is wrapped so, else one all-reduce per parameter: worker/grad_sync.py).
 
     Collective over the whole world (every rank calls it once per step, idle or not). Gradients
     accumulate into ``.grad``: zero them before, step the optimizer after. ``plans`` are the
@@ -135,13 +136,15 @@ def scheduled_step(
     num_targets = global_target_count(microbatches, device=device)
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     tokens = 0
-    for mb, plan in zip(microbatches, plans, strict=True):
-        kwargs, labels = model_inputs(mb, plan)
-        loss = causal_lm_loss(model, kwargs, labels, num_targets=num_targets, loss_chunk_tokens=loss_chunk_tokens)
-        loss.backward()  # type: ignore[no-untyped-call]
+    last = len(microbatches) - 1
+    for k, (mb, plan) in enumerate(zip(microbatches, plans, strict=True)):
+        with grad_sync.microbatch(model, last=k == last):  # DDP / FSDP2 sync with the last backward only
+            kwargs, labels = model_inputs(mb, plan)
+            loss = causal_lm_loss(model, kwargs, labels, num_targets=num_targets, loss_chunk_tokens=loss_chunk_tokens)
+            loss.backward()  # type: ignore[no-untyped-call]
         loss_sum += loss.detach().double()
         tokens += mb.num_tokens
-    reduce_gradients(model)
+    grad_sync.finish(model, microbatches=len(microbatches))
     dist.all_reduce(loss_sum)
     if device.type == "cuda":
         torch.cuda.synchronize(device)

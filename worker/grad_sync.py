@@ -1,0 +1,125 @@
+"""Gradient synchronisation through the framework: DDP or FSDP2, or the plain all-reduce.
+
+A planned step accumulates gradients over this rank's microbatches, then sums them over the whole world
+(worker/hf/step.py: a sum, not a mean; the loss is already divided by the global target count). Three
+ways, one choice per run (``GRAD_SYNCS``):
+
+- ``allreduce``: one ``all_reduce`` per parameter after the last microbatch (``worker.train.reduce_gradients``);
+- ``ddp``: ``DistributedDataParallel`` with ``no_sync()`` on every microbatch but the last, and a comm
+  hook that sums instead of averaging (DDP's own reducer: bucketed, overlapped with backward);
+- ``fsdp``: FSDP2 ``fully_shard`` on every decoder layer and the root, gradient sync off
+  (``set_requires_gradient_sync(False)``) on every microbatch but the last, and a gradient divide factor
+  of 1 (a sum). Parameters are sharded, and every forward all-gathers them over all ranks, so every rank
+  must run the same microbatches in the same aligned order: the plan must be made with
+  ``equal_microbatches`` (solver/equalize.py), which ``skrull finetune --grad-sync fsdp`` asks for.
+
+A rank with no microbatch in an iteration still takes part: under ``equal_microbatches`` it has empty ones,
+each a forward and backward on one padding row (worker/hf/inputs.py) that adds nothing to any gradient.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+GRAD_SYNCS = ("allreduce", "ddp", "fsdp")
+#: Modes whose every rank must run the same, aligned microbatches (or any microbatch at all).
+NEED_EQUAL_MICROBATCHES = ("ddp", "fsdp")
+
+
+def _sum_hook(state: Any, bucket: Any) -> torch.futures.Future[torch.Tensor]:
+    """DDP comm hook (``bucket``: a ``GradBucket``): the bucket summed over the world (DDP's default
+    divides by the world size)."""
+    work = dist.all_reduce(bucket.buffer(), async_op=True)
+    assert work is not None
+    future: torch.futures.Future[torch.Tensor] = work.get_future().then(lambda fut: fut.value()[0])
+    return future
+
+
+# DDP checks a comm hook's annotations against the real classes; this module's are postponed strings.
+_sum_hook.__annotations__.update(bucket=dist.GradBucket, state=Any)  # type: ignore[attr-defined]
+_sum_hook.__annotations__["return"] = torch.futures.Future[torch.Tensor]
+
+
+def decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """The repeated blocks FSDP shards one by one: a Hugging Face causal LM's ``model.layers``."""
+    inner = getattr(model, "model", None)
+    layers = getattr(inner, "layers", None)
+    return list(layers) if layers is not None else []
+
+
+def wrap(model: nn.Module, mode: str) -> nn.Module:
+    """``model`` ready for ``mode``: wrapped in DDP, sharded with FSDP2, or as it is."""
+    if mode not in GRAD_SYNCS:
+        raise ValueError(f"grad_sync {mode!r} is not one of {', '.join(GRAD_SYNCS)}")
+    if mode == "ddp":
+        ddp = nn.parallel.DistributedDataParallel(model)
+        ddp.register_comm_hook(None, _sum_hook)
+        return ddp
+    if mode == "fsdp":
+        from torch.distributed.fsdp import fully_shard
+
+        units: list[Any] = [*decoder_layers(model), model]
+        for unit in units:  # each becomes an FSDPModule in place, with its own parameter group
+            fully_shard(unit)
+        for unit in units:  # each group's reduce-scatter: a sum over the world, not a mean
+            unit.set_gradient_divide_factor(1.0)
+            unit.set_force_sum_reduction_for_comms(True)  # a plain SUM (gloo has no PREMUL_SUM)
+    return model
+
+
+def _is_fsdp(model: nn.Module) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
+def unwrapped(model: nn.Module) -> nn.Module:
+    """The model itself (``DistributedDataParallel`` holds it as ``module``; FSDP2 shards it in place)."""
+    return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+
+
+@contextlib.contextmanager
+def microbatch(model: nn.Module, *, last: bool) -> Iterator[None]:
+    """The backward of one microbatch: gradients only accumulate, unless it is the iteration's last."""
+    if isinstance(model, nn.parallel.DistributedDataParallel) and not last:
+        with model.no_sync():
+            yield
+        return
+    if _is_fsdp(model):
+        sharded: Any = model
+        sharded.set_requires_gradient_sync(last)
+    yield
+
+
+def finish(model: nn.Module, *, microbatches: int) -> None:
+    """After the iteration's last backward: the plain all-reduce (DDP and FSDP have synced in it)."""
+    if isinstance(model, nn.parallel.DistributedDataParallel) or _is_fsdp(model):
+        if microbatches == 0:
+            raise ValueError(
+                "a rank ran no microbatch under DDP/FSDP, so its gradient sync never ran: plan with "
+                "equal_microbatches (every rank a microbatch at every step)"
+            )
+        return
+    from skrull.worker.train import reduce_gradients
+
+    reduce_gradients(model)
+
+
+def full_gradients(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter's whole gradient by its name in the unwrapped model (a collective under FSDP:
+    every rank calls it)."""
+    out = {}
+    for name, param in unwrapped(model).named_parameters():
+        grad = param.grad
+        if grad is None:
+            out[name] = torch.zeros(param.shape)
+            continue
+        full = grad.full_tensor() if hasattr(grad, "full_tensor") else grad
+        out[name] = full.detach().float().cpu().clone()
+    return out
