@@ -7,9 +7,10 @@ tqdm draws only on a terminal by default (``enabled=None``), so piped or capture
 from __future__ import annotations
 
 import sys
-from typing import TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-from tqdm import tqdm
+if TYPE_CHECKING:
+    from tqdm import tqdm
 
 MIN_INTERVAL_S = 0.1
 
@@ -24,9 +25,11 @@ class Progress:
         unit: str = "B",
         desc: str = "counting tokens",
     ) -> None:
+        from tqdm import tqdm  # the data extra's; the CLI imports this module whatever is installed
+
         self.total_bytes = total_bytes
         self._done = 0
-        self.bar = tqdm(
+        self.bar: tqdm[Any] = tqdm(
             total=total_bytes,
             desc=desc,
             unit=unit,

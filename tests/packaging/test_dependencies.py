@@ -69,3 +69,22 @@ def test_torch_is_not_pinned_to_one_build_and_the_license_is_an_spdx_expression(
 
 def test_the_core_dependencies_are_the_planner_s_own() -> None:
     assert declared(()) == {"numpy", "ortools", "pyscipopt"}
+
+
+def test_the_cli_plans_with_the_core_dependencies_alone() -> None:
+    # `pip install skrull` (no extras): every extra's modules unimportable, `skrull plan` still plans
+    import subprocess
+
+    blocked = ("tqdm", "httpx", "fastapi", "uvicorn", "starlette", "pydantic", "torch", "transformers", "tokenizers",
+               "tiktoken", "datasets", "pyarrow", "cairosvg", "prometheus_client", "psycopg")  # fmt: skip
+    code = (
+        "import sys\n"
+        f"for name in {blocked!r}:\n"
+        "    sys.modules[name] = None\n"
+        "from skrull.cli.main import main\n"
+        "raise SystemExit(main(['plan', '-r', 'examples/requests/contract-example.json', '--solver', 'skrull',"
+        " '--compact']))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.startswith('{"schema":"skrull.plan/v1"')
