@@ -38,7 +38,7 @@ from skrull.worker.dacp import DACPPlan
 from skrull.worker.dataloader import ReadyMicrobatch
 from skrull.worker.hf.inputs import model_inputs
 from skrull.worker.kernels import AttentionKernel
-from skrull.worker.loss import IGNORE_INDEX, count_supervised_tokens, per_token_loss
+from skrull.worker.loss import IGNORE_INDEX, count_supervised_tokens
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -68,11 +68,16 @@ def causal_lm_loss(
     num_targets: int,
     loss_chunk_tokens: int | None = None,
 ) -> torch.Tensor:
-    """``sum CE(own rows) / num_targets``; with ``loss_chunk_tokens`` the LM head and the cross-entropy run
-    chunk by chunk under activation checkpointing, so ``[T, vocab]`` logits never exist at once."""
+    """``sum CE(own rows) / num_targets``: the model's own loss function (``ForCausalLMLoss`` with
+    ``shift_labels`` and ``num_items_in_batch``); with ``loss_chunk_tokens`` the LM head and the cross-entropy
+    run chunk by chunk under activation checkpointing, so ``[T, vocab]`` logits never exist at once."""
     if loss_chunk_tokens is None:
-        logits = model(**kwargs).logits[0]
-        return per_token_loss(logits, labels, num_tokens_in_iteration=num_targets)
+        # Hugging Face's own causal-LM loss, called as its Trainer calls it: the targets are already the next
+        # tokens, so they travel as ``shift_labels`` (the model must not shift them again), and
+        # ``num_items_in_batch`` is the global batch's target count over every rank (a sum / that count)
+        rows = labels.unsqueeze(0)
+        loss: torch.Tensor = model(**kwargs, labels=rows, shift_labels=rows, num_items_in_batch=num_targets).loss
+        return loss
     hidden: torch.Tensor = model.base_model(**kwargs).last_hidden_state[0]
     head = model.get_output_embeddings()
 
