@@ -20,7 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from skrull.solver.types import Plan
+from skrull.solver.types import Iteration, Plan
 
 
 @dataclass(slots=True)
@@ -38,6 +38,12 @@ class GroupRegistry:
             for mb in it.microbatches
             if len(mb.ranks) > 1 and mb.sharded
         }
+        return tuple(sorted(sets, key=lambda s: (len(s), s)))
+
+    @staticmethod
+    def rank_sets_of(iteration: Iteration) -> tuple[tuple[int, ...], ...]:
+        """``rank_sets`` of one iteration (groups created as iterations arrive, in the same order)."""
+        sets = {tuple(sorted(mb.ranks)) for mb in iteration.microbatches if len(mb.ranks) > 1 and mb.sharded}
         return tuple(sorted(sets, key=lambda s: (len(s), s)))
 
     @classmethod

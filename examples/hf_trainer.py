@@ -1,0 +1,215 @@
+"""A standard Hugging Face Trainer script, trained under Skrull plans.
+
+    torchrun --standalone --nproc-per-node 4 examples/hf_trainer.py \\
+        --model-config examples/models/qwen2-tiny.json --data train.jsonl --dp 2 --cp 2 \\
+        --global-batch-size 16 --bucket-tokens 64 --max-steps 4 [--check]
+
+It differs from a stock script in the lines marked ``# skrull``: the planned loader replaces the
+collator, and ``SkrullTrainer`` replaces ``Trainer`` (worker/hf/trainer.py). Rows of ``--data`` are
+``{"input_ids": [...]}`` with optional ``"labels"`` (the Hugging Face convention: the same length as
+``input_ids``, ``-100`` where no loss is taken; the model shifts them). ``--check`` compares the first
+optimizer step's loss and every gradient with the plain single-process step on the same global batch
+(Hugging Face's own forward and loss over the padded batch, float32) and prints ``check passed`` when
+the largest relative error is at most 1e-4. ``--resume-check`` (run with ``python``: it starts its own
+torchrun runs) trains ``--max-steps`` straight, then half of them with a Trainer checkpoint and the rest
+resumed from it in new processes, and prints ``check passed`` when the losses and the final weights are
+the straight run's. Runs on CPUs with gloo and, unchanged, on GPUs with nccl.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.distributed.device_mesh import init_device_mesh
+from transformers import TrainerCallback, TrainingArguments
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run from a checkout without installing
+    sys.path.insert(0, str(ROOT))
+
+from skrull.worker.dataloader import PlannedBatches  # noqa: E402  # skrull
+from skrull.worker.hf.model import build_model, read_model_config  # noqa: E402
+from skrull.worker.hf.step import plain_step  # noqa: E402
+from skrull.worker.hf.trainer import SkrullTrainer  # noqa: E402  # skrull
+
+TOLERANCE = 1e-4
+#: Largest difference of a resumed run's losses and final weights from the straight run's.
+RESUME_TOLERANCE = 1e-6
+
+
+def read_rows(path: str) -> list[dict[str, list[int]]]:
+    """Rows as the loader reads them: labels become next-token targets (``-100`` after the last)."""
+    rows = []
+    for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines()):
+        if not line.strip():
+            continue
+        doc = json.loads(line)
+        ids = [int(t) for t in doc["input_ids"]]
+        labels = [int(t) for t in doc.get("labels", ids)]
+        if len(labels) != len(ids) or len(ids) < 2:
+            raise SystemExit(f"--data: row {number}: needs >= 2 input_ids and labels of the same length")
+        rows.append({"input_ids": ids, "labels": [*labels[1:], -100]})
+    return rows
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    model = p.add_mutually_exclusive_group(required=True)
+    model.add_argument("--model-config", help="a config.json: random weights")
+    model.add_argument("--model", help="a model name or path (from_pretrained)")
+    p.add_argument("--data", required=True, help="JSON lines: {'input_ids': [...], 'labels': [...]?}")
+    p.add_argument("--dp", type=int, required=True)
+    p.add_argument("--cp", type=int, required=True)
+    p.add_argument("--global-batch-size", type=int, required=True)
+    p.add_argument("--bucket-tokens", type=int, default=None, help="override the profile's memory bucket")
+    p.add_argument("--profile", default="h100-80g/qwen2.5-0.5b")
+    p.add_argument("--max-steps", type=int, default=4)
+    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--output-dir", default="hf-trainer-out")
+    p.add_argument("--check", action="store_true", help="first step against the plain step; 'check passed'")
+    p.add_argument("--save-steps", type=int, default=0, help="save a Trainer checkpoint every N steps")
+    p.add_argument("--resume-from", default=None, help="a checkpoint directory to resume from")
+    p.add_argument("--final-weights", default=None, help="write the final weights here (torch.save, rank 0)")
+    p.add_argument(
+        "--resume-check",
+        action="store_true",
+        help="run with python (not torchrun): --max-steps straight, then half of them with a checkpoint and the "
+        "rest resumed in new processes, each under torchrun; losses and final weights must be equal",
+    )
+    return p.parse_args(argv)
+
+
+def resume_check(args: argparse.Namespace, argv: list[str]) -> int:
+    """Three torchrun runs of this script: straight, first half with a checkpoint, the rest resumed."""
+    import os
+    import subprocess
+    import tempfile
+
+    if "RANK" in os.environ:
+        raise SystemExit("--resume-check starts its own torchrun runs: run it with python, not torchrun")
+    if args.max_steps < 2:
+        raise SystemExit("--resume-check needs --max-steps >= 2")
+    half = args.max_steps // 2
+    base = [a for a in argv if a not in ("--resume-check", "--check")]
+    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.dp * args.cp}"]
+
+    def run(*extra: str) -> list[float]:
+        done = subprocess.run([*launch, __file__, *base, *extra], capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            sys.stderr.write(done.stderr[-4000:])
+            raise SystemExit(f"a torchrun run failed ({done.returncode})")
+        (line,) = [x for x in done.stdout.splitlines() if x.startswith("losses: ")]
+        return [float(x) for x in line.split()[1:]]
+
+    with tempfile.TemporaryDirectory(prefix="skrull-resume-") as tmp:
+        straight = run("--output-dir", f"{tmp}/a", "--final-weights", f"{tmp}/a.pt")
+        first = run("--output-dir", f"{tmp}/b", "--max-steps", str(half), "--save-steps", str(half))
+        rest = run(
+            "--output-dir", f"{tmp}/b", "--resume-from", f"{tmp}/b/checkpoint-{half}", "--final-weights", f"{tmp}/b.pt"
+        )  # fmt: skip
+        weights_a, weights_b = torch.load(f"{tmp}/a.pt"), torch.load(f"{tmp}/b.pt")
+    resumed = first + rest
+    loss_error = (
+        max(abs(a - b) for a, b in zip(straight, resumed, strict=True)) if len(resumed) == len(straight) else 1.0
+    )
+    weight_error = max(float((weights_a[k] - weights_b[k]).abs().max()) for k in weights_a)
+    print(f"losses straight: {' '.join(f'{x:.6f}' for x in straight)}")
+    print(f"losses resumed:  {' '.join(f'{x:.6f}' for x in resumed)} (checkpoint after step {half}, new processes)")
+    print(f"largest loss difference {loss_error:.3e}, largest final weight difference {weight_error:.3e}")
+    # bitwise equal on CPUs; GPU kernels may reorder sums, hence the tolerance
+    if len(resumed) != len(straight) or loss_error > RESUME_TOLERANCE or weight_error > RESUME_TOLERANCE:
+        print("check failed")
+        return 1
+    print("check passed")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    if args.resume_check:
+        return resume_check(args, argv)
+    cuda = torch.cuda.is_available()
+    training = TrainingArguments(
+        output_dir=args.output_dir,
+        max_steps=args.max_steps,
+        per_device_train_batch_size=1,
+        gradient_accumulation_steps=1,  # one plan iteration per optimizer step
+        learning_rate=args.lr,
+        lr_scheduler_type="constant",
+        optim="sgd",
+        weight_decay=0.0,
+        max_grad_norm=0.0,
+        logging_steps=1,
+        save_strategy="steps" if args.save_steps else "no",
+        save_steps=args.save_steps or 500,
+        report_to=[],
+        seed=args.seed,
+        use_cpu=not cuda,
+        ddp_backend="nccl" if cuda else "gloo",
+        average_tokens_across_devices=True,
+        remove_unused_columns=False,
+    )
+    device = training.device  # initializes torch.distributed under torchrun
+    mesh = init_device_mesh(device.type, (args.dp, args.cp), mesh_dim_names=("dp", "cp"))  # skrull
+    rows = read_rows(args.data)
+    planned = PlannedBatches(  # skrull
+        rows, [len(r["input_ids"]) for r in rows], mesh=mesh, global_batch_size=args.global_batch_size,
+        profile=args.profile, bucket_tokens=args.bucket_tokens, seed=args.seed, equal_microbatches=True,
+        num_iterations=args.max_steps, device=device,
+    )  # fmt: skip
+    if args.model_config:
+        config = read_model_config(args.model_config)
+        model = build_model(config, seed=args.seed, device=device)
+    else:
+        from transformers import AutoModelForCausalLM
+
+        from skrull.worker.hf.attention import register
+
+        model = AutoModelForCausalLM.from_pretrained(args.model, attn_implementation=register()).to(device)
+    grads: dict[str, torch.Tensor] = {}
+
+    class FirstStepGradients(TrainerCallback):
+        def on_pre_optimizer_step(self, *a: Any, **kw: Any) -> None:
+            if not grads:
+                grads.update({n: p.grad.detach().float().cpu().clone() for n, p in model.named_parameters()})
+
+    trainer = SkrullTrainer(  # skrull
+        model=model, args=training, planned=planned, callbacks=[FirstStepGradients()] if args.check else None
+    )
+    trainer.train(resume_from_checkpoint=args.resume_from)
+    rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+    if rank == 0:
+        print("losses: " + " ".join(f"{x:.6f}" for x in trainer.step_losses))
+        if args.final_weights:
+            torch.save({n: p.detach().cpu() for n, p in model.state_dict().items()}, args.final_weights)
+    if not args.check:
+        return 0
+    if rank != 0:
+        return 0
+    reference = build_model(read_model_config(args.model_config), seed=args.seed, attn_implementation="eager")
+    batch = planned.batches[0]
+    loss = plain_step(reference, [torch.tensor(rows[i]["input_ids"]) for i in batch])
+    errors = {"loss": abs(trainer.step_losses[0] - loss) / abs(loss)}
+    for name, param in reference.named_parameters():
+        assert param.grad is not None, name
+        scale = float(param.grad.abs().max())
+        errors[name] = float((grads[name] - param.grad).abs().max()) / scale if scale > 0 else 0.0
+    worst = max(errors, key=lambda k: errors[k])
+    print(f"check: first step against the plain step, {len(errors) - 1} gradients and the loss")
+    print(f"largest relative error: {errors[worst]:.3e} ({worst}; tolerance {TOLERANCE:.0e})")
+    if errors[worst] > TOLERANCE:
+        print("check failed")
+        return 1
+    print("check passed")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

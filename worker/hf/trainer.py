@@ -1,0 +1,132 @@
+"""The Hugging Face ``Trainer`` under plans: ``SkrullTrainer`` trains one plan iteration per optimizer step.
+
+A stock Trainer script changes in two places: ``Trainer`` becomes ``SkrullTrainer`` and it is given the
+planned loader (``skrull.worker.dataloader.PlannedBatches``) instead of a collator. Everything else is
+the Trainer's own: its optimizer and scheduler, its DDP wrapping through accelerate, checkpoints, logging.
+
+How it fits the Trainer's loop (transformers 5): the Trainer pulls ``gradient_accumulation_steps``
+batches per optimizer step and syncs gradients on the last one. A plan's iteration has a varying number
+of microbatches, so here one Trainer "batch" is one whole iteration (run with
+``gradient_accumulation_steps=1``): ``get_batch_samples`` returns it with ``num_items_in_batch``, the
+global batch's target count over every rank, and ``training_step`` runs this rank's microbatches,
+forward and backward each, under ``accelerator.no_sync`` but for the last. Each microbatch's loss is the
+model's own loss function as the Trainer calls it (``shift_labels`` for the pre-shifted targets,
+``num_items_in_batch``), times the number of processes, as the Trainer does with
+``average_tokens_across_devices``: DDP averages gradients over the world, the loss is a sum over it.
+The loader should plan with ``equal_microbatches=True``, so that every rank has a microbatch to sync on.
+
+DACP needs a process group for every group of ranks a microbatch shares; they are created on first use,
+on every rank in the same order (every rank holds the same deterministic plan: ``LocalPlans``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from transformers import Trainer
+
+from skrull.worker.collectives import GroupRegistry
+from skrull.worker.dataloader import PlannedBatches, ReadyIteration
+from skrull.worker.hf.inputs import model_inputs
+from skrull.worker.hf.step import dacp_plans, global_target_count
+from skrull.worker.kernels import select_kernel
+from skrull.worker.plan_sources import LocalPlans
+
+
+class _Iterations:
+    """What the Trainer iterates: one ``ReadyIteration`` per optimizer step. An iteration starts where the
+    Trainer's state says (a resumed run: its checkpoint's ``global_step``), read when iteration begins,
+    after the Trainer has loaded that state."""
+
+    def __init__(self, planned: PlannedBatches, trainer: Trainer) -> None:
+        self.planned = planned
+        self.trainer = trainer
+
+    def __len__(self) -> int:
+        return len(self.planned)
+
+    def __iter__(self) -> Iterator[ReadyIteration]:
+        self.planned.next_iteration = max(self.planned.next_iteration, int(self.trainer.state.global_step))
+        return iter(self.planned)
+
+
+class _Steps(torch.utils.data.Dataset[int]):
+    """A stand-in ``train_dataset`` (the Trainer requires one): the loader holds the data."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> int:
+        return index
+
+
+class SkrullTrainer(Trainer):
+    """``Trainer`` whose every optimizer step is one plan iteration of ``planned`` (module doc)."""
+
+    def __init__(self, *args: Any, planned: PlannedBatches, **kwargs: Any) -> None:
+        kwargs.setdefault("train_dataset", _Steps(len(planned)))
+        super().__init__(*args, **kwargs)
+        if self.args.gradient_accumulation_steps != 1:
+            raise ValueError("SkrullTrainer runs one plan iteration per step: gradient_accumulation_steps=1")
+        # a resumed run starts at the checkpoint's step (``_Iterations``), not by replaying batches
+        self.args.ignore_data_skip = True
+        self.planned = planned
+        self.registry = GroupRegistry()
+        self.kernel = select_kernel(self.args.device, torch.float32)
+        #: the world's loss of each step trained (the loss of the plain run)
+        self.step_losses: list[float] = []
+
+    def get_train_dataloader(self) -> Any:
+        return _Iterations(self.planned, self)
+
+    def get_batch_samples(self, epoch_iterator: Any, num_batches: int, device: Any) -> tuple[list[Any], Any]:
+        ready = next(epoch_iterator, None)
+        if ready is None:
+            return [], None
+        return [ready], global_target_count(ready.microbatches, device=torch.device("cpu"))
+
+    def floating_point_ops(self, inputs: Any) -> int:
+        return 0
+
+    def _groups(self, ready: ReadyIteration) -> GroupRegistry:
+        """Process groups of every group of this iteration, created on first use on every rank in order."""
+        plans = self.planned.plans
+        if not isinstance(plans, LocalPlans):
+            raise ValueError("SkrullTrainer needs in-process plans (every rank holds the whole plan)")
+        plan = plans.plan(ready.plan_id)
+        offset = ready.iteration % self.planned.batches_per_plan
+        needed = GroupRegistry.rank_sets_of(plan.iterations[offset])
+        missing = [s for s in needed if s not in self.registry.groups]
+        if missing:
+            self.registry.groups.update(GroupRegistry.create(missing).groups)
+        return self.registry
+
+    def training_step(self, model: Any, inputs: Any, num_items_in_batch: Any = None) -> torch.Tensor:
+        model.train()
+        ready: ReadyIteration = inputs
+        device = self.args.device
+        plans = dacp_plans(ready.microbatches, registry=self._groups(ready), kernel=self.kernel, device=device)
+        world = self.accelerator.num_processes
+        total = torch.zeros((), dtype=torch.float64, device=device)
+        last = len(ready.microbatches) - 1
+        for k, (mb, plan) in enumerate(zip(ready.microbatches, plans, strict=True)):
+            sync = contextlib.nullcontext() if k == last else self.accelerator.no_sync(model)
+            with sync:
+                kwargs, labels = model_inputs(mb, plan)
+                rows = labels.unsqueeze(0)
+                out = model(**kwargs, labels=rows, shift_labels=rows, num_items_in_batch=num_items_in_batch)
+                loss = out.loss * world  # DDP averages over the world; the loss is a sum over it
+                self.accelerator.backward(loss)
+            total += loss.detach().double()
+        world_loss = total / world
+        if dist.is_available() and dist.is_initialized():
+            dist.all_reduce(world_loss)
+        self.step_losses.append(float(world_loss))
+        return total.float()
