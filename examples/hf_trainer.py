@@ -135,6 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.resume_check:
         return resume_check(args, argv)
+    if args.check and not args.model_config:
+        raise SystemExit("--check builds the reference model from --model-config (random weights, the same seed)")
     cuda = torch.cuda.is_available()
     training = TrainingArguments(
         output_dir=args.output_dir,
