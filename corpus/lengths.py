@@ -13,7 +13,7 @@ from typing import Any
 
 from skrull.corpus.order import global_batches
 from skrull.corpus.progress import Progress
-from skrull.corpus.readers import iter_rows
+from skrull.corpus.readers import iter_files_rows
 from skrull.corpus.tokenizer import LocalTokenizer
 from skrull.solver.errors import RequestError
 
@@ -32,17 +32,49 @@ def count_lengths(
     progress: Progress | None = None,
 ) -> list[int]:
     """Tokens of every row, files in order (rows numbered from 0 over all files); ``max_length`` truncates."""
-
-    def rows() -> Iterator[tuple[Any, int]]:
-        base_bytes = 0
-        for path in paths:
-            for row, done in iter_rows(path, fmt=fmt, columns=columns):
-                yield row, base_bytes + done
-            base_bytes += path.stat().st_size
-
     return count_rows(
-        rows(), tokenizer=tokenizer, extract=extract, max_length=max_length, batch_rows=batch_rows, progress=progress
+        iter_files_rows(paths, fmt=fmt, columns=columns),
+        tokenizer=tokenizer,
+        extract=extract,
+        max_length=max_length,
+        batch_rows=batch_rows,
+        progress=progress,
     )
+
+
+def encode_rows(
+    rows: Iterable[tuple[Any, int]],
+    *,
+    tokenizer: LocalTokenizer,
+    extract: Callable[[Any, int], str],
+    max_length: int | None = None,
+    batch_rows: int = BATCH_ROWS,
+    progress: Progress | None = None,
+) -> Iterator[list[int]]:
+    """The token ids of every ``(row, done)`` in order (``done``: progress in the unit ``progress`` counts,
+    bytes or rows), encoded ``batch_rows`` texts at a time; ``max_length`` truncates. What ``skrull lengths``
+    counts and what the loader trains on come from here."""
+    texts: list[str] = []
+    num_rows = num_tokens = done = 0
+    for row, done in rows:
+        texts.append(extract(row, num_rows + len(texts)))
+        if len(texts) < batch_rows:
+            continue
+        for ids in tokenizer.encode(texts):
+            cut = ids[:max_length] if max_length else ids
+            num_rows, num_tokens = num_rows + 1, num_tokens + len(cut)
+            yield cut
+        texts.clear()
+        if progress is not None:
+            progress.update(done_bytes=done, rows=num_rows, tokens=num_tokens)
+    for ids in tokenizer.encode(texts) if texts else ():
+        cut = ids[:max_length] if max_length else ids
+        num_rows, num_tokens = num_rows + 1, num_tokens + len(cut)
+        yield cut
+    if progress is not None:
+        done = max(done, progress.total_bytes or 0)
+        progress.update(done_bytes=done, rows=num_rows, tokens=num_tokens, force=True)
+        progress.close()
 
 
 def count_rows(
@@ -54,30 +86,13 @@ def count_rows(
     batch_rows: int = BATCH_ROWS,
     progress: Progress | None = None,
 ) -> list[int]:
-    """Tokens of every ``(row, done)`` (``done``: progress in the unit ``progress`` counts, bytes or rows),
-    encoded ``batch_rows`` texts at a time; ``max_length`` truncates."""
-    lengths: list[int] = []
-    texts: list[str] = []
-    done = 0
-
-    def flush() -> None:
-        counts = tokenizer.count(texts)
-        lengths.extend(min(n, max_length) if max_length else n for n in counts)
-        texts.clear()
-
-    for row, done in rows:
-        texts.append(extract(row, len(lengths) + len(texts)))
-        if len(texts) >= batch_rows:
-            flush()
-            if progress is not None:
-                progress.update(done_bytes=done, rows=len(lengths), tokens=sum(lengths))
-    if texts:
-        flush()
-    if progress is not None:
-        done = max(done, progress.total_bytes or 0)
-        progress.update(done_bytes=done, rows=len(lengths), tokens=sum(lengths), force=True)
-        progress.close()
-    return lengths
+    """The token count of every row (``encode_rows``)."""
+    return [
+        len(ids)
+        for ids in encode_rows(
+            rows, tokenizer=tokenizer, extract=extract, max_length=max_length, batch_rows=batch_rows, progress=progress
+        )
+    ]
 
 
 def lengths_request(

@@ -33,6 +33,17 @@ def detect_format(path: Path) -> str:
     raise RequestError("DATA", str(path), f"unknown file type; give --format one of {', '.join(FORMATS)}")
 
 
+def iter_files_rows(
+    paths: Sequence[Path], *, fmt: str | None = None, columns: Sequence[str] | None = None
+) -> Iterator[tuple[Any, int]]:
+    """``iter_rows`` over several files in order, progress in bytes counted over all of them."""
+    base = 0
+    for path in paths:
+        for row, done in iter_rows(path, fmt=fmt, columns=columns):
+            yield row, base + done
+        base += path.stat().st_size
+
+
 def iter_rows(path: Path, *, fmt: str | None = None, columns: Sequence[str] | None = None) -> Iterator[tuple[Any, int]]:
     """``(row, bytes_done)`` for every row of ``path`` (``columns`` limits what Parquet reads)."""
     if not path.is_file():

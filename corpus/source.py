@@ -19,13 +19,11 @@ from typing import Any
 
 from skrull.corpus.chat_template import tokenizer_chat_renderer
 from skrull.corpus.hub import iter_dataset_rows
-from skrull.corpus.readers import iter_rows
+from skrull.corpus.lengths import encode_rows
+from skrull.corpus.readers import iter_files_rows, iter_rows
 from skrull.corpus.text import TOKENIZER_TEMPLATE, text_extractor
 from skrull.corpus.tokenizer import LocalTokenizer, load_tokenizer
 from skrull.solver.errors import RequestError
-
-#: Texts encoded per call (the tokenizers are fast in batches).
-ENCODE_ROWS = 1024
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -91,13 +89,8 @@ def open_text_source(
 
     def rows() -> Iterator[tuple[Any, int]]:
         if dataset:
-            yield from iter_dataset_rows(dataset, split=split, config=dataset_config)
-            return
-        base = 0
-        for path in paths:
-            for row, done in iter_rows(path, fmt=fmt, columns=columns):
-                yield row, base + done
-            base += path.stat().st_size
+            return iter_dataset_rows(dataset, split=split, config=dataset_config)
+        return iter_files_rows(paths, fmt=fmt, columns=columns)
 
     return TextSource(
         rows=rows,
@@ -131,20 +124,10 @@ def tokenize_source(source: TextSource, *, max_length: int | None = None) -> Tok
     """Every row of ``source`` as token ids, cut to ``max_length`` (as ``skrull lengths --max-length``)."""
     if max_length is not None and max_length < 1:
         raise RequestError("max_length", max_length, "must be an integer >= 1")
-    ids: list[list[int]] = []
-    texts: list[str] = []
-
-    def flush() -> None:
-        for row in source.tokenizer.encode(texts):
-            ids.append(list(row[:max_length]) if max_length else list(row))
-        texts.clear()
-
-    for row, _ in source.rows():
-        texts.append(source.extract(row, len(ids) + len(texts)))
-        if len(texts) >= ENCODE_ROWS:
-            flush()
-    if texts:
-        flush()
+    ids = [
+        list(row)
+        for row in encode_rows(source.rows(), tokenizer=source.tokenizer, extract=source.extract, max_length=max_length)
+    ]
     if not ids:
         raise RequestError("DATA", None, "holds no rows")
     return TokenizedRows(ids)
