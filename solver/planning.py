@@ -20,7 +20,7 @@ from skrull.solver.errors import InvalidPlanError, PlannerBugError
 from skrull.solver.planners.base import PlannerOutput
 from skrull.solver.planners.registry import get_planner
 from skrull.solver.search.budget import check_budget
-from skrull.solver.types import Iteration, Parallel, Plan, Problem, Request, SolveInfo
+from skrull.solver.types import Iteration, MicrobatchSpec, Parallel, Plan, Problem, Request, SolveInfo
 from skrull.solver.validate import validate_plan
 
 
@@ -74,18 +74,24 @@ def assemble_plan(problem: Problem, output: PlannerOutput, *, solver: str, wall_
     )
 
 
-def equalized(plan: Plan, problem: Problem, output: PlannerOutput) -> Plan:
-    """The plan with equal microbatch counts (solver/equalize.py): every planner honours
-    ``equal_microbatches`` the same way. A proof of optimality was for the unconstrained problem: it
-    still holds when the padding cost nothing (the constrained optimum is never below the unconstrained
-    one), and is dropped to "feasible" when it cost time; the bound stays valid either way."""
+def equalized(output: PlannerOutput, problem: Problem) -> PlannerOutput:
+    """The planner's output with equal, aligned microbatch counts (solver/equalize.py): every planner
+    honours ``equal_microbatches`` the same way. A proof of optimality was for the unconstrained problem:
+    it still holds when the padding costs nothing (the constrained optimum is never below the unconstrained
+    one) and is dropped to "feasible" when it costs time; the bound stays valid either way. Only an
+    "optimal" output is priced twice to tell."""
     iterations = tuple(tuple(equalize_microbatches(it, problem.parallel)) for it in output.iterations)
-    padded = assemble_plan(
-        problem, dataclasses.replace(output, iterations=iterations), solver=plan.solver, wall_ms=0.0
-    )
-    if plan.solve.status == "optimal" and padded.solve.objective_ms > plan.solve.objective_ms + 1e-9:
-        padded = dataclasses.replace(padded, solve=dataclasses.replace(padded.solve, status="feasible"))
-    return padded
+    status = output.status
+    if status == "optimal":
+        model = CostModel(problem.profile, bucket_tokens=problem.bucket_tokens)
+        num_gpus = problem.parallel.num_gpus
+
+        def total_ms(its: tuple[tuple[MicrobatchSpec, ...], ...]) -> float:
+            return sum(model.iteration_ms(it, problem.lengths, num_gpus) for it in its)
+
+        if total_ms(iterations) > total_ms(output.iterations) + 1e-9:
+            status = "feasible"
+    return dataclasses.replace(output, iterations=iterations, status=status)
 
 
 def check_plan(plan: Plan, request: Request) -> None:
@@ -107,9 +113,9 @@ def solve(request: Request) -> Plan:
     problem = Problem.from_request(request)
     planner = get_planner(request.solver)
     output = planner.plan(problem)
-    plan = assemble_plan(problem, output, solver=request.solver, wall_ms=0.0)
     if request.equal_microbatches:
-        plan = equalized(plan, problem, output)
+        output = equalized(output, problem)
+    plan = assemble_plan(problem, output, solver=request.solver, wall_ms=0.0)
     check_plan(plan, request)
     wall_ms = (time.perf_counter() - start) * 1e3
     return dataclasses.replace(plan, solve=dataclasses.replace(plan.solve, wall_ms=wall_ms))

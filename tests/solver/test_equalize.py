@@ -95,3 +95,26 @@ def test_the_request_format_carries_it_and_names_a_bad_value() -> None:
     with pytest.raises(RequestError) as caught:
         request_from_dict({**doc, "equal_microbatches": "yes"})
     assert (caught.value.field, caught.value.value) == ("equal_microbatches", "yes")
+
+
+@pytest.mark.parametrize(("idle_gpu_is_slowest", "status"), [(False, "optimal"), (True, "feasible")])
+def test_a_proof_of_optimality_survives_padding_only_when_the_padding_costs_nothing(
+    idle_gpu_is_slowest: bool, status: str
+) -> None:
+    from skrull.solver.planners.base import PlannerOutput
+    from skrull.solver.planning import equalized
+    from skrull.solver.types import Problem
+    from tests.conftest import make_request
+
+    # GPU 0 runs two microbatches, GPU 1 one: GPU 1 gets an empty one (microbatch_ms, 3 ms) at step 1, which
+    # costs time only if GPU 1's one microbatch is within 3 ms of GPU 0's two (7.04 ms)
+    long_on_1 = 300 if idle_gpu_is_slowest else 10
+    problem = Problem.from_request(make_request([[10, 10, long_on_1]], dp=2, cp=1, bucket=300))
+    specs = (
+        MicrobatchSpec(step=0, ranks=(0,), local=((0,),), sharded=()),
+        MicrobatchSpec(step=1, ranks=(0,), local=((1,),), sharded=()),
+        MicrobatchSpec(step=0, ranks=(1,), local=((2,),), sharded=()),
+    )
+    out = equalized(PlannerOutput(iterations=(specs,), status="optimal", bound_ms=1.0), problem)
+    assert out.iterations[0][3:] == (MicrobatchSpec(step=1, ranks=(1,), local=((),), sharded=()),)
+    assert out.status == status
