@@ -122,8 +122,8 @@ def request_from_dict(doc: Any, *, known_solvers: tuple[str, ...] | None = None)
         raise UnknownSolverError("solver", solver, f"unknown solver; known: {', '.join(known_solvers)}")
 
     budget = doc.get("time_budget_s")
-    if "time_budget_s" not in doc:
-        pass  # the planner's default for the request's size (Request.resolved_time_budget_s)
+    if budget is None:
+        pass  # left out or null: the planner's default for the request's size (Request.resolved_time_budget_s)
     elif (
         isinstance(budget, bool)
         or not isinstance(budget, (int, float))

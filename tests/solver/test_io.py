@@ -176,6 +176,7 @@ def test_a_request_without_a_budget_plans_with_its_planners_default_and_writes_n
     }
     request = request_from_dict(doc)
     assert request.time_budget_s is None
+    assert request_from_dict({**doc, "time_budget_s": None}) == request  # null reads as left out, as the service
     assert request.resolved_time_budget_s == default_budget_s("deepspeed", [16384], request.parallel) > 1.0
     with pytest.raises(RequestError, match="time_budget_s"):
         solve(request_from_dict({**doc, "time_budget_s": 1.0}))
