@@ -40,6 +40,7 @@ from skrull.solver.io import (
 from skrull.solver.planners.registry import get_planner, planner_names
 from skrull.solver.planning import solve
 from skrull.solver.profile import bundled_profile_names, load_profile
+from skrull.solver.search.budget import EXACT_SOLVERS
 from skrull.solver.types import Parallel, Plan, Request
 from skrull.solver.validate import validate_plan
 
@@ -183,7 +184,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def _note_if_stopped(request: Request, plan: Plan) -> None:
     """An exact planner stopped by its budget before proving its plan optimal says so, with the gap left
     (``solve.gap``) and what to raise: the plan is valid, only its optimality is unproven."""
-    if plan.solve.status in ("feasible", "timeout") and plan.solve.gap is not None and plan.solve.gap > 0:
+    exact = plan.solver in EXACT_SOLVERS  # auto's bound is layout-free: more time need not close its gap
+    if exact and plan.solve.status in ("feasible", "timeout") and plan.solve.gap is not None and plan.solve.gap > 0:
         print(
             f"skrull: note: {plan.solver} stopped at a {plan.solve.gap:.1%} gap to its proven bound when its "
             f"{request.resolved_time_budget_s:g} s budget ran out; raise --time-budget-s (time_budget_s) to close it",

@@ -207,9 +207,12 @@ def test_plan_without_a_budget_gets_one_large_enough_for_the_request(tmp_path: P
     assert sum(len(mb.seq_ids) for it in plan.iterations for mb in it.microbatches) == 16384
 
 
-@pytest.mark.parametrize(("status", "gap", "noted"), [("feasible", 0.298, True), ("optimal", 0.0, False)])
+@pytest.mark.parametrize(
+    ("solver", "status", "gap", "noted"),
+    [("ilp", "feasible", 0.298, True), ("ilp", "optimal", 0.0, False), ("auto", "feasible", 0.298, False)],
+)
 def test_an_exact_plan_stopped_by_its_budget_says_its_gap_and_what_to_raise(
-    status: str, gap: float, noted: bool, capsys: pytest.CaptureFixture[str]
+    solver: str, status: str, gap: float, noted: bool, capsys: pytest.CaptureFixture[str]
 ) -> None:
     import dataclasses
 
@@ -219,7 +222,7 @@ def test_an_exact_plan_stopped_by_its_budget_says_its_gap_and_what_to_raise(
     request = request_from_dict(read_json(EXAMPLES / "contract-example.json"))
     request = dataclasses.replace(request, solver="skrull", time_budget_s=None)
     plan = solve(request)
-    plan = dataclasses.replace(plan, solver="ilp", solve=dataclasses.replace(plan.solve, status=status, gap=gap))
+    plan = dataclasses.replace(plan, solver=solver, solve=dataclasses.replace(plan.solve, status=status, gap=gap))
     _note_if_stopped(request, plan)
     said = capsys.readouterr().err
     expected = "skrull: note: ilp stopped at a 29.8% gap to its proven bound when its 1 s budget ran out"
