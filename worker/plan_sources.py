@@ -57,6 +57,9 @@ class LocalPlans:
 
     def submit(self, doc: Mapping[str, Any]) -> str:
         key = plan_key(doc)
+        with self._lock:
+            if key in self._plans:  # every rank, and a resumed loader, asks again for the same plan
+                return key
         request = request_from_dict(dict(doc))  # a bad request fails here, in the caller, naming the field
         with self._lock:
             if key not in self._plans:

@@ -79,7 +79,8 @@ class SkrullTrainer(Trainer):
         self.args.ignore_data_skip = True
         self.planned = planned
         self.registry = GroupRegistry()
-        self.kernel = select_kernel(self.args.device, torch.float32)
+        model: Any = self.model
+        self.kernel = select_kernel(self.args.device, next(model.parameters()).dtype)  # the model's dtype
         #: the world's loss of each step trained (the loss of the plain run)
         self.step_losses: list[float] = []
 
@@ -90,7 +91,8 @@ class SkrullTrainer(Trainer):
         ready = next(epoch_iterator, None)
         if ready is None:
             return [], None
-        return [ready], global_target_count(ready.microbatches, device=torch.device("cpu"))
+        # counted where the collective runs: nccl reduces only GPU tensors
+        return [ready], global_target_count(ready.microbatches, device=torch.device(device))
 
     def floating_point_ops(self, inputs: Any) -> int:
         return 0
