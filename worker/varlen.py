@@ -14,8 +14,10 @@ One packed buffer (worker/layout.py: local sequences whole, then shard pieces) i
   ``cu_seqlens_q_padded``, ``cu_seqlens_kv_padded``, ``max_seqlen_q``, ``max_seqlen_kv``; given here as a
   plain dataclass with the same field names (``dataclasses.asdict`` it into Megatron's class).
 
-These describe the local part of attention (every segment attends to itself). Sharded sequences also
-need the group's keys: that is what ``worker.dacp`` adds around the kernel.
+These describe whole sequences only (every segment attends to itself), so they refuse a microbatch that
+holds shard pieces: a piece's queries also need the keys of the pieces before it on the other GPUs of
+its group, which is what ``worker.dacp`` adds around the kernel. Handing a piece to a stock attention
+as if it were a sequence would train silently on truncated context; the error says so instead.
 """
 
 from __future__ import annotations
@@ -28,11 +30,24 @@ import torch
 from skrull.worker.layout import MicrobatchLayout
 
 
+def require_whole_sequences(layout: MicrobatchLayout, *, consumer: str) -> None:
+    """A ``ValueError`` naming the pieces when ``layout`` holds any: only DACP attention runs them."""
+    pieces = layout.pieces
+    if pieces:
+        seqs = sorted({p.seq_id for p in pieces})
+        raise ValueError(
+            f"microbatch (step {layout.step}, ranks {list(layout.ranks)}) holds shard pieces of sequences {seqs}: "
+            f"{consumer} sees whole sequences only; a piece needs the keys of its group's other pieces, which only "
+            f"the DACP attention supplies (worker/dacp.py; attn_implementation 'skrull_dacp' for Hugging Face models)"
+        )
+
+
 def _cu(layout: MicrobatchLayout, device: torch.device) -> torch.Tensor:
     return torch.tensor(layout.cu_seqlens, dtype=torch.int32, device=device)
 
 
 def flash_attn_kwargs(layout: MicrobatchLayout, *, device: torch.device | None = None) -> dict[str, Any]:
+    require_whole_sequences(layout, consumer="flash_attn_varlen_func")
     cu = _cu(layout, device or torch.device("cpu"))
     return {
         "cu_seqlens_q": cu,
@@ -43,12 +58,15 @@ def flash_attn_kwargs(layout: MicrobatchLayout, *, device: torch.device | None =
 
 
 def torch_varlen_kwargs(layout: MicrobatchLayout, *, device: torch.device | None = None) -> dict[str, Any]:
+    require_whole_sequences(layout, consumer="torch varlen_attn")
     cu = _cu(layout, device or torch.device("cpu"))
     return {"cu_seq_q": cu, "cu_seq_k": cu, "max_q": layout.max_seqlen, "max_k": layout.max_seqlen}
 
 
 def hf_packed_kwargs(layout: MicrobatchLayout, *, device: torch.device | None = None) -> dict[str, Any]:
-    """``position_ids`` restarting per segment (``[1, T]``) and the explicit flash-attention kwargs."""
+    """``position_ids`` restarting per sequence (``[1, T]``) and the explicit flash-attention kwargs: what a
+    stock model's own sdpa, eager or flash-attention path needs to keep packed sequences apart."""
+    require_whole_sequences(layout, consumer="a Hugging Face model's own attention")
     dev = device or torch.device("cpu")
     positions = [t for n in layout.segment_lengths for t in range(n)]
     cu = _cu(layout, dev)

@@ -17,6 +17,7 @@ from skrull.api.client import PlanningClient
 from skrull.corpus.order import global_batches
 from skrull.solver.errors import RequestError
 from skrull.worker.dataloader import PlannedBatches
+from skrull.worker.layout import MicrobatchLayout
 from skrull.worker.loss import per_token_loss
 from skrull.worker.model import TinyCausalLM, sequence_attention
 from skrull.worker.varlen import flash_attn_kwargs, hf_packed_kwargs, megatron_packed_seq_params, torch_varlen_kwargs
@@ -116,7 +117,7 @@ def test_rejects_a_sample_of_another_length(server: LiveServer) -> None:
         batches.close()
 
 
-def test_varlen_adapters_spell_one_layout(server: LiveServer) -> None:
+def test_varlen_adapters_spell_one_layout_and_refuse_shard_pieces(server: LiveServer) -> None:
     dataset = [[1] * 100, [2] * 7, [3] * 5]  # 100 tokens > bucket 64: sharded over the CP group
     with PlanningClient(server.url) as client:
         batches = PlannedBatches(
@@ -125,7 +126,14 @@ def test_varlen_adapters_spell_one_layout(server: LiveServer) -> None:
         )  # fmt: skip
         ready = next(iter(batches))
         batches.close()
-    layout = next(mb.layout for mb in ready.microbatches if mb.layout.sharded)
+    sharded = next(mb.layout for mb in ready.microbatches if mb.layout.sharded)
+    for adapter in (flash_attn_kwargs, torch_varlen_kwargs, hf_packed_kwargs):
+        with pytest.raises(ValueError, match=r"shard pieces of sequences \[0, 1, 2\].*DACP attention"):
+            adapter(sharded)
+    # the same sequences kept whole on one GPU
+    layout = MicrobatchLayout(
+        step=0, ranks=(1,), position=0, local_ids=(0, 1, 2), local_lengths=(100, 7, 5), sharded=()
+    )
     cu = list(layout.cu_seqlens)
     fa, tv, hf, mg = (
         flash_attn_kwargs(layout),

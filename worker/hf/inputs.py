@@ -22,6 +22,7 @@ from skrull.worker.dacp import DACPPlan
 from skrull.worker.dataloader import ReadyMicrobatch
 from skrull.worker.hf.attention import PLAN_KWARG
 from skrull.worker.loss import IGNORE_INDEX
+from skrull.worker.varlen import hf_packed_kwargs
 
 
 def model_inputs(mb: ReadyMicrobatch, plan: DACPPlan) -> tuple[dict[str, Any], torch.Tensor]:
@@ -38,3 +39,17 @@ def model_inputs(mb: ReadyMicrobatch, plan: DACPPlan) -> tuple[dict[str, Any], t
         PLAN_KWARG: plan,
     }
     return kwargs, labels
+
+
+def stock_model_inputs(mb: ReadyMicrobatch) -> tuple[dict[str, Any], torch.Tensor]:
+    """``(forward kwargs, labels [T])`` for a model running its OWN attention (sdpa, eager, flash-attention)
+    on a microbatch of whole sequences: one packed row with ``position_ids`` restarting at 0 for each
+    sequence, which is how transformers tells packed sequences apart (its masks for sdpa and eager, its
+    varlen path for flash-attention), plus the explicit ``cu_seq_lens_*`` flash-attention kwargs.
+
+    A microbatch holding shard pieces is refused (``worker.varlen.require_whole_sequences``): only the DACP
+    attention runs pieces (``model_inputs``).
+    """
+    kwargs = hf_packed_kwargs(mb.layout, device=mb.input_ids.device)
+    assert torch.equal(kwargs["position_ids"][0], mb.position_ids), "whole sequences' positions restart at 0"
+    return {"input_ids": mb.input_ids.unsqueeze(0), "use_cache": False, **kwargs}, mb.labels
