@@ -130,13 +130,20 @@ def resume_check(args: argparse.Namespace, argv: list[str]) -> int:
     return 0
 
 
+def plain_model(args: argparse.Namespace) -> Any:
+    """The reference of ``--check``: the same weights with the model's own eager attention."""
+    if args.model_config:
+        return build_model(read_model_config(args.model_config), seed=args.seed, attn_implementation="eager")
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(args.model, attn_implementation="eager", dtype=torch.float32)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     if args.resume_check:
         return resume_check(args, argv)
-    if args.check and not args.model_config:
-        raise SystemExit("--check builds the reference model from --model-config (random weights, the same seed)")
     cuda = torch.cuda.is_available()
     training = TrainingArguments(
         output_dir=args.output_dir,
@@ -174,7 +181,8 @@ def main(argv: list[str] | None = None) -> int:
 
         from skrull.worker.hf.attention import register
 
-        model = AutoModelForCausalLM.from_pretrained(args.model, attn_implementation=register()).to(device)
+        model = AutoModelForCausalLM.from_pretrained(args.model, attn_implementation=register(), dtype=torch.float32)
+        model.to(device)
     grads: dict[str, torch.Tensor] = {}
 
     class FirstStepGradients(TrainerCallback):
@@ -195,9 +203,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if rank != 0:
         return 0
-    reference = build_model(read_model_config(args.model_config), seed=args.seed, attn_implementation="eager")
+    reference = plain_model(args)
     batch = planned.batches[0]
-    loss = plain_step(reference, [torch.tensor(rows[i]["input_ids"]) for i in batch])
+    loss = plain_step(
+        reference,
+        [torch.tensor(rows[i]["input_ids"]) for i in batch],
+        labels=[torch.tensor([-100, *rows[i]["labels"][:-1]]) for i in batch],  # back to the model's convention
+    )
     errors = {"loss": abs(trainer.step_losses[0] - loss) / abs(loss)}
     for name, param in reference.named_parameters():
         assert param.grad is not None, name

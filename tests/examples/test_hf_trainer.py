@@ -55,3 +55,33 @@ def test_a_run_resumed_from_a_trainer_checkpoint_in_new_processes_is_the_straigh
     assert straight == resumed and len(straight) == 4
     assert "largest loss difference 0.000e+00, largest final weight difference 0.000e+00" in out.stdout  # CPU: bitwise
     assert out.stdout.rstrip().endswith("check passed")
+
+
+def test_a_saved_model_with_prompt_masked_labels_passes_the_check(tmp_path: Path) -> None:
+    # --model takes a directory from save_pretrained, as a user's own checkpoint; rows carry labels that
+    # mask a prompt (-100), which both the planned and the plain step must skip
+    from skrull.worker.hf.model import build_model, read_model_config
+
+    model = build_model(read_model_config(str(ROOT / "examples" / "models" / "llama-tiny.json")), seed=11)
+    model.save_pretrained(tmp_path / "model")
+    rng = random.Random(7)
+    rows = []
+    for _ in range(24):
+        ids = [rng.randrange(128) for _ in range(rng.choice([4, 9, 20, 45, 90]))]
+        prompt = len(ids) // 3
+        rows.append({"input_ids": ids, "labels": [-100] * prompt + ids[prompt:]})
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    exe = shutil.which("torchrun", path=str(Path(sys.executable).parent))
+    assert exe is not None
+    cmd = [
+        exe, "--standalone", "--nproc-per-node", "2", str(ROOT / "examples" / "hf_trainer.py"),
+        "--model", str(tmp_path / "model"), "--data", str(data), "--dp", "1", "--cp", "2",
+        "--global-batch-size", "12", "--bucket-tokens", "64", "--max-steps", "1", "--check",
+        "--output-dir", str(tmp_path / "out"),
+    ]  # fmt: skip
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path, check=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+    largest = [line for line in out.stdout.splitlines() if line.startswith("largest relative error: ")]
+    assert len(largest) == 1 and float(largest[0].split()[3]) <= 1e-4
+    assert out.stdout.rstrip().endswith("check passed")

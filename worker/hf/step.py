@@ -162,18 +162,25 @@ def scheduled_step(
     )
 
 
-def plain_step(model: Any, sequences: Sequence[torch.Tensor]) -> float:
-    """Hugging Face's own training forward and backward over the right-padded global batch: the loss."""
+def plain_step(model: Any, sequences: Sequence[torch.Tensor], *, labels: Sequence[torch.Tensor] | None = None) -> float:
+    """Hugging Face's own training forward and backward over the right-padded global batch: the loss.
+
+    ``labels`` in Hugging Face's convention (one per sequence, its length, ``-100`` where no loss is taken;
+    the model shifts them); by default every next token is a target.
+    """
     if not sequences:
         raise ValueError("the global batch is empty")
+    if labels is not None and [int(x.shape[0]) for x in labels] != [int(s.shape[0]) for s in sequences]:
+        raise ValueError("labels: one per sequence, each of its sequence's length")
     device = next(model.parameters()).device
     width = max(int(s.shape[0]) for s in sequences)
     ids = torch.zeros(len(sequences), width, dtype=torch.long, device=device)
     mask = torch.zeros(len(sequences), width, dtype=torch.long, device=device)
+    targets = torch.full((len(sequences), width), IGNORE_INDEX, dtype=torch.long, device=device)
     for row, seq in enumerate(sequences):
         ids[row, : seq.shape[0]] = seq.to(device)
         mask[row, : seq.shape[0]] = 1
-    labels = ids.masked_fill(mask == 0, IGNORE_INDEX)
-    out = model(input_ids=ids, attention_mask=mask, labels=labels, use_cache=False)
+        targets[row, : seq.shape[0]] = (seq if labels is None else labels[row]).to(device)
+    out = model(input_ids=ids, attention_mask=mask, labels=targets, use_cache=False)
     out.loss.backward()
     return float(out.loss.detach())
