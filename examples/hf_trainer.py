@@ -181,8 +181,10 @@ def main(argv: list[str] | None = None) -> int:
 
         from skrull.worker.hf.attention import register
 
-        model = AutoModelForCausalLM.from_pretrained(args.model, attn_implementation=register(), dtype=torch.float32)
-        model.to(device)
+        loaded: Any = AutoModelForCausalLM.from_pretrained(
+            args.model, attn_implementation=register(), dtype=torch.float32
+        )
+        model = loaded.to(device)
     grads: dict[str, torch.Tensor] = {}
 
     class FirstStepGradients(TrainerCallback):
