@@ -37,6 +37,23 @@ class ParallelModel(BaseModel):
     cp: StrictInt = Field(ge=1, description="context-parallel degree")
 
 
+class DeferModel(BaseModel):
+    """``auto`` may defer up to ``max_sequences`` sequences of each batch by one iteration (solver/defer.py)."""
+
+    model_config = ConfigDict(extra="forbid")
+    max_sequences: StrictInt = Field(
+        ge=0,
+        description="how many sequences of each batch may wait one iteration: into the next batch, or from the "
+        "last batch into the plan's pending (for the next request); 0 defers nothing",
+    )
+    carried: StrictInt = Field(
+        0,
+        ge=0,
+        description="the first this many sequences of the first batch were deferred by the previous request: "
+        "they run in iteration 0 and never wait twice",
+    )
+
+
 class PlanRequestIn(BaseModel):
     """The body of ``POST /v1/plans``: the lengths of upcoming global batches and how to plan them."""
 
@@ -82,6 +99,11 @@ class PlanRequestIn(BaseModel):
         False,
         description="every GPU runs the same number of microbatches in every iteration (empty ones where needed, "
         "each costing microbatch_ms): what FSDP and ZeRO-3 need, whose every forward gathers parameters over all ranks",
+    )
+    defer: DeferModel | None = Field(
+        None,
+        description="auto only (other planners refuse it; wlb defers by its own queues): let sequences wait one "
+        "iteration when that lowers the estimated time per unit of work; left out or null, nothing waits",
     )
 
 

@@ -24,6 +24,7 @@ from skrull.solver.types import (
     DEFAULT_SHARDING,
     PLAN_SCHEMA,
     SOLVE_STATUSES,
+    Defer,
     Iteration,
     Microbatch,
     Parallel,
@@ -40,7 +41,8 @@ DEFAULT_SOLVER = "auto"
 BACKENDS = ("scip", "cpsat")
 
 #: Every field of a request; anything else is refused (``deterministic``: same plan for the same request;
-#: ``equal_microbatches``: every GPU runs the same number of microbatches per iteration).
+#: ``equal_microbatches``: every GPU runs the same number of microbatches per iteration; ``defer``: ``auto``
+#: may defer sequences by one iteration, solver/defer.py).
 REQUEST_FIELDS = frozenset(
     {
         "batches",
@@ -53,13 +55,18 @@ REQUEST_FIELDS = frozenset(
         "seed",
         "deterministic",
         "equal_microbatches",
+        "defer",
     }
 )
 PARALLEL_FIELDS = frozenset({"dp", "cp"})
+DEFER_FIELDS = frozenset({"max_sequences", "carried"})
 #: Bounds of request numbers: token lengths and buckets up to 2^40 tokens, degrees up to 2^20 GPUs.
 MAX_TOKENS = 2**40
 MAX_DEGREE = 2**20
 MAX_TIME_BUDGET_S = 1e6
+#: The planners that defer on request (``defer``, solver/defer.py), and the most a batch may defer.
+DEFER_SOLVERS: tuple[str, ...] = ("auto",)
+MAX_DEFER = 2**20
 
 
 def _refuse_unknown(doc: dict[str, Any], known: frozenset[str], path: str) -> None:
@@ -84,6 +91,27 @@ def parse_profile(doc: Any, *, field: str = "profile") -> Profile:
     if isinstance(doc, str):
         return load_profile(doc, path=field)
     return profile_from_dict(doc, path=field)
+
+
+def parse_defer(doc: Any, *, solver: str, batches: tuple[tuple[int, ...], ...], field: str = "defer") -> Defer | None:
+    """The ``defer`` object (null or left out: off). Only ``auto`` defers on request (``DEFER_SOLVERS``);
+    ``carried`` counts sequences at the head of the first batch, so it is at most that batch's size."""
+    if doc is None:
+        return None
+    if not isinstance(doc, dict):
+        raise RequestError(field, doc, 'must be an object like {"max_sequences": 4}, or null (no deferral)')
+    _refuse_unknown(doc, DEFER_FIELDS, field)
+    if "max_sequences" not in doc:
+        raise RequestError(f"{field}.max_sequences", None, "is required: how many sequences a batch may defer")
+    if solver not in DEFER_SOLVERS:
+        reason = f"only {', '.join(DEFER_SOLVERS)} defers on request; solver {solver!r} cannot honour it"
+        if solver == "wlb":
+            reason += " (wlb defers by its own outlier queues without being asked: leave defer out)"
+        raise RequestError(field, doc, reason)
+    max_sequences = read_int(doc["max_sequences"], f"{field}.max_sequences", minimum=0, maximum=MAX_DEFER)
+    first = len(batches[0]) if batches else 0
+    carried = read_int(doc.get("carried", 0), f"{field}.carried", minimum=0, maximum=first)
+    return Defer(max_sequences=max_sequences, carried=carried)
 
 
 def request_from_dict(doc: Any, *, known_solvers: tuple[str, ...] | None = None) -> Request:
@@ -146,6 +174,7 @@ def request_from_dict(doc: Any, *, known_solvers: tuple[str, ...] | None = None)
     equal = doc.get("equal_microbatches", False)
     if not isinstance(equal, bool):
         raise RequestError("equal_microbatches", equal, "must be true or false")
+    defer = parse_defer(doc.get("defer"), solver=solver, batches=tuple(batches))
 
     request = Request(
         batches=tuple(batches),
@@ -158,6 +187,7 @@ def request_from_dict(doc: Any, *, known_solvers: tuple[str, ...] | None = None)
         seed=seed,
         deterministic=deterministic,
         equal_microbatches=equal,
+        defer=defer,
     )
     check_placeable(request)
     return request
@@ -195,6 +225,10 @@ def request_to_dict(request: Request, *, inline_profile: bool = False) -> dict[s
         doc["deterministic"] = True
     if request.equal_microbatches:
         doc["equal_microbatches"] = True
+    if request.defer is not None:
+        doc["defer"] = {"max_sequences": request.defer.max_sequences}
+        if request.defer.carried:
+            doc["defer"]["carried"] = request.defer.carried
     return doc
 
 

@@ -15,8 +15,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from skrull.solver.cost import CostModel
+from skrull.solver.defer import plan_with_deferral
 from skrull.solver.equalize import equalize_microbatches
-from skrull.solver.errors import InvalidPlanError, PlannerBugError
+from skrull.solver.errors import InvalidPlanError, PlannerBugError, RequestError
+from skrull.solver.io import DEFER_SOLVERS, MAX_DEFER
 from skrull.solver.planners.base import PlannerOutput
 from skrull.solver.planners.registry import get_planner
 from skrull.solver.search.budget import check_budget
@@ -94,6 +96,23 @@ def equalized(output: PlannerOutput, problem: Problem) -> PlannerOutput:
     return dataclasses.replace(output, iterations=iterations, status=status)
 
 
+def check_defer(request: Request) -> None:
+    """A ``Request`` built in Python, not read by ``solver.io``, gets the reader's refusal of ``defer`` for
+    a planner that cannot honour it, and of a ``carried`` count past the first batch."""
+    defer = request.defer
+    assert defer is not None
+    if request.solver not in DEFER_SOLVERS:
+        raise RequestError(
+            "defer",
+            {"max_sequences": defer.max_sequences, "carried": defer.carried},
+            f"only {', '.join(DEFER_SOLVERS)} defers on request; solver {request.solver!r} cannot honour it",
+        )
+    if not 0 <= defer.max_sequences <= MAX_DEFER:
+        raise RequestError("defer.max_sequences", defer.max_sequences, f"must be an integer in 0..{MAX_DEFER}")
+    if not 0 <= defer.carried <= len(request.batches[0]):
+        raise RequestError("defer.carried", defer.carried, f"must be in 0..{len(request.batches[0])} (the first batch)")
+
+
 def check_plan(plan: Plan, request: Request) -> None:
     """Validate a plan the project's planner made: a violation is a ``PlannerBugError``."""
     try:
@@ -112,7 +131,11 @@ def solve(request: Request) -> Plan:
     start = time.perf_counter()
     problem = Problem.from_request(request)
     planner = get_planner(request.solver)
-    output = planner.plan(problem)
+    if request.defer is not None:  # only auto takes it (solver.io.DEFER_SOLVERS): solver/defer.py
+        check_defer(request)
+        output = plan_with_deferral(problem, request.defer, backend=request.backend)
+    else:
+        output = planner.plan(problem)
     if request.equal_microbatches:
         output = equalized(output, problem)
     plan = assemble_plan(problem, output, solver=request.solver, wall_ms=0.0)

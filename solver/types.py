@@ -39,6 +39,17 @@ class Parallel:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Defer:
+    """What ``auto`` may defer (solver/defer.py): up to ``max_sequences`` sequences of each batch wait one
+    iteration, into the next batch of the request or, from the last batch, into the plan's ``pending``
+    (for the next request). The first ``carried`` sequences of the first batch are ones an earlier request
+    deferred: they run in iteration 0, never wait twice (a sequence waits at most one iteration)."""
+
+    max_sequences: int
+    carried: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Request:
     """A planning request: the lengths of one or more global batches, a layout and a profile.
 
@@ -57,6 +68,8 @@ class Request:
     deterministic: bool = False
     #: every GPU of the world runs the same number of microbatches in every iteration (solver/equalize.py)
     equal_microbatches: bool = False
+    #: ``auto`` may defer sequences by one iteration (None: off; solver/defer.py)
+    defer: Defer | None = None
 
     @property
     def bucket_tokens(self) -> int:

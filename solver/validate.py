@@ -11,6 +11,10 @@ It knows nothing of how planners work; it checks a plan against the request and 
   steps;
 * memory (eq. 7): every GPU within ``bucket_tokens`` in every microbatch, counting the tokens it really
   holds (its local sequences plus the pieces the microbatch's sharding mode cuts for it);
+* deferral (a request with ``defer``, solver/defer.py): every sequence runs in its own batch's iteration
+  or the next one, the request's ``defer.carried`` first sequences in iteration 0; no iteration defers more
+  than ``defer.max_sequences`` of its own (so ``len(pending) <= max_sequences``), and only the last batch
+  defers into ``pending``;
 * estimates: every ``estimated_ms`` and ``lower_bound_ms`` equals the reference model, the iteration
   estimate is never below its bound; ``solve`` is consistent (objective = summed iteration estimates,
   bound <= objective, gap = (objective - bound) / objective).
@@ -243,6 +247,49 @@ def iteration_problems(
     return problems
 
 
+def defer_problems(plan: Plan, request: Request) -> list[str]:
+    """A request's ``defer`` limits (module docstring); nothing to check without ``defer``."""
+    defer = request.defer
+    if defer is None:
+        return []
+    problems: list[str] = []
+    batch_of = [b for b, batch in enumerate(request.batches) for _ in batch]
+    last = len(request.batches) - 1
+    deferred_from = [0] * len(request.batches)
+    for it in plan.iterations:
+        for mb in it.microbatches:
+            for i in mb.seq_ids:
+                if not 0 <= i < len(batch_of):
+                    continue  # the ledger reports unknown ids
+                if i < defer.carried and it.index != 0:
+                    problems.append(
+                        f"iterations[{it.index}]: sequence {i} was carried from the previous request "
+                        "(defer.carried) and must run in iteration 0"
+                    )
+                elif it.index > batch_of[i] + 1:
+                    problems.append(
+                        f"iterations[{it.index}]: sequence {i} of batch {batch_of[i]} waits more than one iteration"
+                    )
+                elif it.index == batch_of[i] + 1:
+                    deferred_from[batch_of[i]] += 1
+    for i in plan.pending:
+        if not 0 <= i < len(batch_of):
+            continue
+        if batch_of[i] != last:
+            problems.append(f"pending: sequence {i} of batch {batch_of[i]} must run in the next iteration, not wait")
+        elif i < defer.carried:
+            problems.append(f"pending: sequence {i} was carried from the previous request (defer.carried)")
+        else:
+            deferred_from[last] += 1
+    for b, n in enumerate(deferred_from):
+        if n > defer.max_sequences:
+            where = "pending" if b == last else f"iterations[{b + 1}]"
+            problems.append(
+                f"{where}: batch {b} defers {n} sequences, more than defer.max_sequences = {defer.max_sequences}"
+            )
+    return problems
+
+
 def solve_problems(plan: Plan) -> list[str]:
     """The ``solve`` block: a known status, objective = summed iteration estimates, bound <= objective,
     gap = (objective - bound) / objective."""
@@ -283,6 +330,7 @@ def plan_problems(plan: Plan, request: Request) -> list[str]:
     for i in plan.pending:
         ledger.count(i, "pending", None)
     problems.extend(ledger.completeness_problems())
+    problems.extend(defer_problems(plan, request))
     problems.extend(solve_problems(plan))
     return problems
 

@@ -1,0 +1,185 @@
+"""``defer``: the request field (read, written, refused), auto's deferral (valid, never worse per unit of
+work, deterministic, bounded) and the validator's checks of its limits."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+
+from skrull.solver.defer import plan_with_deferral, removal_sizes, remove_sequences
+from skrull.solver.errors import InvalidPlanError, RequestError
+from skrull.solver.io import plan_to_dict, request_from_dict, request_to_dict
+from skrull.solver.planners.base import PlannerOutput, make_spec
+from skrull.solver.planning import assemble_plan, solve
+from skrull.solver.types import Defer, Problem
+from skrull.solver.validate import plan_problems, validate_plan
+from tests.conftest import HAND_PROFILE, make_request
+
+#: Nine equal sequences on two GPUs: one GPU runs five, the other four; deferring one evens them.
+ODD = [90] * 9
+
+
+def _doc(**extra: Any) -> dict[str, Any]:
+    return {"batches": [[10, 20, 30]], "parallel": {"dp": 2, "cp": 1}, "profile": HAND_PROFILE, **extra}
+
+
+def _ids(plan_doc: dict[str, Any]) -> list[list[int]]:
+    return [sorted(i for mb in it["microbatches"] for ids in mb["local"] for i in ids) for it in plan_doc["iterations"]]
+
+
+def _without_wall(plan_doc: dict[str, Any]) -> dict[str, Any]:
+    return {**plan_doc, "solve": {**plan_doc["solve"], "wall_ms": 0.0}}
+
+
+def test_defer_is_read_and_written_back_unchanged() -> None:
+    request = request_from_dict(_doc(defer={"max_sequences": 4, "carried": 2}))
+    assert request.defer == Defer(max_sequences=4, carried=2)
+    assert request_to_dict(request)["defer"] == {"max_sequences": 4, "carried": 2}
+    assert request_from_dict(request_to_dict(request, inline_profile=True)) == request
+    plain = request_from_dict(_doc(defer={"max_sequences": 0}))
+    assert request_to_dict(plain)["defer"] == {"max_sequences": 0}
+    for off in (_doc(), _doc(defer=None)):  # left out or null: off, and not written
+        request = request_from_dict(off)
+        assert request.defer is None and "defer" not in request_to_dict(request)
+
+
+@pytest.mark.parametrize(
+    ("defer", "field"),
+    [
+        (4, "defer"),
+        ({}, "defer.max_sequences"),
+        ({"max_sequences": -1}, "defer.max_sequences"),
+        ({"max_sequences": True}, "defer.max_sequences"),
+        ({"max_sequences": 1.5}, "defer.max_sequences"),
+        ({"max_sequences": 1, "carried": 4}, "defer.carried"),  # the first batch holds 3
+        ({"max_sequences": 1, "maximum": 2}, "defer.maximum"),
+    ],
+)
+def test_a_bad_defer_is_refused_naming_the_field_and_value(defer: Any, field: str) -> None:
+    with pytest.raises(RequestError) as caught:
+        request_from_dict(_doc(defer=defer))
+    assert caught.value.field == field
+    assert caught.value.value == (defer.get(field.split(".")[-1]) if field != "defer" else defer)
+
+
+@pytest.mark.parametrize("solver", ["skrull", "ilp", "hydraulis", "wlb", "deepspeed"])
+def test_every_planner_but_auto_refuses_defer_naming_the_field(solver: str) -> None:
+    with pytest.raises(RequestError) as caught:
+        request_from_dict(_doc(solver=solver, defer={"max_sequences": 2}))
+    assert caught.value.field == "defer"
+    assert f"solver {solver!r} cannot honour it" in str(caught.value)
+    if solver == "wlb":
+        assert "wlb defers by its own outlier queues" in str(caught.value)
+    # a Request built in Python, not read: solve refuses it the same way
+    built = dataclasses.replace(request_from_dict(_doc(solver=solver)), defer=Defer(max_sequences=2))
+    with pytest.raises(RequestError) as again:
+        solve(built)
+    assert again.value.field == "defer"
+
+
+def test_auto_defers_the_ninth_sequence_that_would_make_a_straggler() -> None:
+    request = make_request([ODD], dp=2, cp=1, solver="auto", defer={"max_sequences": 2}, deterministic=True)
+    plan = solve(request)
+    without = solve(dataclasses.replace(request, defer=None))
+    validate_plan(plan, request)
+    stats = plan.solve.stats_dict
+    assert len(plan.pending) == stats["deferred_sequences"] == 1
+    assert stats["ms_per_work"] < stats["ms_per_work_without_defer"] * (1 - 1e-3)
+    problem = Problem.from_request(request)
+    work = lambda p: sum(  # noqa: E731  # solver.metrics.work_ms of what each plan runs
+        problem.profile.compute.ms_per_tflop / 1e12 * (1e9 * problem.lengths[i] + 1e5 * problem.lengths[i] ** 2)
+        + HAND_PROFILE["microbatch_ms"] * problem.lengths[i] / 100
+        for it in p.iterations
+        for mb in it.microbatches
+        for i in mb.seq_ids
+    )
+    assert plan.estimated_ms / work(plan) < without.estimated_ms / work(without)
+
+
+@pytest.mark.parametrize("k", [0, 1, 2, 4])
+@pytest.mark.parametrize(
+    "batches", [[ODD], [ODD, [90] * 8], [[50] * 5 + [90] * 4, [20, 90, 90], [90] * 7], [[100, 3, 3, 3, 3]]]
+)
+def test_auto_with_defer_is_valid_bounded_never_worse_per_work_and_deterministic(
+    batches: list[list[int]], k: int
+) -> None:
+    request = make_request(
+        batches, dp=2, cp=1, solver="auto", defer={"max_sequences": k}, deterministic=True, time_budget_s=0.05
+    )
+    plan = solve(request)  # validated inside: a violation would be a PlannerBugError
+    assert plan_problems(plan, request) == []
+    assert len(plan.pending) <= k
+    if k:
+        stats = plan.solve.stats_dict
+        assert stats["ms_per_work"] <= stats["ms_per_work_without_defer"]
+        assert stats["deferred_sequences"] <= k * len(batches)
+    assert _without_wall(plan_to_dict(solve(request))) == _without_wall(plan_to_dict(plan))
+
+
+def test_carried_sequences_run_in_the_first_iteration_and_never_wait_twice() -> None:
+    # the first two nines were deferred by the previous request: only the other seven may wait again
+    request = make_request(
+        [ODD, [90] * 8], dp=2, cp=1, solver="auto", defer={"max_sequences": 4, "carried": 2}, deterministic=True
+    )
+    plan = solve(request)
+    runs = _ids(plan_to_dict(plan))
+    assert {0, 1} <= set(runs[0])
+    assert not {0, 1} & set(plan.pending)
+
+
+def test_zero_defers_nothing_and_is_the_plan_auto_makes() -> None:
+    request = make_request([ODD], dp=2, cp=1, solver="auto", deterministic=True, time_budget_s=0.05)
+    zero = dataclasses.replace(request, defer=Defer(max_sequences=0, carried=3))
+    assert solve(zero).iterations == solve(request).iterations
+    assert solve(zero).pending == ()
+
+
+def test_the_validator_checks_the_limits_of_defer() -> None:
+    request = make_request(
+        [[10, 20, 30], [40, 50]], dp=1, cp=1, bucket=1000, solver="auto", defer={"max_sequences": 1, "carried": 1}
+    )
+    problem = Problem.from_request(request)
+
+    def plan_of(iterations: list[list[int]], pending: tuple[int, ...]) -> list[str]:
+        specs = tuple((make_spec(step=0, ranks=(0,), local=[ids], sharded=[]),) for ids in iterations)
+        output = PlannerOutput(iterations=specs, pending=pending)
+        return plan_problems(assemble_plan(problem, output, solver="auto", wall_ms=0.0), request)
+
+    assert plan_of([[0, 1, 2], [3, 4]], ()) == []
+    assert plan_of([[0, 1], [2, 3]], (4,)) == []
+    assert plan_of([[0, 1], [2, 3, 4]], ()) == []
+    assert plan_of([[0, 2], [1, 3, 4]], ()) == []  # sequence 1 waits one iteration: allowed
+    assert plan_of([[1, 2], [0, 3, 4]], ()) == [
+        "iterations[1]: sequence 0 was carried from the previous request (defer.carried) and must run in iteration 0"
+    ]
+    assert plan_of([[0], [1, 2, 3, 4]], ()) == [
+        "iterations[1]: batch 0 defers 2 sequences, more than defer.max_sequences = 1"
+    ]
+    assert plan_of([[0, 1, 2], [3]], (4,)) == []
+    assert (
+        plan_of([[0, 1, 2], []], (3, 4))[-1] == "pending: batch 1 defers 2 sequences, more than defer.max_sequences = 1"
+    )
+    assert plan_of([[0, 1], [3, 4]], (2,)) == [
+        "pending: sequence 2 of batch 0 must run in the next iteration, not wait"
+    ]
+    with pytest.raises(InvalidPlanError):  # what solve() would report as the planner's bug
+        specs = tuple((make_spec(step=0, ranks=(0,), local=[ids], sharded=[]),) for ids in [[0], [1, 2, 3, 4]])
+        validate_plan(assemble_plan(problem, PlannerOutput(iterations=specs), solver="auto", wall_ms=0.0), request)
+
+
+def test_three_batches_chain_a_wait_of_at_most_one_iteration() -> None:
+    request = make_request(
+        [[90] * 3, [90] * 3, [90] * 3], dp=1, cp=1, solver="auto", defer={"max_sequences": 2}, deterministic=True
+    )
+    plan = plan_with_deferral(Problem.from_request(request), Defer(max_sequences=2))
+    assert len(plan.iterations) == 3 and all(plan.iterations)  # no iteration is left empty
+
+
+def test_removal_sizes_and_removing_sequences() -> None:
+    assert removal_sizes(0) == [] and removal_sizes(1) == [1] and removal_sizes(8) == [1, 2, 4, 8]
+    assert removal_sizes(6) == [1, 2, 4, 6]
+    spec = make_spec(step=0, ranks=(0, 1), local=[[1], [2]], sharded=[3])
+    assert remove_sequences([spec], {3}) == [make_spec(step=0, ranks=(0, 1), local=[[1], [2]], sharded=[])]
+    assert remove_sequences([spec], {1, 2, 3}) == []
