@@ -8,14 +8,16 @@ prediction, plus the time to cost its plan, fits the time left; any start predic
 ``ISOLATE_ABOVE_S`` runs in a child process that is killed at the deadline, so a wrong prediction costs
 that start, never the budget.
 
-The starts whose time depends on the lengths (the peers: about 25-60 ms each for a 256-sequence batch,
+The starts whose time depends on the lengths (the peers: about 15-60 ms each for a 256-sequence batch,
 as much as the start phase of a 0.1 s budget holds after the cheap starts) run in one forked child,
-launched right after the first (cheapest) start, while this process runs the cheap starts: in the order
-of the smallest budget each accepts on its own (so at 0.1 s ``wlb``, the one peer that could be asked
-for instead, runs first), each plan sent back as soon as it is made; the child is killed at the end of the
-start phase. Below the smallest budget the first peer accepts on its own (``wlb``: about 0.09 s for 256
-sequences) there is no such child: the peers run one after another in children of their own, as any
-start, when they fit what the cheap starts leave (they rarely do), so the search keeps that time.
+launched right after the first (cheapest) start, while this process runs the cheap starts, in
+``PEER_ORDER``: the peer whose plan most often beats the others first (``hydraulis``'s heterogeneous
+replicas: on fresh draws, the planner ``auto`` at 0.1 s was most often behind when it did not run,
+``bench/never_behind.py``), each plan sent back as soon as it is made; the child is killed at the end of
+the start phase. A peer runs whenever its predicted time fits what is left, whatever budget it would
+need on its own (its own smallest budget covers its worst case, e.g. ``hydraulis``'s stage-2 ILP; inside
+``auto`` it gets the time left and is killed at the deadline): ``auto`` must never be behind a planner
+the user could have asked for with that planner's default budget.
 """
 
 from __future__ import annotations
@@ -50,10 +52,8 @@ ISOLATE_ABOVE_S = 0.05
 OVERRUN_FACTOR = 3.0
 #: Time ``auto`` spends costing each start's plan (iteration times, work), per sequence.
 EVALUATION_PER_SEQUENCE_S = 3e-6
-#: The peers run only from the smallest budget the first of them accepts on its own, less this (the
-#: chunk's budget is the request's less the finishing margins): below it no peer can be asked for
-#: instead, and the time this process would wait for them is worth more to the search.
-PEER_SLACK_S = 0.01
+#: The peers, most valuable first (module doc).
+PEER_ORDER: tuple[str, ...] = ("hydraulis", "wlb-keep", "dynamic-cp", "wlb")
 #: Importing a start's solver module (CP-SAT: solver/planners/minmax_ilp.py).
 IMPORT_S = COLD_IMPORT_S
 
@@ -150,17 +150,11 @@ def run_starts(
         if k == 1 and isolate:  # the peers, in a child, while this process runs the cheap starts
             peers = [s for s in chosen[1:] if s.isolated]
             peers_end = end - evaluation_s * len(peers)
-            first = peer_order(peers, sizes, problem.parallel)[0] if peers else None
-            worth = first is not None and (
-                problem.time_budget_s >= smallest_budget_s(first.name, sizes, problem.parallel) - PEER_SLACK_S
-            )
-            if worth and any(predicted_s(s, sizes) <= peers_end - time.monotonic() for s in peers):
+            if any(predicted_s(s, sizes) <= peers_end - time.monotonic() for s in peers):
                 child = _start_peers(peers, problem, sizes, peers_end)
             else:  # none fits: no fork, and no time kept for costing their plans
                 peers = []
         if k > 0 and start in peers:
-            continue
-        if isolate and start.isolated and not start.affordable(sizes, problem.time_budget_s, problem.parallel):
             continue
         left = end - time.monotonic() - evaluation_s * (len(out) + 1 + len(peers))
         predicted = predicted_s(start, sizes)
@@ -183,18 +177,16 @@ def run_starts(
 
 
 def _start_peers(peers: Sequence[Start], problem: Problem, sizes: Sequence[int], end: float) -> Child:
-    """A child that runs ``peers`` in the order of the smallest budget each accepts on its own
-    (``budget.smallest_budget_s``: on a short budget the peer that could be asked for instead comes
-    first; their own times vary with the lengths, 15-150 ms on 256 sequences, too much to rank them by
-    prediction), each only when its prediction fits before ``end`` and told the time left. It
-    reports ``("began", name, 0)`` before each and ``(name, output, seconds)`` after it."""
-    order = peer_order(peers, sizes, problem.parallel)
+    """A child that runs ``peers`` in ``PEER_ORDER`` (their own times vary with the lengths, 15-150 ms on 256
+    sequences, too much to rank them by prediction), each only when its prediction fits before ``end``
+    and told the time left. It reports ``("began", name, 0)`` before each and ``(name, output, seconds)`` after it."""
+    order = peer_order(peers)
 
     def work(report: Report, _deadline: float) -> None:
         for start in order:
             left = end - time.monotonic()
             predicted = predicted_s(start, sizes)
-            if predicted > left or not start.affordable(sizes, problem.time_budget_s, problem.parallel):
+            if predicted > left:
                 continue
             if start.imports is not None:  # not timed: the parent imports it for the later calls
                 importlib.import_module(start.imports)
@@ -206,9 +198,10 @@ def _start_peers(peers: Sequence[Start], problem: Problem, sizes: Sequence[int],
     return start_child(work, deadline=end)
 
 
-def peer_order(peers: Sequence[Start], sizes: Sequence[int], parallel: Parallel | None = None) -> list[Start]:
-    """The peers by the smallest budget each accepts on its own (``budget.smallest_budget_s``)."""
-    return sorted(peers, key=lambda s: smallest_budget_s(s.name, sizes, parallel))
+def peer_order(peers: Sequence[Start]) -> list[Start]:
+    """The peers in ``PEER_ORDER`` (others after them, in their given order)."""
+    rank = {name: k for k, name in enumerate(PEER_ORDER)}
+    return sorted(peers, key=lambda s: rank.get(s.name, len(rank)))
 
 
 def _collect_peers(child: Child, peers: Sequence[Start], sizes: Sequence[int], end: float) -> dict[str, PlannerOutput]:
