@@ -9,7 +9,10 @@ over plans made of those groups (the static ``ilp``'s are over the CP groups onl
 
 The model grows with the groups (about K * M * sum(N_g + 1) binaries); it is solved whole when that
 fits ``EXACT_MAX_BINARIES`` (tiny requests), otherwise the warm start is returned with the layout-free
-bound and status ``feasible``. The budget is shared as for ``ilp``: ``START_SHARE`` of each iteration's
+bound and status ``feasible``. That bound is ``search.bound.sharding_floor_ms`` (valid for every layout),
+also given to the model as a floor on its objective: the model's own relaxation does not reach it (a
+fixed cost is charged only by fractional indicators), so without it the solver's bound stays at the
+reference lower bound. The budget is shared as for ``ilp``: ``START_SHARE`` of each iteration's
 share for the warm start, the rest for the solve, killed at its deadline plus a small grace.
 """
 
@@ -26,7 +29,7 @@ from skrull.solver.ilp.search import EXACT_MAX_BINARIES, model_size
 from skrull.solver.planners.auto import AutoPlanner
 from skrull.solver.planners.base import PlannerOutput, make_spec
 from skrull.solver.planners.exact import DEFAULT_BACKEND, OPTIMAL_TOLERANCE, exact_work, plan_within_budget
-from skrull.solver.search.bound import microbatch_floor_ms
+from skrull.solver.search.bound import sharding_floor_ms
 from skrull.solver.search.improve import iteration_ms
 from skrull.solver.types import MicrobatchSpec, Parallel, Problem
 
@@ -94,7 +97,7 @@ class FlexibleIlpPlanner:
         lengths = problem.lengths
         par = problem.parallel
         start_ms = iteration_ms(start, lengths, cost, par.num_gpus)
-        lower = min(microbatch_floor_ms([lengths[i] for i in ids], cost, par), start_ms)
+        lower = min(sharding_floor_ms([lengths[i] for i in ids], cost, par), start_ms)
         groups = flexible_groups(par, [s.ranks for s in start])
         layout = Layout.of_groups(groups, par.num_gpus)
         hint = to_groups(start, groups)

@@ -88,3 +88,67 @@ def microbatch_floor_ms(lengths: Sequence[int], cost: CostModel, parallel: Paral
     rounds = max(1, math.ceil(flops_ms / (gpus * cost.bucket_tokens * density) - 1e-9))
     per_microbatch = profile.microbatch_ms + profile.compute.fixed_ms
     return max(tight, flops_ms / gpus + rounds * per_microbatch)
+
+
+def sharding_floor_ms(lengths: Sequence[int], cost: CostModel, parallel: Parallel) -> float:
+    """``microbatch_floor_ms``, raised by what sharding the long sequences costs: valid for every layout.
+
+    With ``a = ms_per_tflop / 1e12``, ``f_k = a*FLOPs(S_k)``, ``A = sum_k f_k``, G GPUs,
+    ``c = microbatch_ms + compute.fixed_ms`` and ``e = min(compute.fixed_ms, comm.fixed_ms)``, take any
+    set F of sequences and any plan (any groups) with iteration time Z. Either
+
+    * some k in F runs whole on one GPU (in ``local``, or alone on a group of one): that GPU's
+      microbatch costs at least ``microbatch_ms + T_comp(FLOPs(S_k)) >= c + f_k``, so
+      ``Z >= W_F = min_{k in F, S_k <= bucket} (c + f_k)`` (no k fits whole: W_F is infinite); or
+    * every k in F is sharded over a group of two GPUs or more. Let P be the p >= 2 GPUs that take part
+      in a microbatch with sharded work. Such a GPU pays, for that microbatch, ``microbatch_ms +
+      max(T_comm, T_comp(local_j)) + T_comp(sharded FLOPs / N)`` (eqs. 1-5; a microbatch charges its
+      slowest GPU's time to each of its GPUs, at least the GPU's own), and ``max(T_comm, T_comp(local_j))``
+      is at least its local FLOPs time plus ``compute.fixed_ms`` (local work) or ``T_comm >=
+      comm.fixed_ms`` (none), so the GPU's load is at least its own FLOPs time plus ``c + e``. Every
+      other GPU that computes pays at least its own FLOPs time plus ``c``. Summing over the k GPUs that
+      compute (k <= G): ``Z >= c + (A + p*e) / k >= c + (A + p*e) / G``. The GPUs of P also hold all of
+      F's FLOPs, so ``Z >= c + e + A_F / p`` with ``A_F = sum_{k in F} f_k``; and p is at least
+      ``ceil(S_max(F) / bucket_tokens)`` (every GPU holds at most a bucket of the longest's pieces).
+      Hence ``Z >= B_F = min_{p_min <= p <= G} max(c + (A + p*e) / G, c + e + A_F / p)``.
+
+    So ``Z >= min(W_F, B_F)`` for every F; this takes the best over F = the t sequences of most FLOPs
+    (t = 1..K), and the floor. It exceeds the floor when sequences too long to run whole within the
+    floor must be sharded: each GPU they touch pays a second fixed cost (``e``), which the floor, counting
+    one ``compute.fixed_ms`` per GPU, leaves out; e.g. 24 sharegpt-shaped sequences on DP2 x CP4 with
+    Qwen2.5-0.5B, whose three longest each take more FLOPs time than the average GPU.
+    """
+    floor = microbatch_floor_ms(lengths, cost, parallel)
+    gpus = parallel.num_gpus
+    if not lengths or gpus < 2:
+        return floor
+    profile = cost.profile
+    ms_per_flop = profile.compute.ms_per_tflop / 1e12
+    per_microbatch_ms = profile.microbatch_ms + profile.compute.fixed_ms
+    second_fixed_ms = min(profile.compute.fixed_ms, profile.comm.fixed_ms)
+    flops_ms = sorted(((ms_per_flop * cost.flops(s), s) for s in lengths), reverse=True)
+    total_ms = sum(f for f, _ in flops_ms)
+    best = floor
+    forced_ms = 0.0
+    whole_ms = math.inf  # W_F
+    longest = 0
+    for f, s in flops_ms:
+        forced_ms += f
+        longest = max(longest, s)
+        if s <= cost.bucket_tokens:
+            whole_ms = min(whole_ms, per_microbatch_ms + f)
+        if whole_ms <= best:
+            break  # W_F only falls as F grows: no larger F can raise the bound
+        fewest = max(2, math.ceil(longest / cost.bucket_tokens))
+        sharded_ms = min(
+            (
+                max(
+                    per_microbatch_ms + (total_ms + p * second_fixed_ms) / gpus,
+                    per_microbatch_ms + second_fixed_ms + forced_ms / p,
+                )
+                for p in range(fewest, gpus + 1)
+            ),
+            default=math.inf,
+        )
+        best = max(best, min(whole_ms, sharded_ms))
+    return best
