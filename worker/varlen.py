@@ -9,10 +9,11 @@ One packed buffer (worker/layout.py: local sequences whole, then shard pieces) i
   restarting at 0 for each sequence, plus the flash-attention kwargs ``cu_seq_lens_q``,
   ``cu_seq_lens_k``, ``max_length_q``, ``max_length_k``. Position ids alone mark a boundary wherever
   they restart at 0, so they describe a buffer exactly only when it holds no shard piece (a piece
-  starts at its global position); the explicit ``cu_seq_lens_*`` kwargs are always exact;
-- Megatron-Core ``PackedSeqParams`` (THD format): ``qkv_format``, ``cu_seqlens_q``, ``cu_seqlens_kv``,
-  ``cu_seqlens_q_padded``, ``cu_seqlens_kv_padded``, ``max_seqlen_q``, ``max_seqlen_kv``; given here as a
-  plain dataclass with the same field names (``dataclasses.asdict`` it into Megatron's class).
+  starts at its global position); the explicit ``cu_seq_lens_*`` kwargs are always exact.
+
+Megatron-Core is not spelled here: its ``PackedSeqParams`` also carries the context-parallel group and
+Megatron splits sharded sequences by its own rule, so worker/megatron.py builds Megatron's own class
+and tensors (local and sharded sequences alike).
 
 These describe whole sequences only (every segment attends to itself), so they refuse a microbatch that
 holds shard pieces: a piece's queries also need the keys of the pieces before it on the other GPUs of
@@ -22,7 +23,6 @@ as if it were a sequence would train silently on truncated context; the error sa
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -77,29 +77,3 @@ def hf_packed_kwargs(layout: MicrobatchLayout, *, device: torch.device | None = 
         "max_length_q": layout.max_seqlen,
         "max_length_k": layout.max_seqlen,
     }
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PackedSeqParams:
-    """Megatron-Core's packed-sequence fields (THD), without importing Megatron."""
-
-    qkv_format: str
-    cu_seqlens_q: torch.Tensor
-    cu_seqlens_kv: torch.Tensor
-    cu_seqlens_q_padded: torch.Tensor | None
-    cu_seqlens_kv_padded: torch.Tensor | None
-    max_seqlen_q: int
-    max_seqlen_kv: int
-
-
-def megatron_packed_seq_params(layout: MicrobatchLayout, *, device: torch.device | None = None) -> PackedSeqParams:
-    cu = _cu(layout, device or torch.device("cpu"))
-    return PackedSeqParams(
-        qkv_format="thd",
-        cu_seqlens_q=cu,
-        cu_seqlens_kv=cu,
-        cu_seqlens_q_padded=None,
-        cu_seqlens_kv_padded=None,
-        max_seqlen_q=layout.max_seqlen,
-        max_seqlen_kv=layout.max_seqlen,
-    )

@@ -20,7 +20,7 @@ from skrull.worker.dataloader import PlannedBatches
 from skrull.worker.layout import MicrobatchLayout
 from skrull.worker.loss import per_token_loss
 from skrull.worker.model import TinyCausalLM, sequence_attention
-from skrull.worker.varlen import flash_attn_kwargs, hf_packed_kwargs, megatron_packed_seq_params, torch_varlen_kwargs
+from skrull.worker.varlen import flash_attn_kwargs, hf_packed_kwargs, torch_varlen_kwargs
 from tests.api.conftest import LiveServer
 
 
@@ -135,16 +135,10 @@ def test_varlen_adapters_spell_one_layout_and_refuse_shard_pieces(server: LiveSe
         step=0, ranks=(1,), position=0, local_ids=(0, 1, 2), local_lengths=(100, 7, 5), sharded=()
     )
     cu = list(layout.cu_seqlens)
-    fa, tv, hf, mg = (
-        flash_attn_kwargs(layout),
-        torch_varlen_kwargs(layout),
-        hf_packed_kwargs(layout),
-        megatron_packed_seq_params(layout),
-    )
-    for tensor in (fa["cu_seqlens_q"], fa["cu_seqlens_k"], tv["cu_seq_q"], hf["cu_seq_lens_k"], mg.cu_seqlens_kv):
+    fa, tv, hf = flash_attn_kwargs(layout), torch_varlen_kwargs(layout), hf_packed_kwargs(layout)
+    for tensor in (fa["cu_seqlens_q"], fa["cu_seqlens_k"], tv["cu_seq_q"], hf["cu_seq_lens_k"]):
         assert tensor.dtype == torch.int32 and tensor.tolist() == cu
-    assert fa["max_seqlen_q"] == tv["max_k"] == hf["max_length_q"] == mg.max_seqlen_kv == layout.max_seqlen
-    assert mg.qkv_format == "thd"
+    assert fa["max_seqlen_q"] == tv["max_k"] == hf["max_length_q"] == layout.max_seqlen
     positions = hf["position_ids"][0].tolist()
     assert hf["position_ids"].shape == (1, layout.num_tokens)
     assert [k for k, p in enumerate(positions) if p == 0] == cu[:-1]  # restarts exactly at segment starts
