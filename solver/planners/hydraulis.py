@@ -214,11 +214,15 @@ def assign_sequences(
     buckets: list[list[int]] = [[] for _ in degrees]
     pinned = sorted((i for i in ids if lengths[i] > second), key=lambda i: (-lengths[i], i))
     rest = [i for i in ids if lengths[i] <= second]
-    largest = [r for r, cap in enumerate(caps) if cap == top]
+    # the least-loaded replica of the largest capacity (ties: lowest index), kept in a heap: with every
+    # replica of one capacity every sequence is pinned, and a scan per sequence would be O(K * replicas)
+    largest = [(base[r], r) for r, cap in enumerate(caps) if cap == top]
+    heapq.heapify(largest)
     for i in pinned:
-        r = min(largest, key=lambda r: (base[r], r))
+        _, r = largest[0]
         buckets[r].append(i)
         base[r] += costs.amortized_ms(lengths[i], degrees[r])
+        heapq.heapreplace(largest, (base[r], r))
     by_degree: dict[int, list[int]] = {}
     for r, d in enumerate(degrees):
         by_degree.setdefault(d, []).append(r)
