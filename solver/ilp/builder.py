@@ -24,10 +24,15 @@ Times are integers: every coefficient is floored at ``TIME_SCALE`` units per ms 
 Microbatch slots: a plan no worse than the hint's objective UB runs at most ``floor(UB / microbatch_ms)``
 microbatches on any load (each costs at least microbatch_ms), and at most K; ``M_g`` is the smaller of
 the two, plus one slot against the flooring of coefficients (and at least the hint's count on g).
+
+Symmetry breaking: interchangeable static groups by time, microbatches of a group by time, ranks of a
+microbatch by local tokens, and (flexible layouts) the own groups of interchangeable GPUs by time
+(``interchangeable_singles``).
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -189,6 +194,10 @@ def build_joint_model(
     """
     layout = layout or Layout.static(num_groups, group_size)
     data = _prepare(seq_ids, lengths, layout, cost, hint, offsets_ms, max_slots)
+    twins = interchangeable_singles(layout, data.offsets) if symmetry_breaking and not layout.is_static else []
+    if twins:  # the hint in the twins' order; its slots per group follow it
+        hint = _sort_twins(data, hint, twins)
+        data = _prepare(seq_ids, lengths, layout, cost, hint, offsets_ms, max_slots)
     m_ = LinearModel()
     v = _variables(m_, data)
     _assignment(m_, data, v)
@@ -202,6 +211,9 @@ def build_joint_model(
     symmetric_groups = layout.is_static and len(set(layout.sizes)) <= 1 and len(set(data.offsets)) <= 1
     if symmetry_breaking:
         _symmetry(m_, data, v, groups=symmetric_groups)
+        for run in twins:
+            for a, b in itertools.pairwise(run):
+                m_.add({v.totals[a]: 1, v.totals[b]: -1}, family="symmetry-gpus", lower=0)
     # Redundant: no plan beats the reference lower bound (floored to the model's units).
     m_.add({v.objective: 1}, family="redundant-lower-bound", lower=math.floor(lower_bound_ms * TIME_SCALE))
     m_.objective = {v.objective: 1}
@@ -212,6 +224,44 @@ def build_joint_model(
         data, v, m_.num_vars, hint, symmetric=symmetry_breaking, sort_groups=symmetry_breaking and symmetric_groups
     )
     return built
+
+
+def interchangeable_singles(layout: Layout, offsets: Sequence[int]) -> list[list[int]]:
+    """Runs of single-GPU groups whose GPUs are interchangeable, each in GPU order (runs of two or more).
+
+    GPUs a and b are interchangeable when both have a group of their own, every wider group holds both
+    or neither, and no time outside the model tells them apart (equal offsets). Swapping them then maps
+    the model's groups onto themselves: a shared group's microbatches only permute their ranks, which
+    changes no time (a microbatch charges its slowest GPU to all of them) and keeps every rank within
+    its bucket, and the two loads, ``T[own group] + sum of the shared groups' T``, trade places. So
+    ordering the own groups' times ``T[a] >= T[b]`` (a < b) within a run removes only copies of plans,
+    and together with the other orders (microbatches within a group, ranks within a microbatch, which
+    never move a group's total) keeps one copy of every plan.
+    """
+    by_key: dict[tuple[frozenset[int], int], list[int]] = {}
+    for gpu, load in enumerate(layout.loads):
+        own = [g for g in load if layout.sizes[g] == 1]
+        if len(own) != 1:
+            continue
+        shared = frozenset(g for g in load if layout.sizes[g] > 1)
+        by_key.setdefault((shared, offsets[gpu]), []).append(own[0])
+    return [run for run in by_key.values() if len(run) > 1]
+
+
+def _sort_twins(
+    d: _Data, hint: Sequence[Sequence[GroupMicrobatch]], twins: Sequence[Sequence[int]]
+) -> list[Sequence[GroupMicrobatch]]:
+    """The hint with each run's own groups given their microbatches slowest first (``symmetry-gpus``):
+    interchangeable GPUs trade loads, so the objective is the hint's."""
+    out = list(hint) + [[] for _ in range(len(d.layout.sizes) - len(hint))]
+    for run in twins:
+        lists = sorted(
+            (out[g] for g in run),
+            key=lambda grp: -sum(scaled_microbatch_time(mb, d.index, d.coeffs[run[0]]) for mb in grp),
+        )
+        for g, grp in zip(run, lists, strict=True):
+            out[g] = grp
+    return out
 
 
 def _prepare(
