@@ -11,13 +11,16 @@ at least spend), longest sequences first:
   into that GPU's open microbatch while it has room, else in a new one (one more microbatch_ms and
   compute.fixed_ms).
 
-The best of a few ``alpha`` wins. About n * dp*cp operations: a few ms for 256 sequences on 32 GPUs.
+The best of a few ``alpha`` wins. About n * dp*cp operations, vectorised over the GPUs: a few ms for 256
+sequences on 32 GPUs, about a second for 65,536 on 512.
 The local search then merges, moves and regroups from there.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+
+import numpy as np
 
 from skrull.solver.cost import CostModel
 from skrull.solver.planners.base import PlannerOutput, make_spec
@@ -62,8 +65,10 @@ def spread_batch(
     blocks = blocks_by_size(gpus)
     sizes = sorted(blocks)
     limit = alpha * tight_bound_ms([lengths[i] for i in ids], cost, problem.parallel)
-    load = [0.0] * gpus
-    room = [0] * gpus  # tokens left in each GPU's open microbatch (0: none open)
+    # per-GPU state as arrays: each choice below is one vectorised pass over the GPUs (the first minimum,
+    # as ``min`` over GPUs in index order picks it), n * G operations in C, not in the interpreter
+    load = np.zeros(gpus)
+    room = np.zeros(gpus, dtype=np.int64)  # tokens left in each GPU's open microbatch (0: none open)
     local: list[list[list[int]]] = [[] for _ in range(gpus)]  # per GPU, its microbatches
     wide: list[tuple[tuple[int, ...], int]] = []
     for i in sorted(ids, key=lambda k: -lengths[k]):
@@ -71,21 +76,22 @@ def spread_batch(
         flops_ms = ms_per_flop * cost.flops(s)
         if s > bucket or flops_ms > limit:
             d = next((d for d in sizes if d > 1 and s <= d * bucket and flops_ms / d <= limit), sizes[-1])
-            block = min(blocks[d], key=lambda b: max(load[g] for g in b))
+            # aligned blocks of d GPUs in order: the one whose busiest GPU is least loaded
+            block = blocks[d][int(np.argmin(load.reshape(-1, d).max(axis=1)))]
             t = cost.microbatch_time_ms([[] for _ in block], [s])
-            for g in block:
-                load[g] += t
+            load[block[0] : block[-1] + 1] += t
             wide.append((block, i))
             continue
-        g = min(range(gpus), key=lambda g: load[g] + flops_ms + (0.0 if room[g] >= s else opening))
-        if room[g] >= s:
+        fits = room >= s
+        g = int(np.argmin(load + flops_ms + np.where(fits, 0.0, opening)))
+        if fits[g]:
             local[g][-1].append(i)
             room[g] -= s
         else:
             local[g].append([i])
             room[g] = bucket - s
         load[g] += flops_ms + (0.0 if len(local[g][-1]) > 1 else opening)
-    return _specs(wide, local, gpus), max(load, default=0.0)
+    return _specs(wide, local, gpus), float(load.max()) if gpus else 0.0
 
 
 def _specs(

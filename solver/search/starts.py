@@ -150,7 +150,7 @@ def run_starts(
         if k == 1 and isolate:  # the peers, in a child, while this process runs the cheap starts
             peers = [s for s in chosen[1:] if s.isolated]
             peers_end = end - evaluation_s * len(peers)
-            if any(predicted_s(s, sizes) <= peers_end - time.monotonic() for s in peers):
+            if any(predicted_s(s, sizes) <= OVERRUN_FACTOR * (peers_end - time.monotonic()) for s in peers):
                 child = _start_peers(peers, problem, sizes, peers_end)
             else:  # none fits: no fork, and no time kept for costing their plans
                 peers = []
@@ -178,15 +178,18 @@ def run_starts(
 
 def _start_peers(peers: Sequence[Start], problem: Problem, sizes: Sequence[int], end: float) -> Child:
     """A child that runs ``peers`` in ``PEER_ORDER`` (their own times vary with the lengths, 15-150 ms on 256
-    sequences, too much to rank them by prediction), each only when its prediction fits before ``end``
-    and told the time left. It reports ``("began", name, 0)`` before each and ``(name, output, seconds)`` after it."""
+    sequences, too much to rank them by prediction), each when its prediction is within ``OVERRUN_FACTOR``
+    of the time left before ``end``, and told the time left. It reports ``("began", name, 0)`` before each
+    and ``(name, output, seconds)`` after it."""
     order = peer_order(peers)
 
     def work(report: Report, _deadline: float) -> None:
         for start in order:
             left = end - time.monotonic()
-            predicted = predicted_s(start, sizes)
-            if predicted > left:
+            # optimistic: the child has a core of its own, so a peer predicted up to OVERRUN_FACTOR times
+            # the time left is tried (its time varies with the lengths: hydraulis takes 2 s on one batch
+            # of 65,536 and 13 s on another); one that does not finish is killed at the phase's end
+            if predicted_s(start, sizes) > OVERRUN_FACTOR * left:
                 continue
             if start.imports is not None:  # not timed: the parent imports it for the later calls
                 importlib.import_module(start.imports)
