@@ -227,6 +227,8 @@ def assign_sequences(
     for r, d in enumerate(degrees):
         by_degree.setdefault(d, []).append(r)
     kinds = sorted(by_degree)
+    # each sequence's options (degree, amortized cost), priced once for every shuffle
+    options = {i: [(d, costs.amortized_ms(lengths[i], d)) for d in kinds if costs.cap(d) >= lengths[i]] for i in rest}
     best: tuple[float, list[list[int]]] | None = None
     for _ in range(max(1, shuffles)):
         order = list(rest)
@@ -237,13 +239,10 @@ def assign_sequences(
             heapq.heapify(h)
         members: list[list[int]] = [list(b) for b in buckets]
         for i in order:
-            s = lengths[i]
             pick: tuple[float, int, int] | None = None
-            for d in kinds:
-                if costs.cap(d) < s:
-                    continue
+            for d, amortized in options[i]:
                 load, r = heaps[d][0]
-                cand = (load + costs.amortized_ms(s, d), r, d)
+                cand = (load + amortized, r, d)
                 if pick is None or cand < pick:
                     pick = cand
             assert pick is not None, "every sequence fits the largest replica (pinned above)"
@@ -259,16 +258,25 @@ def assign_sequences(
 
 
 def _greedy_pack(weights: Sequence[int], sizes: Sequence[int], m: int, cap: int) -> list[int] | None:
-    """LPT with a capacity: heaviest first onto the least-loaded microbatch with room."""
-    loads = [0] * m
+    """LPT with a capacity: heaviest first onto the least-loaded microbatch with room (ties: lowest index).
+
+    The microbatches wait in a heap of ``(load, index)``: the first popped that has room is the least-loaded
+    with room; those popped before it go back. A full microbatch stays in the heap (a later, smaller item
+    may fit it), so the worst case is a scan, but most items take the top.
+    """
     tokens = [0] * m
     where = [0] * len(weights)
+    heap = [(0, j) for j in range(m)]
     for k in sorted(range(len(weights)), key=lambda k: (-weights[k], k)):
-        fits = [j for j in range(m) if tokens[j] + sizes[k] <= cap]
-        if not fits:
+        skipped = []
+        while heap and tokens[heap[0][1]] + sizes[k] > cap:
+            skipped.append(heapq.heappop(heap))
+        if not heap:
             return None
-        j = min(fits, key=lambda j: (loads[j], j))
-        loads[j] += weights[k]
+        load, j = heap[0]
+        heapq.heapreplace(heap, (load + weights[k], j))
+        for entry in skipped:
+            heapq.heappush(heap, entry)
         tokens[j] += sizes[k]
         where[k] = j
     return where
