@@ -16,8 +16,8 @@ run, random draws at the bucket's edges (lengths just under and just over ``buck
   reach).
 
 Run: ``python bench/true_gap.py [--quick] [--exact-s 60] [--seed N] [--plans]``. Prints Markdown (commit,
-machine, date, load average); asserts nothing. ``--quick`` (about 3 minutes): four requests, the exact
-model 20 s each. ``--plans`` prints the microbatches of the ``auto`` (10 s) and ``ilp-flex`` plans.
+machine, date, load average); asserts nothing. ``--quick``: four requests, the exact model 20 s each
+(70 s on the 2-core VM). ``--plans`` prints the microbatches of the ``auto`` (10 s) and ``ilp-flex`` plans.
 """
 
 from __future__ import annotations
