@@ -37,7 +37,7 @@ from skrull.solver.search.bound import microbatch_floor_ms
 from skrull.solver.search.budget import FINISH_RESERVE_PER_SEQUENCE_S
 from skrull.solver.search.clock import Clock, clock_for
 from skrull.solver.search.improve import iteration_ms, search_iteration
-from skrull.solver.search.starts import STARTS, run_starts
+from skrull.solver.search.starts import STARTS, launch_starts, run_starts
 from skrull.solver.types import MicrobatchSpec, Problem
 
 #: Batches are planned together up to this many sequences per chunk (whole batches; one at least).
@@ -119,7 +119,12 @@ class AutoPlanner:
         else:
             # without deferral no time goes to starts that defer (``wlb-keep`` is WLB-LLM without its queues)
             names = None if self.allow_pending else [s.name for s in STARTS if not s.defers]
-            starts = run_starts(sub, deadline=deadline, keep_s=SEARCH_SHARE * span, names=names)
+            starts, peers = launch_starts(sub, deadline=deadline, keep_s=SEARCH_SHARE * span, names=names)
+            if peers is not None:  # search the best start so far while the peers run, then pool them all
+                found = choose_starts(sub, [o for _, o in starts if self.allow_pending or not o.pending])[0]
+                searched = self._improve(sub, found[1], peers.end, clock, exact_model=False)
+                interim = PlannerOutput(iterations=tuple(searched), pending=tuple(found[2]))
+                starts = [*starts, ("searched", interim), *peers.collect()]
         outputs = [o for _, o in starts if self.allow_pending or not o.pending]
         candidates = choose_starts(sub, outputs)
         cost = CostModel(problem.profile, bucket_tokens=problem.bucket_tokens)
@@ -134,8 +139,17 @@ class AutoPlanner:
         shift = [tuple(_shift(s, offset) for s in specs) for specs in best[1]]
         return shift, [i + offset for i in best[2]]
 
-    def _improve(self, problem: Problem, alternatives: list[list[Specs]], deadline: float, clock: Clock) -> list[Specs]:
-        """Each iteration searched from its alternatives (best first) with an equal share of the time."""
+    def _improve(
+        self,
+        problem: Problem,
+        alternatives: list[list[Specs]],
+        deadline: float,
+        clock: Clock,
+        *,
+        exact_model: bool = True,
+    ) -> list[Specs]:
+        """Each iteration searched from its alternatives (best first) with an equal share of the time;
+        ``exact_model=False`` leaves the exact model out (while the peers' child holds the other core)."""
         cost = CostModel(problem.profile, bucket_tokens=problem.bucket_tokens)
         par = problem.parallel
         lengths = problem.lengths
@@ -144,7 +158,7 @@ class AutoPlanner:
             share = (deadline - clock()) / (len(alternatives) - k)
             it_deadline = clock() + max(0.0, share)
             exact_deadline = it_deadline
-            use_exact = share >= EXACT_MIN_S and not problem.deterministic
+            use_exact = exact_model and share >= EXACT_MIN_S and not problem.deterministic
             if use_exact and is_static(alts[0], par):
                 it_deadline = clock() + EXACT_SEARCH_SHARE * share
             best = tuple(

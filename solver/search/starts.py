@@ -12,12 +12,14 @@ The starts whose time depends on the lengths (the peers: about 15-60 ms each for
 as much as the start phase of a 0.1 s budget holds after the cheap starts) run in one forked child,
 launched right after the first (cheapest) start, while this process runs the cheap starts, in
 ``PEER_ORDER``: the peer whose plan most often beats the others first (``hydraulis``'s heterogeneous
-replicas: on fresh draws, the planner ``auto`` at 0.1 s was most often behind when it did not run,
-``bench/never_behind.py``), each plan sent back as soon as it is made; the child is killed at the end of
-the start phase. A peer runs whenever its predicted time fits what is left, whatever budget it would
-need on its own (its own smallest budget covers its worst case, e.g. ``hydraulis``'s stage-2 ILP; inside
-``auto`` it gets the time left and is killed at the deadline): ``auto`` must never be behind a planner
-the user could have asked for with that planner's default budget.
+replicas: on fresh draws it was the plan ``auto`` at 0.1 s was behind when it had not run), each plan sent
+back as soon as it is made; a peer predicted not to fit is passed over for the next (on 512 GPUs
+``hydraulis`` packs 512 replicas and takes 0.35 s for 256 sequences, 20-60 ms on 32 GPUs).
+the child is killed at the end of the start phase. A peer runs whenever its predicted time is within
+``OVERRUN_FACTOR`` of what is left (the child has a core of its own), whatever budget it would need on its
+own (that covers its worst case, e.g. ``hydraulis``'s stage-2 ILP; inside ``auto`` it gets the time left
+and is killed at the deadline): ``auto`` must never be behind a planner the user could have asked for
+with that planner's default budget (``bench/never_behind.py``).
 """
 
 from __future__ import annotations
@@ -39,9 +41,8 @@ from skrull.solver.planners.minmax_ilp import COLD_IMPORT_S, CP_SAT_MODULE
 from skrull.solver.planners.skrull import RoundRobinPlanner, SkrullPlanner
 from skrull.solver.planners.verl_kk import VerlKkPlanner
 from skrull.solver.planners.wlb import WlbPlanner
-from skrull.solver.search.budget import smallest_budget_s
 from skrull.solver.search.construct import SpreadStart
-from skrull.solver.types import Parallel, Problem
+from skrull.solver.types import Problem
 
 #: Weight of the newest measurement in a start's time scale.
 SCALE_SMOOTHING = 0.5
@@ -76,14 +77,19 @@ class Start:
     #: may return such a plan (``AutoPlanner(allow_pending=True)``).
     defers: bool = False
 
-    def affordable(self, batch_sizes: Sequence[int], time_budget_s: float, parallel: Parallel | None = None) -> bool:
-        """Whether this budget could ask for the start on its own (``budget.smallest_budget_s``): a peer it
-        could not is not worth the time the search would wait for it."""
-        return smallest_budget_s(self.name, batch_sizes, parallel) <= time_budget_s
+    #: Per GPU (``hydraulis`` packs every replica; 0.35 s for 256 sequences on 512 GPUs, 20 ms on 32).
+    per_gpu_s: float = 0.0
+    #: Per sequence and GPU (``dynamic-cp``'s per-sequence group search).
+    per_sequence_gpu_s: float = 0.0
 
-    def unit_s(self, batch_sizes: Sequence[int]) -> float:
+    def unit_s(self, batch_sizes: Sequence[int], *, gpus: int = 1) -> float:
+        num = sum(batch_sizes)
         return (
-            self.fixed_s + self.per_sequence_s * sum(batch_sizes) + self.per_square_s * sum(b * b for b in batch_sizes)
+            self.fixed_s
+            + self.per_sequence_s * num
+            + self.per_square_s * sum(b * b for b in batch_sizes)
+            + self.per_gpu_s * gpus
+            + self.per_sequence_gpu_s * num * gpus
         )
 
 
@@ -99,14 +105,22 @@ STARTS: tuple[Start, ...] = (
         name="hydraulis",
         isolated=True,
         make=HydraulisPlanner,
-        per_sequence_s=1.2e-4,
+        per_sequence_s=8e-5,
+        per_gpu_s=6e-4,
         fixed_s=0.005,
         imports=CP_SAT_MODULE,
     ),
     Start(name="wlb", isolated=True, make=WlbPlanner, per_sequence_s=1e-4, fixed_s=0.002, defers=True),
     # WLB-LLM's packing and adaptive sharding without the outlier delay: a start that keeps every batch
     Start(name="wlb-keep", isolated=True, make=lambda: WlbPlanner(num_queues=0), per_sequence_s=5e-5, fixed_s=0.002),
-    Start(name="dynamic-cp", isolated=True, make=DynamicCpPlanner, per_sequence_s=1.2e-4, fixed_s=0.002),
+    Start(
+        name="dynamic-cp",
+        isolated=True,
+        make=DynamicCpPlanner,
+        per_sequence_s=1e-4,
+        per_sequence_gpu_s=2.2e-6,
+        fixed_s=0.002,
+    ),
     # the plain-CP baselines: never better than ``packed`` on the bundled distributions, run last
     Start(name="deepspeed", make=DeepSpeedPlanner, per_sequence_s=2e-6),
     Start(name="sorted", make=SortedPlanner, per_sequence_s=4e-6),
@@ -115,31 +129,51 @@ STARTS: tuple[Start, ...] = (
 _scale: dict[str, float] = {}
 
 
-def predicted_s(start: Start, batch_sizes: Sequence[int]) -> float:
+def predicted_s(start: Start, batch_sizes: Sequence[int], *, gpus: int = 1) -> float:
     """Its learnt time, plus ``IMPORT_S`` while its solver module is not imported here (a forked child
     would import it again: a kill, and a learnt time that keeps it out of every later start phase)."""
     cold = start.imports is not None and start.imports not in sys.modules
-    return _scale.get(start.name, 1.0) * start.unit_s(batch_sizes) + (IMPORT_S if cold else 0.0)
+    return _scale.get(start.name, 1.0) * start.unit_s(batch_sizes, gpus=gpus) + (IMPORT_S if cold else 0.0)
 
 
-def _learn(start: Start, batch_sizes: Sequence[int], measured_s: float) -> None:
-    ratio = measured_s / max(start.unit_s(batch_sizes), 1e-9)
+def _learn(start: Start, batch_sizes: Sequence[int], measured_s: float, *, gpus: int) -> None:
+    ratio = measured_s / max(start.unit_s(batch_sizes, gpus=gpus), 1e-9)
     old = _scale.get(start.name, 1.0)
     _scale[start.name] = (1 - SCALE_SMOOTHING) * old + SCALE_SMOOTHING * ratio
 
 
-def run_starts(
+@dataclass(slots=True, kw_only=True)
+class PendingPeers:
+    """The peers' child, still running after the cheap starts; ``collect`` takes the plans that arrive by
+    ``end`` (the end of the start phase; then the child is killed)."""
+
+    child: Child
+    peers: list[Start]
+    sizes: list[int]
+    end: float
+    gpus: int
+
+    def collect(self) -> list[tuple[str, PlannerOutput]]:
+        got = _collect_peers(self.child, self.peers, self.sizes, self.end, gpus=self.gpus)
+        return [(s.name, got[s.name]) for s in STARTS if s.name in got]
+
+
+def launch_starts(
     problem: Problem,
     *,
     deadline: float,
     keep_s: float,
     names: Sequence[str] | None = None,
     isolate: bool = True,
-) -> list[tuple[str, PlannerOutput]]:
-    """Outputs (in ``STARTS`` order) of the starts whose predicted time fits before ``deadline - keep_s``
-    (the cheapest always runs). A start that fails (``SkrullError``) is skipped. ``isolate=False`` runs
-    every start in process, in order (with an infinite deadline: every start, deterministically)."""
+) -> tuple[list[tuple[str, PlannerOutput]], PendingPeers | None]:
+    """The cheap starts' outputs (in ``STARTS`` order), run in this process, and the peers' child still
+    running (``None`` when no peer fits): the caller may search while the peers run, then ``collect``.
+
+    Starts run when their predicted time fits before ``deadline - keep_s`` (the cheapest always runs).
+    A start that fails (``SkrullError``) is skipped. ``isolate=False`` runs every start in process, in
+    order (with an infinite deadline: every start, deterministically)."""
     sizes = [len(ids) for ids in problem.batch_ids]
+    gpus = problem.parallel.num_gpus
     chosen = [s for s in STARTS if names is None or s.name in names]
     end = deadline - keep_s
     evaluation_s = EVALUATION_PER_SEQUENCE_S * sum(sizes)
@@ -150,14 +184,14 @@ def run_starts(
         if k == 1 and isolate:  # the peers, in a child, while this process runs the cheap starts
             peers = [s for s in chosen[1:] if s.isolated]
             peers_end = end - evaluation_s * len(peers)
-            if any(predicted_s(s, sizes) <= OVERRUN_FACTOR * (peers_end - time.monotonic()) for s in peers):
+            if any(predicted_s(s, sizes, gpus=gpus) <= OVERRUN_FACTOR * (peers_end - time.monotonic()) for s in peers):
                 child = _start_peers(peers, problem, sizes, peers_end)
             else:  # none fits: no fork, and no time kept for costing their plans
                 peers = []
         if k > 0 and start in peers:
             continue
         left = end - time.monotonic() - evaluation_s * (len(out) + 1 + len(peers))
-        predicted = predicted_s(start, sizes)
+        predicted = predicted_s(start, sizes, gpus=gpus)
         if out and predicted > left:
             continue
         began = time.monotonic()
@@ -168,18 +202,36 @@ def run_starts(
         sub = dataclasses.replace(problem, time_budget_s=max(1e-3, left))
         output = _run_isolated(start, sub, time.monotonic() + max(0.0, allowed)) if isolated else _run(start, sub)
         # a start killed at the deadline took longer than measured: learn at least twice that
-        _learn(start, sizes, (1 if output is not None else 2) * (time.monotonic() - began))
+        _learn(start, sizes, (1 if output is not None else 2) * (time.monotonic() - began), gpus=gpus)
         if output is not None:
             out[start.name] = output
-    if child is not None:
-        out.update(_collect_peers(child, peers, sizes, end - evaluation_s * len(out)))
-    return [(s.name, out[s.name]) for s in STARTS if s.name in out]
+    outputs = [(s.name, out[s.name]) for s in STARTS if s.name in out]
+    if child is None:
+        return outputs, None
+    return outputs, PendingPeers(child=child, peers=peers, sizes=sizes, end=end - evaluation_s * len(out), gpus=gpus)
+
+
+def run_starts(
+    problem: Problem,
+    *,
+    deadline: float,
+    keep_s: float,
+    names: Sequence[str] | None = None,
+    isolate: bool = True,
+) -> list[tuple[str, PlannerOutput]]:
+    """Every start's output (in ``STARTS`` order): ``launch_starts``, then the peers collected."""
+    outputs, pending = launch_starts(problem, deadline=deadline, keep_s=keep_s, names=names, isolate=isolate)
+    if pending is None:
+        return outputs
+    got = dict(outputs) | dict(pending.collect())
+    return [(s.name, got[s.name]) for s in STARTS if s.name in got]
 
 
 def _start_peers(peers: Sequence[Start], problem: Problem, sizes: Sequence[int], end: float) -> Child:
-    """A child that runs ``peers`` in ``PEER_ORDER`` (their own times vary with the lengths, 15-150 ms on 256
-    sequences, too much to rank them by prediction), each when its prediction is within ``OVERRUN_FACTOR``
-    of the time left before ``end``, and told the time left. It reports ``("began", name, 0)`` before each
+    """A child that runs ``peers`` in ``PEER_ORDER``, each when its prediction is
+    within ``OVERRUN_FACTOR`` of the time left before ``end`` (their times vary with the lengths, 10-60 ms
+    on 256 sequences and 32 GPUs), and told the time left. This process searches meanwhile
+    (``launch_starts``). It reports ``("began", name, 0)`` before each
     and ``(name, output, seconds)`` after it."""
     order = peer_order(peers)
 
@@ -189,7 +241,7 @@ def _start_peers(peers: Sequence[Start], problem: Problem, sizes: Sequence[int],
             # optimistic: the child has a core of its own, so a peer predicted up to OVERRUN_FACTOR times
             # the time left is tried (its time varies with the lengths: hydraulis takes 2 s on one batch
             # of 65,536 and 13 s on another); one that does not finish is killed at the phase's end
-            if predicted_s(start, sizes) > OVERRUN_FACTOR * left:
+            if predicted_s(start, sizes, gpus=problem.parallel.num_gpus) > OVERRUN_FACTOR * left:
                 continue
             if start.imports is not None:  # not timed: the parent imports it for the later calls
                 importlib.import_module(start.imports)
@@ -207,7 +259,9 @@ def peer_order(peers: Sequence[Start]) -> list[Start]:
     return sorted(peers, key=lambda s: rank.get(s.name, len(rank)))
 
 
-def _collect_peers(child: Child, peers: Sequence[Start], sizes: Sequence[int], end: float) -> dict[str, PlannerOutput]:
+def _collect_peers(
+    child: Child, peers: Sequence[Start], sizes: Sequence[int], end: float, *, gpus: int
+) -> dict[str, PlannerOutput]:
     """The peers' plans that arrive before ``end`` (then the child is killed); their times are learnt,
     and the one still running at ``end`` learns the time it had (a peer that just missed a phase is
     tried again in the next one of that length: on a loaded machine ``wlb`` needs 50-70 ms of a 0.1 s
@@ -226,13 +280,13 @@ def _collect_peers(child: Child, peers: Sequence[Start], sizes: Sequence[int], e
             running.append((str(output), time.monotonic()))
             return
         running.clear()
-        _learn(by_name[name], sizes, seconds)
+        _learn(by_name[name], sizes, seconds, gpus=gpus)
         if isinstance(output, PlannerOutput):
             got[name] = output
 
     child.collect(deadline=end, grace_s=0.0, on_report=receive)
     for name, began in running:  # it ran at least this long (twice would keep it out of this phase for good)
-        _learn(by_name[name], sizes, time.monotonic() - began)
+        _learn(by_name[name], sizes, time.monotonic() - began, gpus=gpus)
     return got
 
 
