@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -12,6 +13,7 @@ from skrull.solver.cost import CostModel
 from skrull.solver.io import request_from_dict
 from skrull.solver.planners.registry import planner_names
 from skrull.solver.planning import solve
+from skrull.solver.search import bound
 from skrull.solver.search.bound import layout_free_bound_ms, microbatch_floor_ms, sharding_floor_ms, tight_bound_ms
 from skrull.solver.types import Parallel, Request
 from tests.conftest import HAND_PROFILE, make_request
@@ -145,3 +147,21 @@ def test_sharding_floor_charges_a_second_fixed_cost_to_the_gpus_of_a_sharded_seq
     assert sharding_floor_ms(lengths, cost, Parallel(dp=1, cp=1)) == microbatch_floor_ms(
         lengths, cost, Parallel(dp=1, cp=1)
     )
+
+
+@given(
+    gpus=st.sampled_from([2, 3, 4, 8, 16, 64, 512]),
+    fewest=st.integers(min_value=2, max_value=600),
+    a=st.floats(min_value=0.0, max_value=10.0),
+    total_ms=st.floats(min_value=0.0, max_value=1e5),
+    e=st.one_of(st.just(0.0), st.floats(min_value=0.0, max_value=5.0)),
+    share=st.floats(min_value=0.0, max_value=1.0),
+)
+def test_the_group_size_minimum_is_the_scans(
+    gpus: int, fewest: int, a: float, total_ms: float, e: float, share: float
+) -> None:
+    forced_ms = share * total_ms
+    scan = min(
+        (max(a + (total_ms + p * e) / gpus, a + e + forced_ms / p) for p in range(fewest, gpus + 1)), default=math.inf
+    )
+    assert bound._min_over_group_sizes(fewest, gpus, a=a, total_ms=total_ms, e=e, forced_ms=forced_ms) == scan
