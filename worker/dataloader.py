@@ -18,6 +18,12 @@ loss need. Behind it:
 4. Sequences are read from the map-style dataset and packed (worker/inputs.py): local sequences whole,
    shard pieces sliced; position ids restart per local sequence and stay global in pieces.
 
+With ``defer_max_sequences=k`` (``auto`` only) a plan may leave up to k sequences of a global batch
+``pending`` (solver/defer.py): the loader prepends them to the next request's first batch (``"defer":
+{"carried": n}``: they run in its first iteration and never wait twice), maps them back to their dataset
+indices, and plans the last chunk of the data with no deferral, so every index is yielded exactly once
+over the epoch. ``sample_indices`` of an iteration are then the indices it really runs.
+
 ``blocked_s`` of each yielded iteration is the time ``next()`` waited for the planner: with prefetching
 one iteration ahead it is ~0 when planning an iteration takes less than training one. ``state_dict()`` /
 ``load_state_dict()`` resume at the next iteration (an optimizer step) with the plans the uninterrupted
@@ -45,6 +51,7 @@ import torch.distributed as dist
 
 from skrull.corpus.order import global_batches
 from skrull.solver.errors import RequestError
+from skrull.solver.io import DEFER_SOLVERS
 from skrull.worker.inputs import pack
 from skrull.worker.layout import MicrobatchLayout, layouts_from_view_dict
 from skrull.worker.loss import IGNORE_INDEX
@@ -191,12 +198,21 @@ class PlannedBatches:
         device: torch.device | None = None,
         equal_microbatches: bool = False,
         deterministic: bool = True,
+        defer_max_sequences: int = 0,
     ) -> None:
         rank, dp, cp = resolve_rank(rank=rank, dp=dp, cp=cp, mesh=mesh)
         if batches_per_plan < 1:
             raise RequestError("batches_per_plan", batches_per_plan, "must be an integer >= 1")
         if prefetch < 0:
             raise RequestError("prefetch", prefetch, "must be an integer >= 0")
+        if isinstance(defer_max_sequences, bool) or not isinstance(defer_max_sequences, int) or defer_max_sequences < 0:
+            raise RequestError("defer_max_sequences", defer_max_sequences, "must be an integer >= 0")
+        if defer_max_sequences and solver not in DEFER_SOLVERS:
+            raise RequestError(
+                "defer_max_sequences",
+                defer_max_sequences,
+                f"only solver {' or '.join(map(repr, DEFER_SOLVERS))} defers on request, not {solver!r}",
+            )
         if len(dataset) != len(lengths):
             raise RequestError("lengths", len(lengths), f"must have one entry per dataset sample ({len(dataset)})")
         if client is not None and plans is not None:
@@ -220,6 +236,8 @@ class PlannedBatches:
         #: the same request gives the same plan on any machine and under any load, so every rank (and a
         #: resumed run) sees the same plan without a broadcast
         self.deterministic = deterministic
+        #: how many sequences of each global batch a plan may defer to the next iteration (solver/defer.py)
+        self.defer_max_sequences = defer_max_sequences
         self.batches_per_plan = batches_per_plan
         self.prefetch = prefetch
         self.timeout_s = timeout_s
@@ -235,13 +253,18 @@ class PlannedBatches:
         #: the next iteration ``__iter__`` yields (``state_dict`` / ``load_state_dict``)
         self.next_iteration = 0
         self._plans: dict[int, Future[str]] = {}
+        #: dataset indices carried into each chunk's request (deferred by the chunk before it)
+        self._carried: dict[int, tuple[int, ...]] = {0: ()}
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=PLANS_IN_FLIGHT, thread_name_prefix="skrull-plans")
 
     # -- resuming ------------------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """Where the loop is: the next iteration to train, and what defines the order it indexes."""
+        """Where the loop is: the next iteration to train, what defines the order it indexes, and (with
+        deferral) the dataset indices carried into the plan of the next iteration."""
+        chunk = self.next_iteration // self.batches_per_plan
+        carried = self._carried_into(chunk) if self.defer_max_sequences and chunk < self._num_chunks else ()
         return {
             "next_iteration": self.next_iteration,
             "seed": self.seed,
@@ -251,32 +274,81 @@ class PlannedBatches:
             "num_samples": len(self.lengths),
             "dp": self.dp,
             "cp": self.cp,
+            "defer_max_sequences": self.defer_max_sequences,
+            "carried": list(carried),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume at ``state["next_iteration"]``: the next ``__iter__`` starts there, with the plans the
         uninterrupted run would have had (deterministic plans of the same requests)."""
         mine = self.state_dict()
+        defaults = {"defer_max_sequences": 0}  # saved before the loader deferred: it did not
         for key, value in mine.items():
-            if key != "next_iteration" and state.get(key) != value:
+            if key not in ("next_iteration", "carried") and state.get(key, defaults.get(key)) != value:
                 raise RequestError(
                     f"state_dict.{key}", state.get(key), f"was saved by a loader with {key}={value!r} here"
                 )
         start = state.get("next_iteration")
         if not isinstance(start, int) or not 0 <= start <= len(self.batches):
             raise RequestError("state_dict.next_iteration", start, f"must be in 0..{len(self.batches)}")
+        chunk = start // self.batches_per_plan
+        carried = self._read_carried(state.get("carried", []), chunk)
+        with self._lock:
+            self._carried[chunk] = carried
         self.next_iteration = start
+
+    def _read_carried(self, value: Any, chunk: int) -> tuple[int, ...]:
+        """Saved carried indices: distinct dataset indices of the global batches before ``chunk``."""
+        if not isinstance(value, list | tuple) or any(isinstance(i, bool) or not isinstance(i, int) for i in value):
+            raise RequestError("state_dict.carried", value, "must be a list of dataset indices")
+        before = {i for b in self.batches[: chunk * self.batches_per_plan] for i in b}
+        if len(set(value)) != len(value) or not set(value) <= before or len(value) > self.defer_max_sequences:
+            raise RequestError(
+                "state_dict.carried",
+                value,
+                f"must be at most {self.defer_max_sequences} distinct indices of the batches before this chunk",
+            )
+        return tuple(value)
 
     def __len__(self) -> int:
         return len(self.batches)
 
     # -- planning ------------------------------------------------------------------------------------
 
-    def request_document(self, chunk: int) -> dict[str, Any]:
-        """The request of global batches ``chunk * batches_per_plan ..`` (docs/formats.md "Request")."""
+    @property
+    def _num_chunks(self) -> int:
+        return -(-len(self.batches) // self.batches_per_plan)
+
+    def _carried_into(self, chunk: int) -> tuple[int, ...]:
+        """Dataset indices the plan of ``chunk - 1`` left pending, carried into ``chunk``'s request (waits
+        for that plan; the loader asks only once it is solved, after reading one of its views)."""
+        with self._lock:
+            known = self._carried.get(chunk)
+        if known is not None:
+            return known
+        previous = self._plan_id(chunk - 1)
+        plan = self.plans.plan(previous, timeout_s=self.timeout_s)
+        table = self._request_indices(chunk - 1)
+        carried = tuple(table[i] for i in plan.pending)
+        with self._lock:
+            self._carried[chunk] = carried
+        return carried
+
+    def _request_indices(self, chunk: int) -> list[int]:
+        """Dataset index of every sequence id of ``chunk``'s request: the carried ones, then its batches."""
         first = chunk * self.batches_per_plan
+        carried = self._carried_into(chunk) if self.defer_max_sequences else ()
+        return [*carried, *(i for b in self.batches[first : first + self.batches_per_plan] for i in b)]
+
+    def request_document(self, chunk: int) -> dict[str, Any]:
+        """The request of global batches ``chunk * batches_per_plan ..`` (docs/formats.md "Request"); with
+        deferral, the indices the previous plan left pending go first, and the last chunk defers nothing."""
+        first = chunk * self.batches_per_plan
+        batches = [[self.lengths[i] for i in b] for b in self.batches[first : first + self.batches_per_plan]]
+        carried = self._carried_into(chunk) if self.defer_max_sequences else ()
+        batches[0] = [self.lengths[i] for i in carried] + batches[0]
         doc: dict[str, Any] = {
-            "batches": [[self.lengths[i] for i in b] for b in self.batches[first : first + self.batches_per_plan]],
+            "batches": batches,
             "parallel": {"dp": self.dp, "cp": self.cp},
             "profile": self.profile,
             "solver": self.solver,
@@ -289,27 +361,44 @@ class PlannedBatches:
             doc["equal_microbatches"] = True
         if self.deterministic:
             doc["deterministic"] = True
+        if self.defer_max_sequences:
+            last = chunk == self._num_chunks - 1  # the end of the data: whatever waits runs now
+            doc["defer"] = {"max_sequences": 0 if last else self.defer_max_sequences}
+            if carried:
+                doc["defer"]["carried"] = len(carried)
         return doc
 
     def _plan_id(self, chunk: int) -> str:
+        return self._plan_future(chunk).result()
+
+    def _plan_future(self, chunk: int) -> Future[str]:
+        """The submission of ``chunk``'s request. Its document is built outside the lock: with deferral it
+        waits for the previous plan's ``pending``."""
+        with self._lock:
+            future = self._plans.get(chunk)
+        if future is not None:
+            return future
+        doc = self.request_document(chunk)
         with self._lock:
             future = self._plans.get(chunk)
             if future is None:
-                future = self._pool.submit(self.plans.submit, self.request_document(chunk))
+                future = self._pool.submit(self.plans.submit, doc)
                 self._plans[chunk] = future
-        return future.result()
+        return future
 
     def _view(self, iteration: int) -> tuple[str, dict[str, Any]]:
         chunk, offset = divmod(iteration, self.batches_per_plan)
         plan_id = self._plan_id(chunk)
-        if offset == 0 and (chunk + 1) * self.batches_per_plan < len(self.batches):
+        following = offset == 0 and chunk + 1 < self._num_chunks
+        if following and not self.defer_max_sequences:
             self._plan_id_async(chunk + 1)  # submit the next plan while this one's views are read
-        return plan_id, self.plans.rank_view(plan_id, self.rank, offset, timeout_s=self.timeout_s)
+        view = self.plans.rank_view(plan_id, self.rank, offset, timeout_s=self.timeout_s)
+        if following and self.defer_max_sequences:
+            self._plan_id_async(chunk + 1)  # its request needs this plan's pending: solved now
+        return plan_id, view
 
     def _plan_id_async(self, chunk: int) -> None:
-        with self._lock:
-            if chunk not in self._plans:
-                self._plans[chunk] = self._pool.submit(self.plans.submit, self.request_document(chunk))
+        self._plan_future(chunk)
 
     # -- packing -------------------------------------------------------------------------------------
 
@@ -330,9 +419,23 @@ class PlannedBatches:
             )
         return ids, labels
 
+    def _runs(self, iteration: int, plan_id: str) -> tuple[list[int], dict[int, int]]:
+        """With deferral: the dataset indices ``iteration`` runs (request order), and the dataset index of
+        each of its sequence ids, from the whole plan."""
+        chunk, offset = divmod(iteration, self.batches_per_plan)
+        table = self._request_indices(chunk)
+        plan = self.plans.plan(plan_id, timeout_s=self.timeout_s)
+        ids = sorted(i for mb in plan.iterations[offset].microbatches for i in mb.seq_ids)
+        return [table[i] for i in ids], {i: table[i] for i in ids}
+
     def _ready(self, iteration: int, plan_id: str, view: dict[str, Any], blocked_s: float) -> ReadyIteration:
-        samples = self.batches[iteration]
         num_tokens, layouts = layouts_from_view_dict(view)
+        if self.defer_max_sequences:
+            samples, index_of = self._runs(iteration, plan_id)
+        else:
+            samples = self.batches[iteration]
+            first = self._first_id(iteration)
+            index_of = {first + k: i for k, i in enumerate(samples)}
         batch_tokens = sum(self.lengths[i] for i in samples)
         if num_tokens != batch_tokens:
             # A planner that defers sequences (WLB-LLM's outlier delay) moves them out of their global batch;
@@ -353,7 +456,7 @@ class PlannedBatches:
 
         def fetch(seq_id: int) -> tuple[torch.Tensor, torch.Tensor]:
             if seq_id not in cache:
-                cache[seq_id] = self._sample(samples[seq_id - self._first_id(iteration)])
+                cache[seq_id] = self._sample(index_of[seq_id])
             return cache[seq_id]
 
         ready = tuple(

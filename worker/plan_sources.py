@@ -1,6 +1,6 @@
 """Where the planned loader gets its plans: in this process (the library alone), or a planning service.
 
-Both answer the same two calls, so ``PlannedBatches`` does not know which it has:
+Both answer the same three calls, so ``PlannedBatches`` does not know which it has:
 
 - ``submit(doc) -> plan_id``: start planning a request document (docs/formats.md "Request");
 - ``rank_view(plan_id, rank, iteration, timeout_s=) -> dict``: GPU ``rank``'s part of one iteration, the
@@ -37,6 +37,8 @@ class PlanSource(Protocol):
     def submit(self, doc: Mapping[str, Any]) -> str: ...
 
     def rank_view(self, plan_id: str, rank: int, iteration: int, *, timeout_s: float) -> dict[str, Any]: ...
+
+    def plan(self, plan_id: str, *, timeout_s: float) -> Plan: ...
 
     def close(self) -> None: ...
 
@@ -99,6 +101,9 @@ class ServicePlans:
 
     def rank_view(self, plan_id: str, rank: int, iteration: int, *, timeout_s: float = 300.0) -> dict[str, Any]:
         return self.client.rank_view(plan_id, rank, iteration, timeout_s=timeout_s)
+
+    def plan(self, plan_id: str, *, timeout_s: float = 300.0) -> Plan:
+        return self.client.plan(plan_id, timeout_s=timeout_s)
 
     def close(self) -> None:
         """The client is the caller's: it stays open."""

@@ -121,11 +121,13 @@ class AutoPlanner:
             names = None if self.allow_pending else [s.name for s in STARTS if not s.defers]
             starts, peers = launch_starts(sub, deadline=deadline, keep_s=SEARCH_SHARE * span, names=names)
             if peers is not None:  # search the best start so far while the peers run, then pool them all
-                found = choose_starts(sub, [o for _, o in starts if self.allow_pending or not o.pending])[0]
+                found = choose_starts(sub, [o for _, o in starts if self.allow_pending or _keeps_batches(o, sub)])[0]
                 searched = self._improve(sub, found[1], peers.end, clock, exact_model=False)
                 interim = PlannerOutput(iterations=tuple(searched), pending=tuple(found[2]))
                 starts = [*starts, ("searched", interim), *peers.collect()]
-        outputs = [o for _, o in starts if self.allow_pending or not o.pending]
+        # without allow_pending every batch runs in its own iteration: a start that moved a sequence to a later
+        # iteration of the request (WLB-LLM's queues, even with nothing left pending) is not a plan to return
+        outputs = [o for _, o in starts if self.allow_pending or _keeps_batches(o, sub)]
         candidates = choose_starts(sub, outputs)
         cost = CostModel(problem.profile, bucket_tokens=problem.bucket_tokens)
         best: tuple[float, list[Specs], list[int]] | None = None
