@@ -37,6 +37,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/ilp.py --sizes 16,32,64 --budgets 1
 	$(BIN)/python bench/peers.py
 	$(BIN)/python bench/equal_microbatches.py
+	$(BIN)/python bench/defer.py
 	$(BIN)/python bench/execute.py
 	$(BIN)/python bench/service.py
 	$(BIN)/python bench/store.py
