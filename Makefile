@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	# with one, as on the project's CI machines; plain PyPI on Linux serves the CUDA build). `make TORCH=...`
 	# chooses another build; a venv that already has torch keeps it.
 	$(BIN)/python -c 'import torch' 2>/dev/null || $(BIN)/pip install --quiet '$(TORCH)'
-	$(BIN)/pip install --quiet -e '.[dev,worker,api,viz,data,hf,megatron]'
+	$(BIN)/pip install --quiet -e '.[dev,worker,api,viz,data,hf,megatron,trl]'
 	touch $(STAMP)
 
 setup: $(STAMP)

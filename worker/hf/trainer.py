@@ -17,13 +17,17 @@ The loader should plan with ``equal_microbatches=True``, so that every rank has 
 
 DACP needs a process group for every group of ranks a microbatch shares; they are created on first use,
 on every rank in the same order (every rank holds the same deterministic plan: ``LocalPlans``).
+
+The machinery is ``SkrullTrainerMixin``, so that a trainer derived from ``Trainer`` (TRL's ``SFTTrainer``:
+worker/hf/trl.py) trains under plans with the same loop; such a trainer only changes how one microbatch's
+loss is taken (``microbatch_loss``).
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -35,6 +39,11 @@ from skrull.worker.hf.inputs import model_inputs
 from skrull.worker.hf.step import dacp_plans, global_target_count
 from skrull.worker.kernels import select_kernel
 from skrull.worker.plan_sources import LocalPlans
+
+if TYPE_CHECKING:  # the mixin is typed as the Trainer it is mixed into
+    _TrainerBase = Trainer
+else:
+    _TrainerBase = object
 
 
 class _Iterations:
@@ -67,22 +76,32 @@ class _Steps(torch.utils.data.Dataset[int]):
         return index
 
 
-class SkrullTrainer(Trainer):
-    """``Trainer`` whose every optimizer step is one plan iteration of ``planned`` (module doc)."""
+class SkrullTrainerMixin(_TrainerBase):
+    """What makes a ``Trainer`` train one plan iteration of ``planned`` per optimizer step (module doc).
 
-    def __init__(self, *args: Any, planned: PlannedBatches, **kwargs: Any) -> None:
-        kwargs.setdefault("train_dataset", _Steps(len(planned)))
-        super().__init__(*args, **kwargs)
+    Mixed in before the Trainer class (``class T(SkrullTrainerMixin, SomeTrainer)``); the class calls
+    ``_use_plans`` once its Trainer is built.
+    """
+
+    planned: PlannedBatches
+    registry: GroupRegistry
+    kernel: Any
+    #: the world's loss of each step trained (the loss of the plain run)
+    step_losses: list[float]
+
+    def _use_plans(self, planned: PlannedBatches) -> None:
         if self.args.gradient_accumulation_steps != 1:
-            raise ValueError("SkrullTrainer runs one plan iteration per step: gradient_accumulation_steps=1")
+            raise ValueError(
+                f"gradient_accumulation_steps={self.args.gradient_accumulation_steps}: "
+                f"{type(self).__name__} runs one plan iteration per step, give 1"
+            )
         # a resumed run starts at the checkpoint's step (``_Iterations``), not by replaying batches
         self.args.ignore_data_skip = True
         self.planned = planned
         self.registry = GroupRegistry()
         model: Any = self.model
         self.kernel = select_kernel(self.args.device, next(model.parameters()).dtype)  # the model's dtype
-        #: the world's loss of each step trained (the loss of the plain run)
-        self.step_losses: list[float] = []
+        self.step_losses = []
 
     def get_train_dataloader(self) -> Any:
         return _Iterations(self.planned, self)
@@ -101,7 +120,10 @@ class SkrullTrainer(Trainer):
         """Process groups of every group of this iteration, created on first use on every rank in order."""
         plans = self.planned.plans
         if not isinstance(plans, LocalPlans):
-            raise ValueError("SkrullTrainer needs in-process plans (every rank holds the whole plan)")
+            raise ValueError(
+                f"planned.plans={type(plans).__name__}: {type(self).__name__} needs in-process plans "
+                "(LocalPlans: every rank holds the whole plan)"
+            )
         plan = plans.plan(ready.plan_id)
         offset = ready.iteration % self.planned.batches_per_plan
         needed = GroupRegistry.rank_sets_of(plan.iterations[offset])
@@ -122,9 +144,7 @@ class SkrullTrainer(Trainer):
             sync = contextlib.nullcontext() if k == last else self.accelerator.no_sync(model)
             with sync:
                 kwargs, labels = model_inputs(mb, plan)
-                rows = labels.unsqueeze(0)
-                out = model(**kwargs, labels=rows, shift_labels=rows, num_items_in_batch=num_items_in_batch)
-                loss = out.loss * world  # DDP averages over the world; the loss is a sum over it
+                loss = self.microbatch_loss(model, kwargs, labels, num_items_in_batch)
                 self.accelerator.backward(loss)
             total += loss.detach().double()
         world_loss = total / world
@@ -132,3 +152,24 @@ class SkrullTrainer(Trainer):
             dist.all_reduce(world_loss)
         self.step_losses.append(float(world_loss))
         return total.float()
+
+    def microbatch_loss(
+        self, model: Any, kwargs: dict[str, Any], labels: torch.Tensor, num_items_in_batch: Any
+    ) -> torch.Tensor:
+        """The loss to run backward on for one microbatch: this rank's summed cross-entropy over the global
+        target count ``num_items_in_batch``, times the number of processes (DDP averages gradients over the
+        world; the loss is a sum over it). ``labels`` are the packed rows' next-token targets."""
+        rows = labels.unsqueeze(0)
+        # already the next tokens: ``shift_labels``, so that the model does not shift them again
+        out = model(**kwargs, labels=rows, shift_labels=rows, num_items_in_batch=num_items_in_batch)
+        loss: torch.Tensor = out.loss * self.accelerator.num_processes
+        return loss
+
+
+class SkrullTrainer(SkrullTrainerMixin, Trainer):
+    """``Trainer`` whose every optimizer step is one plan iteration of ``planned`` (module doc)."""
+
+    def __init__(self, *args: Any, planned: PlannedBatches, **kwargs: Any) -> None:
+        kwargs.setdefault("train_dataset", _Steps(len(planned)))
+        super().__init__(*args, **kwargs)
+        self._use_plans(planned)

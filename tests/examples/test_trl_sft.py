@@ -1,0 +1,53 @@
+"""``examples/trl_sft.py``: a stock TRL SFT script on a chat dataset under plans, run as users run it
+(``torchrun --standalone --nproc-per-node 4``, gloo on CPU), whose first step equals the plain
+single-process ``SFTTrainer`` step on the same global batch."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.docs.test_links import ROOT
+
+pytest.importorskip("trl")
+
+from examples import trl_sft
+from skrull.corpus.order import global_batches
+
+BUCKET_TOKENS = 64
+
+
+def test_the_sft_script_under_torchrun_passes_its_check(tmp_path: Path) -> None:
+    data = tmp_path / "chats.jsonl"
+    rows = trl_sft.demo_chats(32, seed=3)
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    # the first global batch holds chats longer than one GPU's bucket: the plan must shard them over CP
+    tokenizer = trl_sft.build_tokenizer([r["messages"] for r in rows])
+    first = global_batches(len(rows), global_batch_size=8, seed=0)[0]
+    lengths = [len(tokenizer.apply_chat_template(rows[i]["messages"], tokenize=True, return_dict=True)["input_ids"])
+               for i in first]  # fmt: skip
+    assert max(lengths) > BUCKET_TOKENS
+    exe = shutil.which("torchrun", path=str(Path(sys.executable).parent))
+    assert exe is not None
+    cmd = [
+        exe, "--standalone", "--nproc-per-node", "4", str(ROOT / "examples" / "trl_sft.py"),
+        "--model-config", str(ROOT / "examples" / "models" / "qwen2-tiny.json"), "--data", str(data),
+        "--dp", "2", "--cp", "2", "--global-batch-size", "8", "--bucket-tokens", str(BUCKET_TOKENS),
+        "--max-steps", "2", "--check", "--output-dir", str(tmp_path / "out"),
+    ]  # fmt: skip
+    # nothing leaves the machine: no telemetry, no hub look-ups; the datasets cache under tmp_path
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1", "HF_HOME": str(tmp_path / "hf")}
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env, check=False)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    losses = [line for line in out.stdout.splitlines() if line.startswith("losses: ")]
+    assert len(losses) == 1 and len(losses[0].split()) == 3  # two steps, their world losses
+    assert "27 gradients and the loss" in out.stdout
+    largest = [line for line in out.stdout.splitlines() if line.startswith("largest relative error: ")]
+    assert len(largest) == 1 and float(largest[0].split()[3]) <= 1e-4
+    assert out.stdout.rstrip().endswith("check passed")
