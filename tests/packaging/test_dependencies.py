@@ -19,7 +19,8 @@ PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 EXTRAS_OF = {
     "solver": ("viz",),  # cairosvg, imported only to write PNG pictures
     "api": ("api",),
-    "worker": ("worker", "api", "hf", "trl"),  # the loader talks to the service; worker/hf runs transformers, TRL
+    # the loader talks to the service; worker/hf runs transformers and TRL; worker/megatron.py Megatron-Core
+    "worker": ("worker", "api", "hf", "trl", "megatron"),
     "corpus": ("data",),
     "cli": ("api", "worker", "data", "viz", "hf"),  # each command imports its extra when it runs
 }
