@@ -35,6 +35,7 @@ from transformers import Trainer
 
 from skrull.worker.collectives import GroupRegistry
 from skrull.worker.dataloader import PlannedBatches, ReadyIteration
+from skrull.worker.hf.attention import ATTN_IMPLEMENTATION
 from skrull.worker.hf.inputs import model_inputs
 from skrull.worker.hf.step import dacp_plans, global_target_count
 from skrull.worker.kernels import select_kernel
@@ -95,11 +96,27 @@ class SkrullTrainerMixin(_TrainerBase):
                 f"gradient_accumulation_steps={self.args.gradient_accumulation_steps}: "
                 f"{type(self).__name__} runs one plan iteration per step, give 1"
             )
+        model: Any = self.model
+        implementation = getattr(model.config, "_attn_implementation", None)
+        if implementation != ATTN_IMPLEMENTATION:
+            # shard pieces through a stock attention would train on truncated context, silently
+            raise ValueError(
+                f"attn_implementation={implementation!r}: a model trained under plans runs the DACP attention; "
+                f"build it with attn_implementation={ATTN_IMPLEMENTATION!r} (skrull.worker.hf.attention.register())"
+            )
+        # transformers 5 calls it activation_checkpointing (gradient_checkpointing, deprecated; TRL's default: on)
+        if (
+            getattr(self.args, "activation_checkpointing", None) or self.args.gradient_checkpointing
+        ) and planned.cp > 1:
+            raise ValueError(
+                f"activation_checkpointing=True (or gradient_checkpointing) with cp={planned.cp}: recomputing the "
+                "DACP attention in backward can order a CP group's collectives differently on its ranks, which "
+                "hangs; set activation_checkpointing=False, or plan with cp=1"
+            )
         # a resumed run starts at the checkpoint's step (``_Iterations``), not by replaying batches
         self.args.ignore_data_skip = True
         self.planned = planned
         self.registry = GroupRegistry()
-        model: Any = self.model
         self.kernel = select_kernel(self.args.device, next(model.parameters()).dtype)  # the model's dtype
         self.step_losses = []
 

@@ -136,13 +136,7 @@ class SkrullSFTTrainer(SkrullTrainerMixin, SFTTrainer):
                 "planned: equal_microbatches=False; TRL gathers metrics over the world on every microbatch, so "
                 "every rank needs the same count: plan with equal_microbatches=True"
             )
-        checkpointing = getattr(self.args, "activation_checkpointing", None) or self.args.gradient_checkpointing
-        if checkpointing and loader.cp > 1:
-            raise ValueError(
-                f"activation_checkpointing=True (SFTConfig's default gradient_checkpointing=True) with cp={loader.cp}: "
-                "recomputing the DACP attention in backward can order its collectives differently on the ranks of a "
-                "CP group, which hangs; set activation_checkpointing=False, or plan with cp=1"
-            )
+        # activation checkpointing with cp > 1 (TRL's default is on) is refused by ``_use_plans``
         self._use_plans(loader)
 
     def training_step(self, model: Any, inputs: Any, num_items_in_batch: Any = None) -> torch.Tensor:

@@ -1,0 +1,40 @@
+"""``SkrullTrainer`` refuses, before any step, what would train silently wrong or hang: a model whose
+attention is not DACP (shard pieces would meet a stock attention) and activation checkpointing with
+context parallelism (recomputation orders a CP group's collectives differently on its ranks)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from transformers import TrainingArguments
+
+from skrull.worker.dataloader import PlannedBatches
+from skrull.worker.hf.model import build_model, read_model_config
+from skrull.worker.hf.trainer import SkrullTrainer
+
+CONFIG = Path(__file__).resolve().parents[3] / "examples" / "models" / "qwen2-tiny.json"
+ROWS = [{"input_ids": list(range(n)), "labels": [*range(1, n), -100]} for n in (5, 9, 30, 70)]
+
+
+def trainer(tmp_path: Path, *, cp: int, attention: str | None = None, **args: Any) -> SkrullTrainer:
+    planned = PlannedBatches(
+        ROWS, [len(r["input_ids"]) for r in ROWS], rank=0, dp=1, cp=cp, global_batch_size=4,
+        profile="h100-80g/qwen2.5-0.5b", bucket_tokens=64, equal_microbatches=True, prefetch=0,
+    )  # fmt: skip
+    model = build_model(read_model_config(str(CONFIG)), seed=0, attn_implementation=attention)
+    training = TrainingArguments(output_dir=str(tmp_path / "out"), use_cpu=True, report_to=[], max_steps=1, **args)
+    return SkrullTrainer(model=model, args=training, planned=planned)
+
+
+def test_a_model_with_a_stock_attention_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"attn_implementation='sdpa'.*'skrull_dacp'"):
+        trainer(tmp_path, cp=1, attention="sdpa")
+    assert trainer(tmp_path, cp=1).planned.cp == 1  # the DACP attention is accepted
+
+
+def test_activation_checkpointing_is_refused_with_context_parallelism(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"activation_checkpointing=True \(or gradient_checkpointing\) with cp=2"):
+        trainer(tmp_path, cp=2, activation_checkpointing=True)
+    assert trainer(tmp_path, cp=1, activation_checkpointing=True).planned.cp == 1
