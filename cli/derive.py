@@ -7,6 +7,9 @@ result is an estimate (``estimated: true``) until ``skrull profile`` measures th
 
     skrull derive-profile --hf-config path/to/config.json --gpu a100-80g --output-dir my-profiles
     SKRULL_PROFILES_DIR=my-profiles skrull plan --dataset sharegpt --profile a100-80g/<model>
+
+``--tp N`` prices one GPU of an N-way tensor-parallel group (solver/derive.py) in a profile named
+``<gpu>/<model>-tpN``; N = 1 (the default) is the plain profile.
 """
 
 from __future__ import annotations
@@ -57,6 +60,13 @@ def add_parser(sub: Any) -> None:
     run.add_argument("--dp", type=int, default=None, help="data-parallel degree ZeRO splits states over (default 4)")
     run.add_argument("--zero-stage", type=int, default=None, choices=(0, 1, 2, 3), help="ZeRO stage (default 2)")
     run.add_argument("--mfu", type=float, default=None, help="model FLOP utilisation, 0..1 (default 0.30)")
+    run.add_argument(
+        "--tp",
+        type=int,
+        default=1,
+        help="tensor-parallel degree (Megatron-style, sequence parallel): price one GPU of a TP group "
+        "(must divide the attention heads and MLP width; default 1: none)",
+    )
     out = p.add_argument_group("output")
     out.add_argument("--output", "-o", metavar="FILE", help="write the profile here (default: stdout)")
     out.add_argument("--output-dir", metavar="DIR", help="write <gpu>__<model>.json here (for SKRULL_PROFILES_DIR)")
@@ -131,6 +141,8 @@ def setup_for(model: ModelConfig, args: argparse.Namespace) -> TrainingSetup:
         if not 0 < args.mfu <= 1:
             raise RequestError("--mfu", args.mfu, "must be a fraction in (0, 1]")
         setup = dataclasses.replace(setup, mfu=args.mfu)
+    if args.tp != 1:  # checked against the model by derive_profile (solver/derive.py check_tp)
+        setup = dataclasses.replace(setup, tp=args.tp)
     return setup
 
 
@@ -156,6 +168,8 @@ def models_from_args(args: argparse.Namespace) -> list[ModelConfig]:
 def cmd_derive_profile(args: argparse.Namespace) -> int:
     if args.write_bundled and (args.hf_config or args.output or args.output_dir):
         raise RequestError("--write-bundled", True, "rewrites the bundled built-in profiles only; use --output-dir")
+    if args.write_bundled and args.tp != 1:
+        raise RequestError("--tp", args.tp, "the bundled profiles are for tp 1; write TP profiles with --output-dir")
     if args.all and args.output:
         raise RequestError("--output", args.output, "one file cannot hold every model; use --output-dir")
     gpu = gpu_from_args(args)
@@ -167,7 +181,7 @@ def cmd_derive_profile(args: argparse.Namespace) -> int:
                 "--gpu",
                 gpu.name,
                 f"{model.name} does not fit: {static_gib:.1f} GiB of weights, gradients and optimizer states "
-                f"per GPU leave no room for activations (raise --dp or --zero-stage)",
+                f"per GPU leave no room for activations (raise --dp, --zero-stage or --tp)",
             )
         text = dumps(profile.to_dict())
         target = _target(profile.name, args)

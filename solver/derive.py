@@ -28,14 +28,39 @@ Per-microbatch overhead: ``framework_ms`` (launches, data movement, hooks) plus 
 per-micro-step gradient reduction that backward does not hide:
     microbatch_ms = framework_ms + (1 - overlap) * 2P bytes / dp_bandwidth
 
+Tensor parallelism of degree t (``TrainingSetup.tp``; Megatron-style with sequence parallelism: attention
+heads, MLP columns and the vocabulary split over t GPUs, norm and dropout activations split along the
+sequence; Shoeybi et al. 2019, "Megatron-LM", sec. 3; Korthikanti et al. 2022, sec. 4.2). The planner
+still sees one GPU per DP x CP slot, so every coefficient is what one GPU of a TP group does for a token:
+    kv_t = ceil(h_kv_heads / t) * head_dim   (K/V heads per rank; replicated when h_kv_heads < t)
+    flops_per_token    = 3 * layers * ((4*h*q + 16*h^2) / t + 4*h*kv_t) + tp_comm_flops
+    flops_per_token_sq = 3 * layers * 4*q / t
+    bytes_per_token    = layers * 2 * kv_t * 2 B * 2
+    static             = the ZeRO terms above for P_t = P_norms + (P - P_norms - P_kv) / t + P_kv(kv_t)
+                         parameters per rank (norm weights replicated, K/V projections per kv_t)
+    alpha              = (layers * (8*h + 4*q + 8*I) + 6*V) / t + layers * 4*kv_t
+                         (Korthikanti eq. for t-way TP with sequence parallelism: sbh(34 + 5as/h)/t per layer,
+                         every activation split over t; the logits split over the vocabulary)
+    microbatch_ms      = framework_ms + (1 - overlap) * 2*P_t bytes / dp_bandwidth
+TP communication (Korthikanti sec. 4.2.2: four all-reduces per layer in forward plus backward, or with
+sequence parallelism four all-gathers and four reduce-scatters of the same volume) of h * 2 B per token,
+over the node's link at the CP bus bandwidth (``GpuSpec.cp_bus_bandwidth_gbs``; TP stays in a node):
+    tp_ms_per_token = layers * 4 * 2*(t-1)/t * h * 2 B / tp_bus_bandwidth
+not overlapped with compute, is folded into the compute coefficient as the FLOPs that take as long at
+the profile's rate, ``tp_comm_flops = tp_ms_per_token * 1e12 / ms_per_tflop``, so ``T_comp`` charges it
+per token; each collective's latency goes into ``compute.fixed_ms`` (``layers * 8 * latency``). With
+t = 1 every formula is the one above and the profile is unchanged.
+
 Every constant below carries its source; what is assumed says so.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from skrull.solver.errors import RequestError
 from skrull.solver.gpus import GPUS as GPUS  # re-exported: callers take models and GPUs from here
 from skrull.solver.gpus import GpuSpec as GpuSpec
 from skrull.solver.profile import CommCoeffs, ComputeCoeffs, Profile
@@ -92,6 +117,8 @@ class TrainingSetup:
     collective_latency_ms: float = 0.035
     framework_ms: float = 3.0
     grad_reduce_overlap: float = 0.75
+    #: Tensor-parallel degree (Megatron-style, with sequence parallelism); 1: no tensor parallelism.
+    tp: int = 1
 
 
 def _model(
@@ -151,44 +178,111 @@ PAPER_BUCKET_TOKENS: dict[str, int] = {"qwen2.5-0.5b": 26_000, "qwen2.5-7b": 13_
 PAPER_GPU = "h100-80g"
 
 
-def flops_coefficients(model: ModelConfig) -> tuple[float, float]:
-    """(flops_per_token, flops_per_token_sq): Skrull eq. 13 x layers x 3.
+#: Tensor-parallel all-reduces per layer in forward plus backward (Korthikanti et al. 2022, sec. 4.2.2:
+#: two forward, after attention and after the MLP, and their two conjugates backward); with sequence
+#: parallelism each is a reduce-scatter plus an all-gather of the same total volume.
+TP_ALLREDUCES_PER_LAYER = 4
+#: Collectives, and so launch latencies, per layer with sequence parallelism: 4 all-gathers + 4 reduce-scatters.
+TP_COLLECTIVES_PER_LAYER = 8
+
+
+def check_tp(model: ModelConfig, tp: int) -> None:
+    """A TP degree splits whole attention heads and whole MLP columns (Megatron's column-parallel layers
+    divide their output dimension exactly), so ``tp`` must divide both; K/V heads may be replicated."""
+    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+        raise RequestError("--tp", tp, "must be an integer >= 1")
+    if model.num_heads % tp:
+        raise RequestError("--tp", tp, f"must divide {model.name}'s {model.num_heads} attention heads")
+    if model.intermediate_size % tp:
+        raise RequestError("--tp", tp, f"must divide {model.name}'s MLP width {model.intermediate_size}")
+
+
+def kv_heads_per_tp_rank(model: ModelConfig, tp: int = 1) -> int:
+    """``ceil(num_kv_heads / tp)``: each rank holds its share of the K/V heads, and one whole head where
+    there are fewer K/V heads than ranks (each K/V head is then replicated on ``tp / num_kv_heads`` ranks,
+    as Megatron does for grouped-query attention); with an uneven split the busiest rank is charged."""
+    return -(-model.num_kv_heads // tp)
+
+
+def kv_hidden_per_tp_rank(model: ModelConfig, tp: int = 1) -> int:
+    """Width of one rank's K (or V): ``kv_heads_per_tp_rank * head_dim`` (``kv_hidden_size`` at tp = 1)."""
+    return kv_heads_per_tp_rank(model, tp) * model.head_dim
+
+
+def params_per_tp_rank(model: ModelConfig, tp: int = 1) -> float:
+    """Parameters one rank of a TP group holds: the RMSNorm weights (``2*h`` per layer and the final ``h``)
+    replicated, the K/V projections (and biases) at the rank's ``kv_t`` width, every other matrix (Q, O,
+    the MLP, the vocabulary-parallel embeddings and LM head) split ``1/tp``; ``num_params`` at tp = 1."""
+    h, kv, kv_t = model.hidden_size, model.kv_hidden_size, kv_hidden_per_tp_rank(model, tp)
+    norms = 2 * h * model.num_layers + h
+    per_kv_width = model.num_layers * 2 * (h + (1 if model.qkv_bias else 0))  # K and V weights (+ biases)
+    split = model.num_params - norms - per_kv_width * kv
+    return float(split + (norms + per_kv_width * kv_t) * tp) / tp
+
+
+def flops_coefficients(model: ModelConfig, tp: int = 1) -> tuple[float, float]:
+    """(flops_per_token, flops_per_token_sq): Skrull eq. 13 x layers x 3, for one rank of a TP group.
 
     Eq. 13's ``20*h^2`` is the query and output projections (``4*h^2``) plus the MLP (``16*h^2``), and its
     ``4*h*S^2`` is the two attention matmuls; with queries of width ``q = heads * head_dim != h`` (Gemma)
     those terms become ``4*h*q`` and ``4*q*S^2``. For every model with ``q == h`` this is eq. 13 exactly.
+    Under tensor parallelism every term is split ``1/tp`` (heads and MLP columns) except the K/V
+    projections, at the rank's width ``kv_t`` (replicated heads are computed on every rank holding them).
+    The TP communication is not in these FLOPs (``tp_comm_ms_per_token``).
     """
-    h, q, kv = model.hidden_size, model.q_hidden_size, model.kv_hidden_size
-    per_token = 3 * model.num_layers * (4 * h * q + 16 * h * h + 4 * h * kv)
+    h, q, kv_t = model.hidden_size, model.q_hidden_size, kv_hidden_per_tp_rank(model, tp)
+    per_token = 3 * model.num_layers * (4 * h * q + 16 * h * h + 4 * h * kv_t * tp)
     per_token_sq = 3 * model.num_layers * 4 * q
-    return float(per_token), float(per_token_sq)
+    return float(per_token) / tp, float(per_token_sq) / tp
 
 
-def comm_bytes_per_token(model: ModelConfig, *, bytes_per_value: int = 2) -> float:
-    """K and V gathered forward and their gradients reduced backward, every layer."""
-    return float(model.num_layers * 2 * model.kv_hidden_size * bytes_per_value * 2)
+def comm_bytes_per_token(model: ModelConfig, *, bytes_per_value: int = 2, tp: int = 1) -> float:
+    """K and V gathered forward and their gradients reduced backward, every layer: each rank of a TP group
+    exchanges its own ``kv_t`` heads with its CP peers (the same TP rank of the other CP slots)."""
+    return float(model.num_layers * 2 * kv_hidden_per_tp_rank(model, tp) * bytes_per_value * 2)
+
+
+def tp_comm_bytes_per_token(model: ModelConfig, tp: int, *, bytes_per_value: int = 2) -> float:
+    """Bus bytes one rank moves per token for tensor parallelism: ``TP_ALLREDUCES_PER_LAYER`` all-reduces
+    of ``h`` values per token per layer, each moving ``2*(t-1)/t`` of its size over a rank's link (ring
+    all-reduce, or its reduce-scatter plus all-gather halves; the nccl-tests "bus bandwidth" convention)."""
+    size = model.hidden_size * bytes_per_value
+    return float(model.num_layers * TP_ALLREDUCES_PER_LAYER * 2 * (tp - 1) * size) / tp
+
+
+def tp_comm_ms_per_token(model: ModelConfig, gpu: GpuSpec, tp: int) -> float:
+    """``tp_comm_bytes_per_token / bus bandwidth`` in ms, at ``gpu.cp_bus_bandwidth_gbs``: a TP group sits
+    inside one node, on the same NVLink (or PCIe) the CP all-gathers use, at the same achieved fraction."""
+    return tp_comm_bytes_per_token(model, tp) / (gpu.cp_bus_bandwidth_gbs * 1e9) * 1e3
 
 
 def static_memory_bytes(model: ModelConfig, setup: TrainingSetup) -> float:
-    p = model.num_params
+    """Weights, gradients and Adam states per GPU (ZeRO over ``dp``) of one TP rank's ``params_per_tp_rank``."""
+    p = params_per_tp_rank(model, setup.tp)
     weights = 2.0 * p / (setup.dp if setup.zero_stage >= 3 else 1)
     grads = 2.0 * p / (setup.dp if setup.zero_stage >= 2 else 1)
     optimizer = 12.0 * p / (setup.dp if setup.zero_stage >= 1 else 1)
     return weights + grads + optimizer
 
 
-def activation_bytes_per_token(model: ModelConfig) -> float:
+def activation_bytes_per_token(model: ModelConfig, tp: int = 1) -> float:
     """``layers * (8*h + 4*q + 4*h_kv + 8*I) + 6*V``: the module docstring's ``12*h`` with the queries and
-    attention output (``4*h`` of it) counted at their own width ``q``."""
-    h, q, kv, i = model.hidden_size, model.q_hidden_size, model.kv_hidden_size, model.intermediate_size
-    return float(model.num_layers * (8 * h + 4 * q + 4 * kv + 8 * i) + 6 * model.vocab_size)
+    attention output (``4*h`` of it) counted at their own width ``q``.
+
+    Under TP with sequence parallelism (Korthikanti et al. 2022, sec. 4.2.2, table 2: ``sbh(34 + 5as/h)/t``
+    per layer) each rank holds ``1/tp`` of every term: the norm inputs and outputs (``8*h``) split along
+    the sequence, Q and the attention output (``4*q``) and the MLP's ``8*I`` split by heads and columns,
+    the logits (``6*V``) by the vocabulary; K and V (``4*h_kv``) are held at the rank's ``kv_t`` width.
+    """
+    h, q, kv_t, i = model.hidden_size, model.q_hidden_size, kv_hidden_per_tp_rank(model, tp), model.intermediate_size
+    return float(model.num_layers * (8 * h + 4 * q + 4 * kv_t * tp + 8 * i) + 6 * model.vocab_size) / tp
 
 
 def derived_bucket_tokens(model: ModelConfig, gpu: GpuSpec, setup: TrainingSetup) -> int:
     free = free_memory_bytes(model, gpu, setup)
     if free <= 0:
         return 0
-    return int(free // activation_bytes_per_token(model))
+    return int(free // activation_bytes_per_token(model, setup.tp))
 
 
 def free_memory_bytes(model: ModelConfig, gpu: GpuSpec, setup: TrainingSetup) -> float:
@@ -199,11 +293,19 @@ def free_memory_bytes(model: ModelConfig, gpu: GpuSpec, setup: TrainingSetup) ->
 def calibrated_bucket_tokens(model: ModelConfig, gpu: GpuSpec, setup: TrainingSetup, paper_tokens: int) -> int:
     """``paper_tokens * free(gpu) / free(H100 80 GB)``: the measured bucket scaled by free memory, so that
     the measured activation bytes per token (not the formula's) price every GPU; exactly the paper's
-    value on the GPU it was measured on."""
+    value on the GPU it was measured on.
+
+    Under TP the measured bytes per token (``free(H100, tp = 1) / paper_tokens``) are scaled by the
+    derivation's share ``activation_bytes_per_token(tp) / activation_bytes_per_token(1)`` (``1/tp`` but
+    for replicated K/V heads) and divide this rank's free memory.
+    """
     free = free_memory_bytes(model, gpu, setup)
-    reference = free_memory_bytes(model, GPUS[PAPER_GPU], setup)
+    reference = free_memory_bytes(model, GPUS[PAPER_GPU], dataclasses.replace(setup, tp=1))
     if free <= 0:
         return 0
+    if setup.tp > 1:
+        share = activation_bytes_per_token(model, setup.tp) / activation_bytes_per_token(model)
+        return int(free // (reference / paper_tokens * share))
     if gpu.memory_bytes == GPUS[PAPER_GPU].memory_bytes:
         return paper_tokens
     return int(paper_tokens * free / reference)
@@ -213,19 +315,28 @@ def derive_profile(model: ModelConfig, gpu: GpuSpec, setup: TrainingSetup | None
     """A profile with every number's source; ``estimated: true`` until ``skrull profile`` measures it.
 
     The bucket is Skrull's measured value where the paper gives one (Qwen2.5-0.5B, 7B with the default
-    setup), scaled by free memory to other GPUs (``calibrated_bucket_tokens``), otherwise the derivation;
-    both are recorded under ``memory``.
+    setup, any TP degree), scaled by free memory to other GPUs (``calibrated_bucket_tokens``), otherwise
+    the derivation; both are recorded under ``memory``. With ``setup.tp > 1`` the profile prices one rank
+    of a TP group (module docstring), is named ``<gpu>/<model>-tp<t>`` and records ``setup.tp`` and a
+    ``tensor_parallel`` block; with ``tp = 1`` neither is written and the profile is the plain one.
     """
     setup = setup or SETUPS.get(model.name, TrainingSetup())
-    fpt, fpt_sq = flops_coefficients(model)
-    bpt = comm_bytes_per_token(model)
+    tp = setup.tp
+    check_tp(model, tp)
+    fpt, fpt_sq = flops_coefficients(model, tp)
+    bpt = comm_bytes_per_token(model, tp=tp)
     derived = derived_bucket_tokens(model, gpu, setup)
-    paper = PAPER_BUCKET_TOKENS.get(model.name) if setup == TrainingSetup() else None
+    paper = PAPER_BUCKET_TOKENS.get(model.name) if dataclasses.replace(setup, tp=1) == TrainingSetup() else None
     bucket = derived if paper is None else calibrated_bucket_tokens(model, gpu, setup, paper)
-    ms_per_tflop = 1e3 / (gpu.peak_bf16_tflops * setup.mfu)
+    ms_per_tflop = round(1e3 / (gpu.peak_bf16_tflops * setup.mfu), 6)
     ms_per_mib = 2**20 / (gpu.cp_bus_bandwidth_gbs * 1e9) * 1e3
-    grad_ms = 2.0 * model.num_params / (gpu.dp_bandwidth_gbs * 1e9) * 1e3
+    params = params_per_tp_rank(model, tp)
+    grad_ms = 2.0 * params / (gpu.dp_bandwidth_gbs * 1e9) * 1e3
     microbatch_ms = setup.framework_ms + (1.0 - setup.grad_reduce_overlap) * grad_ms
+    fixed_ms = setup.compute_fixed_ms_per_layer * model.num_layers
+    tp_ms = tp_comm_ms_per_token(model, gpu, tp)
+    tp_flops = tp_ms * 1e12 / ms_per_tflop
+    tp_fixed_ms = TP_COLLECTIVES_PER_LAYER * setup.collective_latency_ms * model.num_layers
     extra: dict[str, Any] = {
         "estimated": True,
         "model": {
@@ -263,20 +374,26 @@ def derive_profile(model: ModelConfig, gpu: GpuSpec, setup: TrainingSetup | None
             "derived_bucket_tokens": derived,
             "paper_bucket_tokens": paper,
             "static_bytes": static_memory_bytes(model, setup),
-            "activation_bytes_per_token": activation_bytes_per_token(model),
+            "activation_bytes_per_token": activation_bytes_per_token(model, tp),
             "source": "bucket_tokens: Skrull section 5.1 where given (scaled by free memory off the 80 GB H100), "
             "else derived (solver/derive.py)",
         },
         "microbatch_source": f"{setup.framework_ms} ms framework (assumed) + {1 - setup.grad_reduce_overlap:.2f} x "
         f"ZeRO-2 gradient reduction of 2P bytes at {gpu.dp_bandwidth_gbs} GB/s",
     }
+    name = f"{gpu.name}/{model.name}"
+    if tp > 1:
+        name = f"{name}-tp{tp}"
+        _describe_tp(extra, model, gpu, setup, flops=(fpt, tp_flops), tp_ms=tp_ms, tp_fixed_ms=tp_fixed_ms)
+        fpt += tp_flops
+        fixed_ms += tp_fixed_ms
     return Profile(
-        name=f"{gpu.name}/{model.name}",
+        name=name,
         compute=ComputeCoeffs(
             flops_per_token=fpt,
             flops_per_token_sq=fpt_sq,
-            ms_per_tflop=round(ms_per_tflop, 6),
-            fixed_ms=round(setup.compute_fixed_ms_per_layer * model.num_layers, 6),
+            ms_per_tflop=ms_per_tflop,
+            fixed_ms=round(fixed_ms, 6),
         ),
         comm=CommCoeffs(
             bytes_per_token=bpt,
@@ -287,3 +404,45 @@ def derive_profile(model: ModelConfig, gpu: GpuSpec, setup: TrainingSetup | None
         microbatch_ms=round(microbatch_ms, 6),
         extra=extra,
     )
+
+
+def _describe_tp(
+    extra: dict[str, Any],
+    model: ModelConfig,
+    gpu: GpuSpec,
+    setup: TrainingSetup,
+    *,
+    flops: tuple[float, float],
+    tp_ms: float,
+    tp_fixed_ms: float,
+) -> None:
+    """Record the TP degree (``setup.tp``) and what it changed, with sources, in a profile's extra fields."""
+    tp = setup.tp
+    extra["setup"]["tp"] = tp
+    extra["setup"]["source"] += f"; tensor parallelism of degree {tp} with sequence parallelism (given)"
+    extra["tensor_parallel"] = {
+        "degree": tp,
+        "kv_heads_per_rank": kv_heads_per_tp_rank(model, tp),
+        "params_per_rank": params_per_tp_rank(model, tp),
+        "flops_per_token": flops[0],
+        "comm_flops_per_token": flops[1],
+        "comm_bytes_per_token": tp_comm_bytes_per_token(model, tp),
+        "comm_ms_per_token": tp_ms,
+        "comm_fixed_ms": round(tp_fixed_ms, 6),
+        "bus_bandwidth_gbs": gpu.cp_bus_bandwidth_gbs,
+        "source": (
+            f"one rank of a {tp}-way Megatron-style TP group with sequence parallelism (Shoeybi et al. 2019; "
+            "Korthikanti et al. 2022, sec. 4.2): FLOPs, K/V bytes, parameters and activations split 1/tp "
+            f"(K/V heads: ceil({model.num_kv_heads}/{tp}) per rank, replicated when fewer than tp; norm weights "
+            f"replicated); TP traffic {TP_ALLREDUCES_PER_LAYER} all-reduces of hidden * 2 B per token per layer "
+            f"(x 2(t-1)/t bus bytes) at the {gpu.cp_bus_bandwidth_gbs} GB/s intra-node bus bandwidth, not "
+            "overlapped, folded into compute.flops_per_token as comm_flops_per_token = comm_ms_per_token * 1e12 "
+            f"/ ms_per_tflop; {TP_COLLECTIVES_PER_LAYER} collectives x {setup.collective_latency_ms} ms per layer "
+            "added to compute.fixed_ms (assumed latency)"
+        ),
+    }
+    extra["compute"]["source"] += (
+        f"; one rank's 1/{tp} share plus TP communication and latency (tensor_parallel.source)"
+    )
+    extra["comm"]["source"] += f"; kv_hidden: this rank's {kv_heads_per_tp_rank(model, tp)} K/V heads"
+    extra["microbatch_source"] += f" (P: this rank's {tp}-way TP share, tensor_parallel.params_per_rank)"

@@ -137,3 +137,42 @@ def test_write_bundled_rewrites_the_bundled_files_unchanged(capsys: pytest.Captu
     code, out, _ = run(capsys, "--all")
     assert code == 0
     assert out.count('"estimated": true') == len(MODELS)
+
+
+def test_tp_1_is_the_plain_profile_and_tp_2_the_derivation_for_one_gpu_of_the_group(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, plain, _ = run(capsys, "--all")
+    assert (code, run(capsys, "--all", "--tp", "1")) == (0, (0, plain, ""))
+    code, out, err = run(capsys, "--model", "llama2-13b", "--gpu", "a100-80g", "--tp", "4")
+    assert code == 0, err
+    setup = TrainingSetup(dp=8, zero_stage=3, tp=4)  # llama2-13b's own setup (solver/derive.py SETUPS)
+    expected = derive_profile(MODELS["llama2-13b"], GPUS["a100-80g"], setup)
+    assert json.loads(out) == json.loads(json.dumps(expected.to_dict()))
+    assert expected.name == "a100-80g/llama2-13b-tp4" and expected.extra["setup"]["tp"] == 4
+
+
+def test_a_tp_profile_written_to_a_folder_plans_and_validates(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = write_config(tmp_path, "llama-3-8b")  # 32 heads, 8 K/V heads
+    folder = tmp_path / "profiles"
+    code, out, err = run(capsys, "--hf-config", str(config), "--tp", "8", "--output-dir", str(folder))
+    assert code == 0, err
+    assert out.strip() == f"wrote {folder / 'h100-80g__llama-3-8b-tp8.json'}"
+    monkeypatch.setenv(PROFILES_DIR_ENV, str(folder))
+    request, plan = tmp_path / "request.json", tmp_path / "plan.json"
+    argv = ["--dataset", "sharegpt", "--dp", "2", "--cp", "4", "--per-rank", "8"]
+    argv += ["--profile", "h100-80g/llama-3-8b-tp8"]
+    assert main(["request", *argv, "-o", str(request)]) == 0
+    assert main(["plan", "--request", str(request), "-o", str(plan)]) == 0
+    capsys.readouterr()
+    assert main(["validate", "--request", str(request), "--plan", str(plan)]) == 0
+    assert capsys.readouterr().out.startswith("valid: ")
+
+
+def test_tp_mistakes_name_the_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    assert "--tp: 3: must divide llama2-7b's 32 attention heads" in _error(capsys, "--model", "llama2-7b", "--tp", "3")
+    assert "--tp: 0: must be an integer >= 1" in _error(capsys, "--tp", "0")
+    assert "--tp: 4: must divide qwen2.5-0.5b's 14" in _error(capsys, "--all", "--tp", "4")
+    assert "--tp: 2: the bundled profiles are for tp 1" in _error(capsys, "--all", "--tp", "2", "--write-bundled")
