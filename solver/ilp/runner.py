@@ -69,13 +69,16 @@ class Child:
 
     def collect(self, *, deadline: float, grace_s: float, on_report: Callable[[Any], None] | None = None) -> RunOutcome:
         """Wait until ``deadline + grace_s`` for the answer, then kill the child (always). Every report
-        is passed to ``on_report`` as it arrives; the last one is the payload of a killed child."""
+        is passed to ``on_report`` as it arrives, those already sent when the deadline has passed too; the
+        last one is the payload of a killed child."""
         payload: Any = None
         receiver = self.receiver
         try:
             while True:
                 remaining = deadline + grace_s - time.monotonic()
-                if remaining <= 0 or not receiver.poll(remaining):
+                # past the deadline, what the child already sent is still read (a caller that comes to
+                # collect late, having worked meanwhile, gets every report made in time)
+                if not receiver.poll(max(0.0, remaining)):
                     return RunOutcome(payload=payload, killed=True)
                 try:
                     kind, value = receiver.recv()
