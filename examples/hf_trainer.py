@@ -43,7 +43,8 @@ RESUME_TOLERANCE = 1e-6
 
 
 def read_rows(path: str) -> list[dict[str, list[int]]]:
-    """Rows as the loader reads them: labels become next-token targets (``-100`` after the last)."""
+    """Rows in Hugging Face's convention: ``labels`` aligned with ``input_ids`` (the model shifts them),
+    ``input_ids`` themselves when a row has none; the loader is told so (``label_convention="hf"``)."""
     rows = []
     for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines()):
         if not line.strip():
@@ -53,7 +54,7 @@ def read_rows(path: str) -> list[dict[str, list[int]]]:
         labels = [int(t) for t in doc.get("labels", ids)]
         if len(labels) != len(ids) or len(ids) < 2:
             raise SystemExit(f"--data: row {number}: needs >= 2 input_ids and labels of the same length")
-        rows.append({"input_ids": ids, "labels": [*labels[1:], -100]})
+        rows.append({"input_ids": ids, "labels": labels})
     return rows
 
 
@@ -165,23 +166,28 @@ def main(argv: list[str] | None = None) -> int:
         average_tokens_across_devices=True,
         remove_unused_columns=False,
     )
-    device = training.device  # initializes torch.distributed under torchrun
+    device = training.device  # skrull: initializes torch.distributed under torchrun, before the mesh
     mesh = init_device_mesh(device.type, (args.dp, args.cp), mesh_dim_names=("dp", "cp"))  # skrull
     rows = read_rows(args.data)
     planned = PlannedBatches(  # skrull
         rows, [len(r["input_ids"]) for r in rows], mesh=mesh, global_batch_size=args.global_batch_size,
         profile=args.profile, bucket_tokens=args.bucket_tokens, seed=args.seed, equal_microbatches=True,
-        num_iterations=args.max_steps, device=device,
+        num_iterations=args.max_steps, device=device, label_convention="hf",
     )  # fmt: skip
+    if len(planned) < args.max_steps:
+        raise SystemExit(
+            f"--max-steps {args.max_steps}: --data holds {len(rows)} rows, {len(planned)} global batches of "
+            f"{args.global_batch_size}; give more rows or fewer steps"
+        )
     if args.model_config:
         config = read_model_config(args.model_config)
-        model = build_model(config, seed=args.seed, device=device)
+        model = build_model(config, seed=args.seed, device=device)  # skrull: DACP attention
     else:
         from transformers import AutoModelForCausalLM
 
         from skrull.worker.hf.attention import register
 
-        loaded: Any = AutoModelForCausalLM.from_pretrained(
+        loaded: Any = AutoModelForCausalLM.from_pretrained(  # skrull: DACP attention
             args.model, attn_implementation=register(), dtype=torch.float32
         )
         model = loaded.to(device)
@@ -210,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     loss = plain_step(
         reference,
         [torch.tensor(rows[i]["input_ids"]) for i in batch],
-        labels=[torch.tensor([-100, *rows[i]["labels"][:-1]]) for i in batch],  # back to the model's convention
+        labels=[torch.tensor(rows[i]["labels"]) for i in batch],
     )
     errors = {"loss": abs(trainer.step_losses[0] - loss) / abs(loss)}
     for name, param in reference.named_parameters():

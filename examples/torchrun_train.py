@@ -33,7 +33,7 @@ if str(ROOT) not in sys.path:  # run from a checkout without installing
 from skrull.worker import grad_sync  # noqa: E402  # skrull
 from skrull.worker.dataloader import PlannedBatches  # noqa: E402  # skrull
 from skrull.worker.groups import IterationGroups  # noqa: E402  # skrull
-from skrull.worker.hf.model import build_model, read_model_config  # noqa: E402
+from skrull.worker.hf.model import build_model, read_model_config  # noqa: E402  # skrull
 from skrull.worker.hf.step import plain_step, scheduled_step  # noqa: E402  # skrull
 from skrull.worker.kernels import select_kernel  # noqa: E402  # skrull
 
@@ -41,7 +41,8 @@ TOLERANCE = 1e-4
 
 
 def read_rows(path: str) -> list[dict[str, list[int]]]:
-    """Rows as the loader reads them: labels become next-token targets (``-100`` after the last)."""
+    """Rows in Hugging Face's convention: ``labels`` aligned with ``input_ids`` (the model shifts them),
+    ``input_ids`` themselves when a row has none; the loader is told so (``label_convention="hf"``)."""
     rows = []
     for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines()):
         if line.strip():
@@ -49,7 +50,7 @@ def read_rows(path: str) -> list[dict[str, list[int]]]:
             ids, labels = doc["input_ids"], doc.get("labels", doc["input_ids"])
             if len(labels) != len(ids) or len(ids) < 2:
                 raise SystemExit(f"--data: row {number}: needs >= 2 input_ids and labels of the same length")
-            rows.append({"input_ids": ids, "labels": [*labels[1:], -100]})
+            rows.append({"input_ids": ids, "labels": labels})
     return rows
 
 
@@ -82,9 +83,14 @@ def main(argv: list[str] | None = None) -> int:
     planned = PlannedBatches(  # skrull
         rows, [len(r["input_ids"]) for r in rows], mesh=mesh, global_batch_size=args.global_batch_size,
         profile=args.profile, bucket_tokens=args.bucket_tokens, seed=args.seed, num_iterations=args.steps,
-        equal_microbatches=args.grad_sync != "allreduce", device=device,
+        equal_microbatches=args.grad_sync != "allreduce", device=device, label_convention="hf",
     )  # fmt: skip
-    model = build_model(read_model_config(args.model_config), seed=args.seed, device=device)  # DACP attention
+    if len(planned) < args.steps:
+        raise SystemExit(
+            f"--steps {args.steps}: --data holds {len(rows)} rows, {len(planned)} global batches of "
+            f"{args.global_batch_size}; give more rows or fewer steps"
+        )
+    model = build_model(read_model_config(args.model_config), seed=args.seed, device=device)  # skrull: DACP attention
     model = grad_sync.wrap(model, args.grad_sync)  # skrull: DDP / FSDP2 that sum over the world
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
     groups = IterationGroups(planned)  # skrull
@@ -93,7 +99,9 @@ def main(argv: list[str] | None = None) -> int:
     losses = []
     for ready in planned:  # skrull: one plan iteration per optimizer step
         optimizer.zero_grad()
-        result = scheduled_step(model, ready.microbatches, registry=groups(ready), kernel=kernel, device=device)
+        result = scheduled_step(  # skrull: this rank's microbatches, forward and backward, synced on the last
+            model, ready.microbatches, registry=groups(ready), kernel=kernel, device=device
+        )
         if args.check and not first_grads:
             first_grads = grad_sync.full_gradients(model)  # a collective under FSDP: every rank
         optimizer.step()
@@ -119,7 +127,7 @@ def check(
     want = plain_step(
         reference,
         [torch.tensor(rows[i]["input_ids"]) for i in batch],
-        labels=[torch.tensor([-100, *rows[i]["labels"][:-1]]) for i in batch],
+        labels=[torch.tensor(rows[i]["labels"]) for i in batch],
     )
     errors = {"loss": abs(loss - want) / abs(want)}
     for name, param in reference.named_parameters():

@@ -30,9 +30,13 @@ one iteration ahead it is ~0 when planning an iteration takes less than training
 run had.
 
 Dataset items are ``{"input_ids": ..., "labels": ...}`` (sequences of ints or 1-D tensors of equal
-length, labels already aligned with inputs, ``-100`` where no loss is taken) or a bare sequence of
-input ids (labels then are the next token, ``-100`` at the end). ``len(input_ids)`` must equal
-``lengths[index]``: the lengths the plan was made for.
+length, ``-100`` where no loss is taken) or a bare sequence of input ids (every next token a target).
+Labels come in one of two conventions, named by ``label_convention``: ``"next_token"`` (the default: the
+label at position t is the target of position t, the next token; what the packed buffer holds, so a
+shard piece carries its own targets) or ``"hf"`` (Hugging Face's: the label at t is token t itself and
+the model shifts; the loader shifts them here, once). Passing Hugging Face labels as ``"next_token"``
+would train each position to predict itself: the convention is a choice, not a guess.
+``len(input_ids)`` must equal ``lengths[index]``: the lengths the plan was made for.
 """
 
 from __future__ import annotations
@@ -168,6 +172,10 @@ def resolve_rank(*, rank: int | None, dp: int | None, cp: int | None, mesh: Devi
     return rank, dp, cp
 
 
+#: How a dataset's labels are aligned (module doc).
+LABEL_CONVENTIONS = ("next_token", "hf")
+
+
 class PlannedBatches:
     """Iterate ``ReadyIteration`` objects for ``rank`` (see the module docstring)."""
 
@@ -199,6 +207,7 @@ class PlannedBatches:
         equal_microbatches: bool = False,
         deterministic: bool = True,
         defer_max_sequences: int = 0,
+        label_convention: str = "next_token",
     ) -> None:
         rank, dp, cp = resolve_rank(rank=rank, dp=dp, cp=cp, mesh=mesh)
         if batches_per_plan < 1:
@@ -236,6 +245,11 @@ class PlannedBatches:
         #: the same request gives the same plan on any machine and under any load, so every rank (and a
         #: resumed run) sees the same plan without a broadcast
         self.deterministic = deterministic
+        if label_convention not in LABEL_CONVENTIONS:
+            raise RequestError(
+                "label_convention", label_convention, f"must be one of {', '.join(LABEL_CONVENTIONS)} (module doc)"
+            )
+        self.label_convention = label_convention
         #: how many sequences of each global batch a plan may defer to the next iteration (solver/defer.py)
         self.defer_max_sequences = defer_max_sequences
         self.batches_per_plan = batches_per_plan
@@ -411,6 +425,8 @@ class PlannedBatches:
             ids, labels = _as_tensor(item, "input_ids", index), None
         if labels is None:
             labels = torch.cat([ids[1:], torch.tensor([IGNORE_INDEX], dtype=torch.long)])
+        elif self.label_convention == "hf":  # the label of position t + 1 is the target of position t
+            labels = torch.cat([labels[1:], torch.tensor([IGNORE_INDEX], dtype=torch.long, device=labels.device)])
         if ids.shape[0] != self.lengths[index] or labels.shape[0] != ids.shape[0]:
             raise RequestError(
                 f"dataset[{index}]",

@@ -1,0 +1,53 @@
+"""The loader reads labels in the convention it is told: Hugging Face's (the model shifts) is shifted once
+into next-token targets, giving exactly the microbatches of rows that carry those targets already; an
+unknown convention is refused, naming the field."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from skrull.solver.errors import RequestError
+from skrull.worker.dataloader import PlannedBatches
+
+PROFILE = "h100-80g/qwen2.5-0.5b"
+
+
+def rows_both_ways(n: int, seed: int) -> tuple[list[dict[str, list[int]]], list[dict[str, list[int]]]]:
+    rng = random.Random(seed)
+    hf, targets = [], []
+    for _ in range(n):
+        ids = [rng.randrange(128) for _ in range(rng.choice([2, 5, 17, 40, 90]))]
+        prompt = len(ids) // 3
+        labels = [-100] * prompt + ids[prompt:]  # Hugging Face: aligned with input_ids, a masked prompt
+        hf.append({"input_ids": ids, "labels": labels})
+        targets.append({"input_ids": ids, "labels": [*labels[1:], -100]})
+    return hf, targets
+
+
+def microbatches(rows: list[dict[str, list[int]]], convention: str) -> list[tuple[list[int], list[int]]]:
+    loader = PlannedBatches(
+        rows, [len(r["input_ids"]) for r in rows], rank=1, dp=1, cp=2, global_batch_size=8, profile=PROFILE,
+        bucket_tokens=64, shuffle=False, prefetch=0, label_convention=convention,
+    )  # fmt: skip
+    out = [(mb.input_ids.tolist(), mb.labels.tolist()) for ready in loader for mb in ready.microbatches]
+    loader.close()
+    return out
+
+
+def test_hugging_face_labels_are_shifted_once_into_the_loaders_targets() -> None:
+    hf, targets = rows_both_ways(24, seed=4)
+    got = microbatches(hf, "hf")
+    assert got == microbatches(targets, "next_token")
+    assert any(-100 in labels for _, labels in got) and any(ids for ids, _ in got)
+    # read as if they were targets already, the same rows would train each position on itself
+    assert microbatches(hf, "next_token") != got
+
+
+def test_an_unknown_label_convention_is_refused_naming_the_field() -> None:
+    hf, _ = rows_both_ways(4, seed=1)
+    with pytest.raises(RequestError) as caught:
+        PlannedBatches(hf, [len(r["input_ids"]) for r in hf], rank=0, dp=1, cp=1, global_batch_size=4,
+                       profile=PROFILE, label_convention="shifted")  # fmt: skip
+    assert caught.value.field == "label_convention"
