@@ -54,10 +54,13 @@ def _flag(doc: dict[str, Any], key: str, where: str, default: bool) -> bool:
 
 
 def default_model_name(doc: dict[str, Any], path: Path | None) -> str:
-    """``_name_or_path``'s last part, else the folder holding the config, lower-cased (no ``/``)."""
+    """``_name_or_path``'s last part, else the file's own name when it is not ``config.json``
+    (``models/qwen2-tiny.json``: ``qwen2-tiny``), else the folder holding it, lower-cased (no ``/``)."""
     raw = doc.get("_name_or_path")
     if isinstance(raw, str) and raw.strip("/"):
         return raw.strip("/").rsplit("/", 1)[-1].lower()
+    if path is not None and path.name != "config.json" and path.stem:
+        return path.stem.lower()
     if path is not None and path.resolve().parent.name:
         return path.resolve().parent.name.lower()
     return str(doc.get("model_type", "model"))

@@ -160,9 +160,10 @@ def test_a_document_that_is_not_a_config_is_refused(doc: Any) -> None:
         model_from_hf_config(doc, name="x")
 
 
-def test_model_name_comes_from_name_or_path_then_the_folder() -> None:
+def test_model_name_comes_from_name_or_path_then_the_file_then_the_folder() -> None:
     assert default_model_name({"_name_or_path": "meta-llama/Meta-Llama-3-8B"}, None) == "meta-llama-3-8b"
     assert default_model_name({}, Path("/models/Mistral-7B/config.json")) == "mistral-7b"
+    assert default_model_name({}, Path("examples/models/Qwen2-Tiny.json")) == "qwen2-tiny"
     with pytest.raises(RequestError):
         model_from_hf_config(CONFIGS["llama-3-8b"], name="a/b")
 
