@@ -163,7 +163,6 @@ def main(argv: list[str] | None = None) -> int:
         seed=args.seed,
         use_cpu=not cuda,
         ddp_backend="nccl" if cuda else "gloo",
-        ddp_find_unused_parameters=False,  # every parameter takes part in every step (no per-step search)
         average_tokens_across_devices=True,
         remove_unused_columns=False,
     )

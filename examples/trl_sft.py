@@ -175,7 +175,6 @@ def sft_config(args: argparse.Namespace, **overrides: Any) -> SFTConfig:
         "seed": args.seed,
         "use_cpu": not cuda,
         "ddp_backend": "nccl" if cuda else "gloo",
-        "ddp_find_unused_parameters": False,  # every parameter takes part in every step
         "bf16": False,  # the model's own dtype: float32 here, as --check compares
         "activation_checkpointing": False,  # TRL's default is on; with CP > 1 the trainer refuses it
         "assistant_only_loss": True,  # only the assistant turns are trained
