@@ -28,6 +28,8 @@ import sys
 import time
 from pathlib import Path
 
+from budget import git_commit  # bench/budget.py
+
 ROOT = Path(__file__).resolve().parents[1]
 PARALLEL = (64, 8)
 PROFILE = "h100-80g/qwen2.5-0.5b"
@@ -39,13 +41,12 @@ def one(solver: str, dataset: str, size: int, seed: int, budget_s: float | None)
     """Runs in its own process: the solve's ratio to the floor, wall and peak memory (MiB)."""
     import dataclasses
 
-    from skrull.solver.cost import CostModel
+    from budget import plan_over_floor  # bench/budget.py: the same figure as never_behind.py
+
     from skrull.solver.datasets import synthesize_request
-    from skrull.solver.metrics import work_ms
     from skrull.solver.planners.minmax_ilp import preload_cp_sat
     from skrull.solver.planning import solve
     from skrull.solver.profile import load_profile
-    from skrull.solver.search.bound import microbatch_floor_ms
     from skrull.solver.types import Parallel
 
     preload_cp_sat()  # as a service's solver process does
@@ -62,12 +63,8 @@ def one(solver: str, dataset: str, size: int, seed: int, budget_s: float | None)
     peak_kib = max(
         resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     )
-    lengths = list(request.batches[0])
-    model = CostModel(request.profile, bucket_tokens=request.bucket_tokens)
-    full = sum(model.coefficients.work_ms(s) for s in lengths) / parallel.num_gpus
-    per_work = plan.estimated_ms / work_ms(plan, lengths, model) * full
     return {
-        "ratio": per_work / microbatch_floor_ms(lengths, model, parallel),
+        "ratio": plan_over_floor(plan, request),
         "wall_s": wall_s,
         "budget_s": request.resolved_time_budget_s,
         "memory_mib": max(0, peak_kib - base_kib) / 1024,
@@ -79,14 +76,6 @@ def run(solver: str, dataset: str, size: int, seed: int, budget_s: float | None)
     out = subprocess.run(args, capture_output=True, text=True, check=True, cwd=ROOT)
     result: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
     return result
-
-
-def git_commit() -> str:
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
-        return out.stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def main() -> None:

@@ -33,7 +33,7 @@ from skrull.solver.planners.registry import planner_names
 from skrull.solver.planning import solve
 from skrull.solver.profile import load_profile
 from skrull.solver.search.bound import layout_free_bound_ms, microbatch_floor_ms
-from skrull.solver.types import Parallel, Request
+from skrull.solver.types import Parallel, Plan, Request
 
 SETUPS = [
     ("h100-80g/qwen2.5-0.5b", Parallel(dp=4, cp=8)),
@@ -65,9 +65,17 @@ def ratio_to_bound(request: Request, solver: str) -> tuple[float | None, float]:
 
 
 def full_work_ms(lengths: list[int], model: CostModel, parallel: Parallel) -> float:
-    ms_per_flop = model.profile.compute.ms_per_tflop / 1e12
-    per_token = model.microbatch_overhead_ms / model.bucket_tokens
-    return sum(ms_per_flop * model.flops(s) + per_token * s for s in lengths) / parallel.num_gpus
+    """The whole request's work per GPU (``CostCoefficients.work_ms`` summed, over the GPUs)."""
+    return sum(model.coefficients.work_ms(s) for s in lengths) / parallel.num_gpus
+
+
+def plan_over_floor(plan: Plan, request: Request) -> float:
+    """Time per unit of work, charged at the whole request's work, over ``microbatch_floor_ms``: a plan that
+    defers sequences is charged per unit of the work it runs (what never_behind.py and auto_scale.py report)."""
+    lengths = [s for batch in request.batches for s in batch]
+    model = CostModel(request.profile, bucket_tokens=request.bucket_tokens)
+    per_work = plan.estimated_ms / work_ms(plan, lengths, model) * full_work_ms(lengths, model, request.parallel)
+    return per_work / microbatch_floor_ms(lengths, model, request.parallel)
 
 
 def git_commit() -> str:

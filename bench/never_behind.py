@@ -27,20 +27,17 @@ import os
 import platform
 import random
 import statistics
-import subprocess
 import sys
 import time
 
+from budget import git_commit, plan_over_floor  # bench/budget.py: the same figures
 from tqdm import tqdm
 
-from skrull.solver.cost import CostModel
 from skrull.solver.datasets import distribution_names, synthesize_request
-from skrull.solver.metrics import work_ms
 from skrull.solver.planners.minmax_ilp import preload_cp_sat
 from skrull.solver.planners.registry import planner_names
 from skrull.solver.planning import solve
 from skrull.solver.profile import load_profile
-from skrull.solver.search.bound import microbatch_floor_ms
 from skrull.solver.types import Parallel, Request
 
 SETUPS = (
@@ -72,21 +69,7 @@ def mixed_request(profile_name: str, parallel: Parallel, rng: random.Random) -> 
 
 
 def ratio_to_floor(request: Request, solver: str, budget_s: float | None) -> float:
-    plan = solve(dataclasses.replace(request, solver=solver, time_budget_s=budget_s))
-    lengths = [s for batch in request.batches for s in batch]
-    model = CostModel(request.profile, bucket_tokens=request.bucket_tokens)
-    ran = work_ms(plan, lengths, model)
-    full = sum(model.coefficients.work_ms(s) for s in lengths) / request.parallel.num_gpus
-    per_work = plan.estimated_ms / ran * full
-    return per_work / microbatch_floor_ms(lengths, model, request.parallel)
-
-
-def git_commit() -> str:
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
-        return out.stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+    return plan_over_floor(solve(dataclasses.replace(request, solver=solver, time_budget_s=budget_s)), request)
 
 
 def main() -> None:

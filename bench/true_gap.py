@@ -28,9 +28,10 @@ import datetime
 import os
 import platform
 import random
-import subprocess
 import time
 from dataclasses import dataclass
+
+from budget import git_commit  # bench/budget.py
 
 from skrull.solver.cost import CostModel
 from skrull.solver.datasets import synthesize_request
@@ -116,14 +117,6 @@ def requests(quick: bool, seed: int) -> list[tuple[str, Request]]:
         lengths = edge_lengths(rng, count, profile.bucket_tokens, parallel.cp)
         out.append(("edges", Request(batches=(tuple(lengths),), parallel=parallel, profile=profile, solver="auto")))
     return out
-
-
-def git_commit() -> str:
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
-        return out.stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def plan_lines(plan: Plan, lengths: tuple[int, ...]) -> list[str]:
