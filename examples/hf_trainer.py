@@ -34,7 +34,7 @@ if str(ROOT) not in sys.path:  # run from a checkout without installing
 
 from skrull.worker.dataloader import PlannedBatches  # noqa: E402  # skrull
 from skrull.worker.hf.model import build_model, read_model_config  # noqa: E402
-from skrull.worker.hf.step import plain_step  # noqa: E402
+from skrull.worker.hf.step import model_gradients, plain_step, print_check, step_errors  # noqa: E402
 from skrull.worker.hf.trainer import SkrullTrainer  # noqa: E402  # skrull
 
 TOLERANCE = 1e-4
@@ -218,19 +218,10 @@ def main(argv: list[str] | None = None) -> int:
         [torch.tensor(rows[i]["input_ids"]) for i in batch],
         labels=[torch.tensor(rows[i]["labels"]) for i in batch],
     )
-    errors = {"loss": abs(trainer.step_losses[0] - loss) / abs(loss)}
-    for name, param in reference.named_parameters():
-        assert param.grad is not None, name
-        scale = float(param.grad.abs().max())
-        errors[name] = float((grads[name] - param.grad).abs().max()) / scale if scale > 0 else 0.0
-    worst = max(errors, key=lambda k: errors[k])
-    print(f"check: first step against the plain step, {len(errors) - 1} gradients and the loss")
-    print(f"largest relative error: {errors[worst]:.3e} ({worst}; tolerance {TOLERANCE:.0e})")
-    if errors[worst] > TOLERANCE:
-        print("check failed")
-        return 1
-    print("check passed")
-    return 0
+    errors = step_errors(
+        loss=trainer.step_losses[0], reference_loss=loss, grads=grads, reference_grads=model_gradients(reference)
+    )
+    return print_check(errors, tolerance=TOLERANCE, what="check: first step against the plain step")
 
 
 if __name__ == "__main__":

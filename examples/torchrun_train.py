@@ -34,7 +34,13 @@ from skrull.worker import grad_sync  # noqa: E402  # skrull
 from skrull.worker.dataloader import PlannedBatches  # noqa: E402  # skrull
 from skrull.worker.groups import IterationGroups  # noqa: E402  # skrull
 from skrull.worker.hf.model import build_model, read_model_config  # noqa: E402  # skrull
-from skrull.worker.hf.step import plain_step, scheduled_step  # noqa: E402  # skrull
+from skrull.worker.hf.step import (  # noqa: E402
+    model_gradients,
+    plain_step,
+    print_check,
+    scheduled_step,  # skrull
+    step_errors,
+)
 from skrull.worker.kernels import select_kernel  # noqa: E402  # skrull
 
 TOLERANCE = 1e-4
@@ -129,19 +135,8 @@ def check(
         [torch.tensor(rows[i]["input_ids"]) for i in batch],
         labels=[torch.tensor(rows[i]["labels"]) for i in batch],
     )
-    errors = {"loss": abs(loss - want) / abs(want)}
-    for name, param in reference.named_parameters():
-        assert param.grad is not None, name
-        scale = float(param.grad.abs().max())
-        errors[name] = float((grads[name] - param.grad).abs().max()) / scale if scale > 0 else 0.0
-    worst = max(errors, key=lambda k: errors[k])
-    print(f"check ({args.grad_sync}): first step against the plain step, {len(errors) - 1} gradients and the loss")
-    print(f"largest relative error: {errors[worst]:.3e} ({worst}; tolerance {TOLERANCE:.0e})")
-    if errors[worst] > TOLERANCE:
-        print("check failed")
-        return 1
-    print("check passed")
-    return 0
+    errors = step_errors(loss=loss, reference_loss=want, grads=grads, reference_grads=model_gradients(reference))
+    return print_check(errors, tolerance=TOLERANCE, what=f"check ({args.grad_sync}): first step against the plain step")
 
 
 if __name__ == "__main__":

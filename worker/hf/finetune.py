@@ -32,7 +32,7 @@ from skrull.worker.collectives import GroupRegistry
 from skrull.worker.dataloader import ready_microbatch
 from skrull.worker.execute import DTYPES
 from skrull.worker.hf.model import build_model
-from skrull.worker.hf.step import dacp_plans, plain_step, scheduled_step
+from skrull.worker.hf.step import dacp_plans, plain_step, relative_error, scheduled_step
 from skrull.worker.inputs import SyntheticData
 from skrull.worker.kernels import select_kernel
 from skrull.worker.launch import device_for, launch
@@ -207,13 +207,6 @@ class StepCheck:
     @property
     def max_rel_error(self) -> float:
         return max(self.loss_rel_error, self.worst_grad[1])
-
-
-def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
-    """``max|got - want| / max|want|`` (absolute when ``want`` is all zero)."""
-    diff = float((got.double() - want.double()).abs().max()) if want.numel() else 0.0
-    scale = float(want.double().abs().max()) if want.numel() else 0.0
-    return diff / scale if scale > 0 else diff
 
 
 def check_steps(

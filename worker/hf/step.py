@@ -23,7 +23,7 @@ mean-reduced cross-entropy.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -184,3 +184,47 @@ def plain_step(model: Any, sequences: Sequence[torch.Tensor], *, labels: Sequenc
     out = model(input_ids=ids, attention_mask=mask, labels=targets, use_cache=False)
     out.loss.backward()
     return float(out.loss.detach())
+
+
+def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    """``max|got - want| / max|want|`` (absolute when ``want`` is all zero)."""
+    diff = float((got.double() - want.double()).abs().max()) if want.numel() else 0.0
+    scale = float(want.double().abs().max()) if want.numel() else 0.0
+    return diff / scale if scale > 0 else diff
+
+
+def step_errors(
+    *,
+    loss: float,
+    reference_loss: float,
+    grads: Mapping[str, torch.Tensor],
+    reference_grads: Mapping[str, torch.Tensor],
+) -> dict[str, float]:
+    """What a ``--check`` compares: the loss's relative error (``"loss"``), then every reference gradient's
+    (``relative_error``), by parameter name; a gradient the run did not record counts as infinitely wrong."""
+    errors = {"loss": abs(loss - reference_loss) / abs(reference_loss)}
+    for name, want in reference_grads.items():
+        errors[name] = relative_error(grads[name], want) if name in grads else float("inf")
+    return errors
+
+
+def model_gradients(model: Any) -> dict[str, torch.Tensor]:
+    """Every parameter's gradient by name (after ``plain_step``'s backward)."""
+    out = {}
+    for name, param in model.named_parameters():
+        assert param.grad is not None, name
+        out[name] = param.grad
+    return out
+
+
+def print_check(errors: Mapping[str, float], *, tolerance: float, what: str) -> int:
+    """The examples' ``--check`` report: what was compared, the largest relative error, then ``check passed``
+    (returns 0) or ``check failed`` (returns 1)."""
+    worst = max(errors, key=lambda k: errors[k])
+    print(f"{what}, {len(errors) - 1} gradients and the loss")
+    print(f"largest relative error: {errors[worst]:.3e} ({worst}; tolerance {tolerance:.0e})")
+    if not errors[worst] <= tolerance:
+        print("check failed")
+        return 1
+    print("check passed")
+    return 0

@@ -16,7 +16,7 @@ model's own loss function as the Trainer calls it (``shift_labels`` for the pre-
 The loader should plan with ``equal_microbatches=True``, so that every rank has a microbatch to sync on.
 
 DACP needs a process group for every group of ranks a microbatch shares; they are created on first use,
-on every rank in the same order (every rank holds the same deterministic plan: ``LocalPlans``).
+on every rank in the same order (``worker.groups.IterationGroups``: every rank holds the same deterministic plan).
 
 The machinery is ``SkrullTrainerMixin``, so that a trainer derived from ``Trainer`` (TRL's ``SFTTrainer``:
 worker/hf/trl.py) trains under plans with the same loop; such a trainer only changes how one microbatch's
@@ -33,13 +33,12 @@ import torch
 import torch.distributed as dist
 from transformers import Trainer
 
-from skrull.worker.collectives import GroupRegistry
 from skrull.worker.dataloader import PlannedBatches, ReadyIteration
+from skrull.worker.groups import IterationGroups
 from skrull.worker.hf.attention import ATTN_IMPLEMENTATION
 from skrull.worker.hf.inputs import model_inputs
 from skrull.worker.hf.step import dacp_plans, global_target_count
 from skrull.worker.kernels import select_kernel
-from skrull.worker.plan_sources import LocalPlans
 
 if TYPE_CHECKING:  # the mixin is typed as the Trainer it is mixed into
     _TrainerBase = Trainer
@@ -85,7 +84,7 @@ class SkrullTrainerMixin(_TrainerBase):
     """
 
     planned: PlannedBatches
-    registry: GroupRegistry
+    groups: IterationGroups
     kernel: Any
     #: the world's loss of each step trained (the loss of the plain run)
     step_losses: list[float]
@@ -116,7 +115,7 @@ class SkrullTrainerMixin(_TrainerBase):
         # a resumed run starts at the checkpoint's step (``_Iterations``), not by replaying batches
         self.args.ignore_data_skip = True
         self.planned = planned
-        self.registry = GroupRegistry()
+        self.groups = IterationGroups(planned)  # each iteration's process groups, on every rank in order
         self.kernel = select_kernel(self.args.device, next(model.parameters()).dtype)  # the model's dtype
         self.step_losses = []
 
@@ -133,27 +132,11 @@ class SkrullTrainerMixin(_TrainerBase):
     def floating_point_ops(self, inputs: Any) -> int:
         return 0
 
-    def _groups(self, ready: ReadyIteration) -> GroupRegistry:
-        """Process groups of every group of this iteration, created on first use on every rank in order."""
-        plans = self.planned.plans
-        if not isinstance(plans, LocalPlans):
-            raise ValueError(
-                f"planned.plans={type(plans).__name__}: {type(self).__name__} needs in-process plans "
-                "(LocalPlans: every rank holds the whole plan)"
-            )
-        plan = plans.plan(ready.plan_id)
-        offset = ready.iteration % self.planned.batches_per_plan
-        needed = GroupRegistry.rank_sets_of(plan.iterations[offset])
-        missing = [s for s in needed if s not in self.registry.groups]
-        if missing:
-            self.registry.groups.update(GroupRegistry.create(missing).groups)
-        return self.registry
-
     def training_step(self, model: Any, inputs: Any, num_items_in_batch: Any = None) -> torch.Tensor:
         model.train()
         ready: ReadyIteration = inputs
         device = self.args.device
-        plans = dacp_plans(ready.microbatches, registry=self._groups(ready), kernel=self.kernel, device=device)
+        plans = dacp_plans(ready.microbatches, registry=self.groups(ready), kernel=self.kernel, device=device)
         world = self.accelerator.num_processes
         total = torch.zeros((), dtype=torch.float64, device=device)
         last = len(ready.microbatches) - 1
