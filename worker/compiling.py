@@ -18,13 +18,14 @@ What is compiled and what is not:
   flow depends on the plan (which rows are local, which are shard pieces), which a graph must not
   specialise on.
 
-No recompilation per microbatch: a planned microbatch's token count changes every time. The token
-dimension of every input (``[1, T, hidden]`` hidden states and the ``[1, T, head_dim]`` rotary tables
-of a Hugging Face layer, ``[T, hidden]`` and ``[T]`` of worker/model.py's layer) and of the attention's
-output is marked dynamic (``torch._dynamo.maybe_mark_dynamic``) before each call, so the first
-compile is already symbolic in ``T``. Dynamo specialises sizes 0 and 1: a one-row microbatch (the
+No recompilation per microbatch: a planned microbatch's token count changes every time, so the layers
+are compiled with ``dynamic=True``: the first compile is symbolic in every activation size (the
+parameters' shapes stay static, ``force_parameter_static_shapes``), including the tensors that enter
+the graph after the attention's graph break. (Marking only the token dimension with
+``maybe_mark_dynamic`` was tried: the graphs resumed after the break still compiled static first and
+recompiled on the second token count.) Dynamo specialises sizes 0 and 1: a one-row microbatch (the
 padding row of a GPU idle in a group) compiles once more, the first time one occurs.
-``compile_count()`` counts compiled frames; tests/worker/test_compiling.py asserts it stays put over
+``compile_count()`` counts compiled frames; tests/worker/hf/test_fast.py asserts it stays put over
 new token counts after warm-up.
 
 CUDA graphs are not used: every microbatch has another token count (a graph per shape) and the
@@ -65,31 +66,9 @@ def resolve_compile(choice: str | bool | None, device: torch.device) -> bool:
     raise ValueError(f"compile: {choice!r} is not one of {', '.join(COMPILE_CHOICES)} (or a bool)")
 
 
-def _mark_tokens(value: Any, dim: int, tokens: int) -> None:
-    """Mark dimension ``dim`` of ``value`` (a tensor, or tensors in a tuple/list) dynamic where it has
-    ``tokens`` entries."""
-    if isinstance(value, torch.Tensor):
-        if value.dim() > dim and value.shape[dim] == tokens and tokens > 1:
-            torch._dynamo.maybe_mark_dynamic(value, dim)
-    elif isinstance(value, tuple | list):
-        for item in value:
-            _mark_tokens(item, dim, tokens)
-
-
-def attention_graph_break(fn: Callable[..., Any], *, token_dim: int = 1) -> Callable[..., Any]:
-    """``fn`` run eagerly inside compiled code (a graph break), its output's token dimension marked
-    dynamic so that the compiled graph after it is symbolic in the token count from its first compile."""
-
-    @torch.compiler.disable  # type: ignore[misc]
-    @functools.wraps(fn)
-    def run(*args: Any, **kwargs: Any) -> Any:
-        out = fn(*args, **kwargs)
-        first = out[0] if isinstance(out, tuple) else out
-        if isinstance(first, torch.Tensor) and first.dim() > token_dim:
-            _mark_tokens(out, token_dim, int(first.shape[token_dim]))
-        return out
-
-    return run
+def attention_graph_break(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` run eagerly inside compiled code: a graph break (``torch.compiler.disable``)."""
+    return torch.compiler.disable(fn)  # type: ignore[no-any-return]
 
 
 @functools.cache
@@ -98,16 +77,10 @@ def _compiled_forward(cls: type, options_key: tuple[tuple[str, Any], ...]) -> Ca
     return torch.compile(cls.forward, **dict(options_key))  # type: ignore[no-any-return]
 
 
-def compile_layers(
-    layers: Sequence[nn.Module], *, token_dim: int, mode: str | None = None, fullgraph: bool = False
-) -> int:
+def compile_layers(layers: Sequence[nn.Module], *, mode: str | None = None, fullgraph: bool = False) -> int:
     """Compile each layer's ``forward`` in place (module docstring); returns how many were compiled now.
-
-    ``token_dim``: the dimension holding the token count in the first positional input (1 for a Hugging
-    Face layer's ``[1, T, hidden]``, 0 for worker/model.py's ``[T, hidden]``); every tensor input whose
-    that dimension has the same size is marked dynamic too. Idempotent per layer.
-    """
-    options: dict[str, Any] = {"dynamic": None, "fullgraph": fullgraph}
+    Idempotent per layer; ``mode`` is ``torch.compile``'s (None: its default)."""
+    options: dict[str, Any] = {"dynamic": True, "fullgraph": fullgraph}
     if mode is not None:
         options["mode"] = mode
     count = 0
@@ -115,16 +88,7 @@ def compile_layers(
         if getattr(layer, COMPILED_ATTR, False):
             continue
         compiled = _compiled_forward(type(layer), tuple(sorted(options.items())))
-
-        def forward(self: nn.Module, *args: Any, _compiled: Any = compiled, **kwargs: Any) -> Any:
-            first = args[0] if args else next(iter(kwargs.values()))
-            if isinstance(first, torch.Tensor) and first.dim() > token_dim:
-                tokens = int(first.shape[token_dim])
-                _mark_tokens(args, token_dim, tokens)
-                _mark_tokens(tuple(kwargs.values()), token_dim, tokens)
-            return _compiled(self, *args, **kwargs)
-
-        layer.forward = types.MethodType(forward, layer)  # type: ignore[method-assign]
+        layer.forward = types.MethodType(compiled, layer)  # type: ignore[method-assign]
         setattr(layer, COMPILED_ATTR, True)
         count += 1
     return count

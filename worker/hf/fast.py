@@ -38,5 +38,5 @@ def compile_model(model: Any, *, compile: str | bool | None, device: torch.devic
     only); returns whether they are compiled. Works on a bare, DDP-wrapped or FSDP2-sharded model."""
     if not resolve_compile(compile, device):
         return False
-    compile_layers(decoder_layers(model), token_dim=1)
+    compile_layers(decoder_layers(model))
     return True
