@@ -63,7 +63,8 @@ def test_the_plan_shards_and_brings_new_token_counts_every_step() -> None:
     plan, lengths = sharded_plan()
     assert all(any(mb.sharded for mb in it.microbatches) for it in plan.iterations)
     counts = [
-        {lay.num_tokens for lay in rank_layouts(plan, lengths, iteration=i, rank=0)} for i in range(len(plan.iterations))
+        {lay.num_tokens for lay in rank_layouts(plan, lengths, iteration=i, rank=0)}
+        for i in range(len(plan.iterations))
     ]
     assert counts[1] - counts[0] and counts[2] - counts[0] - counts[1]  # token counts the warm-up never saw
 
