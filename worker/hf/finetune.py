@@ -127,7 +127,8 @@ def run_finetune_rank(
     records = []
     microbatches = tokens = 0
     for step in range(-config.warmup_steps, config.steps):
-        iteration = iteration_of(plan, max(step, 0))
+        # warm-up step w runs iteration w: warming up over every iteration compiles every shape range first
+        iteration = iteration_of(plan, step if step >= 0 else step + config.warmup_steps)
         # inputs and DACP index tensors are ready before the step starts (a loader builds them ahead)
         ready = [
             ready_microbatch(layout, lambda i: data.lm_tokens(i, vocab), loss_normalizer=0, device=device)
