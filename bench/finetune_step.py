@@ -94,6 +94,8 @@ def run_in_process(plan: Any, lengths: tuple[int, ...], *, config: FinetuneConfi
 
     if not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
+        if device.type == "cuda":
+            torch.cuda.set_device(device.index or 0)
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     return result_from_parts([run_finetune_rank(plan, lengths, config=config, rank=0, device=device)])
 

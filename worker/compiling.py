@@ -34,7 +34,6 @@ attention call breaks the graph.
 
 from __future__ import annotations
 
-import functools
 import types
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -68,13 +67,19 @@ def resolve_compile(choice: str | bool | None, device: torch.device) -> bool:
 
 def attention_graph_break(fn: Callable[..., Any]) -> Callable[..., Any]:
     """``fn`` run eagerly inside compiled code: a graph break (``torch.compiler.disable``)."""
-    return torch.compiler.disable(fn)  # type: ignore[no-any-return]
+    disabled: Callable[..., Any] = torch.compiler.disable(fn)  # type: ignore[no-untyped-call]
+    return disabled
 
 
-@functools.cache
-def _compiled_forward(cls: type, options_key: tuple[tuple[str, Any], ...]) -> Callable[..., Any]:
+_COMPILED: dict[tuple[type[nn.Module], tuple[tuple[str, Any], ...]], Callable[..., Any]] = {}
+
+
+def _compiled_forward(cls: type[nn.Module], options_key: tuple[tuple[str, Any], ...]) -> Callable[..., Any]:
     """One compiled function per layer class (all its instances share its code and its graphs)."""
-    return torch.compile(cls.forward, **dict(options_key))  # type: ignore[no-any-return]
+    key = (cls, options_key)
+    if key not in _COMPILED:
+        _COMPILED[key] = torch.compile(cls.forward, **dict(options_key))
+    return _COMPILED[key]
 
 
 def compile_layers(layers: Sequence[nn.Module], *, mode: str | None = None, fullgraph: bool = False) -> int:
@@ -88,7 +93,7 @@ def compile_layers(layers: Sequence[nn.Module], *, mode: str | None = None, full
         if getattr(layer, COMPILED_ATTR, False):
             continue
         compiled = _compiled_forward(type(layer), tuple(sorted(options.items())))
-        layer.forward = types.MethodType(compiled, layer)  # type: ignore[method-assign]
+        layer.forward = types.MethodType(compiled, layer)
         setattr(layer, COMPILED_ATTR, True)
         count += 1
     return count

@@ -37,7 +37,7 @@ BACKENDS = ("auto", "torch", "liger")
 
 class _LinearCrossEntropySum(torch.autograd.Function):
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any,
         hidden: torch.Tensor,
         weight: torch.Tensor,
@@ -82,7 +82,7 @@ class _LinearCrossEntropySum(torch.autograd.Function):
         return total
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         gh, gw, gb = ctx.saved_tensors
         has_h, has_w, has_b = ctx.present
         w_dtype, b_dtype = ctx.dtypes

@@ -34,7 +34,7 @@ import importlib
 import inspect
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -241,6 +241,7 @@ def _flash_attn_4() -> KernelFn | None:
     flash = getattr(module, "flash_attn_varlen_func", None)
     if flash is None:
         return None
+    params: Mapping[str, Any]
     try:
         params = inspect.signature(flash).parameters
     except (TypeError, ValueError):
@@ -261,8 +262,9 @@ def _flash_attn_4() -> KernelFn | None:
         extra: dict[str, Any] = {scale_name: scale, "causal": causal}
         if not params or "max_seqlen_q" in params:
             extra.update(max_seqlen_q=max_q, max_seqlen_k=max_k)
-        out = flash(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, **extra)
-        return out[0] if isinstance(out, tuple) else out
+        out: Any = flash(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, **extra)
+        result: torch.Tensor = out[0] if isinstance(out, tuple) else out
+        return result
 
     return run
 
@@ -311,17 +313,19 @@ def trial_error(kernel: AttentionKernel, device: torch.device, dtype: torch.dtyp
     q = torch.randn(12, 4, 64, generator=gen).to(device=device, dtype=dtype).requires_grad_(True)
     k = torch.randn(20, 2, 64, generator=gen).to(device=device, dtype=dtype).requires_grad_(True)
     v = torch.randn(20, 2, 64, generator=gen).to(device=device, dtype=dtype).requires_grad_(True)
-    args = {"cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k, "max_seqlen_q": 8, "max_seqlen_k": 12}
+    def call(kern: AttentionKernel, *qkv: torch.Tensor) -> torch.Tensor:
+        return kern(*qkv, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=8, max_seqlen_k=12)
+
     try:
-        out = kernel(q, k, v, **args)
-        out.float().square().sum().backward()
+        out = call(kernel, q, k, v)
+        out.float().square().sum().backward()  # type: ignore[no-untyped-call]
         grad_q = q.grad
     except Exception as exc:  # any failure of a third-party kernel here means: do not use it
         return f"trial call failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
     ref = AttentionKernel(name="reference", fn=_reference)
     qf, kf, vf = (t.detach().float().requires_grad_(True) for t in (q, k, v))
-    want = ref(qf, kf, vf, **args)
-    want.square().sum().backward()
+    want = call(ref, qf, kf, vf)
+    want.square().sum().backward()  # type: ignore[no-untyped-call]
     tolerance = 2e-2 if dtype in _HALF else 1e-4
     error = float((out.detach().float() - want.detach()).abs().max()) / max(float(want.abs().max()), 1e-6)
     if grad_q is None or not bool(torch.isfinite(grad_q).all()):
@@ -365,16 +369,16 @@ def choose_kernel(device: torch.device, dtype: torch.dtype, name: str | None = N
     usable = available_kernels(device, dtype)
     if name is not None:
         if name not in usable:
-            reason = _unusable_reason(name, device, dtype) or "not usable here"
+            why = _unusable_reason(name, device, dtype) or "not usable here"
             raise RequestError(
-                "kernel", name, f"not usable: {reason}; usable for {dtype} on {device.type}: {', '.join(usable)}"
+                "kernel", name, f"not usable: {why}; usable for {dtype} on {device.type}: {', '.join(usable)}"
             )
         fn = _factory(name)
         assert fn is not None, f"{name} was listed as usable"
         return KernelChoice(kernel=AttentionKernel(name=name, fn=fn), requested=True)
-    skipped = []
+    skipped: list[tuple[str, str]] = []
     for candidate in KERNEL_NAMES if device.type != "cpu" else usable:
-        reason = _unusable_reason(candidate, device, dtype)
+        reason: str | None = _unusable_reason(candidate, device, dtype)
         if reason is None:
             fn = _factory(candidate)
             assert fn is not None, f"{candidate} was found usable"
@@ -383,7 +387,7 @@ def choose_kernel(device: torch.device, dtype: torch.dtype, name: str | None = N
                 reason = trial_error(kernel, device, dtype)
             if reason is None:
                 return KernelChoice(kernel=kernel, skipped=tuple(skipped))
-        skipped.append((candidate, reason))
+        skipped.append((candidate, reason or "-"))
     raise AssertionError("the reference kernel is always usable")
 
 

@@ -145,14 +145,17 @@ class _PartAttention:
         self.pieces = pieces
         self.prefix = prefix
 
-    @torch.compiler.disable  # type: ignore[misc]
+    @torch.compiler.disable  # type: ignore[untyped-decorator]
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         outs = []
         n = self.n_local
         if n:
             cu, max_len = self.local
-            lens = {"max_seqlen_q": max_len, "max_seqlen_k": max_len}
-            outs.append(self.kernel(q[:n], k[:n], v[:n], cu_seqlens_q=cu, cu_seqlens_k=cu, **lens))
+            outs.append(
+                self.kernel(
+                    q[:n], k[:n], v[:n], cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max_len, max_seqlen_k=max_len
+                )
+            )
         if self.pieces is not None:
             cu_q, cu_k, max_q, max_k = self.pieces
             outs.append(
