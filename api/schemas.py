@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, Stri
 
 from skrull.api.store.base import JobRecord
 from skrull.api.tenants import DEFAULT_TENANT, plan_id_for
+from skrull.solver.cp_modes import CP_MODES, DEFAULT_CP_MODE
 from skrull.solver.io import (
     DEFAULT_PROFILE,
     DEFAULT_SOLVER,
@@ -27,6 +28,7 @@ from skrull.solver.sharding import DEFAULT_SHARDING, SHARDING_MODES
 from skrull.solver.types import Request
 
 JobStatusName = Literal["queued", "solving", "solved", "failed"]
+CpModeName = Literal[CP_MODES]  # type: ignore[valid-type]  # the one vocabulary, solver.cp_modes
 
 
 class ParallelModel(BaseModel):
@@ -105,6 +107,12 @@ class PlanRequestIn(BaseModel):
         description="auto only (other planners refuse it; wlb defers by its own queues): let sequences wait one "
         "iteration when that lowers the estimated time per unit of work; left out or null, nothing waits",
     )
+    cp_modes: list[CpModeName] | None = Field(
+        None,
+        description="how a sharded sequence's attention may run: allgather (DACP, the default) and/or ulysses "
+        "(all-to-all over heads; needs the profile's heads and comm_a2a, and the group size to divide the attention "
+        "heads); with both, the planner picks per microbatch; planners that cannot honour it refuse with 422",
+    )
 
 
 class CompareRequestIn(PlanRequestIn):
@@ -142,6 +150,9 @@ class MicrobatchModel(BaseModel):
     estimated_ms: float
     sharding: ShardingName = Field(
         DEFAULT_SHARDING, description="how the sharded sequences are cut over the group (absent: zigzag)"
+    )
+    mode: CpModeName = Field(
+        DEFAULT_CP_MODE, description="how the sharded sequences' attention runs (absent: allgather)"
     )
 
 
@@ -216,6 +227,7 @@ class RankMicrobatchModel(BaseModel):
     cu_seqlens: list[int]
     max_seqlen: int
     sharding: ShardingName = Field(DEFAULT_SHARDING, description="the microbatch's sharding mode (absent: zigzag)")
+    mode: CpModeName = Field(DEFAULT_CP_MODE, description="how the shards' attention runs (absent: allgather)")
 
 
 class RankViewModel(BaseModel):

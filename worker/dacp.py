@@ -83,6 +83,11 @@ class DACPPlan:
     ) -> DACPPlan:
         if mode not in CP_MODES:
             raise RequestError("cp_mode", mode, f"unknown context-parallel mode; known: {', '.join(CP_MODES)}")
+        if layout.mode not in CP_MODES:
+            raise RequestError("mode", layout.mode, f"unknown context-parallel mode; known: {', '.join(CP_MODES)}")
+        # The plan's mode wins: a microbatch planned as ulysses runs Ulysses; one planned as allgather (the
+        # default) runs the run's ``mode`` (``--cp-mode``, allgather unless asked otherwise).
+        mode = layout.mode if layout.mode == "ulysses" else mode
         if layout.communicates and group is None:
             raise ValueError(f"microbatch step {layout.step} shards over {list(layout.ranks)} but no group was given")
         if layout.communicates:
