@@ -129,7 +129,8 @@ def test_auto_is_no_slower_than_any_fixed_planner_it_considers() -> None:
 
 def test_static_bound_is_never_below_the_layout_free_bound() -> None:
     """With a large per-microbatch cost (a measured, host-bound profile) the layout-free bound, which
-    counts whole microbatches, is the tighter one; the static ILP reports the best bound it knows."""
+    counts whole microbatches, is the tighter one; the static ILP's model bound is the best it knows, and
+    its plan's bound is one for every layout."""
     from skrull.solver.io import request_from_dict
     from skrull.solver.search.bound import layout_free_bound_ms
 
@@ -147,5 +148,6 @@ def test_static_bound_is_never_below_the_layout_free_bound() -> None:
     plan = solve(request)
     cost = CostModel(request.profile, bucket_tokens=request.bucket_tokens)
     layout_free = layout_free_bound_ms(lengths, cost, request.parallel)
-    assert plan.solve.bound_ms is not None
+    assert plan.solve.bound_ms is not None and plan.solve.model_bound_ms is not None
     assert layout_free - 1e-6 <= plan.solve.bound_ms <= plan.estimated_ms + 1e-6
+    assert layout_free - 1e-6 <= plan.solve.model_bound_ms <= plan.estimated_ms + 1e-6
