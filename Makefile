@@ -39,6 +39,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/equal_microbatches.py
 	$(BIN)/python bench/defer.py
 	$(BIN)/python bench/never_behind.py
+	$(BIN)/python bench/budgets.py
 	$(BIN)/python bench/auto_scale.py
 	$(BIN)/python bench/true_gap.py --quick
 	$(BIN)/python bench/execute.py
