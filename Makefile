@@ -40,6 +40,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/defer.py
 	$(BIN)/python bench/never_behind.py
 	$(BIN)/python bench/cp_modes.py
+	$(BIN)/python bench/budgets.py
 	$(BIN)/python bench/auto_scale.py
 	$(BIN)/python bench/true_gap.py --quick
 	$(BIN)/python bench/execute.py

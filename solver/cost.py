@@ -351,7 +351,9 @@ class CostModel:
         self, specs: Sequence[MicrobatchSpec], lengths: Sequence[int], *, parallel: Parallel, index: int
     ) -> Iteration:
         """A planner's placements of one iteration, priced: every microbatch (eqs. 1-5), the iteration
-        (eq. 8) and its lower bound over the sequences it actually runs (docs/formats.md)."""
+        (eq. 8), its lower bound over the sequences it actually runs (valid for every layout) and the
+        static-layout bound of the same sequences (docs/formats.md)."""
+        ran = [lengths[i] for s in specs for i in s.seq_ids]
         microbatches = tuple(
             Microbatch(
                 step=s.step,
@@ -370,11 +372,38 @@ class CostModel:
             estimated_ms=self.iteration_time_ms(
                 ((mb.ranks, mb.estimated_ms) for mb in microbatches), parallel.num_gpus
             ),
-            lower_bound_ms=self.lower_bound_ms([lengths[i] for mb in microbatches for i in mb.seq_ids], parallel),
+            lower_bound_ms=self.lower_bound_ms(ran, parallel),
+            static_bound_ms=self.static_bound_ms(ran, parallel),
         )
 
     def lower_bound_ms(self, lengths: Sequence[int], parallel: Parallel) -> float:
-        """No plan under this model beats this (docs/formats.md "Cost model": the lower bound).
+        """No plan under this model, with any groups, beats this (docs/formats.md "Lower bound"): a plan's
+        ``lower_bound_ms``. With ``a = ms_per_tflop / 1e12``, G = dp*cp GPUs and S_max the longest::
+
+            max( sum_S a*FLOPs(S) / G + microbatch_ms * sum(S) / (bucket_tokens * G),
+                 microbatch_ms + compute.fixed_ms + min( a*FLOPs(S_max)          if S_max <= bucket_tokens,
+                                                         T_comm(S_max) + a*FLOPs(S_max) / G ) )
+
+        The first term: the average GPU computes its share of all FLOPs and runs its share of
+        microbatches (each holds at most ``bucket_tokens`` per GPU). The second: the longest sequence runs
+        somewhere, whole on one GPU or sharded over at most all G GPUs. Zero for an empty batch.
+        """
+        if not lengths:
+            return 0.0
+        gpus = parallel.num_gpus
+        total_flops = sum(self.flops(s) for s in lengths)
+        average = self._ms_per_flop * total_flops / gpus + self._mb_ms * sum(lengths) / (self.bucket_tokens * gpus)
+        longest = max(lengths)
+        flops_ms = self._ms_per_flop * self.flops(longest)
+        options = [self.t_comm_ms(longest) + flops_ms / gpus] if gpus > 1 else []
+        if longest <= self.bucket_tokens:
+            options.append(flops_ms)
+        single = self._mb_ms + self._comp_fixed_ms + min(options, default=flops_ms)
+        return max(average, single)
+
+    def static_bound_ms(self, lengths: Sequence[int], parallel: Parallel) -> float:
+        """No plan in Skrull's static layout (every group one CP group of ``cp`` GPUs) beats this; a plan
+        with wider groups may (a plan's ``static_bound_ms``, never its ``lower_bound_ms``).
 
         ``max( sum ms_per_flop*FLOPs(S) / (dp*cp) + microbatch_ms * sum(S) / (bucket*dp*cp),
                ms_per_flop*FLOPs(S_max) / cp + microbatch_ms )``: the average GPU must compute its share

@@ -37,14 +37,19 @@ def make_plan(
     wall_ms: float,
     status: str,
     bound_ms: float | None,
+    model_bound_ms: float | None = None,
     stats: tuple[tuple[str, float], ...] = (),
 ) -> Plan:
     """The plan with its ``solve`` block: ``objective_ms`` = summed iteration estimates and, when a
-    bound is known, ``gap = (objective - bound) / objective`` (0 for an empty objective)."""
+    bound is known, ``gap = (objective - bound) / objective`` (0 for an empty objective); the same for
+    an exact planner's ``model_bound_ms`` and ``model_gap``."""
     objective = sum(it.estimated_ms for it in iterations)
-    gap = None
-    if bound_ms is not None:
-        gap = (objective - bound_ms) / objective if objective > 0 else 0.0
+
+    def gap_to(bound: float | None) -> float | None:
+        if bound is None:
+            return None
+        return (objective - bound) / objective if objective > 0 else 0.0
+
     return Plan(
         solver=solver,
         parallel=parallel,
@@ -52,7 +57,14 @@ def make_plan(
         iterations=tuple(iterations),
         pending=tuple(pending),
         solve=SolveInfo(
-            wall_ms=wall_ms, status=status, objective_ms=objective, bound_ms=bound_ms, gap=gap, stats=stats
+            wall_ms=wall_ms,
+            status=status,
+            objective_ms=objective,
+            bound_ms=bound_ms,
+            gap=gap_to(bound_ms),
+            model_bound_ms=model_bound_ms,
+            model_gap=gap_to(model_bound_ms),
+            stats=stats,
         ),
     )
 
@@ -73,6 +85,7 @@ def assemble_plan(problem: Problem, output: PlannerOutput, *, solver: str, wall_
         wall_ms=wall_ms,
         status=output.status,
         bound_ms=output.bound_ms,
+        model_bound_ms=output.model_bound_ms,
         stats=output.stats,
     )
 
