@@ -194,7 +194,8 @@ def report(
         f"{date}; {parallel.num_gpus} x {where}; DP{parallel.dp} x CP{parallel.cp}; torch {torch.__version__}, "
         f"transformers {_version('transformers')}, flash-attn {_version('flash-attn')}.",
         f"Model: {Path(args.model_config).name} ({model_config['num_hidden_layers']} layers, hidden "
-        f"{model_config['hidden_size']}), random weights, bf16, SGD; loss chunks of {args.loss_chunk_tokens} rows.",
+        f"{model_config['hidden_size']}), random weights, {'bf16' if device.type == 'cuda' else 'float32'}, SGD; "
+        f"loss chunks of {args.loss_chunk_tokens} rows.",
         f"Batches: {args.batches} per dataset, {args.per_rank} sequences per DP rank; estimates from profile "
         f"{profile.name}, bucket {args.bucket_tokens or profile.bucket_tokens} tokens.",
         "Step time: slowest rank's forward + backward + gradient all-reduce, mean over the timed steps "
