@@ -31,9 +31,11 @@ from skrull.api.store.base import (
     JobStore,
     NewJob,
     QueueFullError,
+    QuotaExceededError,
     SubmitOutcome,
+    TenantQuota,
 )
-from skrull.api.tenants import DEFAULT_TENANT, scoped_key
+from skrull.api.tenants import DEFAULT_TENANT, scoped_key, tenant_prefix
 from skrull.api.views import LRU, RankViews
 from skrull.solver.types import Request
 
@@ -48,6 +50,21 @@ LONG_POLL_RECHECK_S = 1.0
 #: ... and this often when the store pushes every change itself (PostgreSQL LISTEN/NOTIFY): the re-read
 #: is then only a safety net for a listening connection that broke.
 LONG_POLL_RECHECK_NOTIFIED_S = 10.0
+
+
+def quota_problem(exc: QuotaExceededError) -> ApiProblem:
+    """429 ``quota-exceeded``: this tenant's share is used up; other tenants are not affected."""
+    return ApiProblem(
+        status=429,
+        slug="quota-exceeded",
+        title="tenant quota exceeded",
+        headers={"Retry-After": "5"},
+        detail=str(exc),
+        field=exc.setting,
+        value=exc.used,
+        limit=exc.limit,
+        retry_after_s=5,
+    )
 
 
 @dataclass(slots=True)
@@ -109,12 +126,22 @@ class Service:
             num_gpus=request.parallel.num_gpus,
             time_budget_s=request.resolved_time_budget_s,
         )
+        quota = TenantQuota(
+            tenant=tenant_prefix(tenant),
+            max_queued=self.settings.tenant_max_queued_jobs,
+            max_solver_s=self.settings.tenant_max_solver_s,
+        )
         try:
             return self.store.submit(
-                job, idempotency_key=scoped_key(tenant, idempotency_key), max_queued=self.settings.max_queued_jobs
+                job,
+                idempotency_key=scoped_key(tenant, idempotency_key),
+                max_queued=self.settings.max_queued_jobs,
+                quota=quota,
             )
         except IdempotencyConflictError as exc:
             raise IdempotencyConflictError(idempotency_key or "", exc.job_id) from None
+        except QuotaExceededError as exc:
+            raise quota_problem(exc) from None
         except QueueFullError as exc:
             raise ApiProblem(
                 status=503,
@@ -247,6 +274,13 @@ class Service:
                 initargs=(self.settings.plugin_modules,),
             )
         return self._compare_pool
+
+    def server_stopping(self) -> None:
+        """SIGTERM (or the end of the lifespan): running and waiting compares stop now and answer 503
+        ``server-stopping``; long-polls are woken to answer what they have (on the event loop)."""
+        if self._compare_pool is not None:
+            self._compare_pool.stop_running()
+        self.notifier.notify_all()
 
     def close(self) -> None:
         if self._compare_pool is not None:
