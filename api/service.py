@@ -84,13 +84,21 @@ class Service:
     _envelopes: LRU[tuple[str, float], bytes] = field(
         default_factory=lambda: LRU(256, max_bytes=DEFAULT_ENVELOPE_BYTES)
     )
+    #: Envelopes of plans not yet finished (small: no plan), by state, for the long-polls answered together.
+    _live_envelopes: LRU[tuple[Any, ...], bytes] = field(default_factory=lambda: LRU(1024, max_bytes=4 * 2**20))
 
     def envelope(self, job: JobRecord) -> bytes:
         """The envelope of ``job`` as JSON. A finished plan's never changes until it is deleted or
         resubmitted (which changes ``updated_at``), so one copy is kept and shared by all its readers: a
         plan of several MB read by a hundred slow clients is held once, not a hundred times."""
         if not job.is_final:
-            return envelope_json(job)
+            # one copy per state too: a thousand long-polls answered at one deadline share one rendering
+            state = (job.job_id, job.updated_at, job.status, job.iterations_solved, job.attempts, job.last_error_json)
+            body = self._live_envelopes.get(state)
+            if body is None:
+                body = envelope_json(job)
+                self._live_envelopes.put(state, body, size=len(body))
+            return body
         key = (job.job_id, job.updated_at)
         body = self._envelopes.get(key)
         if body is None:

@@ -15,6 +15,7 @@ from skrull.api.sizes import (
     DEFAULT_CACHE_BYTES,
     DEFAULT_MAX_ITERATION_TOKENS,
     DEFAULT_MAX_PICTURE_BARS,
+    DEFAULT_MAX_PLAN_BYTES,
     DEFAULT_MAX_PLAN_TOKENS,
     DEFAULT_MAX_VIEW_TOKENS,
 )
@@ -101,6 +102,12 @@ class Settings(BaseSettings):
         ge=1024,
         description="JSON tokens (values) of a whole plan document; a larger plan fails (422)",
     )
+    max_plan_bytes: int = Field(
+        DEFAULT_MAX_PLAN_BYTES,
+        ge=65_536,
+        description="bytes of a whole plan document (and of each iteration); a larger plan fails (422). It bounds "
+        "the memory one envelope reader costs",
+    )
     max_iteration_tokens: int = Field(
         DEFAULT_MAX_ITERATION_TOKENS,
         ge=1024,
@@ -155,6 +162,12 @@ class Settings(BaseSettings):
         DEFAULT_MAX_PICTURE_BARS,
         ge=1,
         description="bars (one per GPU per microbatch) a timeline picture may draw; more: 413",
+    )
+    max_picture_bytes: int = Field(
+        8 * 2**20,
+        ge=65_536,
+        description="bytes a timeline picture (and the /view page's picture) may have; more: 413 (estimated before "
+        "drawing)",
     )
     rate_limit_burst: int = Field(50, ge=1, description="requests a token may make at once before the rate applies")
     auth_failures_per_s: float = Field(

@@ -41,7 +41,12 @@ from typing import TYPE_CHECKING, Any
 from skrull.api.errors import ApiProblem, from_failure
 from skrull.api.execute import LeaseLostError, solve_job
 from skrull.api.metrics import SolverMetrics
-from skrull.api.sizes import DEFAULT_MAX_ITERATION_TOKENS, DEFAULT_MAX_PLAN_TOKENS, check_plan_tokens
+from skrull.api.sizes import (
+    DEFAULT_MAX_ITERATION_TOKENS,
+    DEFAULT_MAX_PLAN_BYTES,
+    DEFAULT_MAX_PLAN_TOKENS,
+    check_plan_tokens,
+)
 from skrull.api.store.base import ClaimedJob, IterationRecord, JobStore
 from skrull.api.store.open import open_store
 from skrull.solver.planners.minmax_ilp import preload_cp_sat
@@ -73,6 +78,7 @@ class WorkerConfig:
     idle_poll_s: float
     plugins: tuple[str, ...]
     max_plan_tokens: int = DEFAULT_MAX_PLAN_TOKENS
+    max_plan_bytes: int = DEFAULT_MAX_PLAN_BYTES
     max_iteration_tokens: int = DEFAULT_MAX_ITERATION_TOKENS
 
 
@@ -132,7 +138,12 @@ def run_claimed(store: JobStore, job: ClaimedJob, config: WorkerConfig, events: 
     owner = config.owner
 
     def publish(record: IterationRecord) -> bool:
-        check_plan_tokens(record.doc_json, config.max_iteration_tokens, what=f"iteration {record.index}")
+        check_plan_tokens(
+            record.doc_json,
+            config.max_iteration_tokens,
+            what=f"iteration {record.index}",
+            max_bytes=config.max_plan_bytes,
+        )
         ok = store.publish_iteration(record, owner=owner)
         if ok:
             events.put(("iteration", job.job_id, record.index))
@@ -144,8 +155,13 @@ def run_claimed(store: JobStore, job: ClaimedJob, config: WorkerConfig, events: 
                 job.job_id, job.request_json, done=store.iterations(job.job_id), publish=publish
             )
             for record in rest:
-                check_plan_tokens(record.doc_json, config.max_iteration_tokens, what=f"iteration {record.index}")
-            check_plan_tokens(plan_json, config.max_plan_tokens, what="the plan")
+                check_plan_tokens(
+                    record.doc_json,
+                    config.max_iteration_tokens,
+                    what=f"iteration {record.index}",
+                    max_bytes=config.max_plan_bytes,
+                )
+            check_plan_tokens(plan_json, config.max_plan_tokens, what="the plan", max_bytes=config.max_plan_bytes)
         except LeaseLostError:
             return "lost"
         except Exception as exc:  # every failure of a solve is stored with the job, never re-raised
@@ -240,6 +256,7 @@ class SolverPool:
         hard_limit_s: Callable[[float], float],
         on_event: EventHandler,
         max_plan_tokens: int = DEFAULT_MAX_PLAN_TOKENS,
+        max_plan_bytes: int = DEFAULT_MAX_PLAN_BYTES,
         max_iteration_tokens: int = DEFAULT_MAX_ITERATION_TOKENS,
     ) -> None:
         self._store = store
@@ -256,6 +273,7 @@ class SolverPool:
             idle_poll_s=idle_poll_s,
             plugins=plugins,
             max_plan_tokens=max_plan_tokens,
+            max_plan_bytes=max_plan_bytes,
             max_iteration_tokens=max_iteration_tokens,
         )
         self._ctx = multiprocessing.get_context("spawn")
@@ -286,6 +304,7 @@ class SolverPool:
             hard_limit_s=settings.hard_limit_s,
             on_event=on_event,
             max_plan_tokens=settings.max_plan_tokens,
+            max_plan_bytes=settings.max_plan_bytes,
             max_iteration_tokens=settings.max_iteration_tokens,
         )
 

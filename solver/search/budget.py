@@ -94,7 +94,7 @@ def estimated_s(solver: str, batch_sizes: Sequence[int], parallel: Parallel | No
     return 0.0 if cost is None else cost.seconds(batch_sizes, parallel)
 
 
-def _streams(solver: str) -> bool:
+def plans_batch_by_batch(solver: str) -> bool:
     """Whether ``solver`` plans each batch on its own (``streams_iterations``): the request is then solved as
     one sub-request per batch (``planning.solve_batch``), each paying the fixed part of the work."""
     from skrull.solver.planners.registry import get_planner  # the registry's planners import this module
@@ -114,7 +114,7 @@ def smallest_budget_s(solver: str, batch_sizes: Sequence[int], parallel: Paralle
     """The smallest ``time_budget_s`` ``solver`` keeps for batches of these sizes (unknown: 0), for the request
     as it is solved: a planner that streams iterations solves each batch alone with its share of the budget
     (``batch_share_s``), so it needs the sum of what each batch needs; any other the whole request's."""
-    if len(batch_sizes) > 1 and _streams(solver):
+    if len(batch_sizes) > 1 and plans_batch_by_batch(solver):
         return sum(batch_needs_s(solver, batch_sizes, parallel))
     return SAFETY * estimated_s(solver, batch_sizes, parallel)
 

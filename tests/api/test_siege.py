@@ -351,3 +351,41 @@ def test_the_envelope_says_what_cpu_time_a_solve_received(tmp_path: Path) -> Non
     assert 0 <= solve["cpu_ms"] < 500 and solve["cpu_starved"] is True
     assert isinstance(final["quick"]["plan"]["solve"]["cpu_starved"], bool)  # True or False: the machine's load
     assert final["quick"]["plan"]["solve"]["cpu_ms"] >= 0
+
+
+def test_pictures_are_bounded_in_bytes_not_only_bars(tmp_path: Path) -> None:
+    """One microbatch of 200,000 one-token sequences is one bar whose tooltip lists 200,000 ids: with
+    SKRULL_MAX_PICTURE_BYTES=1 MiB the timeline is 413 before it is drawn and /view says why (before: a
+    multi-MB SVG; 63 MB for a 1M-sequence plan)."""
+    live = LiveServer(
+        tmp_path / "skrull.db",
+        solver_processes=1,
+        env={"SKRULL_MAX_PICTURE_BYTES": str(2**20), "SKRULL_SOLVE_TIMEOUT_GRACE_S": "600"},
+    ).start()
+    try:
+        doc = plan_request([[1] * 200_000], dp=1, cp=1, solver="packed", bucket_tokens=1_000_000)
+        plan_id = httpx.post(f"{live.url}/v1/plans", json=doc, timeout=60).json()["id"]
+        env = httpx.get(f"{live.url}/v1/plans/{plan_id}?wait=60&until=final", timeout=90).json()
+        assert env["status"] == "solved", env["error"]
+        svg = httpx.get(f"{live.url}/v1/plans/{plan_id}/timeline.svg", timeout=90)
+        page = httpx.get(f"{live.url}/v1/plans/{plan_id}/view", timeout=90)
+    finally:
+        live.close()
+    assert svg.status_code == 413, len(svg.content)
+    assert svg.json()["type"] == "urn:skrull:problem:picture-too-large" and svg.json()["limit_bytes"] == 2**20
+    assert page.status_code == 200 and "SKRULL_MAX_PICTURE_BYTES" in page.text and len(page.content) < 2**16
+
+
+def test_a_plan_is_bounded_in_bytes_as_well_as_tokens(tmp_path: Path) -> None:
+    """With SKRULL_MAX_PLAN_BYTES=64 KiB a 20,000-sequence plan (about 150 KB, far under the token limit)
+    fails with a 422 naming the setting (before: stored and served whatever its size: an 80.6 MB plan from
+    a 247-byte request, each reader outside the envelope cache holding its own copy)."""
+    live = LiveServer(tmp_path / "skrull.db", solver_processes=1, env={"SKRULL_MAX_PLAN_BYTES": "65536"}).start()
+    try:
+        doc = plan_request([[50] * 20_000], dp=8, cp=1, solver="packed")
+        plan_id = httpx.post(f"{live.url}/v1/plans", json=doc, timeout=60).json()["id"]
+        env = httpx.get(f"{live.url}/v1/plans/{plan_id}?wait=60&until=final", timeout=90).json()
+    finally:
+        live.close()
+    assert env["status"] == "failed"
+    assert env["error"]["status"] == 422 and "SKRULL_MAX_PLAN_BYTES" in env["error"]["detail"]
