@@ -10,7 +10,11 @@ streaming fashion, each chunk with its share of the budget):
    keep every batch in its iteration, and (only with ``allow_pending``, off by default: a loader that
    trains each global batch in its iteration would leave deferred sequences untrained) a deferring
    start's whole plan when it is close; each is searched with a share of the time and the better per
-   unit of work is kept.
+   unit of work is kept. A peer still running when the start phase ends (``hydraulis`` on a loaded
+   machine: its plan is the one most often best) is left to finish while this process searches:
+   ``LATE_SHARE`` of the search time is kept, and a plan that arrived by then is pooled with the best
+   found and searched with it (before, such a plan was dropped and ``auto`` at 0.1 s per batch could
+   end behind ``hydraulis`` run alone in less wall time).
 3. Local search (``solver.search.improve``: move / merge / swap / regroup, re-placing every changed
    microbatch) from each alternative start of an iteration, best first, then iterated local search,
    iteration by iteration, each with an equal share of the time left.
@@ -38,13 +42,15 @@ from skrull.solver.search.bound import microbatch_floor_ms
 from skrull.solver.search.budget import FINISH_RESERVE_PER_SEQUENCE_S
 from skrull.solver.search.clock import Clock, clock_for
 from skrull.solver.search.improve import iteration_ms, search_iteration
-from skrull.solver.search.starts import STARTS, launch_starts, run_starts
+from skrull.solver.search.starts import STARTS, PendingPeers, launch_starts, run_starts
 from skrull.solver.types import MicrobatchSpec, Problem
 
 #: Batches are planned together up to this many sequences per chunk (whole batches; one at least).
 CHUNK_SEQUENCES = 4096
 #: Share of a chunk's time the starts leave to the local search.
 SEARCH_SHARE = 0.2
+#: Share of the search time kept for a peer's plan that arrives after the start phase (module doc, step 2).
+LATE_SHARE = 0.5
 #: Share of an iteration's time the local search gets before the exact model, when that runs.
 EXACT_SEARCH_SHARE = 0.3
 #: Seconds per iteration from which the exact model is worth starting (forking, building, solving).
@@ -117,6 +123,7 @@ class AutoPlanner:
             time_budget_s=max(0.0, deadline - clock()),
         )
         span = deadline - clock()
+        late: PendingPeers | None = None
         if problem.deterministic:  # every start, in process: the same starts on any machine
             starts = run_starts(sub, deadline=float("inf"), keep_s=0.0, isolate=False)
         else:
@@ -127,22 +134,37 @@ class AutoPlanner:
                 found = choose_starts(sub, [o for _, o in starts if self.allow_pending or _keeps_batches(o, sub)])[0]
                 searched = self._improve(sub, found[1], peers.end, clock, exact_model=False)
                 interim = PlannerOutput(iterations=tuple(searched), pending=tuple(found[2]))
-                starts = [*starts, ("searched", interim), *peers.collect()]
+                starts = [*starts, ("searched", interim), *peers.collect(keep_running=True)]
+                late = peers if peers.busy else None
         # without allow_pending every batch runs in its own iteration: a start that moved a sequence to a later
         # iteration of the request (WLB-LLM's queues, even with nothing left pending) is not a plan to return
         outputs = [o for _, o in starts if self.allow_pending or _keeps_batches(o, sub)]
-        candidates = choose_starts(sub, outputs)
+        # a peer still running at the phase's end (``hydraulis`` on a loaded machine) may finish while this
+        # process searches: its plan is pooled with the best found, searched with the time kept for it
+        search_end = deadline if late is None else deadline - LATE_SHARE * (deadline - clock())
+        best = self._search(sub, choose_starts(sub, outputs), search_end, clock)
+        if late is not None:
+            arrived = [o for _, o in late.collect(until=clock()) if self.allow_pending or _keeps_batches(o, sub)]
+            kept = PlannerOutput(iterations=tuple(best[1]), pending=tuple(best[2]))
+            again = self._search(sub, choose_starts(sub, [kept, *arrived]), deadline, clock)
+            best = again if again[0] < best[0] - 1e-12 else best
+        shift = [tuple(_shift(s, offset) for s in specs) for specs in best[1]]
+        return shift, [i + offset for i in best[2]]
+
+    def _search(
+        self, problem: Problem, candidates: Sequence[Candidate], deadline: float, clock: Clock
+    ) -> tuple[float, list[Specs], list[int]]:
+        """Each candidate searched with an equal share of the time left; the best per unit of work."""
         cost = CostModel(problem.profile, bucket_tokens=problem.bucket_tokens, choose_modes=problem.cp_modes)
         best: tuple[float, list[Specs], list[int]] | None = None
         for k, (_, alternatives, pending) in enumerate(candidates):
             share = (deadline - clock()) / (len(candidates) - k)
-            iterations = self._improve(sub, alternatives, clock() + share, clock)
-            ratio = _per_work(iterations, sub.lengths, cost, sub.parallel.num_gpus)
+            iterations = self._improve(problem, alternatives, clock() + share, clock)
+            ratio = _per_work(iterations, problem.lengths, cost, problem.parallel.num_gpus)
             if best is None or ratio < best[0] - 1e-12:
                 best = (ratio, iterations, pending)
         assert best is not None
-        shift = [tuple(_shift(s, offset) for s in specs) for specs in best[1]]
-        return shift, [i + offset for i in best[2]]
+        return best
 
     def _improve(
         self,

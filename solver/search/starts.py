@@ -145,17 +145,61 @@ def _learn(start: Start, batch_sizes: Sequence[int], measured_s: float, *, gpus:
 @dataclass(slots=True, kw_only=True)
 class PendingPeers:
     """The peers' child, still running after the cheap starts; ``collect`` takes the plans that arrive by
-    ``end`` (the end of the start phase; then the child is killed)."""
+    ``end`` (the end of the start phase) and kills the child, or leaves a peer still running to finish
+    (``keep_running``): a later ``collect`` takes its plan."""
 
     child: Child
     peers: list[Start]
     sizes: list[int]
     end: float
     gpus: int
+    #: peers begun and not finished: (name, when it began, on the system-wide ``time.monotonic``)
+    running: list[tuple[str, float]] = dataclasses.field(default_factory=list)
+    got: dict[str, PlannerOutput] = dataclasses.field(default_factory=dict)
+    taken: set[str] = dataclasses.field(default_factory=set)
+    closed: bool = False
 
-    def collect(self) -> list[tuple[str, PlannerOutput]]:
-        got = _collect_peers(self.child, self.peers, self.sizes, self.end, gpus=self.gpus)
-        return [(s.name, got[s.name]) for s in STARTS if s.name in got]
+    @property
+    def busy(self) -> bool:
+        """Whether a peer is still running in the child (its plan may come later)."""
+        return not self.closed and bool(self.running)
+
+    def collect(self, *, until: float | None = None, keep_running: bool = False) -> list[tuple[str, PlannerOutput]]:
+        """The plans that arrived by ``until`` (default ``end``) and were not returned before, in ``STARTS``
+        order. The child is killed unless ``keep_running`` and a peer is still running; a killed peer
+        learns the time it had (a peer that just missed a phase is tried again in the next one of that
+        length: on a loaded machine ``wlb`` needs 50-70 ms of a 0.1 s budget's 75 ms phase). While it
+        waits, this process imports a peer's solver module when the wait holds twice ``IMPORT_S``."""
+        if not self.closed:
+            until = self.end if until is None else until
+            for start in self.peers:  # idle until the peers answer: import a module for the later calls' children
+                if (
+                    start.imports is not None
+                    and start.imports not in sys.modules
+                    and until - time.monotonic() > 2 * IMPORT_S
+                ):
+                    importlib.import_module(start.imports)
+            finished = self.child.read(until=until, on_report=self._receive) is not None
+            if finished or not (keep_running and self.running):
+                self.child.collect(deadline=time.monotonic(), grace_s=0.0, on_report=self._receive)
+                self.closed = True
+                by_name = {s.name: s for s in self.peers}
+                for name, began in self.running:  # it ran at least this long (twice would keep it out for good)
+                    _learn(by_name[name], self.sizes, time.monotonic() - began, gpus=self.gpus)
+                self.running.clear()
+        new = [s.name for s in STARTS if s.name in self.got and s.name not in self.taken]
+        self.taken.update(new)
+        return [(name, self.got[name]) for name in new]
+
+    def _receive(self, report: tuple[str, object, float]) -> None:
+        name, output, seconds = report
+        if name == "began":  # ``seconds`` is when it began: reports are read only here, long after
+            self.running.append((str(output), seconds))
+            return
+        self.running.clear()
+        _learn(next(s for s in self.peers if s.name == name), self.sizes, seconds, gpus=self.gpus)
+        if isinstance(output, PlannerOutput):
+            self.got[name] = output
 
 
 def launch_starts(
@@ -231,8 +275,8 @@ def _start_peers(peers: Sequence[Start], problem: Problem, sizes: Sequence[int],
     """A child that runs ``peers`` in ``PEER_ORDER``, each when its prediction is
     within ``OVERRUN_FACTOR`` of the time left before ``end`` (their times vary with the lengths, 10-60 ms
     on 256 sequences and 32 GPUs), and told the time left. This process searches meanwhile
-    (``launch_starts``). It reports ``("began", name, 0)`` before each
-    and ``(name, output, seconds)`` after it."""
+    (``launch_starts``). It reports ``("began", name, t)`` before each (t: ``time.monotonic()``, one clock for
+    every process on Linux) and ``(name, output, seconds)`` after it."""
     order = peer_order(peers)
 
     def work(report: Report, _deadline: float) -> None:
@@ -245,7 +289,7 @@ def _start_peers(peers: Sequence[Start], problem: Problem, sizes: Sequence[int],
                 continue
             if start.imports is not None:  # not timed: the parent imports it for the later calls
                 importlib.import_module(start.imports)
-            report(("began", start.name, 0.0))
+            report(("began", start.name, time.monotonic()))  # the system-wide clock: the parent reads it
             began = time.monotonic()
             output = _run(start, dataclasses.replace(problem, time_budget_s=max(1e-3, end - began)))
             report((start.name, output, time.monotonic() - began))
@@ -257,37 +301,6 @@ def peer_order(peers: Sequence[Start]) -> list[Start]:
     """The peers in ``PEER_ORDER`` (others after them, in their given order)."""
     rank = {name: k for k, name in enumerate(PEER_ORDER)}
     return sorted(peers, key=lambda s: rank.get(s.name, len(rank)))
-
-
-def _collect_peers(
-    child: Child, peers: Sequence[Start], sizes: Sequence[int], end: float, *, gpus: int
-) -> dict[str, PlannerOutput]:
-    """The peers' plans that arrive before ``end`` (then the child is killed); their times are learnt,
-    and the one still running at ``end`` learns the time it had (a peer that just missed a phase is
-    tried again in the next one of that length: on a loaded machine ``wlb`` needs 50-70 ms of a 0.1 s
-    budget's 75 ms phase). While it waits, this process
-    imports a peer's solver module when the wait holds twice ``IMPORT_S``."""
-    by_name = {s.name: s for s in peers}
-    for start in peers:  # idle until the peers answer: import a solver module for the later calls' children
-        if start.imports is not None and start.imports not in sys.modules and end - time.monotonic() > 2 * IMPORT_S:
-            importlib.import_module(start.imports)
-    got: dict[str, PlannerOutput] = {}
-    running: list[tuple[str, float]] = []
-
-    def receive(report: tuple[str, object, float]) -> None:
-        name, output, seconds = report
-        if name == "began":
-            running.append((str(output), time.monotonic()))
-            return
-        running.clear()
-        _learn(by_name[name], sizes, seconds, gpus=gpus)
-        if isinstance(output, PlannerOutput):
-            got[name] = output
-
-    child.collect(deadline=end, grace_s=0.0, on_report=receive)
-    for name, began in running:  # it ran at least this long (twice would keep it out of this phase for good)
-        _learn(by_name[name], sizes, time.monotonic() - began, gpus=gpus)
-    return got
 
 
 def _run(start: Start, problem: Problem) -> PlannerOutput | None:
