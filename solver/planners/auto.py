@@ -42,7 +42,13 @@ from skrull.solver.search.bound import microbatch_floor_ms
 from skrull.solver.search.budget import FINISH_RESERVE_PER_SEQUENCE_S
 from skrull.solver.search.clock import Clock, clock_for
 from skrull.solver.search.improve import iteration_ms, search_iteration
-from skrull.solver.search.starts import STARTS, PendingPeers, launch_starts, run_starts
+from skrull.solver.search.starts import (
+    EVALUATION_PER_SEQUENCE_S,
+    STARTS,
+    PendingPeers,
+    launch_starts,
+    run_starts,
+)
 from skrull.solver.types import MicrobatchSpec, Problem
 
 #: Batches are planned together up to this many sequences per chunk (whole batches; one at least).
@@ -134,7 +140,8 @@ class AutoPlanner:
                 found = choose_starts(sub, [o for _, o in starts if self.allow_pending or _keeps_batches(o, sub)])[0]
                 searched = self._improve(sub, found[1], peers.end, clock, exact_model=False)
                 interim = PlannerOutput(iterations=tuple(searched), pending=tuple(found[2]))
-                starts = [*starts, ("searched", interim), *peers.collect(keep_running=True)]
+                keep_until = deadline - LATE_SHARE * (deadline - clock())
+                starts = [*starts, ("searched", interim), *peers.collect(keep_until=keep_until)]
                 late = peers if peers.busy else None
         # without allow_pending every batch runs in its own iteration: a start that moved a sequence to a later
         # iteration of the request (WLB-LLM's queues, even with nothing left pending) is not a plan to return
@@ -143,8 +150,13 @@ class AutoPlanner:
         # process searches: its plan is pooled with the best found, searched with the time kept for it
         search_end = deadline if late is None else deadline - LATE_SHARE * (deadline - clock())
         best = self._search(sub, choose_starts(sub, outputs), search_end, clock)
+        arrived: list[PlannerOutput] = []
         if late is not None:
             arrived = [o for _, o in late.collect(until=clock()) if self.allow_pending or _keeps_batches(o, sub)]
+            # pricing each plan and setting a search up is O(sequences): only when the time left holds it
+            need_s = 2 * EVALUATION_PER_SEQUENCE_S * len(sub.lengths) * (1 + len(arrived))
+            arrived = arrived if deadline - clock() > need_s else []
+        if arrived:
             kept = PlannerOutput(iterations=tuple(best[1]), pending=tuple(best[2]))
             again = self._search(sub, choose_starts(sub, [kept, *arrived]), deadline, clock)
             best = again if again[0] < best[0] - 1e-12 else best

@@ -164,9 +164,12 @@ class PendingPeers:
         """Whether a peer is still running in the child (its plan may come later)."""
         return not self.closed and bool(self.running)
 
-    def collect(self, *, until: float | None = None, keep_running: bool = False) -> list[tuple[str, PlannerOutput]]:
+    def collect(
+        self, *, until: float | None = None, keep_until: float | None = None
+    ) -> list[tuple[str, PlannerOutput]]:
         """The plans that arrived by ``until`` (default ``end``) and were not returned before, in ``STARTS``
-        order. The child is killed unless ``keep_running`` and a peer is still running; a killed peer
+        order. The child is killed unless a peer is still running that is predicted to finish by
+        ``keep_until`` (it holds a core meanwhile: one that cannot finish is not left running); a killed peer
         learns the time it had (a peer that just missed a phase is tried again in the next one of that
         length: on a loaded machine ``wlb`` needs 50-70 ms of a 0.1 s budget's 75 ms phase). While it
         waits, this process imports a peer's solver module when the wait holds twice ``IMPORT_S``."""
@@ -180,10 +183,14 @@ class PendingPeers:
                 ):
                     importlib.import_module(start.imports)
             finished = self.child.read(until=until, on_report=self._receive) is not None
-            if finished or not (keep_running and self.running):
+            by_name = {s.name: s for s in self.peers}
+            finishing = keep_until is not None and any(
+                began + predicted_s(by_name[name], self.sizes, gpus=self.gpus) <= keep_until
+                for name, began in self.running
+            )
+            if finished or not finishing:
                 self.child.collect(deadline=time.monotonic(), grace_s=0.0, on_report=self._receive)
                 self.closed = True
-                by_name = {s.name: s for s in self.peers}
                 for name, began in self.running:  # it ran at least this long (twice would keep it out for good)
                     _learn(by_name[name], self.sizes, time.monotonic() - began, gpus=self.gpus)
                 self.running.clear()
