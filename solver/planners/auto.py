@@ -10,11 +10,12 @@ streaming fashion, each chunk with its share of the budget):
    keep every batch in its iteration, and (only with ``allow_pending``, off by default: a loader that
    trains each global batch in its iteration would leave deferred sequences untrained) a deferring
    start's whole plan when it is close; each is searched with a share of the time and the better per
-   unit of work is kept. A peer still running when the start phase ends (``hydraulis`` on a loaded
-   machine: its plan is the one most often best) is left to finish while this process searches:
-   ``LATE_SHARE`` of the search time is kept, and a plan that arrived by then is pooled with the best
-   found and searched with it (before, such a plan was dropped and ``auto`` at 0.1 s per batch could
-   end behind ``hydraulis`` run alone in less wall time).
+   unit of work is kept. The peers' child goes on while this process searches (``hydraulis`` on a
+   loaded machine, or ``dynamic-cp`` after ``hydraulis`` and ``wlb-keep``, does not fit a 0.1 s budget's
+   start phase): it may begin a peer until ``LATE_SHARE`` of the search time is left, and the plans that
+   arrived by then are pooled with the best found and searched with it (before, such plans were dropped
+   and ``auto`` at 0.1 s per batch could end behind ``hydraulis`` or ``dynamic-cp`` run alone in less
+   wall time).
 3. Local search (``solver.search.improve``: move / merge / swap / regroup, re-placing every changed
    microbatch) from each alternative start of an iteration, best first, then iterated local search,
    iteration by iteration, each with an equal share of the time left.
@@ -56,7 +57,7 @@ CHUNK_SEQUENCES = 4096
 #: Share of a chunk's time the starts leave to the local search.
 SEARCH_SHARE = 0.2
 #: Share of the search time kept for a peer's plan that arrives after the start phase (module doc, step 2).
-LATE_SHARE = 0.5
+LATE_SHARE = 0.25
 #: Share of an iteration's time the local search gets before the exact model, when that runs.
 EXACT_SEARCH_SHARE = 0.3
 #: Seconds per iteration from which the exact model is worth starting (forking, building, solving).
@@ -135,7 +136,11 @@ class AutoPlanner:
         else:
             # without deferral no time goes to starts that defer (``wlb-keep`` is WLB-LLM without its queues)
             names = None if self.allow_pending else [s.name for s in STARTS if not s.defers]
-            starts, peers = launch_starts(sub, deadline=deadline, keep_s=SEARCH_SHARE * span, names=names)
+            # the peers' child may begin a peer until the time kept for late plans (module doc, step 2)
+            late_s = (1 - LATE_SHARE) * SEARCH_SHARE * span
+            starts, peers = launch_starts(
+                sub, deadline=deadline, keep_s=SEARCH_SHARE * span, names=names, late_s=late_s
+            )
             if peers is not None:  # search the best start so far while the peers run, then pool them all
                 found = choose_starts(sub, [o for _, o in starts if self.allow_pending or _keeps_batches(o, sub)])[0]
                 searched = self._improve(sub, found[1], peers.end, clock, exact_model=False)
@@ -150,16 +155,19 @@ class AutoPlanner:
         # process searches: its plan is pooled with the best found, searched with the time kept for it
         search_end = deadline if late is None else deadline - LATE_SHARE * (deadline - clock())
         best = self._search(sub, choose_starts(sub, outputs), search_end, clock)
-        arrived: list[PlannerOutput] = []
         if late is not None:
             arrived = [o for _, o in late.collect(until=clock()) if self.allow_pending or _keeps_batches(o, sub)]
-            # pricing each plan and setting a search up is O(sequences): only when the time left holds it
-            need_s = 2 * EVALUATION_PER_SEQUENCE_S * len(sub.lengths) * (1 + len(arrived))
-            arrived = arrived if deadline - clock() > need_s else []
-        if arrived:
-            kept = PlannerOutput(iterations=tuple(best[1]), pending=tuple(best[2]))
-            again = self._search(sub, choose_starts(sub, [kept, *arrived]), deadline, clock)
-            best = again if again[0] < best[0] - 1e-12 else best
+            # pricing each plan is O(sequences), and so is setting a search up: each only when the time left
+            # holds it (else a late plan on 65,536 sequences would break the budget)
+            evaluation_s = EVALUATION_PER_SEQUENCE_S * len(sub.lengths) * (1 + len(arrived))
+            if arrived and deadline - clock() > evaluation_s:
+                kept = PlannerOutput(iterations=tuple(best[1]), pending=tuple(best[2]))
+                pooled = choose_starts(sub, [kept, *arrived])
+                if deadline - clock() > evaluation_s:  # search them; else the best of each iteration as it is
+                    again = self._search(sub, pooled, deadline, clock)
+                else:
+                    again = (pooled[0][0], [alts[0] for alts in pooled[0][1]], pooled[0][2])
+                best = again if again[0] < best[0] - 1e-12 else best
         shift = [tuple(_shift(s, offset) for s in specs) for specs in best[1]]
         return shift, [i + offset for i in best[2]]
 

@@ -161,15 +161,16 @@ class PendingPeers:
 
     @property
     def busy(self) -> bool:
-        """Whether a peer is still running in the child (its plan may come later)."""
-        return not self.closed and bool(self.running)
+        """Whether the child is still running peers (their plans may come later)."""
+        return not self.closed
 
     def collect(
         self, *, until: float | None = None, keep_until: float | None = None
     ) -> list[tuple[str, PlannerOutput]]:
         """The plans that arrived by ``until`` (default ``end``) and were not returned before, in ``STARTS``
-        order. The child is killed unless a peer is still running that is predicted to finish by
-        ``keep_until`` (it holds a core meanwhile: one that cannot finish is not left running); a killed peer
+        order. With ``keep_until`` the child is left running (it begins peers until ``launch_starts``'s
+        ``late_s`` after the phase) unless the peer it runs is predicted to finish after ``keep_until`` (it
+        holds a core meanwhile: one that cannot finish is not left running); a killed peer
         learns the time it had (a peer that just missed a phase is tried again in the next one of that
         length: on a loaded machine ``wlb`` needs 50-70 ms of a 0.1 s budget's 75 ms phase). While it
         waits, this process imports a peer's solver module when the wait holds twice ``IMPORT_S``."""
@@ -184,7 +185,7 @@ class PendingPeers:
                     importlib.import_module(start.imports)
             finished = self.child.read(until=until, on_report=self._receive) is not None
             by_name = {s.name: s for s in self.peers}
-            finishing = keep_until is not None and any(
+            finishing = keep_until is not None and all(
                 began + predicted_s(by_name[name], self.sizes, gpus=self.gpus) <= keep_until
                 for name, began in self.running
             )
@@ -216,13 +217,15 @@ def launch_starts(
     keep_s: float,
     names: Sequence[str] | None = None,
     isolate: bool = True,
+    late_s: float = 0.0,
 ) -> tuple[list[tuple[str, PlannerOutput]], PendingPeers | None]:
     """The cheap starts' outputs (in ``STARTS`` order), run in this process, and the peers' child still
     running (``None`` when no peer fits): the caller may search while the peers run, then ``collect``.
 
     Starts run when their predicted time fits before ``deadline - keep_s`` (the cheapest always runs).
     A start that fails (``SkrullError``) is skipped. ``isolate=False`` runs every start in process, in
-    order (with an infinite deadline: every start, deterministically)."""
+    order (with an infinite deadline: every start, deterministically). The peers' child may begin a peer
+    up to ``late_s`` after the start phase (a caller that searches meanwhile collects it late: ``PendingPeers``)."""
     sizes = [len(ids) for ids in problem.batch_ids]
     gpus = problem.parallel.num_gpus
     chosen = [s for s in STARTS if names is None or s.name in names]
@@ -236,7 +239,7 @@ def launch_starts(
             peers = [s for s in chosen[1:] if s.isolated]
             peers_end = end - evaluation_s * len(peers)
             if any(predicted_s(s, sizes, gpus=gpus) <= OVERRUN_FACTOR * (peers_end - time.monotonic()) for s in peers):
-                child = _start_peers(peers, problem, sizes, peers_end)
+                child = _start_peers(peers, problem, sizes, peers_end + late_s)
             else:  # none fits: no fork, and no time kept for costing their plans
                 peers = []
         if k > 0 and start in peers:
