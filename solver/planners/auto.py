@@ -58,6 +58,8 @@ CHUNK_SEQUENCES = 4096
 SEARCH_SHARE = 0.2
 #: Share of the search time kept for a peer's plan that arrives after the start phase (module doc, step 2).
 LATE_SHARE = 0.25
+#: Seconds of pricing a late plan may take past the search's deadline (within the finishing margin's order).
+LATE_PRICING_S = 0.005
 #: Share of an iteration's time the local search gets before the exact model, when that runs.
 EXACT_SEARCH_SHARE = 0.3
 #: Seconds per iteration from which the exact model is worth starting (forking, building, solving).
@@ -157,10 +159,11 @@ class AutoPlanner:
         best = self._search(sub, choose_starts(sub, outputs), search_end, clock)
         if late is not None:
             arrived = [o for _, o in late.collect(until=clock()) if self.allow_pending or _keeps_batches(o, sub)]
-            # pricing each plan is O(sequences), and so is setting a search up: each only when the time left
-            # holds it (else a late plan on 65,536 sequences would break the budget)
+            # pricing each plan is O(sequences), and so is setting a search up: a search only when the time left
+            # holds it, the pricing when it does or is within LATE_PRICING_S (a plan that arrives at the deadline
+            # on a loaded machine is still weighed; one on 65,536 sequences is not, or it would break the budget)
             evaluation_s = EVALUATION_PER_SEQUENCE_S * len(sub.lengths) * (1 + len(arrived))
-            if arrived and deadline - clock() > evaluation_s:
+            if arrived and (deadline - clock() > evaluation_s or evaluation_s <= LATE_PRICING_S):
                 kept = PlannerOutput(iterations=tuple(best[1]), pending=tuple(best[2]))
                 pooled = choose_starts(sub, [kept, *arrived])
                 if deadline - clock() > evaluation_s:  # search them; else the best of each iteration as it is
