@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from skrull.solver.cp_modes import DEFAULT_CP_MODES
 from skrull.solver.errors import SkrullError
 from skrull.solver.ilp.runner import Child, Report, run_with_deadline, start_child
 from skrull.solver.planners.base import Planner, PlannerOutput
@@ -41,6 +42,7 @@ from skrull.solver.planners.minmax_ilp import COLD_IMPORT_S, CP_SAT_MODULE
 from skrull.solver.planners.skrull import RoundRobinPlanner, SkrullPlanner
 from skrull.solver.planners.verl_kk import VerlKkPlanner
 from skrull.solver.planners.wlb import WlbPlanner
+from skrull.solver.planners.xtuner import XtunerPlanner
 from skrull.solver.search.construct import SpreadStart
 from skrull.solver.types import Problem
 
@@ -101,6 +103,8 @@ STARTS: tuple[Start, ...] = (
     Start(name="skrull", make=SkrullPlanner, per_sequence_s=8e-6),
     Start(name="round-robin", make=RoundRobinPlanner, per_sequence_s=8e-6),
     Start(name="verl-kk", make=VerlKkPlanner, per_sequence_s=4e-6, per_square_s=3e-8),
+    # XTuner's packs, every one Ulysses over the group: only where the request allows Ulysses
+    Start(name="xtuner", make=XtunerPlanner, per_sequence_s=2e-6),
     Start(
         name="hydraulis",
         isolated=True,
@@ -228,7 +232,7 @@ def launch_starts(
     up to ``late_s`` after the start phase (a caller that searches meanwhile collects it late: ``PendingPeers``)."""
     sizes = [len(ids) for ids in problem.batch_ids]
     gpus = problem.parallel.num_gpus
-    chosen = [s for s in STARTS if names is None or s.name in names]
+    chosen = [s for s in STARTS if (names is None or s.name in names) and plans_modes(s, problem)]
     end = deadline - keep_s
     evaluation_s = EVALUATION_PER_SEQUENCE_S * sum(sizes)
     out: dict[str, PlannerOutput] = {}
@@ -263,6 +267,11 @@ def launch_starts(
     if child is None:
         return outputs, None
     return outputs, PendingPeers(child=child, peers=peers, sizes=sizes, end=end - evaluation_s * len(out), gpus=gpus)
+
+
+def plans_modes(start: Start, problem: Problem) -> bool:
+    """Whether ``start`` plans a CP mode the request allows (``xtuner`` plans Ulysses only)."""
+    return bool(set(getattr(start.make(), "cp_modes", DEFAULT_CP_MODES)) & set(problem.cp_modes))
 
 
 def run_starts(
