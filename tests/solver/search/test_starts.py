@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+from typing import Any
 
 import pytest
 
@@ -50,3 +51,35 @@ def test_a_peer_runs_under_a_budget_smaller_than_its_own_smallest() -> None:
     # a generous deadline: the test is about the budget gate, not the machine's speed
     names = [name for name, _ in starts.run_starts(problem, deadline=time.monotonic() + 1.0, keep_s=0.0)]
     assert "hydraulis" in names
+
+
+def test_a_peer_that_finishes_after_the_start_phase_is_kept_for_a_later_collect(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # the peers' child goes on past the start phase when told (late_s): a peer begun before then and
+    # finishing after it reaches a later collect, instead of being killed at the phase's end
+    monkeypatch.setattr(starts, "_scale", {})
+    request = synthesize_request(
+        dataset="mooncake", parallel=Parallel(dp=4, cp=8), profile=load_profile("h100-80g/qwen2.5-0.5b"),
+        sequences_per_rank=16,
+    )  # fmt: skip
+    problem = dataclasses.replace(Problem.from_request(request), time_budget_s=5.0)
+    slow = starts.Start(name="slow-peer", make=_SlowPlanner, per_sequence_s=1e-5, isolated=True)
+    monkeypatch.setattr(starts, "STARTS", (starts.STARTS[0], slow))
+    now = time.monotonic()
+    outputs, pending = starts.launch_starts(problem, deadline=now + 0.2, keep_s=0.0, late_s=3.0)
+    assert [n for n, _ in outputs] == ["packed"] and pending is not None
+    assert pending.collect(keep_until=now + 3.0) == []  # not in yet, and left running
+    assert pending.busy
+    late = pending.collect(until=time.monotonic() + 3.0)
+    assert [n for n, _ in late] == ["slow-peer"] and not pending.busy
+
+
+class _SlowPlanner:
+    """A peer that needs 0.5 s (a loaded machine's ``hydraulis``)."""
+
+    name = "slow-peer"
+
+    def plan(self, problem: Problem) -> Any:
+        time.sleep(0.5)
+        return PackedPlanner().plan(problem)
