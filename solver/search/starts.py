@@ -51,6 +51,8 @@ SCALE_SMOOTHING = 0.5
 #: A start predicted to take longer than this runs in a killable child even if it is cheap per sequence
 #: (a wrong prediction on a large batch must not break the budget).
 ISOLATE_ABOVE_S = 0.05
+#: Factor a start's time scale moves toward 1 by each time it is passed over (``_passed_over``).
+SKIP_DECAY = 0.5
 #: How far past its prediction an isolated start may run (unless half the time left is more).
 OVERRUN_FACTOR = 3.0
 #: Time ``auto`` spends costing each start's plan (iteration times, work), per sequence.
@@ -146,6 +148,15 @@ def _learn(start: Start, batch_sizes: Sequence[int], measured_s: float, *, gpus:
     _scale[start.name] = (1 - SCALE_SMOOTHING) * old + SCALE_SMOOTHING * ratio
 
 
+def _passed_over(start: Start) -> None:
+    """A start not run for its predicted time: its scale moves back toward 1 by ``SKIP_DECAY``. A start is
+    only measured when it runs, so one load spike (a scale of 10-40 for a start of a few ms, on a shared
+    2-core machine) would otherwise keep it out of every later 0.1 s start phase."""
+    old = _scale.get(start.name, 1.0)
+    if old > 1.0:
+        _scale[start.name] = max(1.0, old * SKIP_DECAY)
+
+
 @dataclass(slots=True, kw_only=True)
 class PendingPeers:
     """The peers' child, still running after the cheap starts; ``collect`` takes the plans that arrive by
@@ -161,6 +172,8 @@ class PendingPeers:
     running: list[tuple[str, float]] = dataclasses.field(default_factory=list)
     got: dict[str, PlannerOutput] = dataclasses.field(default_factory=dict)
     taken: set[str] = dataclasses.field(default_factory=set)
+    #: peers that reported (or ran until killed): the others were passed over by the child
+    heard: set[str] = dataclasses.field(default_factory=set)
     closed: bool = False
 
     @property
@@ -198,7 +211,11 @@ class PendingPeers:
                 self.closed = True
                 for name, began in self.running:  # it ran at least this long (twice would keep it out for good)
                     _learn(by_name[name], self.sizes, time.monotonic() - began, gpus=self.gpus)
+                    self.heard.add(name)
                 self.running.clear()
+                for start in self.peers:  # never begun: the child passed it over
+                    if start.name not in self.heard:
+                        _passed_over(start)
         new = [s.name for s in STARTS if s.name in self.got and s.name not in self.taken]
         self.taken.update(new)
         return [(name, self.got[name]) for name in new]
@@ -208,6 +225,7 @@ class PendingPeers:
         if name == "began":  # ``seconds`` is when it began: reports are read only here, long after
             self.running.append((str(output), seconds))
             return
+        self.heard.add(name)
         self.running.clear()
         _learn(next(s for s in self.peers if s.name == name), self.sizes, seconds, gpus=self.gpus)
         if isinstance(output, PlannerOutput):
@@ -251,6 +269,7 @@ def launch_starts(
         left = end - time.monotonic() - evaluation_s * (len(out) + 1 + len(peers))
         predicted = predicted_s(start, sizes, gpus=gpus)
         if out and predicted > left:
+            _passed_over(start)
             continue
         began = time.monotonic()
         isolated = isolate and bool(out) and (start.isolated or predicted > ISOLATE_ABOVE_S)

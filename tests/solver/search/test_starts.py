@@ -83,3 +83,25 @@ class _SlowPlanner:
     def plan(self, problem: Problem) -> Any:
         time.sleep(0.5)
         return PackedPlanner().plan(problem)
+
+
+def test_a_start_passed_over_after_a_load_spike_is_tried_again_soon(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a start is measured only when it runs: after a spike (scale 16) its prediction must come back down
+    # while it is passed over, or it would stay out of every later start phase
+    verl = next(s for s in starts.STARTS if s.name == "verl-kk")
+    monkeypatch.setattr(starts, "_scale", {"verl-kk": 16.0})
+    request = synthesize_request(
+        dataset="sharegpt", parallel=Parallel(dp=4, cp=8), profile=load_profile("h100-80g/qwen2.5-0.5b"),
+        sequences_per_rank=64,
+    )  # fmt: skip
+    problem = Problem.from_request(request)
+    tight = starts.predicted_s(verl, [256]) / 2  # the time left holds half its inflated prediction
+    runs = []
+    for _ in range(6):
+        budget_end = time.monotonic() + tight + 1.0  # packed and verl-kk only, a second for packed
+        names = ["packed", "verl-kk"]
+        outputs, _ = starts.launch_starts(problem, deadline=budget_end, keep_s=1.0, names=names, isolate=False)
+        runs.append("verl-kk" in [n for n, _ in outputs])
+        if runs[-1]:
+            break
+    assert runs[0] is False and runs[-1] is True
