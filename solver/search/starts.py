@@ -51,6 +51,8 @@ SCALE_SMOOTHING = 0.5
 #: A start predicted to take longer than this runs in a killable child even if it is cheap per sequence
 #: (a wrong prediction on a large batch must not break the budget).
 ISOLATE_ABOVE_S = 0.05
+#: Most a start run in this process is predicted over its prior (``predicted_s``).
+IN_PROCESS_SCALE_CAP = 4.0
 #: Factor a start's time scale moves toward 1 by each time it is passed over (``_passed_over``).
 SKIP_DECAY = 0.5
 #: How far past its prediction an isolated start may run (unless half the time left is more).
@@ -137,9 +139,16 @@ _scale: dict[str, float] = {}
 
 def predicted_s(start: Start, batch_sizes: Sequence[int], *, gpus: int = 1) -> float:
     """Its learnt time, plus ``IMPORT_S`` while its solver module is not imported here (a forked child
-    would import it again: a kill, and a learnt time that keeps it out of every later start phase)."""
+    would import it again: a kill, and a learnt time that keeps it out of every later start phase). A start
+    run in this process is predicted at most ``IN_PROCESS_SCALE_CAP`` times its prior: one measured in a
+    load spike would otherwise be kept out of 0.1 s start phases though it takes a few ms (``skrull`` at a
+    scale of 32 on a shared 2-core machine: ``auto`` then planned 2% behind ``skrull`` run alone); one
+    predicted over ``ISOLATE_ABOVE_S`` runs in a killable child anyway."""
     cold = start.imports is not None and start.imports not in sys.modules
-    return _scale.get(start.name, 1.0) * start.unit_s(batch_sizes, gpus=gpus) + (IMPORT_S if cold else 0.0)
+    scale = _scale.get(start.name, 1.0)
+    if not start.isolated:
+        scale = min(scale, IN_PROCESS_SCALE_CAP)
+    return scale * start.unit_s(batch_sizes, gpus=gpus) + (IMPORT_S if cold else 0.0)
 
 
 def _learn(start: Start, batch_sizes: Sequence[int], measured_s: float, *, gpus: int) -> None:
