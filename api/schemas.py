@@ -160,15 +160,26 @@ class IterationModel(BaseModel):
     index: int
     microbatches: list[MicrobatchModel]
     estimated_ms: float
-    lower_bound_ms: float
+    lower_bound_ms: float = Field(description="no plan of this iteration's sequences, with any groups, is faster")
+    static_bound_ms: float | None = Field(
+        None,
+        description="no plan in Skrull's static layout (one CP group per microbatch) is faster; plans with wider "
+        "groups may be",
+    )
 
 
 class SolveModel(BaseModel):
     wall_ms: float
     status: Literal["heuristic", "optimal", "feasible", "timeout"]
     objective_ms: float
-    bound_ms: float | None
+    bound_ms: float | None = Field(description="a lower bound of objective_ms valid for every layout")
     gap: float | None
+    model_bound_ms: float | None = Field(
+        None,
+        description="exact planners: the solver's bound over the plans its model expresses (ilp: the static "
+        "layout; ilp-flex: its groups); status optimal is proven against it",
+    )
+    model_gap: float | None = Field(None, description="(objective_ms - model_bound_ms) / objective_ms")
     stats: dict[str, float] | None = Field(None, description="planner-specific figures (absent for most planners)")
 
 
