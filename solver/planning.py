@@ -22,7 +22,7 @@ from skrull.solver.errors import InvalidPlanError, PlannerBugError, RequestError
 from skrull.solver.io import DEFER_SOLVERS, MAX_DEFER, check_cp_modes_profile
 from skrull.solver.planners.base import Planner, PlannerOutput
 from skrull.solver.planners.registry import get_planner
-from skrull.solver.search.budget import check_budget
+from skrull.solver.search.budget import batch_share_s, check_budget
 from skrull.solver.types import Iteration, MicrobatchSpec, Parallel, Plan, Problem, Request, SolveInfo
 from skrull.solver.validate import validate_plan
 
@@ -275,12 +275,18 @@ def shift_iteration(iteration: Iteration, *, offset: int, index: int) -> Iterati
 
 
 def solve_batch(request: Request, index: int) -> IterationResult:
-    """Batch ``index`` of ``request`` planned alone, with its share ``time_budget_s / batches`` of the
-    budget, as iteration ``index`` in the request's global sequence ids (validated on its own)."""
+    """Batch ``index`` of ``request`` planned alone, with its share of the budget (``search.budget.batch_share_s``:
+    in proportion to what each batch needs, so the budget accepted for the whole request is enough for every
+    batch), as iteration ``index`` in the request's global sequence ids (validated on its own)."""
     offset = sum(len(b) for b in request.batches[:index])
-    sub = dataclasses.replace(
-        request, batches=(request.batches[index],), time_budget_s=request.resolved_time_budget_s / len(request.batches)
+    share_s = batch_share_s(
+        request.solver,
+        [len(b) for b in request.batches],
+        index,
+        request.resolved_time_budget_s,
+        request.parallel,
     )
+    sub = dataclasses.replace(request, batches=(request.batches[index],), time_budget_s=share_s)
     plan = solve(sub)
     return IterationResult(
         iteration=shift_iteration(plan.iterations[0], offset=offset, index=index),

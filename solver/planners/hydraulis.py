@@ -159,46 +159,58 @@ def choose_degrees(
     g_count = num_gpus + 1
     f = np.full((num_bins + 1, g_count), math.inf)
     f[0, 0] = 0.0
-    # prefix sums of S and S^2 over the buckets: a range j..i-1 sums to prefix[i] - prefix[j]
+    # prefix sums of S, S^2 and the count over the buckets: a range j..i-1 sums to prefix[i] - prefix[j]
     prefix1 = np.concatenate(([0.0], np.cumsum([h[1] for h in hist])))
     prefix2 = np.concatenate(([0.0], np.cumsum([h[2] for h in hist])))
-    # one row per (d, r), in the loop order: its coefficients, and the f column it extends for each g
-    labels = [(d, r) for d in degrees for r in range(1, num_gpus // d + 1)]
-    terms = {d: costs.coefficients(d) for d in degrees}
-    coef = [(*terms[d], d * costs.bucket_tokens, costs.cap(d)) for d, _ in labels]  # a, b, c, d * bucket, cap
-    row_a, row_b, row_c, row_db, row_cap = (np.array([t[k] for t in coef], dtype=np.float64) for k in range(5))
-    row_r = np.array([r for _, r in labels], dtype=np.float64)
-    source = np.arange(g_count)[None, :] - np.array([d * r for d, r in labels])[:, None]  # (row, g)
-    outside = source < 0
-    source = np.clip(source, 0, None)
-    per_j = len(labels)
+    prefix_n = np.concatenate(([0], np.cumsum([h[0] for h in hist])))
+    terms = {d: (*costs.coefficients(d), d * costs.bucket_tokens, costs.cap(d)) for d in degrees}  # a, b, c, d*B, cap
+    # one row per (d, r), in the loop order, when a bucket's rows fit DP_ARRAY_ELEMENTS (not on 65,536 GPUs)
+    per_j = sum(num_gpus // d for d in degrees)
+    rows_fit = per_j * g_count <= DP_ARRAY_ELEMENTS
+    if rows_fit:
+        labels = [(d, r) for d in degrees for r in range(1, num_gpus // d + 1)]
+        row_a, row_b, row_c, row_db, row_cap = (
+            np.array([terms[d][k] for d, _ in labels], dtype=np.float64) for k in range(5)
+        )
+        row_r = np.array([r for _, r in labels], dtype=np.float64)
+        source = np.arange(g_count)[None, :] - np.array([d * r for d, r in labels])[:, None]  # (row, g)
+        outside = source < 0
+        source = np.clip(source, 0, None)
     choice: dict[tuple[int, int], tuple[int, int, int]] = {}
     for i in range(1, num_bins + 1):
         longest = hist[i - 1][3]
         sum1 = prefix1[i] - prefix1[:i]  # per range start j
         sum2 = prefix2[i] - prefix2[:i]
-        if per_j * g_count * i > DP_ARRAY_ELEMENTS:  # hundreds of GPUs: one array per (j, d, r)
+        # a replica serves whole sequences: more replicas than the range has sequences only sit idle, so they
+        # are never counted (this also keeps the DP at O(bins^2 * degrees * sequences) vector steps instead of
+        # O(bins^2 * GPUs) range by range: 65,536 GPUs took minutes)
+        count = prefix_n[i] - prefix_n[:i]
+        if not rows_fit or per_j * g_count * i > DP_ARRAY_ELEMENTS:  # one array per (j, d, r)
             for j in range(i):
                 if not np.isfinite(f[j]).any():
                     continue
                 s1, s2 = float(sum1[j]), float(sum2[j])
-                for (d, r), (a, b, c, db, cap) in zip(labels, coef, strict=True):
+                for d in degrees:
+                    a, b, c, db, cap = terms[d]
                     if longest > cap:
                         continue
                     total = a * s2 + b * s1 + c * s1 / db
-                    used = d * r
-                    cand = np.maximum(f[j, : g_count - used], max(total / r, a * longest * longest + b * longest) + c)
-                    target = f[i, used:]
-                    better = np.nonzero(cand < target - DP_TIE_MS)[0]
-                    if better.size:
-                        target[better] = cand[better]
-                        for g in (better + used).tolist():
-                            choice[(i, g)] = (j, d, r)
+                    floor = a * longest * longest + b * longest
+                    for r in range(1, min(num_gpus // d, int(count[j])) + 1):
+                        used = r * d
+                        cand = np.maximum(f[j, : g_count - used], max(total / r, floor) + c)
+                        target = f[i, used:]
+                        better = np.nonzero(cand < target - DP_TIE_MS)[0]
+                        if better.size:
+                            target[better] = cand[better]
+                            for g in (better + used).tolist():
+                                choice[(i, g)] = (j, d, r)
             continue
-        floor = row_a * longest * longest + row_b * longest
-        total = row_a * sum2[:, None] + row_b * sum1[:, None] + row_c * sum1[:, None] / row_db  # (j, row)
-        value = np.maximum(total / row_r, floor) + row_c
+        floor_row = row_a * longest * longest + row_b * longest
+        total_row = row_a * sum2[:, None] + row_b * sum1[:, None] + row_c * sum1[:, None] / row_db  # (j, row)
+        value = np.maximum(total_row / row_r, floor_row) + row_c
         value[:, row_cap < longest] = math.inf  # that degree cannot hold the range's longest
+        value[row_r[None, :] > count[:, None]] = math.inf  # more replicas than the range has sequences
         shifted = f[:i][:, source]  # (j, row, g): f before the range's replicas
         shifted[:, outside] = math.inf
         rows = np.maximum(shifted, value[:, :, None]).reshape(i * per_j, g_count)  # rows in (j, d, r) order
