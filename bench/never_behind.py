@@ -199,9 +199,9 @@ def main() -> None:
         f"| {deferring} |"
     )
     for kind in KINDS:
-        mine = [r[1][0] for r in rows if r[0].kind == kind]
-        if mine:
-            print(f"| kind: {kind} | {len(mine)} | {statistics.fmean(mine):.4f} | {max(mine):.4f} | | | |")
+        ratios = [r[1][0] for r in rows if r[0].kind == kind]
+        if ratios:
+            print(f"| kind: {kind} | {len(ratios)} | {statistics.fmean(ratios):.4f} | {max(ratios):.4f} | | | |")
     print("\nPer request (`auto over it`: auto's ratio over the best planner's with no more wall, less 1; "
           "`slower best`: the best planner that took longer than auto, not compared):\n")  # fmt: skip
     print("| profile | request | auto / floor | auto wall ms | best with <= wall | its ratio | its wall ms "
