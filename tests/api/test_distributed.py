@@ -70,7 +70,9 @@ def test_a_solver_worker_killed_mid_solve_loses_nothing(
         assert time.monotonic() < deadline, "the first worker never published an iteration"
         time.sleep(0.02)
     doomed.kill()  # SIGKILL: the worker and its solver processes vanish with the lease held
-    assert httpx.get(f"{api.url}/v1/plans/{plan_id}").json()["status"] == "solving"
+    # still solving under the dead worker's lease, or already queued again once the 1 s lease ran out (a
+    # loaded machine may take that long between the kill and this read): not lost, not failed
+    assert httpx.get(f"{api.url}/v1/plans/{plan_id}").json()["status"] in ("solving", "queued")
     solver_worker_factory(pg_db, processes=1, env=env).start()
     with PlanningClient(api.url) as client:
         envelope = client.wait(plan_id, timeout_s=60)
