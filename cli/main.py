@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import os
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -25,7 +27,7 @@ from skrull.cli import serve, solver_worker
 from skrull.cli import show as show_cli
 from skrull.solver.compare import compare, format_table, parse_solver_spec
 from skrull.solver.datasets import distribution_names, synthesize_request
-from skrull.solver.errors import PlannerBugError, RequestError, SkrullError
+from skrull.solver.errors import MISSING, PlannerBugError, RequestError, SkrullError
 from skrull.solver.io import (
     BACKENDS,
     DEFAULT_PROFILE,
@@ -119,7 +121,7 @@ def _read_request(args: argparse.Namespace, *, solver: str | None) -> Request:
                 doc["seed"] = args.seed
         return request_from_dict(doc)
     if not args.dataset:
-        raise RequestError("--request", None, "give a request file (--request FILE) or a dataset (--dataset NAME)")
+        raise RequestError("--request", MISSING, "give a request file (--request FILE) or a dataset (--dataset NAME)")
     for name, default in DATASET_DEFAULTS.items():
         if getattr(args, name) is None:
             setattr(args, name, default)
@@ -197,7 +199,8 @@ def _note_if_stopped(request: Request, plan: Plan) -> None:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     request = _load_request(args, solver=None)
-    solvers = args.solvers.split(",") if args.solvers else None
+    # "skrull, wlb" as typed after a comma in prose: spaces around the names are not part of them
+    solvers = [s.strip() for s in args.solvers.split(",") if s.strip()] if args.solvers else None
     for spec in solvers or ():
         name, backend = parse_solver_spec(spec)
         get_planner(name)
@@ -213,7 +216,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     n = request.num_sequences
     par = request.parallel
     title = (
-        f"{n} sequences in {len(request.batches)} batch(es), DP{par.dp} x CP{par.cp}, profile {request.profile.name}, "
+        f"{n} sequences in {plural(len(request.batches), 'batch', 'batches')}, DP{par.dp} x CP{par.cp}, "
+        f"profile {request.profile.name}, "
         f"bucket {request.bucket_tokens} tokens"
     )
     _write(title + "\n\n" + format_table(rows), args.output)
@@ -222,7 +226,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def cmd_request(args: argparse.Namespace) -> int:
     if not args.dataset:
-        raise RequestError("--dataset", None, f"required; one of {', '.join(distribution_names())}")
+        raise RequestError("--dataset", MISSING, f"required; one of {', '.join(distribution_names())}")
     request = _load_request(args, solver=args.solver)
     limit = request.parallel.cp * request.bucket_tokens
     cut = sum(1 for batch in request.batches for n in batch if n == limit)
@@ -278,11 +282,43 @@ def cmd_profiles(args: argparse.Namespace) -> int:
     return 0
 
 
+def plural(count: int, singular: str, plural_form: str) -> str:
+    """``1 batch``, ``4 batches``."""
+    return f"{count} {singular if count == 1 else plural_form}"
+
+
 class _Parser(argparse.ArgumentParser):
-    """Usage mistakes end like every other failure: one line on stderr, exit status 2."""
+    """Usage mistakes end like every other failure: one line on stderr, exit status 2; a mistyped
+    subcommand or flag gets the closest known one (argparse's own ``suggest_on_error`` is Python 3.14's)."""
 
     def error(self, message: str) -> NoReturn:
+        choice = re.match(r"argument (\w+): invalid choice: '([^']*)' \(choose from (.*)\)$", message)
+        if choice:
+            known = re.findall(r"'?([\w-]+)'?", choice.group(3))
+            message += _did_you_mean(choice.group(2), known)
         self.exit(EXIT_USER_ERROR, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+    def parse_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> Any:  # type: ignore[override]
+        """``parse_known_args``, then unknown flags refused with the closest flag of the subcommand."""
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            command = self._subcommand(parsed)
+            options = [o for a in command._actions for o in a.option_strings] if command else []
+            hint = "".join(_did_you_mean(e.split("=", 1)[0], options) for e in extras if e.startswith("-"))
+            (command or self).error(f"unrecognized arguments: {' '.join(extras)}{hint}")
+        return parsed
+
+    def _subcommand(self, parsed: argparse.Namespace) -> argparse.ArgumentParser | None:
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                chosen = action.choices.get(getattr(parsed, "command", None) or "")
+                return chosen if isinstance(chosen, argparse.ArgumentParser) else None
+        return None
+
+
+def _did_you_mean(typed: str, known: Sequence[str]) -> str:
+    close = difflib.get_close_matches(typed, list(known), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]}?)" if close else ""
 
 
 def build_parser() -> argparse.ArgumentParser:

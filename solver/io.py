@@ -15,7 +15,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from skrull.solver.errors import RequestError, SequenceTooLongError, UnknownSolverError
+from skrull.solver.errors import MISSING, RequestError, SequenceTooLongError, UnknownSolverError
 from skrull.solver.jsonsafe import check_bounded, join_path, loads_json, read_int, read_ints
 from skrull.solver.profile import Profile, load_profile, profile_from_dict
 from skrull.solver.search import budget as budget_defaults
@@ -376,6 +376,8 @@ def plan_from_dict(doc: Any) -> Plan:
     elsewhere. Checks shape and JSON types and names the field of any mistake; content is the
     validator's (``solver.validate``)."""
     plan = _object(doc, "plan")
+    if "schema" not in plan and "batches" in plan:
+        raise RequestError("schema", MISSING, "this is a request (it has batches and no schema), not a plan")
     if plan.get("schema") != PLAN_SCHEMA:
         raise RequestError("schema", plan.get("schema"), f"must be {PLAN_SCHEMA!r}")
     solver = plan.get("solver")

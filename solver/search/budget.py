@@ -134,7 +134,8 @@ def check_budget(
             "time_budget_s",
             time_budget_s,
             f"{solver!r} needs at least {_round_up(need)} s for {sum(batch_sizes)} sequences "
-            f"in {len(batch_sizes)} batches; ask for time_budget_s >= {_round_up(need)}",
+            f"in {len(batch_sizes)} batch{'' if len(batch_sizes) == 1 else 'es'}; ask for time_budget_s >= "
+            f"{_round_up(need)}",
         )
 
 
