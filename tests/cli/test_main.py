@@ -280,3 +280,11 @@ def test_compare_takes_solver_lists_with_spaces_and_counts_one_batch_in_the_sing
     assert code == 0, err
     assert out.startswith("4 sequences in 1 batch, DP1 x CP2")
     assert [line.split("|")[1].strip() for line in out.splitlines()[4:]] == ["skrull", "packed"]
+
+
+def test_serve_refuses_a_db_in_a_missing_folder_naming_the_flag(tmp_path: Path) -> None:
+    missing = tmp_path / "no" / "such" / "jobs.db"
+    out = skrull("serve", "--db", str(missing), "--port", "0")
+    assert out.returncode == 2
+    assert out.stderr.startswith("skrull: error: --db: ") and "does not exist" in out.stderr
+    assert not missing.parent.exists()
