@@ -30,7 +30,10 @@ from skrull.solver.datasets import distribution_names, synthesize_request
 from skrull.solver.errors import MISSING, PlannerBugError, RequestError, SkrullError
 from skrull.solver.io import (
     BACKENDS,
+    DEFAULT_CP,
+    DEFAULT_DP,
     DEFAULT_PROFILE,
+    DEFAULT_SOLVER,
     dumps,
     parse_profile,
     plan_from_dict,
@@ -56,8 +59,12 @@ def _add_source(p: argparse.ArgumentParser) -> None:
     src = p.add_argument_group("input: a request file, or a request synthesized from a bundled dataset")
     src.add_argument("--request", "-r", metavar="FILE", help="request JSON (docs/formats.md format)")
     src.add_argument("--dataset", metavar="NAME", help=f"length distribution: {', '.join(distribution_names())}")
-    src.add_argument("--dp", type=int, default=None, help="data-parallel degree (with --dataset; default 4)")
-    src.add_argument("--cp", type=int, default=None, help="context-parallel degree (with --dataset; default 8)")
+    src.add_argument(
+        "--dp", type=int, default=None, help=f"data-parallel degree (with --dataset; default {DEFAULT_DP})"
+    )
+    src.add_argument(
+        "--cp", type=int, default=None, help=f"context-parallel degree (with --dataset; default {DEFAULT_CP})"
+    )
     src.add_argument("--per-rank", type=int, default=None, help="sequences per DP rank per batch (default 64)")
     src.add_argument("--batches", type=int, default=None, help="global batches (iterations) to plan (default 1)")
     src.add_argument("--seed", type=int, default=None, help="sampling seed, and the request's seed (default 0)")
@@ -65,13 +72,19 @@ def _add_source(p: argparse.ArgumentParser) -> None:
         "--profile", default=None, help=f"bundled profile name or profile JSON file (default {DEFAULT_PROFILE})"
     )
     src.add_argument("--bucket-tokens", type=int, default=None, help="override the profile's memory bucket")
-    src.add_argument("--time-budget-s", type=float, default=None, help="wall-clock budget of ilp/auto solves")
+    src.add_argument(
+        "--time-budget-s",
+        type=float,
+        default=None,
+        help="wall-clock budget of the solve (default: the request's, else 1 s; 60 s for ilp and ilp-flex; "
+        "raised to what the request's size needs)",
+    )
     src.add_argument("--backend", default=None, help=f"exact solver backend: {', '.join(BACKENDS)} (ilp, auto)")
     src.add_argument("--deterministic", action="store_true", help="same plan for the same request (ilp, auto)")
 
 
 #: Flags that shape a synthesized request (--dataset) and their defaults; a request file sets these itself.
-DATASET_DEFAULTS = {"dp": 4, "cp": 8, "per_rank": 64, "batches": 1}
+DATASET_DEFAULTS = {"dp": DEFAULT_DP, "cp": DEFAULT_CP, "per_rank": 64, "batches": 1}
 
 
 def _load_request(args: argparse.Namespace, *, solver: str | None) -> Request:
@@ -331,7 +344,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--solver", "-s", default=None, help=f"planner: {', '.join(planner_names())} (default: the request's)"
     )
-    p.add_argument("--output", "-o", metavar="FILE")
+    p.add_argument("--output", "-o", metavar="FILE", help="write the plan here (default: stdout)")
     p.add_argument("--compact", action="store_true", help="one-line JSON")
     p.set_defaults(func=cmd_plan)
 
@@ -340,22 +353,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--solvers", default=None, help="comma-separated planners (default: all)")
     p.add_argument("--json", action="store_true", help="rows as JSON")
     p.add_argument("--plot", metavar="FILE", help="also draw the planners' first iteration side by side (.svg/.png)")
-    p.add_argument("--output", "-o", metavar="FILE")
+    p.add_argument("--output", "-o", metavar="FILE", help="write the table here (default: stdout)")
     p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("request", help="write a request sampled from a bundled length distribution")
     _add_source(p)
-    p.add_argument("--solver", "-s", default=None)
-    p.add_argument("--output", "-o", metavar="FILE")
+    p.add_argument(
+        "--solver",
+        "-s",
+        default=None,
+        help=f"planner the request names: {', '.join(planner_names())} (default {DEFAULT_SOLVER})",
+    )
+    p.add_argument("--output", "-o", metavar="FILE", help="write the request here (default: stdout)")
     p.set_defaults(func=cmd_request)
 
     p = sub.add_parser("validate", help="check a plan against its request and docs/formats.md")
-    p.add_argument("--request", "-r", required=True, metavar="FILE")
-    p.add_argument("--plan", "-p", required=True, metavar="FILE")
+    p.add_argument("--request", "-r", required=True, metavar="FILE", help="the request the plan was made for")
+    p.add_argument("--plan", "-p", required=True, metavar="FILE", help="the plan JSON (what skrull plan prints)")
     p.set_defaults(func=cmd_validate)
 
     p = sub.add_parser("profiles", help="list bundled profiles, or print one")
-    p.add_argument("name", nargs="?")
+    p.add_argument("name", nargs="?", help="print this profile's JSON: a bundled name or a JSON file")
     p.add_argument("--long", action="store_true", help="a table: derived or measured, bucket, coefficients, check")
     p.set_defaults(func=cmd_profiles)
 

@@ -38,6 +38,10 @@ DEFAULT_PROFILE = "h100-80g/qwen2.5-0.5b"
 DEFAULT_TIME_BUDGET_S = budget_defaults.DEFAULT_TIME_BUDGET_S
 #: The planner a request gets when it names none: the best plan within the budget (docs/auto.md).
 DEFAULT_SOLVER = "auto"
+#: The layout the command line assumes when none is given (``skrull plan/compare/request --dataset``,
+#: ``skrull lengths``): DP4 x CP8, 32 GPUs, as in Skrull's evaluation.
+DEFAULT_DP = 4
+DEFAULT_CP = 8
 BACKENDS = ("scip", "cpsat")
 
 #: Every field of a request; anything else is refused (``deterministic``: same plan for the same request;

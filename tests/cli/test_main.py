@@ -288,3 +288,32 @@ def test_serve_refuses_a_db_in_a_missing_folder_naming_the_flag(tmp_path: Path) 
     assert out.returncode == 2
     assert out.stderr.startswith("skrull: error: --db: ") and "does not exist" in out.stderr
     assert not missing.parent.exists()
+
+
+def test_every_option_of_every_subcommand_says_what_it_is() -> None:
+    import argparse
+
+    from skrull.cli.main import build_parser
+
+    parser = build_parser()
+    (commands,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    silent = [
+        f"{name} {a.option_strings[0] if a.option_strings else a.dest}"
+        for name, sub in commands.choices.items()
+        for a in sub._actions
+        if not isinstance(a, argparse._HelpAction) and not a.help
+    ]
+    assert silent == []
+
+
+def test_lengths_plan_and_request_share_their_defaults() -> None:
+    import argparse
+
+    from skrull.cli.main import DATASET_DEFAULTS, build_parser
+
+    parser = build_parser()
+    (commands,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    lengths = commands.choices["lengths"]
+    defaults = {a.dest: a.default for a in lengths._actions}
+    assert (defaults["dp"], defaults["cp"]) == (DATASET_DEFAULTS["dp"], DATASET_DEFAULTS["cp"]) == (4, 8)
+    assert defaults["solver"] == "auto"
