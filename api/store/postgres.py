@@ -44,9 +44,9 @@ from skrull.api.store.base import (
     QueueFullError,
     Recovered,
     SubmitOutcome,
+    is_postgres_url,
 )
 from skrull.api.store.migrations import Migration, check_ordered, pending
-from skrull.api.store.open import is_postgres_url
 from skrull.api.store.rows import ITERATION_COLUMNS, JOB_COLUMNS, iteration_from_row, job_from_row
 
 log = logging.getLogger("skrull.store")
@@ -133,7 +133,7 @@ def _connect_failure(url: str, pool_error: Exception, timeout_s: float) -> str:
     except psycopg.Error as exc:
         reason = " ".join(str(exc).split())
         if "FATAL" in reason:
-            return f"db: PostgreSQL at {_redacted(url)} refused the connection: {reason[reason.index('FATAL'):]}"
+            return f"db: PostgreSQL at {_redacted(url)} refused the connection: {reason[reason.index('FATAL') :]}"
         return f"db: cannot reach PostgreSQL at {_redacted(url)}: {reason}"
     return f"db: cannot reach PostgreSQL at {_redacted(url)}: {pool_error}"
 

@@ -31,9 +31,12 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from skrull.solver.errors import RequestError
-from skrull.solver.types import Parallel
+
+if TYPE_CHECKING:  # solver.types reads its default budget from here: no import back at run time
+    from skrull.solver.types import Parallel
 
 #: Estimating and validating a plan, per sequence (measured 1.2 us on one core).
 FINISH_PER_SEQUENCE_S = 1.2e-6
