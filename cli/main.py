@@ -26,6 +26,7 @@ from skrull.cli import profile as profile_cli
 from skrull.cli import serve, solver_worker
 from skrull.cli import show as show_cli
 from skrull.solver.compare import compare, format_table, parse_solver_spec
+from skrull.solver.cp_modes import read_cp_modes
 from skrull.solver.datasets import distribution_names, synthesize_request
 from skrull.solver.errors import MISSING, PlannerBugError, RequestError, SkrullError
 from skrull.solver.io import (
@@ -34,6 +35,7 @@ from skrull.solver.io import (
     DEFAULT_DP,
     DEFAULT_PROFILE,
     DEFAULT_SOLVER,
+    check_cp_modes_profile,
     dumps,
     parse_profile,
     plan_from_dict,
@@ -81,6 +83,13 @@ def _add_source(p: argparse.ArgumentParser) -> None:
     )
     src.add_argument("--backend", default=None, help=f"exact solver backend: {', '.join(BACKENDS)} (ilp, auto)")
     src.add_argument("--deterministic", action="store_true", help="same plan for the same request (ilp, auto)")
+    src.add_argument(
+        "--cp-modes",
+        default=None,
+        metavar="MODES",
+        help="comma-separated modes a sharded sequence's attention may run in: allgather, ulysses (default: "
+        "the request's, else allgather)",
+    )
 
 
 #: Flags that shape a synthesized request (--dataset) and their defaults; a request file sets these itself.
@@ -132,6 +141,8 @@ def _read_request(args: argparse.Namespace, *, solver: str | None) -> Request:
                 doc["deterministic"] = True
             if args.seed is not None:
                 doc["seed"] = args.seed
+            if args.cp_modes is not None:
+                doc["cp_modes"] = args.cp_modes.split(",")
         return request_from_dict(doc)
     if not args.dataset:
         raise RequestError("--request", MISSING, "give a request file (--request FILE) or a dataset (--dataset NAME)")
@@ -171,6 +182,10 @@ def _read_request(args: argparse.Namespace, *, solver: str | None) -> Request:
         if args.backend not in BACKENDS:
             raise RequestError("--backend", args.backend, f"must be one of {', '.join(BACKENDS)}")
         request = dataclasses.replace(request, backend=args.backend)
+    if args.cp_modes is not None:
+        modes = read_cp_modes(args.cp_modes.split(","), "--cp-modes")
+        check_cp_modes_profile(modes, request.profile)
+        request = dataclasses.replace(request, cp_modes=modes)
     return dataclasses.replace(request, deterministic=args.deterministic)
 
 

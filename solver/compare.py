@@ -37,8 +37,15 @@ REFERENCE_SOLVER = "deepspeed"
 DEFAULT_SOLVERS: tuple[str, ...] = ("skrull", "ilp(scip)", "ilp(cpsat)", "ilp-flex", "auto")
 
 
-def default_solvers() -> list[str]:
+def default_solvers(request: Request | None = None) -> list[str]:
+    """Every registered planner, the exact ones per backend; given a request, only those that can plan one of
+    its ``cp_modes`` (``xtuner`` plans Ulysses only: it is compared where the request allows ulysses)."""
     rest = [n for n in planner_names() if n not in ("skrull", "ilp", "ilp-flex", "auto")]
+    if request is not None:
+        from skrull.solver.planners.registry import get_planner
+        from skrull.solver.planning import planner_cp_modes
+
+        rest = [n for n in rest if set(planner_cp_modes(get_planner(n))) & set(request.cp_modes)]
     return [*DEFAULT_SOLVERS, *rest]
 
 
@@ -82,7 +89,7 @@ def compare(request: Request, solvers: Sequence[str] | None = None) -> tuple[lis
 
     ``iteration_ms`` is the plan's total over all iterations (one per batch).
     """
-    names = list(solvers) if solvers is not None else default_solvers()
+    names = list(solvers) if solvers is not None else default_solvers(request)
     plans: dict[str, Plan] = {}
     errors: dict[str, str] = {}
     for name in dict.fromkeys([*names, REFERENCE_SOLVER]):

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from itertools import chain
 from typing import Literal
 
+from skrull.solver.cp_modes import DEFAULT_CP_MODE, DEFAULT_CP_MODES
 from skrull.solver.profile import Profile
 
 # How a microbatch's sharded sequences are cut over its group: one vocabulary, ``solver.sharding``.
@@ -70,6 +71,8 @@ class Request:
     equal_microbatches: bool = False
     #: ``auto`` may defer sequences by one iteration (None: off; solver/defer.py)
     defer: Defer | None = None
+    #: how sharded sequences' attention may run (solver/cp_modes.py), in ``CP_MODES`` order
+    cp_modes: tuple[str, ...] = DEFAULT_CP_MODES
 
     @property
     def bucket_tokens(self) -> int:
@@ -105,6 +108,7 @@ class Problem:
     seed: int = 0
     backend: str | None = None
     deterministic: bool = False
+    cp_modes: tuple[str, ...] = DEFAULT_CP_MODES
 
     @classmethod
     def from_request(cls, request: Request) -> Problem:
@@ -124,6 +128,7 @@ class Problem:
             seed=request.seed,
             backend=request.backend,
             deterministic=request.deterministic,
+            cp_modes=request.cp_modes,
         )
 
     @property
@@ -136,7 +141,8 @@ class Problem:
 class MicrobatchSpec:
     """A planner's placement of one microbatch, before estimating its time.
 
-    ``local[j]`` stays whole on ``ranks[j]``; ``sharded`` is split evenly over all of ``ranks``.
+    ``local[j]`` stays whole on ``ranks[j]``; ``sharded`` is split evenly over all of ``ranks``, its
+    attention computed in ``mode`` (solver/cp_modes.py).
     """
 
     step: int
@@ -144,6 +150,7 @@ class MicrobatchSpec:
     local: tuple[tuple[int, ...], ...]
     sharded: tuple[int, ...]
     sharding: str = DEFAULT_SHARDING
+    mode: str = DEFAULT_CP_MODE
 
     @property
     def seq_ids(self) -> tuple[int, ...]:
@@ -158,6 +165,7 @@ class Microbatch:
     sharded: tuple[int, ...]
     estimated_ms: float
     sharding: str = DEFAULT_SHARDING
+    mode: str = DEFAULT_CP_MODE
 
     @property
     def seq_ids(self) -> tuple[int, ...]:

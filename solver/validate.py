@@ -8,7 +8,8 @@ It knows nothing of how planners work; it checks a plan against the request and 
   in ``pending``, never in an iteration before its own batch, and no unknown id appears;
 * microbatches: ``ranks`` distinct and in ``0..dp*cp-1``; one ``local`` list per rank; nothing sharded on
   a one-GPU group; a known ``sharding`` mode; not empty; every GPU executes its microbatches at distinct
-  steps;
+  steps; a known ``mode`` that the request's ``cp_modes`` allow for a microbatch that shards, and for
+  ``ulysses`` a profile with ``heads`` and ``comm_a2a`` and a group size dividing ``heads.attention``;
 * memory (eq. 7): every GPU within ``bucket_tokens`` in every microbatch, counting the tokens it really
   holds (its local sequences plus the pieces the microbatch's sharding mode cuts for it);
 * deferral (a request with ``defer``, solver/defer.py): every sequence runs in its own batch's iteration
@@ -25,6 +26,7 @@ from __future__ import annotations
 import math
 
 from skrull.solver.cost import CostModel
+from skrull.solver.cp_modes import CP_MODES, ULYSSES
 from skrull.solver.errors import InvalidPlanError
 from skrull.solver.sharding import position_token_counts
 from skrull.solver.types import (
@@ -117,6 +119,7 @@ def microbatch_problems(
     model: CostModel,
     ledger: _Ledger,
     empty_allowed: bool = False,
+    cp_modes: tuple[str, ...] = ("allgather",),
 ) -> tuple[list[str], bool, bool]:
     """One microbatch: group, local lists, sharding mode, ids, memory (eq. 7) and estimate (eqs. 1-5);
     whether it is well formed enough to count in its iteration's time, and whether all its ids are known
@@ -130,6 +133,22 @@ def microbatch_problems(
         problems.append(f"{where}: sequences sharded over a one-GPU group")
     if mb.sharding not in SHARDING_MODES:
         problems.append(f"{where}: sharding {mb.sharding!r} is not one of {', '.join(SHARDING_MODES)}")
+    mode_ok = mb.mode in CP_MODES
+    if not mode_ok:
+        problems.append(f"{where}: mode {mb.mode!r} is not one of {', '.join(CP_MODES)}")
+    elif mb.mode == ULYSSES or (mb.sharded and len(mb.ranks) > 1):
+        if mb.mode not in cp_modes:
+            problems.append(f"{where}: mode {mb.mode!r} is not allowed by the request's cp_modes {list(cp_modes)}")
+        if mb.mode == ULYSSES and not model.profile.plans_ulysses:
+            problems.append(f"{where}: mode 'ulysses' needs the profile's heads and comm_a2a")
+            mode_ok = False
+        elif not model.mode_fits(len(mb.ranks), mb.mode):
+            assert model.profile.heads is not None
+            problems.append(
+                f"{where}: mode 'ulysses' on {len(mb.ranks)} GPUs, which do not divide "
+                f"heads.attention = {model.profile.heads.attention}"
+            )
+            mode_ok = False
     seq_ids = mb.seq_ids
     ok = all(ledger.count(i, where, iteration) for i in seq_ids)
     if not seq_ids and not empty_allowed:  # empty ones only pad counts (equal_microbatches)
@@ -151,7 +170,9 @@ def microbatch_problems(
         if over:
             tokens, g = max(over)
             problems.append(f"{where}: GPU {g} holds {tokens} tokens, over bucket_tokens={model.bucket_tokens}")
-    expected = model.microbatch_time_ms(local_lengths, sharded_lengths)
+    if not mode_ok:
+        return problems, True, True
+    expected = model.microbatch_time_ms(local_lengths, sharded_lengths, mb.mode)
     if not _close(mb.estimated_ms, expected):
         problems.append(f"{where}: estimated_ms {mb.estimated_ms} != reference {expected:.6f}")
     return problems, True, True
@@ -204,7 +225,13 @@ def alignment_problems(
 
 
 def iteration_problems(
-    it: Iteration, *, par: Parallel, model: CostModel, ledger: _Ledger, equal_microbatches: bool = False
+    it: Iteration,
+    *,
+    par: Parallel,
+    model: CostModel,
+    ledger: _Ledger,
+    equal_microbatches: bool = False,
+    cp_modes: tuple[str, ...] = ("allgather",),
 ) -> list[str]:
     """Every microbatch of one iteration, distinct steps per GPU, the iteration estimate (eq. 8) and its
     lower bound (never beaten by a static-layout plan); with ``equal_microbatches``, the same number of
@@ -224,6 +251,7 @@ def iteration_problems(
             model=model,
             ledger=ledger,
             empty_allowed=equal_microbatches,
+            cp_modes=cp_modes,
         )
         problems.extend(found)
         if known:
@@ -339,11 +367,16 @@ def plan_problems(plan: Plan, request: Request) -> list[str]:
     if not checkable:
         return problems
     ledger = _Ledger(request, problems)
-    model = CostModel(request.profile, bucket_tokens=request.bucket_tokens)
+    model = CostModel(request.profile, bucket_tokens=request.bucket_tokens, cp_modes=request.cp_modes)
     for it in plan.iterations:
         problems.extend(
             iteration_problems(
-                it, par=request.parallel, model=model, ledger=ledger, equal_microbatches=request.equal_microbatches
+                it,
+                par=request.parallel,
+                model=model,
+                ledger=ledger,
+                equal_microbatches=request.equal_microbatches,
+                cp_modes=request.cp_modes,
             )
         )
     for i in plan.pending:

@@ -49,6 +49,15 @@ def make_request(
     return request_from_dict(doc)
 
 
+def allgather_planners() -> tuple[str, ...]:
+    """Registered planners that can plan a request with the default ``cp_modes`` (all-gather): every one but
+    those that plan Ulysses only (``xtuner``), which tests/solver/test_cp_modes.py covers with its own requests."""
+    from skrull.solver.planners.registry import get_planner, planner_names
+    from skrull.solver.planning import planner_cp_modes
+
+    return tuple(n for n in planner_names() if "allgather" in planner_cp_modes(get_planner(n)))
+
+
 def cpu_seconds(call: Callable[[], T]) -> tuple[T, float]:
     """``call()`` and the CPU seconds it used, its own and its waited-for child processes' (forked solvers).
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from skrull.solver.cost import CostModel
+from skrull.solver.cp_modes import CP_MODES
 from skrull.solver.ilp.builder import GroupMicrobatch, Layout
 from skrull.solver.ilp.runner import Report, Work, run_with_deadline
 from skrull.solver.ilp.search import EXACT_MAX_BINARIES, improve_lns, model_size, plan_time_ms, solve_exact
@@ -171,7 +172,7 @@ def plan_within_budget(problem: Problem, solve_iteration: IterationSolve) -> Pla
         bounds.append(bound)
         statuses.append(status)
         offset += len(ids)
-    cost = CostModel(problem.profile, bucket_tokens=problem.bucket_tokens)
+    cost = CostModel(problem.profile, bucket_tokens=problem.bucket_tokens, cp_modes=problem.cp_modes)
     lengths = problem.lengths
     every_layout = sum(
         min(
@@ -199,6 +200,8 @@ class IlpPlanner:
     name = "ilp"
     #: one time budget is split over the iterations of the whole request
     streams_iterations = False
+    #: the mode is chosen per microbatch after the solve (``planning.with_modes``), not modelled
+    cp_modes = CP_MODES
 
     def __init__(self, backend: str | None = None) -> None:
         self.backend = backend

@@ -126,6 +126,24 @@ class FailsLaterPlanner:
         return SkrullPlanner().plan(problem)
 
 
+class ForkedPlanner:
+    """Skrull, after a forked child (the exact solvers' ``solver.ilp.runner``) has run for
+    ``$SKRULL_TEST_SLEEP_S``: to observe that no solve's child outlives its solver process."""
+
+    name = "test-forked"
+
+    def plan(self, problem: Problem) -> PlannerOutput:
+        from skrull.solver.ilp.runner import run_with_deadline
+
+        def work(report: object, deadline: float) -> None:
+            while time.monotonic() < deadline:
+                sum(range(10_000))  # busy, as a solver is
+                time.sleep(0.01)
+
+        run_with_deadline(work, deadline=time.monotonic() + float(os.environ.get(SLEEP_ENV, "0.3")), grace_s=1.0)
+        return SkrullPlanner().plan(problem)
+
+
 class FlipPlanner:
     """Skrull the first time it sees a problem, one sequence per microbatch (DeepSpeed's plan) every later
     time (a marker file remembers): a resubmitted request then gets a different plan under the same id."""
@@ -151,6 +169,7 @@ TEST_PLANNERS = (
     InvalidPlanner,
     FailsLaterPlanner,
     FlipPlanner,
+    ForkedPlanner,
 )
 
 

@@ -11,11 +11,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from skrull.solver.cost import CostModel
-from skrull.solver.planners.registry import planner_names
 from skrull.solver.planning import solve
 from skrull.solver.types import Plan, Request
 from skrull.solver.validate import plan_problems
-from tests.conftest import make_request
+from tests.conftest import allgather_planners, make_request
 
 
 @st.composite
@@ -35,7 +34,7 @@ def requests(draw: st.DrawFn) -> Request:
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 #: Planners that spend a time budget are checked on fewer examples with a small budget.
 BUDGETED = ("ilp", "ilp-flex", "auto")
-FAST = tuple(n for n in planner_names() if n not in BUDGETED)
+FAST = tuple(n for n in allgather_planners() if n not in BUDGETED)
 
 
 @SETTINGS
@@ -108,7 +107,7 @@ def test_no_plan_of_any_planner_beats_any_planners_bound(request: Request) -> No
     planners' bounds included, whatever layout their own model covers)."""
     plans = {
         name: solve(dataclasses.replace(request, solver=name, time_budget_s=0.2 if name in BUDGETED else None))
-        for name in planner_names()
+        for name in allgather_planners()
     }
     for name, plan in plans.items():
         if plan.solve.bound_ms is not None:

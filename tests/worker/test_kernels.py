@@ -135,3 +135,142 @@ def test_gpu_kernels_match_the_reference_in_bf16() -> None:
             max_seqlen_k=320,
         )
         assert torch.allclose(got.float().cpu(), want, atol=3e-2), name
+
+
+# --- backend choice by what imports (no GPU needed: imports, capability and trial stand in) ------------
+class _FakeModule:
+    def __init__(self, **attrs: object) -> None:
+        self.__dict__.update(attrs)
+
+
+def _installed(monkeypatch: pytest.MonkeyPatch, modules: dict[str, object], capability: tuple[int, int]) -> None:
+    from skrull.worker import kernels
+
+    def fake_import(name: str) -> object:
+        if name in modules:
+            return modules[name]
+        raise ImportError(name)
+
+    monkeypatch.setattr(kernels, "_import", fake_import)
+    monkeypatch.setattr(kernels, "_capability", lambda device: capability)
+    monkeypatch.setattr(kernels, "trial_error", lambda kernel, device, dtype: None)
+
+
+def _varlen(*args: object, **kwargs: object) -> torch.Tensor:
+    return torch.zeros(1)
+
+
+CUDA = torch.device("cuda", 0)
+
+
+def test_flash_attn_4_is_chosen_on_hopper_when_it_imports(monkeypatch: pytest.MonkeyPatch) -> None:
+    from skrull.worker.kernels import choose_kernel
+
+    _installed(monkeypatch, {"flash_attn.cute": _FakeModule(flash_attn_varlen_func=_varlen)}, (9, 0))
+    choice = choose_kernel(CUDA, torch.bfloat16)
+    assert choice.kernel.name == "flash-attn-4"
+    assert choice.describe() == "attention kernel: flash-attn-4 (best usable)"
+
+
+def test_without_flash_attn_4_on_ampere_flash_attn_2_is_chosen_and_the_line_says_why(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from skrull.worker.kernels import choose_kernel
+
+    modules = {
+        "flash_attn.cute": _FakeModule(flash_attn_varlen_func=_varlen),
+        "flash_attn": _FakeModule(flash_attn_varlen_func=_varlen),
+    }
+    _installed(monkeypatch, modules, (8, 0))
+    choice = choose_kernel(CUDA, torch.bfloat16)
+    assert choice.kernel.name == "flash-attn"
+    assert "flash-attn-4 (needs sm90 or sm100, this GPU is sm80)" in choice.describe()
+
+
+def test_nothing_installed_falls_back_to_torch_varlen_and_float32_to_sdpa(monkeypatch: pytest.MonkeyPatch) -> None:
+    from skrull.worker.kernels import _torch_varlen, choose_kernel
+
+    _installed(monkeypatch, {}, (9, 0))
+    choice = choose_kernel(CUDA, torch.bfloat16)
+    want = "torch-varlen" if _torch_varlen() is not None else "sdpa"
+    assert choice.kernel.name == want
+    assert "flash-attn-4 (flash_attn.cute does not import" in choice.describe()
+    assert "flash-attn (flash_attn (2) is not installed)" in choice.describe()
+    assert choose_kernel(CUDA, torch.float32).kernel.name == "sdpa"
+
+
+def test_a_backend_whose_trial_call_fails_is_passed_over(monkeypatch: pytest.MonkeyPatch) -> None:
+    from skrull.worker import kernels
+
+    _installed(monkeypatch, {"flash_attn.cute": _FakeModule(flash_attn_varlen_func=_varlen)}, (10, 0))
+    monkeypatch.setattr(
+        kernels, "trial_error", lambda kernel, d, t: "trial call failed" if kernel.name == "flash-attn-4" else None
+    )
+    choice = kernels.choose_kernel(CUDA, torch.bfloat16)
+    assert choice.kernel.name != "flash-attn-4"
+    assert "flash-attn-4 (trial call failed)" in choice.describe()
+
+
+def test_the_trial_call_accepts_the_reference_and_catches_a_top_left_causal_mask() -> None:
+    from skrull.worker.kernels import AttentionKernel, _reference, _sdpa, trial_error
+
+    assert trial_error(AttentionKernel(name="reference", fn=_reference), CPU, torch.float32) is None
+
+    def top_left(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale):  # type: ignore[no-untyped-def]
+        # masks each segment from the top left: wrong for a shard piece's longer key prefix
+        outs = []
+        for i in range(len(cu_q) - 1):
+            a, b, c, d = int(cu_q[i]), int(cu_q[i + 1]), int(cu_k[i]), int(cu_k[i + 1])
+            qi, ki, vi = (t.transpose(0, 1).unsqueeze(0) for t in (q[a:b], k[c:d], v[c:d]))
+            mask = torch.ones(b - a, d - c, dtype=torch.bool).tril()
+            o = torch.nn.functional.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask, enable_gqa=True)
+            outs.append(o.squeeze(0).transpose(0, 1))
+        return torch.cat(outs)
+
+    error = trial_error(AttentionKernel(name="bad", fn=top_left), CPU, torch.float32)
+    assert error is not None and "disagrees" in error
+    assert trial_error(AttentionKernel(name="sdpa", fn=_sdpa), CPU, torch.float32) is None
+
+
+def dense_features(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_len: int, k_len: int, softcap: float | None, window: int | None
+) -> torch.Tensor:
+    """Eager attention as Gemma 2 / Mistral write it: scores * scale, softcap, causal (and window) mask,
+    softmax; the query of row i sits at key position i + k_len - q_len."""
+    rep = q.shape[1] // k.shape[1]
+    out = torch.zeros(q_len, q.shape[1], v.shape[2], dtype=torch.float64)
+    for h in range(q.shape[1]):
+        scores = q[:, h].double() @ k[:, h // rep].double().T / math.sqrt(q.shape[2])
+        if softcap:
+            scores = torch.tanh(scores / softcap) * softcap
+        for i in range(q_len):
+            p = i + k_len - q_len
+            lo = 0 if window is None else max(0, p - window + 1)
+            out[i, h] = torch.softmax(scores[i, lo : p + 1], dim=0) @ v[lo : p + 1, h // rep].double()
+    return out
+
+
+@pytest.mark.parametrize("name", ["reference", "sdpa"])
+@pytest.mark.parametrize(("softcap", "window"), [(2.0, None), (None, 3), (1.5, 4)])
+def test_softcap_and_sliding_window_match_eager_attention_on_key_prefixes(
+    name: str, softcap: float | None, window: int | None
+) -> None:
+    # a whole sequence (7, 7) and a shard piece's queries on their key prefix (5 of 12): the piece's
+    # queries sit at positions 7..11, where the window and the softcap must act as on the whole sequence
+    segments = [(7, 7), (5, 12)]
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randn(12, 4, 8, generator=gen) * 3  # large scores, so that the softcap matters
+    k = torch.randn(19, 2, 8, generator=gen) * 3
+    v = torch.randn(19, 2, 8, generator=gen)
+    kernel = select_kernel(CPU, torch.float32, name)
+    out = kernel(
+        q, k, v, cu_seqlens_q=cumsum([7, 5]), cu_seqlens_k=cumsum([7, 12]), max_seqlen_q=7, max_seqlen_k=12,
+        softcap=softcap, window=window,
+    )  # fmt: skip
+    plain = kernel(q, k, v, cu_seqlens_q=cumsum([7, 5]), cu_seqlens_k=cumsum([7, 12]), max_seqlen_q=7, max_seqlen_k=12)
+    assert not torch.allclose(out, plain, atol=1e-3)  # the feature changes the result
+    qo = ko = 0
+    for q_len, k_len in segments:
+        want = dense_features(q[qo : qo + q_len], k[ko : ko + k_len], v[ko : ko + k_len], q_len, k_len, softcap, window)
+        assert torch.allclose(out[qo : qo + q_len].double(), want, atol=1e-5)
+        qo, ko = qo + q_len, ko + k_len
