@@ -49,8 +49,9 @@ def test_a_peer_runs_under_a_budget_smaller_than_its_own_smallest() -> None:
     assert smallest_budget_s("hydraulis", [256], parallel) > 0.1
     preload_cp_sat()
     problem = dataclasses.replace(Problem.from_request(request), time_budget_s=0.1)
-    # a generous deadline: the test is about the budget gate, not the machine's speed
-    names = [name for name, _ in starts.run_starts(problem, deadline=time.monotonic() + 1.0, keep_s=0.0)]
+    # a deadline no load reaches (1 s was missed on a loaded machine): the test is about the budget gate,
+    # not the machine's speed
+    names = [name for name, _ in starts.run_starts(problem, deadline=time.monotonic() + 60.0, keep_s=0.0)]
     assert "hydraulis" in names
 
 
