@@ -137,6 +137,7 @@ class SkrullTrainerMixin(_TrainerBase):
         refuse_unsupported_attention(model.config)  # softcapping and sliding windows are computed; the rest refused
         self._refuse_batch_size(planned)
         self._refuse_other_world(planned)
+        self._check_sharding()
         # a resumed run starts at the checkpoint's step (``_Iterations``), not by replaying batches
         self.args.ignore_data_skip = True
         self.add_callback(_EpochFromSteps(len(planned)))
@@ -174,6 +175,32 @@ class SkrullTrainerMixin(_TrainerBase):
             f"{self.args.parallel_mode.value}), torch.distributed {dist_world}, the plan's mesh dp x cp = "
             f"{planned.dp} x {planned.cp} = {mesh}: they must be equal{fix}"
         )
+
+    def _check_sharding(self) -> None:
+        """FSDP through the Trainer's own settings (``TrainingArguments(fsdp=..., fsdp_config=...)``, accelerate's
+        FSDP plugin) trains under plans only where accelerate really applies FSDP2, whose reduce-scatter averages
+        over the world as DDP does (``microbatch_loss`` multiplies by the process count), whose ``no_sync`` holds
+        the reduction to the last microbatch (``set_requires_gradient_sync``), and whose per-forward all-gathers
+        the equal microbatch counts keep in step. Refused, naming the setting:
+
+        - FSDP asked for where accelerate does not apply it: on CPUs accelerate's state is MULTI_CPU, it drops
+          the plugin and wraps the model in DDP, so nothing is sharded (found: ``fsdp='full_shard'`` on CPUs
+          trained unsharded, without a word);
+        - FSDP1 (``fsdp_config`` version 1): its flat-parameter wrapper has not been checked under plans."""
+        asked = bool(self.args.fsdp) or self.args.fsdp_plugin_args is not None
+        plugin = getattr(self.accelerator.state, "fsdp_plugin", None)
+        if asked and (not self.is_fsdp_enabled or plugin is None):
+            raise ValueError(
+                f"fsdp={self.args.fsdp!r}: accelerate applies FSDP only on accelerators; here its state is "
+                f"{self.accelerator.distributed_type.value} and it would wrap the model in DDP, sharding nothing. "
+                "Leave fsdp/fsdp_config unset on CPUs (DDP trains the same step), or shard with the own loop "
+                "(skrull.worker.grad_sync.wrap)"
+            )
+        if plugin is not None and int(getattr(plugin, "fsdp_version", 1)) != 2:
+            raise ValueError(
+                f"fsdp_config version {plugin.fsdp_version}: under plans the Trainer's FSDP must be FSDP2; set "
+                "fsdp_config={'version': 2}"
+            )
 
     def _refuse_batch_size(self, planned: PlannedBatches) -> None:
         """``per_device_train_batch_size``: the plan, not the Trainer, decides what a rank trains, so a value
