@@ -7,8 +7,12 @@
   token too unless ``SKRULL_METRICS_OPEN=1``; ``/healthz`` stays open for probes.
 * Failed authentications (no token, unknown token) are rate-limited per client address by default: after
   ``auth_failure_burst`` (20) failures, refilled at ``auth_failures_per_s`` (1/s), every authenticated
-  request from that address answers 429 with ``Retry-After`` before its token is checked, so tokens
-  cannot be guessed at full speed (0 turns this off). A missing or unknown
+  request from that address answers 429 with ``Retry-After``, so tokens cannot be guessed at full speed
+  (0 turns this off). A token that authenticated from that address before the lockout began keeps
+  working: 20 bad tokens from one address (a shared NAT) cannot lock a team's valid token out, and a
+  guesser still learns nothing of a token it never got right. The client address is the TCP peer's;
+  ``X-Forwarded-For`` is believed only from the proxies ``SKRULL_FORWARDED_ALLOW_IPS`` names (none by
+  default), so a made-up header cannot open a fresh bucket per request. A missing or unknown
   token answers 401 (with ``WWW-Authenticate: Bearer``); a read-only token (a GPU worker's) that tries
   to write (any method but GET/HEAD/OPTIONS: submit, upload a profile, compare) answers 403. Submit
   tokens may do everything.
@@ -18,21 +22,29 @@
   ``ceil((1 - tokens) / rate)``. Buckets live in each server process: with N replicas behind a load
   balancer a token may make up to N times the rate.
 
+Authentication runs before anything reads the body: ``Authenticate`` (ASGI middleware, outside the body
+size limit and the JSON reader) checks every ``/v1`` request that carries a body from its headers alone,
+and refuses one it does not accept without reading the body (``Connection: close``), so a client without
+a token cannot make the server read, let alone parse, megabytes.
+
 Every refusal is an ``ApiProblem``, rendered by the one error mapping (``api.errors``).
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.types import ASGIApp, Receive, Scope, Send
 
-from skrull.api.errors import ApiProblem, invalid_field
+from skrull.api.errors import ApiProblem, invalid_field, problem_response
 from skrull.api.settings import Settings
 from skrull.api.tenants import DEFAULT_TENANT, owns
 from skrull.solver.jsonsafe import check_text
@@ -40,6 +52,12 @@ from skrull.solver.jsonsafe import check_text
 READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 #: Buckets idle this long are forgotten (a full bucket is the same as none).
 _FORGET_AFTER_S = 300.0
+#: A token that authenticated from an address stays exempt from that address's lockout this long after
+#: its last success; at most this many tokens are remembered per address.
+_GOOD_TOKEN_S = 3600.0
+_GOOD_TOKENS_PER_ADDRESS = 64
+#: Where ``Authenticate`` leaves the caller's tenant for the route (``scope["state"]``).
+TENANT_STATE = "skrull_tenant"
 
 bearer = HTTPBearer(auto_error=False, description="a submit token, or a read-only worker token")
 
@@ -115,6 +133,9 @@ class AccessControl:
             else None
         )
         self.metrics_open = settings.metrics_open
+        #: {address key: {token fingerprint: monotonic time of its last success}}
+        self._good: dict[str, dict[str, float]] = {}
+        self._good_swept = time.monotonic()
 
     @property
     def enabled(self) -> bool:
@@ -126,7 +147,8 @@ class AccessControl:
         key = f"address:{client}"
         tenant = DEFAULT_TENANT
         if self.enabled:
-            self._refuse_guessing(key)
+            if not self._remembered(key, token):
+                self._refuse_guessing(key)
             if token is None:
                 self._failed(key)
                 raise ApiProblem(
@@ -158,7 +180,8 @@ class AccessControl:
                     title="read-only token",
                     detail=f"{method} needs a submit token; this token may only read plans, rank views and profiles",
                 )
-            key = f"token:{hash(token)}"
+            self._remember(key, token)
+            key = f"token:{_fingerprint(token)}"
         if self.limiter is not None:
             wait_s = self.limiter.take(key)
             if wait_s > 0:
@@ -197,11 +220,100 @@ class AccessControl:
         if self.failures is not None:
             self.failures.take(address_key)
 
+    def _remember(self, address_key: str, token: str) -> None:
+        """Note that ``token`` authenticated from this address (only while a failure limit is in force)."""
+        if self.failures is None:
+            return
+        now = time.monotonic()
+        good = self._good.setdefault(address_key, {})
+        good[_fingerprint(token)] = now
+        if len(good) > _GOOD_TOKENS_PER_ADDRESS:
+            del good[min(good, key=good.__getitem__)]
+        if len(self._good) > 4 * _GOOD_TOKENS_PER_ADDRESS and now - self._good_swept > _FORGET_AFTER_S:
+            self._good_swept = now
+            for address in [a for a, g in self._good.items() if now - max(g.values()) > _GOOD_TOKEN_S]:
+                del self._good[address]
+
+    def _remembered(self, address_key: str, token: str | None) -> bool:
+        """Whether ``token`` authenticated from this address within ``_GOOD_TOKEN_S`` (its fingerprint is
+        looked up; the token itself is compared in constant time afterwards as for any request)."""
+        if token is None or self.failures is None:
+            return False
+        seen = self._good.get(address_key, {}).get(_fingerprint(token))
+        return seen is not None and time.monotonic() - seen <= _GOOD_TOKEN_S
+
+    def tenant_for(self, *, method: str, headers: list[tuple[bytes, bytes]], client: str) -> str:
+        """``check`` from raw ASGI headers (``Authenticate``)."""
+        return self.check(method=method, token=bearer_token(headers), client=client)
+
+
+def _fingerprint(token: str) -> str:
+    """A stable digest naming a token in buckets (``hash()`` is salted per process and collides more)."""
+    return hashlib.sha256(b"skrull-token\0" + token.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
+def bearer_token(headers: list[tuple[bytes, bytes]]) -> str | None:
+    """The credentials of ``Authorization: Bearer <token>`` as ``HTTPBearer(auto_error=False)`` reads
+    them: the scheme case-insensitive, anything else none."""
+    for name, value in headers:
+        if name == b"authorization":
+            scheme, _, credentials = value.decode("latin-1").strip().partition(" ")
+            credentials = credentials.strip()
+            if scheme.lower() == "bearer" and credentials:
+                return credentials
+            return None
+    return None
+
+
+def client_address(scope: Scope) -> str:
+    client = scope.get("client")
+    return str(client[0]) if client else "unknown"
+
+
+class Authenticate:
+    """ASGI middleware: a ``/v1`` request with a body is authenticated from its headers before the body
+    size limit and the JSON reader see it. A refusal (401, 403, 429) is answered at once with
+    ``Connection: close``, its body never read; an accepted caller's tenant is left in the request state
+    for ``require_access``. Requests without a body are checked by ``require_access`` as before."""
+
+    def __init__(
+        self, app: ASGIApp, *, access: AccessControl, on_problem: Callable[[int, str], None] | None = None
+    ) -> None:
+        self.app = app
+        self.access = access
+        self.on_problem = on_problem
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (
+            scope["type"] != "http"
+            or scope["method"] in READ_METHODS
+            or not str(scope.get("path", "")).startswith("/v1/")
+        ):
+            await self.app(scope, receive, send)
+            return
+        try:
+            tenant = self.access.tenant_for(
+                method=scope["method"], headers=list(scope.get("headers") or ()), client=client_address(scope)
+            )
+        except ApiProblem as problem:
+            if self.on_problem is not None:
+                self.on_problem(problem.status, problem.slug)
+            problem.headers["Connection"] = "close"
+            await problem_response(problem, instance=scope.get("path"))(scope, receive, send)
+            return
+        scope.setdefault("state", {})[TENANT_STATE] = tenant
+        await self.app(scope, receive, send)
+
 
 async def require_access(
     request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
 ) -> None:
-    """FastAPI dependency of every /v1 router."""
+    """FastAPI dependency of every /v1 router (a request ``Authenticate`` checked already is not counted
+    twice)."""
+    tenant = request.scope.get("state", {}).get(TENANT_STATE)
+    if tenant is not None:
+        request.state.tenant = tenant
+        return
     access: AccessControl = request.app.state.access
     token = credentials.credentials if credentials is not None else None
     client = request.client.host if request.client is not None else "unknown"

@@ -17,7 +17,7 @@ from contextlib import asynccontextmanager
 from fastapi import Depends, FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from skrull.api.access import AccessControl, require_access
+from skrull.api.access import AccessControl, Authenticate, require_access
 from skrull.api.errors import install_error_handlers
 from skrull.api.http_semantics import BoundedWrites, HeadAsGet, PrivateAnswers
 from skrull.api.limits import BodySizeLimit, JsonBody
@@ -27,7 +27,7 @@ from skrull.api.openapi import published_openapi
 from skrull.api.profiles import ProfileCatalog
 from skrull.api.routers import compare, health, pictures, plans, profiles, ranks
 from skrull.api.routers.common import problems
-from skrull.api.server import ReadDeadlineMiddleware
+from skrull.api.server import ReadDeadlineMiddleware, on_stop_signal
 from skrull.api.service import Service
 from skrull.api.settings import Settings
 from skrull.api.solving import SolverPool, import_plugins
@@ -95,7 +95,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 cache_bytes=settings.cache_bytes,
                 max_view_tokens=settings.max_view_tokens,
             ),
-            profiles=ProfileCatalog(store),
+            profiles=ProfileCatalog(store, max_profile_bytes=settings.max_profile_bytes),
             loop=loop,
         )
         pool = SolverPool.from_settings(settings, store=store, on_event=svc.on_solver_event)
@@ -104,9 +104,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         stop_watching = store.watch(svc.on_store_change) if store.notifies else None
         await asyncio.to_thread(pool.start)
         sweeper = asyncio.create_task(svc.sweep_expired_forever()) if settings.plan_retention_s > 0 else None
+        restore_signals = on_stop_signal(loop, svc.server_stopping)
         try:
             yield
         finally:
+            restore_signals()
+            svc.server_stopping()
             if sweeper is not None:
                 sweeper.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -139,6 +142,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         max_bytes=settings.max_body_bytes,
         on_problem=lambda status, slug: metrics.errors.labels(str(status), slug).inc(),
     )
+    # authentication before the size limit and the JSON reader: no body is read for a caller refused
+    app.add_middleware(Authenticate, access=app.state.access, on_problem=count_problem)
     app.add_middleware(BoundedWrites, write_timeout_s=settings.write_timeout_s)
     app.add_middleware(PrivateAnswers, enabled=app.state.access.enabled)
     app.add_middleware(HttpMetrics, metrics=metrics)

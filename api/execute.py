@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import resource
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -108,9 +110,40 @@ def solve_job(
 ) -> tuple[str, list[IterationRecord]]:
     """Solve a stored job: the plan JSON and the iterations ``complete`` must store with it."""
     request = request_from_dict(json.loads(request_json))
+    start_wall, start_cpu = time.perf_counter(), _cpu_s()
     if len(request.batches) > 1 and streams_iterations(request.solver):
-        return solve_streaming(job_id, request, done=done, publish=publish)
-    return solve_whole(job_id, request)
+        plan_json, rest = solve_streaming(job_id, request, done=done, publish=publish)
+    else:
+        plan_json, rest = solve_whole(job_id, request)
+    wall_ms = 1000 * (time.perf_counter() - start_wall)
+    cpu_ms = 1000 * (_cpu_s() - start_cpu)
+    return with_cpu_time(plan_json, wall_ms=wall_ms, cpu_ms=cpu_ms, budget_s=request.resolved_time_budget_s), rest
+
+
+#: A solve that received less than this share of the CPU time it ran for (or of its budget, if it ran for
+#: longer) is flagged ``cpu_starved``: its plan is what a loaded machine could find, not what the budget buys.
+STARVED_SHARE = 0.5
+#: Solves shorter than this are never flagged (scheduling noise dominates).
+STARVED_MIN_MS = 50.0
+
+
+def _cpu_s() -> float:
+    """CPU seconds of this thread (the solve; not the lease heartbeat) plus its reaped children (the exact
+    solvers' forked children)."""
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.thread_time() + children.ru_utime + children.ru_stime
+
+
+def with_cpu_time(plan_json: str, *, wall_ms: float, cpu_ms: float, budget_s: float) -> str:
+    """The plan with what its solve received in its ``solve`` block: ``cpu_ms`` (CPU time of the solving
+    process and its children, this attempt) and ``cpu_starved`` (True when it received less than
+    ``STARVED_SHARE`` of ``min(wall, budget)``: the machine was loaded, and a searching planner's plan and
+    gap are worse than its budget promises; resubmit, or add solver capacity)."""
+    doc = json.loads(plan_json)
+    expected_ms = min(wall_ms, 1000 * budget_s)
+    doc["solve"]["cpu_ms"] = round(cpu_ms, 3)
+    doc["solve"]["cpu_starved"] = bool(expected_ms >= STARVED_MIN_MS and cpu_ms < STARVED_SHARE * expected_ms)
+    return compact_json(doc)
 
 
 def compare_table(request_json: str, solvers: Sequence[str] | None) -> dict[str, Any]:

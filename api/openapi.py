@@ -30,6 +30,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
+from skrull.api.schemas import CompareRequestIn, PlanRequestIn
 from skrull.api.settings import Settings
 from skrull.solver.io import BACKENDS, MAX_DEGREE, MAX_TIME_BUDGET_S, MAX_TOKENS
 from skrull.solver.planners.registry import planner_names
@@ -83,6 +84,11 @@ def published_openapi(app: FastAPI, settings: Settings) -> dict[str, Any]:
         servers=app.servers,
     )
     schemas = doc["components"]["schemas"]
+    for body_model in (PlanRequestIn, CompareRequestIn):  # read by the routes themselves (api.limits)
+        body_doc = body_model.model_json_schema(ref_template="#/components/schemas/{model}")
+        for name, sub in body_doc.pop("$defs", {}).items():
+            schemas.setdefault(name, sub)
+        schemas.setdefault(body_model.__name__, body_doc)
     for model in REQUEST_MODELS:
         if model in schemas:
             _request_constraints(schemas[model]["properties"], settings)

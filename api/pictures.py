@@ -7,7 +7,11 @@ A picture is bounded: it draws one bar per GPU per microbatch, so a plan of a fe
 tens of thousands of GPUs would make one of hundreds of MB. Over ``max_picture_bars`` bars
 (``SKRULL_MAX_PICTURE_BARS``, default 20,000, a few MB of SVG) the timeline answers 413 naming the limit and
 how many bars the asked iterations have (ask for fewer with ``?iteration=``), and the page shows the
-figures without the picture.
+figures without the picture. Bars alone do not bound bytes: each bar's tooltip lists the sequence ids its
+GPU runs, so a 1M-sequence plan drew 63 MB in few bars. So the picture is bounded in bytes too
+(``max_picture_bytes``, ``SKRULL_MAX_PICTURE_BYTES``, default 8 MiB): its size is estimated from the plan
+before anything is drawn (about 200 bytes per bar plus every listed id's digits and separator), and
+refused with the same 413 when over; a drawing that still comes out larger is refused too.
 """
 
 from __future__ import annotations
@@ -24,6 +28,39 @@ from skrull.solver.render import plan_timelines, render_svg
 
 #: How often (seconds) the page of a plan still solving reloads itself.
 REFRESH_S = 2
+
+
+#: Bytes of SVG per bar besides its listed ids (rect, tooltip figures), a lower estimate.
+BAR_BYTES = 200
+DEFAULT_MAX_PICTURE_BYTES = 8 * 2**20
+
+
+def picture_bytes_estimate(doc: dict[str, object], chosen: range | list[int]) -> int:
+    """A lower estimate of the SVG's bytes: ``BAR_BYTES`` per bar plus, for every id a bar's tooltip lists
+    (its GPU's local ids and the microbatch's sharded ids), its digits and a separator."""
+    total = 0
+    iterations = doc["iterations"]
+    assert isinstance(iterations, list)
+    for i in chosen:
+        for mb in iterations[i]["microbatches"]:
+            gpus = len(mb["ranks"])
+            total += BAR_BYTES * gpus
+            total += sum(len(str(k)) + 2 for local in mb["local"] for k in local)
+            total += gpus * sum(len(str(k)) + 2 for k in mb["sharded"])
+    return total
+
+
+def picture_bytes_too_large(size: int, limit: int, *, plan_id: str) -> ApiProblem:
+    return ApiProblem(
+        status=413,
+        slug="picture-too-large",
+        title="picture too large",
+        detail=f"the timeline of plan {plan_id} would be about {size} bytes (its bars list every sequence id); at "
+        f"most {limit} are drawn (SKRULL_MAX_PICTURE_BYTES): ask for fewer iterations (?iteration=i), or read rank "
+        "views",
+        limit_bytes=limit,
+        bytes=size,
+    )
 
 
 def picture_too_large(bars: int, limit: int, *, plan_id: str) -> ApiProblem:
@@ -44,6 +81,7 @@ def timeline_svg(
     iterations: list[int] | None = None,
     *,
     max_bars: int = DEFAULT_MAX_PICTURE_BARS,
+    max_bytes: int = DEFAULT_MAX_PICTURE_BYTES,
 ) -> str:
     """The SVG of a solved job (``job.plan_json`` set); ``iterations`` default to all. Over ``max_bars``
     bars: the 413 ``picture_too_large`` problem, before anything is drawn."""
@@ -53,6 +91,9 @@ def timeline_svg(
     bars = sum(len(mb["ranks"]) for i in chosen for mb in doc["iterations"][i]["microbatches"])
     if bars > max_bars:
         raise picture_too_large(bars, max_bars, plan_id=job.job_id)
+    estimate = picture_bytes_estimate(doc, chosen)
+    if estimate > max_bytes:
+        raise picture_bytes_too_large(estimate, max_bytes, plan_id=job.job_id)
     plan = plan_from_dict(doc)
     request = request_from_dict(json.loads(request_json))
     lengths = [n for batch in request.batches for n in batch]
@@ -62,7 +103,10 @@ def timeline_svg(
         f"plan {job.job_id[:12]}: {plan.solver}, DP{par.dp} x CP{par.cp}, bucket {plan.bucket_tokens} tokens, "
         f"profile {request.profile.name}"
     )
-    return render_svg(plan_timelines(plan, lengths=lengths, model=model, iterations=iterations), title=title)
+    svg = render_svg(plan_timelines(plan, lengths=lengths, model=model, iterations=iterations), title=title)
+    if len(svg) > max_bytes:  # characters of an ASCII document: its bytes
+        raise picture_bytes_too_large(len(svg), max_bytes, plan_id=job.job_id)
+    return svg
 
 
 def view_page(job: JobRecord, svg: str | None) -> str:
@@ -79,7 +123,7 @@ def view_page(job: JobRecord, svg: str | None) -> str:
         plan = json.loads(job.plan_json)
         total = sum(float(it["estimated_ms"]) for it in plan["iterations"])
         bound = sum(float(it["lower_bound_ms"]) for it in plan["iterations"])
-        facts.append(("estimated", f"{total:.1f} ms (lower bound {bound:.1f} ms)"))
+        facts.append(("estimated", f"{total:.1f} ms (lower bound {bound:.1f} ms, valid for any layout)"))
         facts.append(("planning", f"{float(plan['solve']['wall_ms']):.1f} ms, {plan['solve']['status']}"))
     if job.error_json is not None:
         facts.append(("error", str(json.loads(job.error_json).get("detail", "failed"))))

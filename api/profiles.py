@@ -20,8 +20,11 @@ NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$")
 
 
 class ProfileCatalog:
-    def __init__(self, store: JobStore) -> None:
+    def __init__(self, store: JobStore, *, max_profile_bytes: int = 65_536) -> None:
         self._store = store
+        #: stored size of an uploaded profile: every request naming it stores it inlined, so this bounds what
+        #: a small request can make the store hold (SKRULL_MAX_PROFILE_BYTES)
+        self.max_profile_bytes = max_profile_bytes
 
     def names(self) -> list[tuple[str, str]]:
         """(name, source) for every profile, bundled first."""
@@ -71,7 +74,16 @@ class ProfileCatalog:
                 detail=f"name: {json.dumps(name)}: a bundled profile has this name; upload under another name",
             )
         profile = profile_from_dict(doc, path="profile")
-        return name, self._store.put_profile(name, canonical_profile_json(profile))
+        stored = canonical_profile_json(profile)
+        if len(stored.encode()) > self.max_profile_bytes:
+            raise invalid_field(
+                "profile",
+                f"{len(stored.encode())} bytes",
+                f"a stored profile may hold at most {self.max_profile_bytes} bytes (SKRULL_MAX_PROFILE_BYTES): every "
+                "request naming it stores it; keep large sources elsewhere",
+                slug="limit-exceeded",
+            )
+        return name, self._store.put_profile(name, stored)
 
 
 def canonical_profile_json(profile: Profile) -> str:

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictFloat, StrictInt
 
+from skrull.api.profiles import NAME_PATTERN
 from skrull.api.store.base import JobRecord
 from skrull.api.tenants import DEFAULT_TENANT, plan_id_for
 from skrull.solver.cp_modes import CP_MODES, DEFAULT_CP_MODE
@@ -31,24 +32,36 @@ JobStatusName = Literal["queued", "solving", "solved", "failed"]
 CpModeName = Literal[CP_MODES]  # type: ignore[valid-type]  # the one vocabulary, solver.cp_modes
 
 
+def _integral(value: Any) -> Any:
+    """A JSON number with an integral value (``114.0``) is the integer JSON Schema says it is; anything else
+    is left for the strict integer check (a fraction, a string or a bool is refused)."""
+    if isinstance(value, float) and value.is_integer() and abs(value) <= 2**53:
+        return int(value)
+    return value
+
+
+#: A JSON Schema ``integer``: ints, and floats with an integral value; never strings or bools.
+Integer = Annotated[StrictInt, BeforeValidator(_integral)]
+
+
 class ParallelModel(BaseModel):
     """``dp * cp`` GPUs; GPU ``g = dp_rank * cp + cp_rank``."""
 
     model_config = ConfigDict(extra="forbid")
-    dp: StrictInt = Field(ge=1, description="data-parallel degree")
-    cp: StrictInt = Field(ge=1, description="context-parallel degree")
+    dp: Integer = Field(ge=1, description="data-parallel degree")
+    cp: Integer = Field(ge=1, description="context-parallel degree")
 
 
 class DeferModel(BaseModel):
     """``auto`` may defer up to ``max_sequences`` sequences of each batch by one iteration (solver/defer.py)."""
 
     model_config = ConfigDict(extra="forbid")
-    max_sequences: StrictInt = Field(
+    max_sequences: Integer = Field(
         ge=0,
         description="how many sequences of each batch may wait one iteration: into the next batch, or from the "
         "last batch into the plan's pending (for the next request); 0 defers nothing",
     )
-    carried: StrictInt = Field(
+    carried: Integer = Field(
         0,
         ge=0,
         description="the first this many sequences of the first batch were deferred by the previous request: "
@@ -73,7 +86,7 @@ class PlanRequestIn(BaseModel):
             ]
         },
     )
-    batches: list[list[StrictInt]] = Field(
+    batches: list[list[Integer]] = Field(
         description="one list of token lengths per global batch (iteration), in loader order; sequence ids are "
         "global indices over the concatenated batches"
     )
@@ -93,9 +106,9 @@ class PlanRequestIn(BaseModel):
         f"{DEFAULT_TIME_BUDGET_S:g} s (60 s for ilp and ilp-flex), raised to what the planner needs, at most "
         "the server's SKRULL_MAX_TIME_BUDGET_S",
     )
-    bucket_tokens: StrictInt | None = Field(None, description="override of profile.memory.bucket_tokens")
+    bucket_tokens: Integer | None = Field(None, description="override of profile.memory.bucket_tokens")
     backend: str | None = Field(None, description="exact solver backend (scip or cpsat), where the solver has one")
-    seed: StrictInt = Field(0, description="seed of planners that shuffle")
+    seed: Integer = Field(0, description="seed of planners that shuffle")
     deterministic: StrictBool = Field(False, description="the same plan for the same request (exact solvers)")
     equal_microbatches: StrictBool = Field(
         False,
@@ -160,16 +173,37 @@ class IterationModel(BaseModel):
     index: int
     microbatches: list[MicrobatchModel]
     estimated_ms: float
-    lower_bound_ms: float
+    lower_bound_ms: float = Field(description="no plan of this iteration's sequences, with any groups, is faster")
+    static_bound_ms: float | None = Field(
+        None,
+        description="no plan in Skrull's static layout (one CP group per microbatch) is faster; plans with wider "
+        "groups may be",
+    )
 
 
 class SolveModel(BaseModel):
     wall_ms: float
     status: Literal["heuristic", "optimal", "feasible", "timeout"]
     objective_ms: float
-    bound_ms: float | None
+    bound_ms: float | None = Field(description="a lower bound of objective_ms valid for every layout")
     gap: float | None
+    model_bound_ms: float | None = Field(
+        None,
+        description="exact planners: the solver's bound over the plans its model expresses (ilp: the static "
+        "layout; ilp-flex: its groups); status optimal is proven against it",
+    )
+    model_gap: float | None = Field(None, description="(objective_ms - model_bound_ms) / objective_ms")
     stats: dict[str, float] | None = Field(None, description="planner-specific figures (absent for most planners)")
+    cpu_ms: float | None = Field(
+        None,
+        description="service only: CPU time the solving process and its children received for this solve (this "
+        "attempt); compare with wall_ms and the budget",
+    )
+    cpu_starved: bool | None = Field(
+        None,
+        description="service only: true when the solve received less than half the CPU time of min(wall, budget): "
+        "the machine was loaded, so a searching planner's plan and gap fall short of what its budget buys",
+    )
 
 
 class PlanModel(BaseModel):
@@ -286,7 +320,10 @@ class ProfileModel(BaseModel):
     """A profile (docs/formats.md "Profile"); extra fields (sources, model config) are kept."""
 
     model_config = ConfigDict(extra="allow")
-    name: str
+    name: str = Field(
+        pattern=NAME_PATTERN.pattern,
+        description="1-128 letters, digits, '.', '_', '-', '/', starting with a letter or digit",
+    )
     compute: ComputeModel
     comm: CommModel
     memory: MemoryModel

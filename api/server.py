@@ -24,9 +24,14 @@ are bounded by ``BodySizeLimit``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import logging
+import os
 import resource
+import signal
+import threading
+from collections.abc import Callable
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -169,6 +174,38 @@ class ReadDeadlineMiddleware:
         await self.app(scope, receive_tracked, send_tracked)
 
 
+def on_stop_signal(loop: asyncio.AbstractEventLoop, callback: Callable[[], None]) -> Callable[[], None]:
+    """Run ``callback`` on ``loop`` as soon as SIGTERM or SIGINT arrives, before the handler already installed
+    (uvicorn's, which then stops accepting and waits up to ``timeout_graceful_shutdown`` for running
+    requests): what would hold those requests (compares) is stopped at the signal, not after the wait.
+    Returns a function that puts the previous handlers back. A no-op off the main thread (a test client)."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    previous: dict[int, Any] = {}
+
+    def handler(sig: int, frame: Any) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop is closed already
+            loop.call_soon_threadsafe(callback)
+        before = previous.get(sig)
+        if callable(before):
+            before(sig, frame)
+        elif before == signal.SIG_DFL:  # nobody else handles it: the default action, as without this hook
+            signal.signal(sig, signal.SIG_DFL)
+            os.kill(os.getpid(), sig)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        previous[sig] = signal.getsignal(sig)
+        signal.signal(sig, handler)
+
+    def restore() -> None:
+        if threading.current_thread() is threading.main_thread():
+            for sig, before in previous.items():
+                if signal.getsignal(sig) is handler:
+                    signal.signal(sig, before)
+
+    return restore
+
+
 def protocol_class(settings: Settings) -> type[ReadDeadline]:
     """``ReadDeadline`` with the configured deadline (uvicorn instantiates the class itself)."""
     return type("SkrullReadDeadline", (ReadDeadline,), {"read_timeout_s": settings.request_read_timeout_s})
@@ -197,4 +234,7 @@ def uvicorn_options(settings: Settings) -> dict[str, Any]:
         "timeout_keep_alive": settings.timeout_keep_alive_s,
         "h11_max_incomplete_event_size": settings.max_header_bytes,
         "timeout_graceful_shutdown": 10,
+        # uvicorn believes X-Forwarded-For from 127.0.0.1 unless told otherwise: only the named proxies
+        "proxy_headers": bool(settings.forwarded_allow_ips.strip()),
+        "forwarded_allow_ips": settings.forwarded_allow_ips.strip() or "",
     }

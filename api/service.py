@@ -31,9 +31,11 @@ from skrull.api.store.base import (
     JobStore,
     NewJob,
     QueueFullError,
+    QuotaExceededError,
     SubmitOutcome,
+    TenantQuota,
 )
-from skrull.api.tenants import DEFAULT_TENANT, scoped_key
+from skrull.api.tenants import DEFAULT_TENANT, scoped_key, tenant_prefix
 from skrull.api.views import LRU, RankViews
 from skrull.solver.types import Request
 
@@ -48,6 +50,21 @@ LONG_POLL_RECHECK_S = 1.0
 #: ... and this often when the store pushes every change itself (PostgreSQL LISTEN/NOTIFY): the re-read
 #: is then only a safety net for a listening connection that broke.
 LONG_POLL_RECHECK_NOTIFIED_S = 10.0
+
+
+def quota_problem(exc: QuotaExceededError) -> ApiProblem:
+    """429 ``quota-exceeded``: this tenant's share is used up; other tenants are not affected."""
+    return ApiProblem(
+        status=429,
+        slug="quota-exceeded",
+        title="tenant quota exceeded",
+        headers={"Retry-After": "5"},
+        detail=str(exc),
+        field=exc.setting,
+        value=exc.used,
+        limit=exc.limit,
+        retry_after_s=5,
+    )
 
 
 @dataclass(slots=True)
@@ -67,13 +84,21 @@ class Service:
     _envelopes: LRU[tuple[str, float], bytes] = field(
         default_factory=lambda: LRU(256, max_bytes=DEFAULT_ENVELOPE_BYTES)
     )
+    #: Envelopes of plans not yet finished (small: no plan), by state, for the long-polls answered together.
+    _live_envelopes: LRU[tuple[Any, ...], bytes] = field(default_factory=lambda: LRU(1024, max_bytes=4 * 2**20))
 
     def envelope(self, job: JobRecord) -> bytes:
         """The envelope of ``job`` as JSON. A finished plan's never changes until it is deleted or
         resubmitted (which changes ``updated_at``), so one copy is kept and shared by all its readers: a
         plan of several MB read by a hundred slow clients is held once, not a hundred times."""
         if not job.is_final:
-            return envelope_json(job)
+            # one copy per state too: a thousand long-polls answered at one deadline share one rendering
+            state = (job.job_id, job.updated_at, job.status, job.iterations_solved, job.attempts, job.last_error_json)
+            body = self._live_envelopes.get(state)
+            if body is None:
+                body = envelope_json(job)
+                self._live_envelopes.put(state, body, size=len(body))
+            return body
         key = (job.job_id, job.updated_at)
         body = self._envelopes.get(key)
         if body is None:
@@ -109,12 +134,22 @@ class Service:
             num_gpus=request.parallel.num_gpus,
             time_budget_s=request.resolved_time_budget_s,
         )
+        quota = TenantQuota(
+            tenant=tenant_prefix(tenant),
+            max_queued=self.settings.tenant_max_queued_jobs,
+            max_solver_s=self.settings.tenant_max_solver_s,
+        )
         try:
             return self.store.submit(
-                job, idempotency_key=scoped_key(tenant, idempotency_key), max_queued=self.settings.max_queued_jobs
+                job,
+                idempotency_key=scoped_key(tenant, idempotency_key),
+                max_queued=self.settings.max_queued_jobs,
+                quota=quota,
             )
         except IdempotencyConflictError as exc:
             raise IdempotencyConflictError(idempotency_key or "", exc.job_id) from None
+        except QuotaExceededError as exc:
+            raise quota_problem(exc) from None
         except QueueFullError as exc:
             raise ApiProblem(
                 status=503,
@@ -247,6 +282,13 @@ class Service:
                 initargs=(self.settings.plugin_modules,),
             )
         return self._compare_pool
+
+    def server_stopping(self) -> None:
+        """SIGTERM (or the end of the lifespan): running and waiting compares stop now and answer 503
+        ``server-stopping``; long-polls are woken to answer what they have (on the event loop)."""
+        if self._compare_pool is not None:
+            self._compare_pool.stop_running()
+        self.notifier.notify_all()
 
     def close(self) -> None:
         if self._compare_pool is not None:

@@ -15,6 +15,7 @@ from skrull.api.sizes import (
     DEFAULT_CACHE_BYTES,
     DEFAULT_MAX_ITERATION_TOKENS,
     DEFAULT_MAX_PICTURE_BARS,
+    DEFAULT_MAX_PLAN_BYTES,
     DEFAULT_MAX_PLAN_TOKENS,
     DEFAULT_MAX_VIEW_TOKENS,
 )
@@ -57,12 +58,32 @@ class Settings(BaseSettings):
     plugins: str = Field("", description="comma-separated modules imported at start (they may register planners)")
 
     max_body_bytes: int = Field(8 * 2**20, ge=1024, description="largest request body accepted")
+    max_profile_bytes: int = Field(
+        65_536,
+        ge=1024,
+        description="stored size of an uploaded profile (canonical JSON); larger: 422 limit-exceeded",
+    )
     max_sequences: int = Field(1_000_000, ge=1, description="sequences per request, over all batches")
     max_iterations: int = Field(1024, ge=1, description="batches (iterations) per request")
     max_gpus: int = Field(65_536, ge=1, description="dp * cp of a request")
     max_time_budget_s: float = Field(600.0, gt=0, description="largest time_budget_s a request may ask for")
     max_wait_s: float = Field(60.0, ge=0, description="longest long-poll (?wait=S) a request may ask for")
     max_queued_jobs: int = Field(100_000, ge=1, description="queued jobs beyond which submissions get 503")
+    tenant_max_queued_jobs: int = Field(
+        10_000,
+        ge=1,
+        description="queued jobs one tenant may hold (each tenant its own; beyond: 429 quota-exceeded), so one "
+        "team cannot fill the shared queue",
+    )
+    tenant_max_solver_s: float = Field(
+        7_200.0,
+        gt=0,
+        description="solver seconds one tenant may hold: the time budgets of its queued and solving jobs together "
+        "(beyond: 429 quota-exceeded)",
+    )
+    tenant_max_compares: int = Field(
+        2, ge=1, description="compares one tenant may have running or waiting at once (beyond: 429 quota-exceeded)"
+    )
     max_compare_solvers: int = Field(16, ge=1, description="solvers per POST /v1/compare")
     compare_processes: int = Field(1, ge=1, description="processes that run POST /v1/compare")
     rank_view_cache_entries: int = Field(65_536, ge=0, description="rendered rank views kept in memory")
@@ -80,6 +101,12 @@ class Settings(BaseSettings):
         DEFAULT_MAX_PLAN_TOKENS,
         ge=1024,
         description="JSON tokens (values) of a whole plan document; a larger plan fails (422)",
+    )
+    max_plan_bytes: int = Field(
+        DEFAULT_MAX_PLAN_BYTES,
+        ge=65_536,
+        description="bytes of a whole plan document (and of each iteration); a larger plan fails (422). It bounds "
+        "the memory one envelope reader costs",
     )
     max_iteration_tokens: int = Field(
         DEFAULT_MAX_ITERATION_TOKENS,
@@ -136,6 +163,12 @@ class Settings(BaseSettings):
         ge=1,
         description="bars (one per GPU per microbatch) a timeline picture may draw; more: 413",
     )
+    max_picture_bytes: int = Field(
+        8 * 2**20,
+        ge=65_536,
+        description="bytes a timeline picture (and the /view page's picture) may have; more: 413 (estimated before "
+        "drawing)",
+    )
     rate_limit_burst: int = Field(50, ge=1, description="requests a token may make at once before the rate applies")
     auth_failures_per_s: float = Field(
         1.0,
@@ -144,6 +177,13 @@ class Settings(BaseSettings):
         "auth_failure_burst are used up, the address gets 429 before its token is checked; 0: unlimited",
     )
     auth_failure_burst: int = Field(20, ge=1, description="failed authentications an address may make at once")
+    forwarded_allow_ips: str = Field(
+        "",
+        description="comma-separated addresses of the reverse proxies whose X-Forwarded-For / X-Forwarded-Proto "
+        "are believed (uvicorn forwarded_allow_ips; '*' believes anyone); empty (default): forwarded headers "
+        "are ignored and the client address is the TCP peer's, so a made-up header cannot dodge per-address "
+        "limits",
+    )
     metrics_open: bool = Field(
         False, description="serve /metrics without a token even when tokens are configured (for scrapers)"
     )

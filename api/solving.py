@@ -41,7 +41,12 @@ from typing import TYPE_CHECKING, Any
 from skrull.api.errors import ApiProblem, from_failure
 from skrull.api.execute import LeaseLostError, solve_job
 from skrull.api.metrics import SolverMetrics
-from skrull.api.sizes import DEFAULT_MAX_ITERATION_TOKENS, DEFAULT_MAX_PLAN_TOKENS, check_plan_tokens
+from skrull.api.sizes import (
+    DEFAULT_MAX_ITERATION_TOKENS,
+    DEFAULT_MAX_PLAN_BYTES,
+    DEFAULT_MAX_PLAN_TOKENS,
+    check_plan_tokens,
+)
 from skrull.api.store.base import ClaimedJob, IterationRecord, JobStore
 from skrull.api.store.open import open_store
 from skrull.solver.planners.minmax_ilp import preload_cp_sat
@@ -73,6 +78,7 @@ class WorkerConfig:
     idle_poll_s: float
     plugins: tuple[str, ...]
     max_plan_tokens: int = DEFAULT_MAX_PLAN_TOKENS
+    max_plan_bytes: int = DEFAULT_MAX_PLAN_BYTES
     max_iteration_tokens: int = DEFAULT_MAX_ITERATION_TOKENS
 
 
@@ -83,6 +89,8 @@ RENEWALS_PER_LEASE = 3
 
 #: Exit status of a solver process that found its server gone while solving.
 EXIT_ORPHANED = 75
+#: Exit status of a solver process whose lease was lost mid-solve (its plan deleted, or its job taken back).
+EXIT_LEASE_LOST = 76
 
 
 class _Heartbeat:
@@ -106,7 +114,11 @@ class _Heartbeat:
                 log.warning("job %s: the server is gone; this solver stops, its lease expires", self._job_id)
                 os._exit(EXIT_ORPHANED)
             if not self._store.heartbeat(job_id=self._job_id, owner=self._owner, lease_s=self._lease_s):
-                return
+                # The lease is gone: the plan was deleted, or the job was taken back. Nothing this solve
+                # writes would be accepted (fencing), so it stops now rather than burn CPU to its budget;
+                # the exact solver's forked child dies with this process (solver.ilp.runner).
+                log.warning("job %s: the lease is gone (deleted or taken back); this solve stops", self._job_id)
+                os._exit(EXIT_LEASE_LOST)
 
     def __enter__(self) -> _Heartbeat:
         self._thread.start()
@@ -126,7 +138,12 @@ def run_claimed(store: JobStore, job: ClaimedJob, config: WorkerConfig, events: 
     owner = config.owner
 
     def publish(record: IterationRecord) -> bool:
-        check_plan_tokens(record.doc_json, config.max_iteration_tokens, what=f"iteration {record.index}")
+        check_plan_tokens(
+            record.doc_json,
+            config.max_iteration_tokens,
+            what=f"iteration {record.index}",
+            max_bytes=config.max_plan_bytes,
+        )
         ok = store.publish_iteration(record, owner=owner)
         if ok:
             events.put(("iteration", job.job_id, record.index))
@@ -138,8 +155,13 @@ def run_claimed(store: JobStore, job: ClaimedJob, config: WorkerConfig, events: 
                 job.job_id, job.request_json, done=store.iterations(job.job_id), publish=publish
             )
             for record in rest:
-                check_plan_tokens(record.doc_json, config.max_iteration_tokens, what=f"iteration {record.index}")
-            check_plan_tokens(plan_json, config.max_plan_tokens, what="the plan")
+                check_plan_tokens(
+                    record.doc_json,
+                    config.max_iteration_tokens,
+                    what=f"iteration {record.index}",
+                    max_bytes=config.max_plan_bytes,
+                )
+            check_plan_tokens(plan_json, config.max_plan_tokens, what="the plan", max_bytes=config.max_plan_bytes)
         except LeaseLostError:
             return "lost"
         except Exception as exc:  # every failure of a solve is stored with the job, never re-raised
@@ -162,7 +184,12 @@ def worker_main(config: WorkerConfig, wake: Any, events: Any, stop: Any) -> None
         # A process whose server died (even by SIGKILL) claims nothing more; the job in hand is abandoned by its
         # heartbeat (_Heartbeat) and taken back by a live server once its lease expires.
         while not stop.is_set() and (parent is None or parent.is_alive()):
-            job = store.claim(owner=config.owner, lease_s=config.lease_s)
+            try:
+                job = store.claim(owner=config.owner, lease_s=config.lease_s)
+            except Exception as exc:  # the store is full or unreachable: wait for it rather than die
+                log.warning("claiming a job failed (%s); retrying in %.1f s", exc, config.idle_poll_s)
+                stop.wait(config.idle_poll_s)
+                continue
             if job is None:
                 if store.notifies:  # the store pushes new work from any machine (LISTEN/NOTIFY)
                     store.wait_for_work(config.idle_poll_s)
@@ -188,6 +215,8 @@ def describe_exit(exitcode: int | None) -> str:
             return f"was killed by signal {signal.Signals(-exitcode).name}"
         except ValueError:
             return f"was killed by signal {-exitcode}"
+    if exitcode == EXIT_LEASE_LOST:
+        return "stopped its solve: the lease was lost (the plan was deleted or taken back)"
     return f"exited with status {exitcode}"
 
 
@@ -227,6 +256,7 @@ class SolverPool:
         hard_limit_s: Callable[[float], float],
         on_event: EventHandler,
         max_plan_tokens: int = DEFAULT_MAX_PLAN_TOKENS,
+        max_plan_bytes: int = DEFAULT_MAX_PLAN_BYTES,
         max_iteration_tokens: int = DEFAULT_MAX_ITERATION_TOKENS,
     ) -> None:
         self._store = store
@@ -243,6 +273,7 @@ class SolverPool:
             idle_poll_s=idle_poll_s,
             plugins=plugins,
             max_plan_tokens=max_plan_tokens,
+            max_plan_bytes=max_plan_bytes,
             max_iteration_tokens=max_iteration_tokens,
         )
         self._ctx = multiprocessing.get_context("spawn")
@@ -251,6 +282,8 @@ class SolverPool:
         self._stop: Any = self._ctx.Event()
         self._stopping = False
         self._slots: list[_Slot] = []
+        #: owners of dead solver processes whose jobs are still to be released (the store failed): {owner: reason}
+        self._unreleased: dict[str, str] = {}
         self._lock = threading.Lock()
         self.instance = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._threads: list[threading.Thread] = []
@@ -271,6 +304,7 @@ class SolverPool:
             hard_limit_s=settings.hard_limit_s,
             on_event=on_event,
             max_plan_tokens=settings.max_plan_tokens,
+            max_plan_bytes=settings.max_plan_bytes,
             max_iteration_tokens=settings.max_iteration_tokens,
         )
 
@@ -366,13 +400,24 @@ class SolverPool:
             ready = multiprocessing.connection.wait(list(sentinels), timeout=self._interval_s)
             if self._stopping:
                 return
+            # Every step is guarded: a store error (disk full, a lost connection) must not end supervision,
+            # or no dead solver would ever be replaced; what failed is tried again on the next pass.
             for sentinel in ready:
-                self._handle_death(sentinels[sentinel])  # type: ignore[index]
+                try:
+                    self._handle_death(sentinels[sentinel])  # type: ignore[index]
+                except Exception:
+                    log.exception("handling a solver process's death failed; retrying on the next pass")
             now = time.monotonic()
             for k, slot in enumerate(self._slots):
                 if slot.respawn_at is not None and now >= slot.respawn_at:
-                    self._slots[k] = self._spawn(k, generation=slot.generation + 1, fast_deaths=slot.fast_deaths)
+                    try:
+                        self._slots[k] = self._spawn(k, generation=slot.generation + 1, fast_deaths=slot.fast_deaths)
+                    except Exception:
+                        log.exception("restarting solver process slot %d failed; retrying", k)
+                        slot.respawn_at = now + FIRST_RESPAWN_DELAY_S
+                        continue
                     self._on_event(("restarted", slot.owner))
+            self._release_pending()
             try:
                 self._enforce_deadlines()
                 self.recover_expired()
@@ -391,14 +436,12 @@ class SolverPool:
             title="the solver process died",
             detail=f"solver process {slot.process.pid} {what} while solving this job",
         )
-        for rec in self._store.release(
-            owner=slot.owner, reason_json=json.dumps(reason.document()), max_attempts=self._max_attempts
-        ):
-            self._on_event(("recovered", rec.job_id, rec.status))
-            if rec.status == "queued":
-                self.wake()
+        # The replacement is scheduled before the store is written: a store that fails now (disk full) must
+        # not leave the slot without a process; its jobs are released on a later pass (_release_pending).
+        self._unreleased[slot.owner] = json.dumps(reason.document())
         now = time.monotonic()
-        slot.fast_deaths = slot.fast_deaths + 1 if now - slot.started_at < FAST_DEATH_S else 0
+        fast = now - slot.started_at < FAST_DEATH_S and slot.process.exitcode != EXIT_LEASE_LOST
+        slot.fast_deaths = slot.fast_deaths + 1 if fast else 0
         delay = (
             0.0
             if slot.fast_deaths == 0
@@ -407,6 +450,22 @@ class SolverPool:
         if delay:
             log.warning("solver process slot %d is crash-looping; restarting in %.1f s", k, delay)
         slot.respawn_at = now + delay
+        self._release_pending()
+
+    def _release_pending(self) -> None:
+        """Queue again (or fail) the jobs of dead solver processes; an owner whose release fails (the store
+        is full or unreachable) stays pending for the next supervision pass."""
+        for owner, reason_json in list(self._unreleased.items()):
+            try:
+                released = self._store.release(owner=owner, reason_json=reason_json, max_attempts=self._max_attempts)
+            except Exception as exc:
+                log.warning("could not release the jobs of %s yet (%s); retrying", owner, exc)
+                return
+            del self._unreleased[owner]
+            for rec in released:
+                self._on_event(("recovered", rec.job_id, rec.status))
+                if rec.status == "queued":
+                    self.wake()
 
     def _enforce_deadlines(self) -> None:
         owners = {s.owner: s for s in self._slots}

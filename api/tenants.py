@@ -17,7 +17,10 @@ replicas alike:
 * Every route that names a plan (envelope, DELETE, rank views, pictures) answers 404 unless the id is
   the caller's tenant's (``owns``): a 404 like an unknown id, so ids of other teams leak nothing.
 * Idempotency-Keys are stored as ``<prefix>:<key>`` for a named tenant (``scoped_key``): one team's key
-  never answers another team's plan.
+  never answers another team's plan. A default-tenant key that looks like that stored form (``<8 hex>:``),
+  or starts with the escape ``-:``, is stored as ``-:<key>``; every other default key is stored as sent,
+  so keys stored before stay valid. No stored form of one tenant is a stored form of another, so no
+  tenant can claim, or learn a plan id from, another's keys.
 
 Uploaded profiles are shared by every tenant (they hold no data of a team's batches).
 """
@@ -30,6 +33,8 @@ import re
 from skrull.solver.errors import RequestError
 
 DEFAULT_TENANT = ""
+#: What a named tenant's stored key starts with, or the escape of a default key that does.
+_STORED_FORM = re.compile(r"([0-9a-f]{8}|-):")
 _NAMED = re.compile(r"([A-Za-z0-9][A-Za-z0-9_.-]{0,63})=([^=].*)")
 
 
@@ -72,6 +77,8 @@ def owns(tenant: str, plan_id: str) -> bool:
 
 def scoped_key(tenant: str, idempotency_key: str | None) -> str | None:
     """The Idempotency-Key as stored: scoped to a named tenant."""
-    if idempotency_key is None or tenant == DEFAULT_TENANT:
-        return idempotency_key
+    if idempotency_key is None:
+        return None
+    if tenant == DEFAULT_TENANT:
+        return f"-:{idempotency_key}" if _STORED_FORM.match(idempotency_key) else idempotency_key
     return f"{tenant_prefix(tenant)}:{idempotency_key}"

@@ -62,6 +62,7 @@ def parsed_bytes(it: Iteration) -> int:
         + BYTES_PER_ID * (ids + sum(groups.values()))
     )
 
+
 K = TypeVar("K")
 V = TypeVar("V")
 
@@ -152,6 +153,9 @@ class RankViews:
         #: for the many store changes of plans this replica holds nothing of.
         self._cached_jobs: set[str] = set()
         self._cached_lock = threading.Lock()
+        #: The version (``created_at``) of each plan whose views were served from here: a plan deleted and
+        #: submitted again under the same id is a new version, and what was cached of the old one is dropped.
+        self._versions: dict[str, float] = {}
 
     @property
     def cached_bytes(self) -> int:
@@ -159,6 +163,21 @@ class RankViews:
 
     def cached(self, job_id: str, iteration: int, rank: int, page: int = 0) -> RenderedView | None:
         return self._views.get((job_id, iteration, rank, page))
+
+    def current(self, job_id: str, version: float) -> bool:
+        """Whether what is cached of ``job_id`` belongs to the plan stored now (``version``: its
+        ``created_at``); if not, it is dropped (False) and ``version`` becomes the current one."""
+        with self._cached_lock:
+            known = self._versions.get(job_id)
+            if known == version:
+                return True
+            if len(self._versions) > 100_000:
+                self._versions.clear()
+            self._versions[job_id] = version
+        if known is None:
+            return True
+        self.forget(job_id)
+        return False
 
     def forget(self, job_id: str) -> None:
         """Drop everything cached of a plan that was deleted, expired, failed or changed (on any replica:

@@ -197,12 +197,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def _note_if_stopped(request: Request, plan: Plan) -> None:
-    """An exact planner stopped by its budget before proving its plan optimal says so, with the gap left
-    (``solve.gap``) and what to raise: the plan is valid, only its optimality is unproven."""
+    """An exact planner stopped by its budget before proving its plan optimal says so, with the gap left to
+    its own model's bound (``solve.model_gap``, what more time can close) and what to raise: the plan is
+    valid, only its optimality is unproven."""
     exact = plan.solver in EXACT_SOLVERS  # auto's bound is layout-free: more time need not close its gap
-    if exact and plan.solve.status in ("feasible", "timeout") and plan.solve.gap is not None and plan.solve.gap > 0:
+    gap = plan.solve.model_gap if plan.solve.model_gap is not None else plan.solve.gap
+    if exact and plan.solve.status in ("feasible", "timeout") and gap is not None and gap > 0:
         print(
-            f"skrull: note: {plan.solver} stopped at a {plan.solve.gap:.1%} gap to its proven bound when its "
+            f"skrull: note: {plan.solver} stopped at a {gap:.1%} gap to its model's proven bound when its "
             f"{request.resolved_time_budget_s:g} s budget ran out; raise --time-budget-s (time_budget_s) to close it",
             file=sys.stderr,
         )

@@ -281,12 +281,15 @@ def microbatch_to_dict(mb: Microbatch) -> dict[str, Any]:
 
 def iteration_to_dict(it: Iteration) -> dict[str, Any]:
     """One iteration of a plan document (also what the service stores per published iteration)."""
-    return {
+    doc: dict[str, Any] = {
         "index": it.index,
         "microbatches": [microbatch_to_dict(mb) for mb in it.microbatches],
         "estimated_ms": it.estimated_ms,
         "lower_bound_ms": it.lower_bound_ms,
     }
+    if it.static_bound_ms is not None:
+        doc["static_bound_ms"] = it.static_bound_ms
+    return doc
 
 
 def _solve_to_dict(solve: SolveInfo) -> dict[str, Any]:
@@ -297,6 +300,9 @@ def _solve_to_dict(solve: SolveInfo) -> dict[str, Any]:
         "bound_ms": solve.bound_ms,
         "gap": solve.gap,
     }
+    if solve.model_bound_ms is not None:
+        doc["model_bound_ms"] = solve.model_bound_ms
+        doc["model_gap"] = solve.model_gap
     if solve.stats:
         doc["stats"] = dict(solve.stats)
     return doc
@@ -369,6 +375,7 @@ def iteration_from_dict(doc: Any, *, field: str = "iteration") -> Iteration:
         ),
         estimated_ms=_float(it.get("estimated_ms"), f"{field}.estimated_ms"),
         lower_bound_ms=_float(it.get("lower_bound_ms"), f"{field}.lower_bound_ms"),
+        static_bound_ms=_optional_float(it.get("static_bound_ms"), f"{field}.static_bound_ms"),
     )
 
 
@@ -386,6 +393,8 @@ def _solve_from_dict(doc: Any) -> SolveInfo:
         objective_ms=_float(solve.get("objective_ms"), "solve.objective_ms"),
         bound_ms=_optional_float(solve.get("bound_ms"), "solve.bound_ms"),
         gap=_optional_float(solve.get("gap"), "solve.gap"),
+        model_bound_ms=_optional_float(solve.get("model_bound_ms"), "solve.model_bound_ms"),
+        model_gap=_optional_float(solve.get("model_gap"), "solve.model_gap"),
         stats=tuple((str(k), _float(v, f"solve.stats.{k}")) for k, v in stats.items()),
     )
 

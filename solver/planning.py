@@ -22,7 +22,7 @@ from skrull.solver.errors import InvalidPlanError, PlannerBugError, RequestError
 from skrull.solver.io import DEFER_SOLVERS, MAX_DEFER, check_cp_modes_profile
 from skrull.solver.planners.base import Planner, PlannerOutput
 from skrull.solver.planners.registry import get_planner
-from skrull.solver.search.budget import check_budget
+from skrull.solver.search.budget import batch_share_s, check_budget
 from skrull.solver.types import Iteration, MicrobatchSpec, Parallel, Plan, Problem, Request, SolveInfo
 from skrull.solver.validate import validate_plan
 
@@ -37,14 +37,19 @@ def make_plan(
     wall_ms: float,
     status: str,
     bound_ms: float | None,
+    model_bound_ms: float | None = None,
     stats: tuple[tuple[str, float], ...] = (),
 ) -> Plan:
     """The plan with its ``solve`` block: ``objective_ms`` = summed iteration estimates and, when a
-    bound is known, ``gap = (objective - bound) / objective`` (0 for an empty objective)."""
+    bound is known, ``gap = (objective - bound) / objective`` (0 for an empty objective); the same for
+    an exact planner's ``model_bound_ms`` and ``model_gap``."""
     objective = sum(it.estimated_ms for it in iterations)
-    gap = None
-    if bound_ms is not None:
-        gap = (objective - bound_ms) / objective if objective > 0 else 0.0
+
+    def gap_to(bound: float | None) -> float | None:
+        if bound is None:
+            return None
+        return (objective - bound) / objective if objective > 0 else 0.0
+
     return Plan(
         solver=solver,
         parallel=parallel,
@@ -52,14 +57,28 @@ def make_plan(
         iterations=tuple(iterations),
         pending=tuple(pending),
         solve=SolveInfo(
-            wall_ms=wall_ms, status=status, objective_ms=objective, bound_ms=bound_ms, gap=gap, stats=stats
+            wall_ms=wall_ms,
+            status=status,
+            objective_ms=objective,
+            bound_ms=bound_ms,
+            gap=gap_to(bound_ms),
+            model_bound_ms=model_bound_ms,
+            model_gap=gap_to(model_bound_ms),
+            stats=stats,
         ),
     )
 
 
-def assemble_plan(problem: Problem, output: PlannerOutput, *, solver: str, wall_ms: float) -> Plan:
-    """Estimate every microbatch and iteration with the reference model and fill the ``solve`` block."""
-    model = CostModel(problem.profile, bucket_tokens=problem.bucket_tokens)
+def assemble_plan(
+    problem: Problem, output: PlannerOutput, *, solver: str, wall_ms: float, cp_modes: tuple[str, ...] | None = None
+) -> Plan:
+    """Estimate every microbatch and iteration with the reference model and fill the ``solve`` block.
+
+    ``cp_modes``: the modes the request allows (default the problem's), which every iteration's
+    ``lower_bound_ms`` covers: a planner that plans all-gather only still reports the bound of the request,
+    which another planner's Ulysses microbatches may approach."""
+    modes = problem.cp_modes if cp_modes is None else cp_modes
+    model = CostModel(problem.profile, bucket_tokens=problem.bucket_tokens, cp_modes=modes)
     iterations = [
         model.price_iteration(specs, problem.lengths, parallel=problem.parallel, index=index)
         for index, specs in enumerate(output.iterations)
@@ -73,6 +92,7 @@ def assemble_plan(problem: Problem, output: PlannerOutput, *, solver: str, wall_
         wall_ms=wall_ms,
         status=output.status,
         bound_ms=output.bound_ms,
+        model_bound_ms=output.model_bound_ms,
         stats=output.stats,
     )
 
@@ -86,7 +106,7 @@ def equalized(output: PlannerOutput, problem: Problem) -> PlannerOutput:
     iterations = tuple(tuple(equalize_microbatches(it, problem.parallel)) for it in output.iterations)
     status = output.status
     if status == "optimal":
-        model = CostModel(problem.profile, bucket_tokens=problem.bucket_tokens)
+        model = CostModel(problem.profile, bucket_tokens=problem.bucket_tokens, cp_modes=problem.cp_modes)
         num_gpus = problem.parallel.num_gpus
 
         def total_ms(its: tuple[tuple[MicrobatchSpec, ...], ...]) -> float:
@@ -156,7 +176,7 @@ def with_modes(output: PlannerOutput, problem: Problem, modes: tuple[str, ...]) 
     alone) is refused naming ``cp_modes``."""
     if modes == DEFAULT_CP_MODES:
         return output
-    model = CostModel(problem.profile, bucket_tokens=problem.bucket_tokens)
+    model = CostModel(problem.profile, bucket_tokens=problem.bucket_tokens, cp_modes=problem.cp_modes)
     changed = False
     iterations = []
     for specs in output.iterations:
@@ -211,7 +231,7 @@ def solve(request: Request) -> Plan:
         output = equalized(output, problem)
     if len(planner_cp_modes(planner)) > 1:  # planners that choose: the cheapest allowed mode per microbatch
         output = with_modes(output, problem, modes)
-    plan = assemble_plan(problem, output, solver=request.solver, wall_ms=0.0)
+    plan = assemble_plan(problem, output, solver=request.solver, wall_ms=0.0, cp_modes=request.cp_modes)
     check_plan(plan, request)
     wall_ms = (time.perf_counter() - start) * 1e3
     return dataclasses.replace(plan, solve=dataclasses.replace(plan.solve, wall_ms=wall_ms))
@@ -255,12 +275,18 @@ def shift_iteration(iteration: Iteration, *, offset: int, index: int) -> Iterati
 
 
 def solve_batch(request: Request, index: int) -> IterationResult:
-    """Batch ``index`` of ``request`` planned alone, with its share ``time_budget_s / batches`` of the
-    budget, as iteration ``index`` in the request's global sequence ids (validated on its own)."""
+    """Batch ``index`` of ``request`` planned alone, with its share of the budget (``search.budget.batch_share_s``:
+    in proportion to what each batch needs, so the budget accepted for the whole request is enough for every
+    batch), as iteration ``index`` in the request's global sequence ids (validated on its own)."""
     offset = sum(len(b) for b in request.batches[:index])
-    sub = dataclasses.replace(
-        request, batches=(request.batches[index],), time_budget_s=request.resolved_time_budget_s / len(request.batches)
+    share_s = batch_share_s(
+        request.solver,
+        [len(b) for b in request.batches],
+        index,
+        request.resolved_time_budget_s,
+        request.parallel,
     )
+    sub = dataclasses.replace(request, batches=(request.batches[index],), time_budget_s=share_s)
     plan = solve(sub)
     return IterationResult(
         iteration=shift_iteration(plan.iterations[0], offset=offset, index=index),

@@ -174,15 +174,25 @@ class Microbatch:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Iteration:
+    """One global batch's microbatches. ``lower_bound_ms``: no plan of these sequences, with any groups,
+    beats it; ``static_bound_ms``: no plan in Skrull's static layout (groups of one CP group) beats it,
+    a plan with wider groups may (None when not given, e.g. a plan written elsewhere)."""
+
     index: int
     microbatches: tuple[Microbatch, ...]
     estimated_ms: float
     lower_bound_ms: float
+    static_bound_ms: float | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SolveInfo:
     """How the plan was found. ``gap = (objective - bound) / objective`` when a bound is known.
+
+    ``bound_ms`` holds for every layout: no plan of the request, with any groups, is faster.
+    ``model_bound_ms`` (exact planners only) is the solver's bound over the plans its model can express
+    (``ilp``: Skrull's static layout; ``ilp-flex``: its family of groups), and ``model_gap`` the gap to
+    it; ``status: optimal`` is proven against it, so a plan with other groups may beat it.
 
     ``stats`` are planner-specific figures as ``(name, value)`` pairs (e.g. WLB-LLM's average delay in
     iterations); empty for most planners.
@@ -193,6 +203,8 @@ class SolveInfo:
     objective_ms: float
     bound_ms: float | None = None
     gap: float | None = None
+    model_bound_ms: float | None = None
+    model_gap: float | None = None
     stats: tuple[tuple[str, float], ...] = ()
 
     @property

@@ -266,12 +266,21 @@ def iteration_problems(
     expected_it = model.iteration_time_ms(well_formed, num_gpus)
     if not _close(it.estimated_ms, expected_it):
         problems.append(f"iterations[{it.index}]: estimated_ms {it.estimated_ms} != reference {expected_it:.6f}")
-    bound = model.lower_bound_ms([ledger.lengths[i] for i in ids], par)
+    ran = [ledger.lengths[i] for i in ids]
+    bound = model.lower_bound_ms(ran, par)
     if not _close(it.lower_bound_ms, bound):
         problems.append(f"iterations[{it.index}]: lower_bound_ms {it.lower_bound_ms} != reference {bound:.6f}")
-    static = all(mb.ranks == par.cp_group(mb.ranks[0] // par.cp) for mb in it.microbatches if mb.ranks)
-    if it.estimated_ms < bound - TOLERANCE_MS and static:
+    # the reference bound holds for every layout: a plan that beats it is priced wrong
+    if it.estimated_ms < bound - TOLERANCE_MS:
         problems.append(f"iterations[{it.index}]: estimated_ms {it.estimated_ms} beats the lower bound {bound}")
+    static_bound = model.static_bound_ms(ran, par)
+    if it.static_bound_ms is not None and not _close(it.static_bound_ms, static_bound):
+        problems.append(f"iterations[{it.index}]: static_bound_ms {it.static_bound_ms} != reference {static_bound:.6f}")
+    static = all(mb.ranks == par.cp_group(mb.ranks[0] // par.cp) for mb in it.microbatches if mb.ranks)
+    if it.estimated_ms < static_bound - TOLERANCE_MS and static:
+        problems.append(
+            f"iterations[{it.index}]: estimated_ms {it.estimated_ms} beats the static-layout bound {static_bound}"
+        )
     return problems
 
 
@@ -338,6 +347,16 @@ def solve_problems(plan: Plan) -> list[str]:
             )
         ):
             problems.append(f"solve.gap {solve.gap} != (objective - bound) / objective")
+    if solve.model_bound_ms is not None:
+        if solve.model_bound_ms > solve.objective_ms + TOLERANCE_MS:
+            problems.append(f"solve.model_bound_ms {solve.model_bound_ms} is above the objective {solve.objective_ms}")
+        if solve.model_gap is None or (
+            solve.objective_ms > 0
+            and not math.isclose(
+                solve.model_gap, (solve.objective_ms - solve.model_bound_ms) / solve.objective_ms, abs_tol=GAP_TOLERANCE
+            )
+        ):
+            problems.append(f"solve.model_gap {solve.model_gap} != (objective - model_bound_ms) / objective")
     return problems
 
 
@@ -348,7 +367,7 @@ def plan_problems(plan: Plan, request: Request) -> list[str]:
     if not checkable:
         return problems
     ledger = _Ledger(request, problems)
-    model = CostModel(request.profile, bucket_tokens=request.bucket_tokens)
+    model = CostModel(request.profile, bucket_tokens=request.bucket_tokens, cp_modes=request.cp_modes)
     for it in plan.iterations:
         problems.extend(
             iteration_problems(

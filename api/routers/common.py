@@ -37,3 +37,15 @@ def problems(*codes: int) -> dict[int | str, dict[str, Any]]:
         }
         for code in codes
     }
+
+
+def body_schema(model: str) -> dict[str, Any]:
+    """``openapi_extra`` declaring a JSON request body of the named model: routes read their bodies
+    themselves (``api.limits.validated_body``, off the event loop), so FastAPI does not see the model and
+    ``api.openapi`` adds its schema to the components."""
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{model}"}}},
+        }
+    }

@@ -11,14 +11,24 @@ import functools
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from skrull.api.access import caller_tenant
 from skrull.api.errors import invalid_field
 from skrull.api.execute import compare_table
-from skrull.api.limits import check_request_limits
-from skrull.api.routers.common import JSON, problems, service
+from skrull.api.limits import check_request_limits, validated_body
+from skrull.api.routers.common import JSON, body_schema, problems, service
 from skrull.api.schemas import CompareRequestIn, CompareTable, request_document
 from skrull.solver.planners.registry import planner_names
 
 router = APIRouter(prefix="/v1", tags=["compare"])
+
+
+async def client_gone(request: Request) -> None:
+    """Returns once the client has disconnected (the body was read already: what is left is the
+    disconnect)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
 
 
 @router.post(
@@ -26,10 +36,12 @@ router = APIRouter(prefix="/v1", tags=["compare"])
     operation_id="comparePlanners",
     summary="Plan one request with several planners and tabulate them on the reference cost model",
     response_model=CompareTable,
-    responses=problems(413, 415, 422, 503, 504),
+    responses=problems(413, 415, 422, 429, 503, 504),
+    openapi_extra=body_schema("CompareRequestIn"),
 )
-async def compare_planners(body: CompareRequestIn, request: Request) -> Response:
+async def compare_planners(request: Request) -> Response:
     svc = service(request)
+    body = await validated_body(request, CompareRequestIn)  # parsed and validated off the event loop
     check_request_limits(body, svc.settings)
     known = planner_names()
     solvers = body.solvers
@@ -62,5 +74,13 @@ async def compare_planners(body: CompareRequestIn, request: Request) -> Response
     num_solvers = len(solvers or known) + 1
     assert request_obj.time_budget_s is not None
     timeout_s = svc.settings.hard_limit_s(request_obj.time_budget_s) * num_solvers
-    table = await svc.compare_pool().run(timeout_s, compare_table, canonical, solvers)
+    table = await svc.compare_pool().run(
+        timeout_s,
+        compare_table,
+        canonical,
+        solvers,
+        tenant=caller_tenant(request),
+        max_per_tenant=svc.settings.tenant_max_compares,
+        client_gone=functools.partial(client_gone, request),
+    )
     return Response(CompareTable.model_validate(table).model_dump_json(), media_type=JSON)

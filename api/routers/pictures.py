@@ -62,7 +62,12 @@ async def get_timeline(
             plan_id=plan_id,
         )
     svg = await svc.blocking(
-        functools.partial(timeline_svg, max_bars=svc.settings.max_picture_bars), job, request_json, iteration
+        functools.partial(
+            timeline_svg, max_bars=svc.settings.max_picture_bars, max_bytes=svc.settings.max_picture_bytes
+        ),
+        job,
+        request_json,
+        iteration,
     )
     return Response(svg, media_type=SVG, headers={"Cache-Control": "public, max-age=3600"})
 
@@ -83,7 +88,11 @@ async def view_plan(plan_id: str, request: Request) -> Response:
     if job.plan_json is not None and request_json is not None:
         try:
             svg = await svc.blocking(
-                functools.partial(timeline_svg, max_bars=svc.settings.max_picture_bars), job, request_json
+                functools.partial(
+                    timeline_svg, max_bars=svc.settings.max_picture_bars, max_bytes=svc.settings.max_picture_bytes
+                ),
+                job,
+                request_json,
             )
         except ApiProblem as problem:  # too large to draw: the page keeps its figures and says why
             svg = f'<p class="pending">{escape(problem.detail)}</p>'

@@ -9,8 +9,8 @@ from fastapi.responses import Response
 
 from skrull.api.access import caller_tenant, require_plan_of_tenant
 from skrull.api.errors import invalid_field
-from skrull.api.limits import check_request_limits, check_wait
-from skrull.api.routers.common import JSON, problems, service
+from skrull.api.limits import check_request_limits, check_wait, validated_body
+from skrull.api.routers.common import JSON, body_schema, problems, service
 from skrull.api.schemas import PlanEnvelope, PlanRequestIn, request_document
 from skrull.solver.jsonsafe import check_text
 
@@ -23,10 +23,10 @@ router = APIRouter(prefix="/v1/plans", tags=["plans"])
     operation_id="submitPlan",
     summary="Submit a planning request",
     response_model=PlanEnvelope,
-    responses=problems(409, 413, 415, 422, 503),
+    responses=problems(409, 413, 415, 422, 429, 503),
+    openapi_extra=body_schema("PlanRequestIn"),
 )
 async def submit_plan(
-    body: PlanRequestIn,
     request: Request,
     idempotency_key: Annotated[
         str | None,
@@ -44,6 +44,7 @@ async def submit_plan(
     svc = service(request)
     if idempotency_key is not None:
         check_text(idempotency_key, "Idempotency-Key")
+    body = await validated_body(request, PlanRequestIn)  # parsed and validated off the event loop
     check_request_limits(body, svc.settings)
     outcome = await svc.blocking(svc.submit, request_document(body), idempotency_key, caller_tenant(request))
     job = outcome.job

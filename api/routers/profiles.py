@@ -5,11 +5,11 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from skrull.api.errors import from_request_error, invalid_field
-from skrull.api.routers.common import JSON, problems, service
+from skrull.api.errors import invalid_field
+from skrull.api.limits import parsed_body
+from skrull.api.routers.common import JSON, body_schema, problems, service
 from skrull.api.schemas import ProfileList, ProfileModel, ProfileSummary
-from skrull.solver.errors import RequestError
-from skrull.solver.jsonsafe import MalformedJsonError, check_text, loads_json
+from skrull.solver.jsonsafe import check_text
 
 router = APIRouter(prefix="/v1/profiles", tags=["profiles"])
 
@@ -40,12 +40,7 @@ async def get_profile(name: str, request: Request) -> Response:
     operation_id="uploadProfile",
     summary="Upload a measured profile; requests can then name it",
     response_model=ProfileModel,
-    openapi_extra={
-        "requestBody": {
-            "required": True,
-            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ProfileModel"}}},
-        }
-    },
+    openapi_extra=body_schema("ProfileModel"),
     responses={
         200: {"model": ProfileModel, "description": "the identical profile was already stored"},
         **problems(409, 413, 415, 422),
@@ -56,11 +51,7 @@ async def upload_profile(request: Request) -> Response:
     planning library's one JSON reader and validated by its one profile reader, which name the field and
     value of any mistake, and answered as that library writes it."""
     svc = service(request)
-    try:
-        doc = loads_json(await request.body())
-    except RequestError as exc:
-        slug = "malformed-json" if isinstance(exc, MalformedJsonError) else "invalid-request"
-        raise from_request_error(exc, slug=slug) from None
+    doc = await parsed_body(request)  # parsed off the event loop
     if not isinstance(doc, dict):
         raise invalid_field("profile", doc, "must be a profile object")
     name, created = await svc.blocking(svc.profiles.upload, doc)

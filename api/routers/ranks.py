@@ -62,7 +62,13 @@ async def get_rank_view(
     wait = check_wait(wait, svc.settings)
     cached = svc.views.cached(plan_id, iteration, rank, page)
     if cached is not None:
-        return _answer(request, svc, cached.etag, cached.body)
+        # Revalidated against the store (one indexed read, no render): a plan that failed or was deleted on
+        # any replica, or on another server sharing the SQLite file, which sends no notification, is never
+        # served from this cache; nor the old plan's views after a delete and resubmission under the same id.
+        current = await svc.blocking(svc.store.get, plan_id)
+        if current is not None and current.status != "failed" and svc.views.current(plan_id, current.created_at):
+            return _answer(request, svc, cached.etag, cached.body)
+        svc.views.forget(plan_id)
 
     job, view = await svc.blocking(_first_look, svc, plan_id, iteration, rank, page)
     if view is not None:  # solved already: one trip to the thread pool for the whole answer
@@ -101,8 +107,16 @@ def _first_look(
     job = svc.store.get(plan_id)
     if job is None or job.status == "failed" or not (0 <= rank < job.num_gpus and 0 <= iteration < job.num_iterations):
         return job, None
+    svc.views.current(plan_id, job.created_at)
     record = svc.store.iteration(plan_id, iteration)
-    return job, None if record is None else svc.views.render(record, rank, page)
+    if record is None:
+        return job, None
+    view = svc.views.render(record, rank, page)
+    after = svc.store.get(plan_id)  # a plan deleted or failed during a slow first render is not served
+    if after is None or after.status == "failed" or after.created_at != job.created_at:
+        svc.views.forget(plan_id)
+        return after, None
+    return after, view
 
 
 def _failed(job: JobRecord) -> ApiProblem:

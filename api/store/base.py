@@ -61,6 +61,57 @@ class QueueFullError(ValueError):
         super().__init__(f"{max_queued} jobs are queued (SKRULL_MAX_QUEUED_JOBS); retry later")
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TenantQuota:
+    """What one tenant may hold in the queue (``SKRULL_TENANT_MAX_QUEUED_JOBS``,
+    ``SKRULL_TENANT_MAX_SOLVER_S``). ``tenant`` is the tenant's plan-id prefix (``api.tenants.tenant_prefix``;
+    empty for the default tenant): the store tells a job's tenant from its id, so no column is needed."""
+
+    tenant: str
+    max_queued: int
+    max_solver_s: float
+
+
+class QuotaExceededError(ValueError):
+    """A submission would take its tenant past its quota of queued jobs or of solver seconds."""
+
+    def __init__(self, *, field: str, used: float, limit: float, setting: str) -> None:
+        self.field, self.used, self.limit, self.setting = field, used, limit, setting
+        super().__init__(f"this tenant holds {used:g} {field} of its {limit:g} ({setting}); retry when some are solved")
+
+
+def tenant_sql(column: str, *, find: str) -> str:
+    """SQL naming a job's tenant from its id (``api.tenants``): the 8 hex digits before ``-``, or ''."""
+    return f"CASE WHEN {find}({column}, '-') > 0 THEN substr({column}, 1, 8) ELSE '' END"
+
+
+def fair_next_sql(*, find: str, lock: str = "") -> str:
+    """The queued job a solver takes next (``JobStore.submit``): its tenant has the fewest jobs solving, then
+    was served least recently (``tenant_claims``), then the job is the oldest; ``lock`` is appended
+    (PostgreSQL: ``FOR UPDATE OF j SKIP LOCKED``). Selects ``seq`` and the tenant."""
+    tenant_j = tenant_sql("j.id", find=find)
+    return (
+        f"SELECT j.seq, {tenant_j} AS tenant FROM jobs j WHERE j.status = 'queued' ORDER BY "
+        f"(SELECT COUNT(*) FROM jobs s WHERE s.status = 'solving' AND {tenant_sql('s.id', find=find)} = {tenant_j}), "
+        f"COALESCE((SELECT t.claimed_at FROM tenant_claims t WHERE t.tenant = {tenant_j}), 0), j.seq LIMIT 1 {lock}"
+    ).strip()
+
+
+def check_quota(quota: TenantQuota, *, queued: int, solver_s: float, adding_s: float) -> None:
+    """Raise ``QuotaExceededError`` if one more job of ``adding_s`` budget takes the tenant past ``quota``."""
+    if queued >= quota.max_queued:
+        raise QuotaExceededError(
+            field="queued jobs", used=queued, limit=quota.max_queued, setting="SKRULL_TENANT_MAX_QUEUED_JOBS"
+        )
+    if solver_s + adding_s > quota.max_solver_s:
+        raise QuotaExceededError(
+            field="solver seconds (time budgets of queued and solving jobs)",
+            used=round(solver_s, 3),
+            limit=quota.max_solver_s,
+            setting="SKRULL_TENANT_MAX_SOLVER_S",
+        )
+
+
 class DamagedRecordError(RuntimeError):
     """A stored row cannot be read back (a damaged page, or text that is no longer the JSON written)."""
 
@@ -161,11 +212,22 @@ class JobStore(Protocol):
     notifies: bool
 
     def submit(
-        self, job: NewJob, *, idempotency_key: str | None = None, max_queued: int | None = None
+        self,
+        job: NewJob,
+        *,
+        idempotency_key: str | None = None,
+        max_queued: int | None = None,
+        quota: TenantQuota | None = None,
     ) -> SubmitOutcome:
         """Store a job (or answer the stored one). With ``max_queued``, creating or re-queuing a job while that
         many are queued raises ``QueueFullError``: counted and decided in the same transaction, serialized
-        with every other submission on the store (all replicas), so the bound can never be exceeded."""
+        with every other submission on the store (all replicas), so the bound can never be exceeded. With
+        ``quota``, the same holds for the job's tenant: its queued jobs, and the time budgets of its queued
+        and solving jobs together (``QuotaExceededError``).
+
+        ``claim`` is fair between tenants: it takes the oldest queued job of the tenant with the fewest jobs
+        solving, and among those the one served least recently, so one tenant's backlog never holds another
+        tenant's job for longer than the solves already running."""
         ...
 
     def get(self, job_id: str) -> JobRecord | None: ...

@@ -44,6 +44,10 @@ from skrull.api.store.base import (
     QueueFullError,
     Recovered,
     SubmitOutcome,
+    TenantQuota,
+    check_quota,
+    fair_next_sql,
+    tenant_sql,
 )
 from skrull.api.store.migrations import Migration, check_ordered, pending
 from skrull.api.store.open import is_postgres_url
@@ -114,7 +118,14 @@ MIGRATIONS = (
             )""",
         ),
     ),
+    Migration(
+        version=2,
+        description="when each tenant's job was last claimed (fair claims)",
+        statements=("CREATE TABLE tenant_claims (tenant TEXT PRIMARY KEY, claimed_at DOUBLE PRECISION NOT NULL)",),
+    ),
 )
+_TENANT = tenant_sql("id", find="strpos")
+_FAIR_NEXT = fair_next_sql(find="strpos", lock="FOR UPDATE OF j SKIP LOCKED")
 SCHEMA_VERSION = check_ordered(MIGRATIONS)
 
 
@@ -133,7 +144,7 @@ def _connect_failure(url: str, pool_error: Exception, timeout_s: float) -> str:
     except psycopg.Error as exc:
         reason = " ".join(str(exc).split())
         if "FATAL" in reason:
-            return f"db: PostgreSQL at {_redacted(url)} refused the connection: {reason[reason.index('FATAL'):]}"
+            return f"db: PostgreSQL at {_redacted(url)} refused the connection: {reason[reason.index('FATAL') :]}"
         return f"db: cannot reach PostgreSQL at {_redacted(url)}: {reason}"
     return f"db: cannot reach PostgreSQL at {_redacted(url)}: {pool_error}"
 
@@ -196,11 +207,16 @@ class PostgresJobStore:
     # -- jobs ------------------------------------------------------------------------------------------
 
     def submit(
-        self, job: NewJob, *, idempotency_key: str | None = None, max_queued: int | None = None
+        self,
+        job: NewJob,
+        *,
+        idempotency_key: str | None = None,
+        max_queued: int | None = None,
+        quota: TenantQuota | None = None,
     ) -> SubmitOutcome:
         created = requeued = False
         with self._tx() as conn:
-            if max_queued is not None:
+            if max_queued is not None or quota is not None:
                 status = conn.execute("SELECT status FROM jobs WHERE id = %s", (job.job_id,)).fetchone()
                 if status is None or status[0] == "failed":
                     # Held until commit: the count below sees every bounded submission committed before it,
@@ -210,8 +226,17 @@ class PostgresJobStore:
                     # queued it meanwhile, and this one is then a duplicate that adds nothing.
                     status = conn.execute("SELECT status FROM jobs WHERE id = %s", (job.job_id,)).fetchone()
                     row = conn.execute("SELECT COUNT(*) FROM jobs WHERE status = 'queued'").fetchone()
-                    if (status is None or status[0] == "failed") and row is not None and int(row[0]) >= max_queued:
+                    adds = status is None or status[0] == "failed"
+                    if max_queued is not None and adds and row is not None and int(row[0]) >= max_queued:
                         raise QueueFullError(max_queued)
+                    if quota is not None and adds:
+                        held = conn.execute(
+                            "SELECT COUNT(*) FILTER (WHERE status = 'queued'), COALESCE(SUM(time_budget_s), 0) "
+                            f"FROM jobs WHERE status IN ('queued', 'solving') AND {_TENANT} = %s",
+                            (quota.tenant,),
+                        ).fetchone()
+                        assert held is not None
+                        check_quota(quota, queued=int(held[0]), solver_s=float(held[1]), adding_s=job.time_budget_s)
             if idempotency_key is not None:
                 conn.execute(
                     f"INSERT INTO idempotency_keys (key, job_id, created_at) VALUES (%s, %s, {NOW}) "
@@ -264,14 +289,20 @@ class PostgresJobStore:
 
     def claim(self, *, owner: str, lease_s: float) -> ClaimedJob | None:
         with self._tx() as conn:
+            nxt = conn.execute(_FAIR_NEXT).fetchone()
+            if nxt is None:
+                return None
             row = conn.execute(
                 f"UPDATE jobs SET status = 'solving', lease_owner = %s, lease_expires = {NOW} + %s, "
-                f"attempts = attempts + 1, started_at = {NOW}, updated_at = {NOW} "
-                "WHERE seq = (SELECT seq FROM jobs WHERE status = 'queued' ORDER BY seq LIMIT 1 "
-                "FOR UPDATE SKIP LOCKED) "
+                f"attempts = attempts + 1, started_at = {NOW}, updated_at = {NOW} WHERE seq = %s "
                 "RETURNING id, solver, request, attempts, lease_expires",
-                (owner, lease_s),
+                (owner, lease_s, nxt[0]),
             ).fetchone()
+            conn.execute(
+                f"INSERT INTO tenant_claims (tenant, claimed_at) VALUES (%s, {NOW}) "
+                "ON CONFLICT (tenant) DO UPDATE SET claimed_at = excluded.claimed_at",
+                (nxt[1],),
+            )
             if row is not None:
                 _notify(conn, row[0])
         if row is None:

@@ -29,6 +29,10 @@ from skrull.api.store.base import (
     QueueFullError,
     Recovered,
     SubmitOutcome,
+    TenantQuota,
+    check_quota,
+    fair_next_sql,
+    tenant_sql,
 )
 from skrull.api.store.migrations import Migration, check_ordered, pending
 from skrull.api.store.rows import JOB_COLUMNS, iteration_from_row, job_from_row
@@ -87,7 +91,18 @@ MIGRATIONS = (
         description="jobs, iterations, idempotency keys, profiles",
         statements=tuple(s.strip() for s in _SCHEMA_V1.split(";") if s.strip()),
     ),
+    Migration(
+        version=2,
+        description="when each tenant's job was last claimed (fair claims)",
+        statements=(
+            "CREATE TABLE IF NOT EXISTS tenant_claims (tenant TEXT PRIMARY KEY, claimed_at REAL NOT NULL) "
+            "WITHOUT ROWID",
+        ),
+    ),
 )
+_TENANT = tenant_sql("id", find="instr")
+#: The next job: the tenant with the fewest solving, then the one served least recently, then the oldest.
+_FAIR_NEXT = fair_next_sql(find="instr")
 SCHEMA_VERSION = check_ordered(MIGRATIONS)
 
 
@@ -167,7 +182,12 @@ class SQLiteJobStore:
     # -- jobs ------------------------------------------------------------------------------------------
 
     def submit(
-        self, job: NewJob, *, idempotency_key: str | None = None, max_queued: int | None = None
+        self,
+        job: NewJob,
+        *,
+        idempotency_key: str | None = None,
+        max_queued: int | None = None,
+        quota: TenantQuota | None = None,
     ) -> SubmitOutcome:
         conn = self._conn()
         now = time.time()
@@ -188,6 +208,13 @@ class SQLiteJobStore:
                 (queued,) = conn.execute("SELECT COUNT(*) FROM jobs WHERE status = 'queued'").fetchone()
                 if queued >= max_queued:
                     raise QueueFullError(max_queued)
+            if quota is not None and (row is None or row[0] == "failed"):
+                held = conn.execute(
+                    "SELECT COALESCE(SUM(status = 'queued'), 0), COALESCE(SUM(time_budget_s), 0) FROM jobs "
+                    f"WHERE status IN ('queued', 'solving') AND {_TENANT} = ?",
+                    (quota.tenant,),
+                ).fetchone()
+                check_quota(quota, queued=int(held[0]), solver_s=float(held[1]), adding_s=job.time_budget_s)
             if row is None:
                 conn.execute(
                     "INSERT INTO jobs (id, status, solver, request, num_iterations, num_sequences, num_gpus, "
@@ -231,13 +258,20 @@ class SQLiteJobStore:
             return None
         now = time.time()
         with self._write(conn):
+            nxt = conn.execute(_FAIR_NEXT).fetchone()
+            if nxt is None:
+                return None
             row = conn.execute(
                 "UPDATE jobs SET status = 'solving', lease_owner = ?, lease_expires = ?, attempts = attempts + 1, "
-                "started_at = ?, updated_at = ? "
-                "WHERE seq = (SELECT seq FROM jobs WHERE status = 'queued' ORDER BY seq LIMIT 1) "
+                "started_at = ?, updated_at = ? WHERE seq = ? "
                 "RETURNING id, solver, request, attempts, lease_expires",
-                (owner, now + lease_s, now, now),
+                (owner, now + lease_s, now, now, nxt[0]),
             ).fetchone()
+            conn.execute(
+                "INSERT INTO tenant_claims (tenant, claimed_at) VALUES (?, ?) "
+                "ON CONFLICT (tenant) DO UPDATE SET claimed_at = excluded.claimed_at",
+                (nxt[1], now),
+            )
         if row is None:
             return None
         return ClaimedJob(job_id=row[0], solver=row[1], request_json=row[2], attempts=row[3], lease_expires=row[4])

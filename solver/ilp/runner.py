@@ -10,10 +10,12 @@ until the deadline plus a small grace, then kills the child and keeps the last r
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import multiprocessing
 import multiprocessing.connection
 import os
 import signal
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -99,11 +101,33 @@ class Child:
             os.waitpid(self.pid, 0)
 
 
+#: prctl(2) option: the signal this process gets when the thread that forked it ends (Linux).
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """In a forked child: be killed (SIGKILL) when the process that forked it ends, however it ends (a
+    SIGKILLed solver process, a server stopped or killed, a solve abandoned when its plan was deleted), so no
+    exact solve outlives the solve that asked for it. Linux only (``prctl(PR_SET_PDEATHSIG)``); elsewhere
+    the child still ends at its deadline. A parent that died before the call is caught by ``getppid``."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent_pid:
+        os._exit(0)
+
+
 def start_child(work: Work, *, deadline: float) -> Child:
     """Fork a child running ``work(report, deadline)``; the caller must ``collect`` it."""
     receiver, sender = multiprocessing.Pipe(duplex=False)
+    parent = os.getpid()
     pid = os.fork()
     if pid == 0:  # the child: solve, report, and leave without running the parent's exit handlers
+        _die_with_parent(parent)
         receiver.close()
         try:
             _child(work, deadline, sender)

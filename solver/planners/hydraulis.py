@@ -159,13 +159,17 @@ def choose_degrees(
                 continue
             sum1 = sum(h[1] for h in hist[j:i])
             sum2 = sum(h[2] for h in hist[j:i])
+            # a replica serves whole sequences: more replicas than the range has sequences only sit idle, so
+            # they are never counted (this also keeps the DP at O(bins^2 * degrees * sequences) vector steps
+            # instead of O(bins^2 * GPUs): 65,536 GPUs took minutes)
+            count = sum(h[0] for h in hist[j:i])
             for d in degrees:
                 if longest > costs.cap(d):
                     continue
                 a, b, c = costs.coefficients(d)
                 total = a * sum2 + b * sum1 + c * sum1 / (d * costs.bucket_tokens)
                 floor = a * longest * longest + b * longest
-                for r in range(1, num_gpus // d + 1):
+                for r in range(1, min(num_gpus // d, count) + 1):
                     used = r * d
                     cand = np.maximum(f[j, : g_count - used], max(total / r, floor) + c)
                     target = f[i, used:]

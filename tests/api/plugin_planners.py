@@ -18,6 +18,11 @@ from skrull.solver.types import Problem
 
 SLEEP_ENV = "SKRULL_TEST_SLEEP_S"
 MARKER_ENV = "SKRULL_TEST_MARKER_DIR"
+#: With this set to N, ``test-counted`` holds its first job until N solver processes each hold one, so a
+#: test of several workers sees each of them take jobs however the machine's load staggers their starts.
+QUORUM_ENV = "SKRULL_TEST_QUORUM"
+#: The longest a held job waits for the quorum.
+QUORUM_WAIT_S = 60.0
 
 
 class SlowPlanner:
@@ -42,6 +47,14 @@ class CountedPlanner:
     streams_iterations = False
 
     def plan(self, problem: Problem) -> PlannerOutput:
+        quorum = int(os.environ.get(QUORUM_ENV, "0"))
+        if quorum:
+            ready = Path(os.environ[MARKER_ENV]) / "ready"
+            ready.mkdir(parents=True, exist_ok=True)
+            (ready / str(os.getpid())).touch()
+            deadline = time.monotonic() + QUORUM_WAIT_S
+            while len(list(ready.iterdir())) < quorum and time.monotonic() < deadline:
+                time.sleep(0.02)
         time.sleep(float(os.environ.get(SLEEP_ENV, "0.3")))
         key = hashlib.sha256(repr(problem.lengths).encode()).hexdigest()[:16]
         solves = Path(os.environ[MARKER_ENV]) / "solves"
@@ -113,6 +126,24 @@ class FailsLaterPlanner:
         return SkrullPlanner().plan(problem)
 
 
+class ForkedPlanner:
+    """Skrull, after a forked child (the exact solvers' ``solver.ilp.runner``) has run for
+    ``$SKRULL_TEST_SLEEP_S``: to observe that no solve's child outlives its solver process."""
+
+    name = "test-forked"
+
+    def plan(self, problem: Problem) -> PlannerOutput:
+        from skrull.solver.ilp.runner import run_with_deadline
+
+        def work(report: object, deadline: float) -> None:
+            while time.monotonic() < deadline:
+                sum(range(10_000))  # busy, as a solver is
+                time.sleep(0.01)
+
+        run_with_deadline(work, deadline=time.monotonic() + float(os.environ.get(SLEEP_ENV, "0.3")), grace_s=1.0)
+        return SkrullPlanner().plan(problem)
+
+
 class FlipPlanner:
     """Skrull the first time it sees a problem, one sequence per microbatch (DeepSpeed's plan) every later
     time (a marker file remembers): a resubmitted request then gets a different plan under the same id."""
@@ -138,6 +169,7 @@ TEST_PLANNERS = (
     InvalidPlanner,
     FailsLaterPlanner,
     FlipPlanner,
+    ForkedPlanner,
 )
 
 

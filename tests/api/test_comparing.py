@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from skrull.api.comparing import ComparePool
+from skrull.api.comparing import ClientGone, ComparePool
 from skrull.api.errors import ApiProblem
 from skrull.api.solving import import_plugins
 
@@ -34,7 +34,7 @@ def test_a_compare_past_its_deadline_is_killed_and_the_next_starts_at_once(pool:
 
     problem, timed_out_after, next_took = asyncio.run(scenario())
     assert problem.status == 504 and problem.slug == "compare-timeout"
-    assert timed_out_after < 2.0
+    assert timed_out_after < 30.0  # killed at its 0.5 s deadline, not after its 60 s sleep, under any load
     assert next_took < 15.0  # a fresh process (spawn + imports), not the 60 s sleep of the killed one
 
 
@@ -56,3 +56,45 @@ def test_compares_beyond_the_waiting_bound_are_refused_at_once(pool: ComparePool
     results, refused_after = asyncio.run(scenario())
     assert results == [None, None]  # the running and the waiting compare both finished
     assert refused_after < 0.5
+
+
+def test_a_tenant_holds_at_most_its_share_of_compares(pool: ComparePool) -> None:
+    """team-b's compares beyond SKRULL_TENANT_MAX_COMPARES are 429 at once; team-a still gets a place
+    (before: five team-b compares made every other compare 503)."""
+
+    async def scenario() -> tuple[ApiProblem, object]:
+        await pool.run(30, time.sleep, 0)
+        running = asyncio.create_task(pool.run(30, time.sleep, 0.5, tenant="b", max_per_tenant=1))
+        await asyncio.sleep(0.1)
+        with pytest.raises(ApiProblem) as err:
+            await pool.run(30, time.sleep, 0, tenant="b", max_per_tenant=1)
+        other = await pool.run(30, time.sleep, 0, tenant="a", max_per_tenant=1)
+        await running
+        return err.value, other
+
+    problem, other = asyncio.run(scenario())
+    assert problem.status == 429 and problem.slug == "quota-exceeded"
+    assert other is None
+    assert pool.by_tenant == {}
+
+
+def test_a_compare_whose_client_left_is_stopped(pool: ComparePool) -> None:
+    """The running compare's process is killed and the waiting one leaves the line (before: both held the
+    pool until their planners finished, 30 s after their clients had gone)."""
+
+    async def scenario() -> tuple[list[BaseException | None], int]:
+        await pool.run(30, time.sleep, 0)
+
+        async def gone_soon() -> None:
+            await asyncio.sleep(0.3)
+
+        running = asyncio.create_task(pool.run(120, time.sleep, 60, client_gone=gone_soon))
+        await asyncio.sleep(0.05)
+        waiting = asyncio.create_task(pool.run(120, time.sleep, 60, client_gone=gone_soon))
+        outcomes = await asyncio.gather(running, waiting, return_exceptions=True)
+        await pool.run(60, time.sleep, 0)  # the slot is free again: a fresh process, not the 60 s sleep
+        return [o if isinstance(o, BaseException) else None for o in outcomes], pool.waiting
+
+    outcomes, waiting = asyncio.run(scenario())
+    assert all(isinstance(o, ClientGone) for o in outcomes), outcomes
+    assert waiting == 0

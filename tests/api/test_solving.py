@@ -99,3 +99,46 @@ def test_a_server_with_no_solver_processes_accepts_and_keeps_jobs_queued(tmp_pat
 def test_exit_descriptions_name_the_signal() -> None:
     assert describe_exit(-9) == "was killed by signal SIGKILL"
     assert describe_exit(3) == "exited with status 3"
+
+
+def test_the_supervisor_survives_a_full_store_and_recovers_when_space_returns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A solver process dies while the store refuses writes ("database or disk is full"): the supervisor
+    keeps running, replaces the process, and once the store takes writes again the dead process's job is
+    queued again and solved; /healthz says so (before: the supervisor thread died in release(), leaving 0
+    solvers, jobs queued forever and /healthz 503 until a restart)."""
+    import signal
+    import sqlite3
+
+    from skrull.api.store.sqlite import SQLiteJobStore
+
+    full = {"on": False}
+    real_release = SQLiteJobStore.release
+
+    def release(self, **kwargs):  # type: ignore[no-untyped-def]
+        if full["on"]:
+            raise sqlite3.OperationalError("database or disk is full")
+        return real_release(self, **kwargs)
+
+    monkeypatch.setattr(SQLiteJobStore, "release", release)
+    monkeypatch.setenv("SKRULL_TEST_SLEEP_S", "30")
+    with running_app(tmp_path / "skrull.db") as client:
+        pool = client.app.state.service.pool  # type: ignore[attr-defined]
+        slow = client.post("/v1/plans", json=plan_request([[10]], solver="test-slow", time_budget_s=60)).json()
+        deadline = time.monotonic() + 30
+        while client.get(f"/v1/plans/{slow['id']}").json()["status"] != "solving":
+            assert time.monotonic() < deadline, "the job was never claimed"
+            time.sleep(0.05)
+        monkeypatch.setenv("SKRULL_TEST_SLEEP_S", "0.1")  # the replacement's solves are quick
+        full["on"] = True
+        os.kill(pool._slots[0].process.pid, signal.SIGKILL)
+        time.sleep(1.0)  # a few supervision passes (0.1 s each) against the full store
+        assert all(t.is_alive() for t in pool._threads), "the supervisor thread died"
+        full["on"] = False
+        health = alive_after_restart(client)
+        assert health["solver_processes"]["alive"] >= 1
+        envelope = finish(client, slow["id"], timeout_s=60)
+        assert envelope["status"] == "solved" and envelope["attempts"] == 2
+        quick = client.post("/v1/plans", json=plan_request([[20, 30]])).json()
+        assert finish(client, quick["id"])["status"] == "solved"

@@ -29,12 +29,14 @@ from skrull.solver.io import plan_from_dict, plan_to_dict
 from skrull.solver.types import Plan
 from skrull.worker import grad_sync
 from skrull.worker.collectives import GroupRegistry
+from skrull.worker.compiling import compile_count
 from skrull.worker.dataloader import ready_microbatch
 from skrull.worker.execute import DTYPES
+from skrull.worker.hf.fast import compile_model
 from skrull.worker.hf.model import build_model
 from skrull.worker.hf.step import dacp_plans, plain_step, relative_error, scheduled_step
 from skrull.worker.inputs import SyntheticData
-from skrull.worker.kernels import select_kernel
+from skrull.worker.kernels import kernel_choice
 from skrull.worker.launch import device_for, launch
 from skrull.worker.layout import rank_layouts
 from skrull.worker.progress import progress_bar
@@ -57,6 +59,8 @@ class FinetuneConfig:
     progress: bool | None = None
     #: How gradients are summed over the world: "allreduce", "ddp" or "fsdp" (worker/grad_sync.py).
     grad_sync: str = "allreduce"
+    #: Decoder layers compiled: "on", "off", or "auto" (on CUDA only; worker/compiling.py).
+    compile: str = "auto"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -68,6 +72,8 @@ class StepRecord:
     #: Slowest rank's wall time of the step (forward, backward, gradient all-reduce).
     seconds: float
     grads: dict[str, torch.Tensor] = field(default_factory=dict)
+    #: Frames torch.compile compiled during the step on rank 0 (0 once warm: worker/compiling.py).
+    compiles: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -76,6 +82,10 @@ class FinetuneResult:
     kernel: str
     #: Per rank: (microbatches, tokens) summed over the steps.
     work: tuple[tuple[int, int], ...]
+    #: The attention kernel chosen and why (``KernelChoice.describe()``), rank 0's.
+    kernel_line: str = ""
+    #: Whether the decoder layers ran compiled.
+    compiled: bool = False
 
 
 def iteration_of(plan: Plan, step: int) -> int:
@@ -106,16 +116,19 @@ def run_finetune_rank(
     )
     bar.set_postfix_str("building the model", refresh=True)
     base = build_model(config.model_config, seed=config.seed, device=device, dtype=dtype)
+    compiled = compile_model(base, compile=config.compile, device=device)  # the fast step: layers compiled
     vocab = int(base.config.vocab_size)
     model: Any = grad_sync.wrap(base, config.grad_sync)
     optimizer = torch.optim.SGD(model.parameters(), lr=config.lr)  # after sharding: FSDP2's DTensors
     registry = GroupRegistry.for_plan(plan)
-    kernel = select_kernel(device, dtype, config.kernel)
+    choice = kernel_choice(device, dtype, config.kernel)
+    kernel = choice.kernel
     data = SyntheticData(seed=config.seed, lengths=lengths)
     records = []
     microbatches = tokens = 0
     for step in range(-config.warmup_steps, config.steps):
-        iteration = iteration_of(plan, max(step, 0))
+        # warm-up step w runs iteration w: warming up over every iteration compiles every shape range first
+        iteration = iteration_of(plan, step if step >= 0 else step + config.warmup_steps)
         # inputs and DACP index tensors are ready before the step starts (a loader builds them ahead)
         ready = [
             ready_microbatch(layout, lambda i: data.lm_tokens(i, vocab), loss_normalizer=0, device=device)
@@ -123,6 +136,7 @@ def run_finetune_rank(
         ]
         plans = dacp_plans(ready, registry=registry, kernel=kernel, device=device, cp_mode=config.cp_mode)
         optimizer.zero_grad(set_to_none=False)
+        compiles_before = compile_count()
         result = scheduled_step(
             model,
             ready,
@@ -152,13 +166,20 @@ def run_finetune_rank(
                 num_targets=result.num_targets,
                 seconds=float(slowest.item()),
                 grads=grads,
+                compiles=compile_count() - compiles_before,
             )
         )
         microbatches += result.microbatches
         tokens += result.tokens
         optimizer.step()
     bar.close()
-    return {"records": records, "kernel": kernel.name, "work": (microbatches, tokens)}
+    return {
+        "records": records,
+        "kernel": kernel.name,
+        "work": (microbatches, tokens),
+        "kernel_line": choice.describe(),
+        "compiled": compiled,
+    }
 
 
 def finetune_rank(
@@ -179,7 +200,11 @@ def finetune_rank(
 
 def result_from_parts(parts: Sequence[dict[str, Any]]) -> FinetuneResult:
     return FinetuneResult(
-        steps=tuple(parts[0]["records"]), kernel=parts[0]["kernel"], work=tuple(p["work"] for p in parts)
+        steps=tuple(parts[0]["records"]),
+        kernel=parts[0]["kernel"],
+        work=tuple(p["work"] for p in parts),
+        kernel_line=parts[0].get("kernel_line", ""),
+        compiled=bool(parts[0].get("compiled", False)),
     )
 
 

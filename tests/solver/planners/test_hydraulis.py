@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 
 from skrull.solver.planners.hydraulis import (
@@ -129,3 +130,29 @@ def test_a_cold_cp_sat_import_counts_against_the_time_left(monkeypatch: Any) -> 
     assert import_fits(0.0)  # imported: costs nothing more
     monkeypatch.delitem(sys.modules, CP_SAT_MODULE)
     assert not import_fits(COLD_IMPORT_S - 0.01) and import_fits(COLD_IMPORT_S)
+
+
+def test_the_degree_search_never_counts_more_replicas_than_sequences(monkeypatch: pytest.MonkeyPatch) -> None:
+    """12 sequences on DP1 x CP65,536: the histogram DP tries at most as many replicas per range as the range
+    has sequences (a replica serves whole sequences), so it takes thousands of vector steps, not millions
+    (before: one per replica count up to 65,536 / d for every range and degree; 11.6 s for a 5 s budget)."""
+    import numpy as np
+
+    from skrull.solver.planners import hydraulis as hydraulis_module
+    from skrull.solver.planners.hydraulis import StrategyCosts, candidate_degrees, choose_degrees
+
+    steps = {"n": 0}
+    real_maximum = np.maximum
+
+    def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        steps["n"] += 1
+        if steps["n"] > 100_000:
+            raise AssertionError("the degree search ran past 100,000 vector steps")
+        return real_maximum(*args, **kwargs)
+
+    monkeypatch.setattr(hydraulis_module.np, "maximum", counted)
+    lengths = [60_000, 1_000, 2_000, 500_000, 7_000, 30_000] * 2
+    costs = StrategyCosts.from_problem(Problem.from_request(make_request([lengths], dp=1, cp=65_536, bucket=1_000_000)))
+    degrees = choose_degrees(lengths, num_gpus=65_536, degrees=candidate_degrees(65_536, 65_536), costs=costs)
+    assert sum(degrees) == 65_536
+    assert steps["n"] <= 100_000

@@ -5,10 +5,21 @@ smallest budget that is then accepted."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from skrull.solver.errors import RequestError
 from skrull.solver.planners.registry import planner_names
-from skrull.solver.search.budget import COSTS, SAFETY, check_budget, estimated_s, smallest_budget_s
+from skrull.solver.search.budget import (
+    COSTS,
+    SAFETY,
+    batch_needs_s,
+    batch_share_s,
+    check_budget,
+    estimated_s,
+    plans_batch_by_batch,
+    smallest_budget_s,
+)
 from skrull.solver.types import Parallel
 
 
@@ -33,12 +44,35 @@ def test_the_estimate_follows_each_planners_shape() -> None:
 def test_a_refusal_quotes_a_budget_that_is_then_accepted(solver: str) -> None:
     sizes, parallel = [4096, 4096], Parallel(dp=16, cp=8)
     need = smallest_budget_s(solver, sizes, parallel)
-    assert need == pytest.approx(SAFETY * estimated_s(solver, sizes, parallel))
+    whole = SAFETY * estimated_s(solver, sizes, parallel)
+    per_batch = sum(batch_needs_s(solver, sizes, parallel))  # a streaming planner solves batch by batch
+    assert need == pytest.approx(per_batch if plans_batch_by_batch(solver) else whole)
     with pytest.raises(RequestError) as caught:
         check_budget(solver, sizes, need * 0.9, parallel)
     assert caught.value.field == "time_budget_s"
     quoted = float(str(caught.value).rsplit(">= ", 1)[1])
     check_budget(solver, sizes, quoted, parallel)  # accepted
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    solver=st.sampled_from(["skrull", "packed", "deepspeed", "round-robin"]),
+    sizes=st.lists(st.integers(1, 400_000), min_size=1, max_size=12),
+    dp=st.integers(1, 64),
+    cp=st.integers(1, 64),
+    extra=st.floats(1.0, 3.0),
+)
+def test_a_budget_accepted_for_a_request_is_enough_for_each_batch_as_solved(
+    solver: str, sizes: list[int], dp: int, cp: int, extra: float
+) -> None:
+    """Streaming planners solve batch by batch with shares of the budget (planning.solve_batch): every share
+    of an accepted budget passes the check of its batch alone (before: an even split gave a 300,000-sequence
+    batch next to a 10-sequence one half of what it needs, after the request had been accepted)."""
+    parallel = Parallel(dp=dp, cp=cp)
+    budget = smallest_budget_s(solver, sizes, parallel) * extra
+    check_budget(solver, sizes, budget, parallel)
+    for k, size in enumerate(sizes):
+        check_budget(solver, [size], batch_share_s(solver, sizes, k, budget, parallel), parallel)
 
 
 def test_a_request_without_a_budget_gets_what_its_planner_needs() -> None:
