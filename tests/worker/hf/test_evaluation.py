@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 from transformers import Trainer, TrainingArguments
 
 from skrull.worker.dataloader import PlannedBatches
@@ -57,6 +59,21 @@ def test_the_batch_weighting_is_the_trainers() -> None:
     assert plain_eval_loss([1.0, 0.0], [1, 0], batch_size=1) == pytest.approx(1.0)  # no target: left out
     with pytest.raises(ValueError, match="per_device_eval_batch_size=0"):
         plain_eval_loss([1.0], [1], batch_size=0)
+
+
+@given(
+    rows=st.lists(st.tuples(st.floats(0, 50), st.integers(1, 40)), min_size=1, max_size=30),
+    batch_size=st.integers(1, 40),
+)
+def test_one_batch_is_the_token_mean_and_the_batches_average_their_means(
+    rows: list[tuple[float, int]], batch_size: int
+) -> None:
+    sums, counts = [s for s, _ in rows], [c for _, c in rows]
+    token_mean = sum(sums) / sum(counts)
+    assert plain_eval_loss(sums, counts, batch_size=len(rows)) == pytest.approx(token_mean)
+    means = [sum(sums[k : k + batch_size]) / sum(counts[k : k + batch_size]) for k in range(0, len(rows), batch_size)]
+    got = plain_eval_loss(sums, counts, batch_size=batch_size)
+    assert min(means) - 1e-9 <= got <= max(means) + 1e-9  # a weighted mean of the batch means
 
 
 @pytest.mark.parametrize("batch_size", [3, 16])
