@@ -139,3 +139,22 @@ def test_dp2_cp2_under_torchrun_reports_the_plain_trainers_eval_loss(tmp_path: P
     assert len(result["during"]) == 1  # eval_strategy='steps', eval_steps=1, one step
     assert abs(result["during"][0] - after) <= TOLERANCE * abs(after), (result, after)
     assert after != before  # the step changed the model, and the evaluation saw it
+
+
+def test_named_eval_sets_each_report_their_loss(tmp_path: Path) -> None:
+    rows = train_rows()
+    planned = PlannedBatches(
+        rows, [len(r["input_ids"]) for r in rows], rank=0, dp=1, cp=1, global_batch_size=4, solver="skrull",
+        profile="h100-80g/qwen2.5-0.5b", bucket_tokens=128, equal_microbatches=True, prefetch=0,
+        label_convention="hf",
+    )  # fmt: skip
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "out"), use_cpu=True, report_to=[], max_steps=1, per_device_eval_batch_size=64
+    )
+    sets = {"short": eval_rows()[:5], "long": eval_rows()[5:]}
+    model = build_model(read_model_config(str(CONFIG)), seed=0)
+    metrics = SkrullTrainer(model=model, args=args, planned=planned, eval_dataset=sets).evaluate()
+    assert metrics["eval_short_loss"] != metrics["eval_long_loss"]
+    whole = SkrullTrainer(model=model, args=args, planned=planned, eval_dataset=eval_rows()).evaluate()["eval_loss"]
+    assert min(metrics["eval_short_loss"], metrics["eval_long_loss"]) < whole
+    assert whole < max(metrics["eval_short_loss"], metrics["eval_long_loss"])
