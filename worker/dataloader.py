@@ -48,6 +48,9 @@ Epochs, as torch's ``DataLoader`` with a ``DistributedSampler``: ``set_epoch(e)`
 order (reshuffled deterministically from ``seed`` and ``e``); iterating the loader again after a whole
 pass starts the next epoch. ``drop_last`` (default False, as torch's) drops the last global batch when it
 is partial; kept, it is planned like any other (a smaller global batch, the same loss rule).
+
+Evaluation sets: ``for_evaluation(dataset, lengths)`` is a loader over them with this one's mesh, profile,
+bucket, solver and plan source, in dataset order with nothing dropped (worker/hf/evaluation.py scores it).
 """
 
 from __future__ import annotations
