@@ -48,6 +48,9 @@ Epochs, as torch's ``DataLoader`` with a ``DistributedSampler``: ``set_epoch(e)`
 order (reshuffled deterministically from ``seed`` and ``e``); iterating the loader again after a whole
 pass starts the next epoch. ``drop_last`` (default False, as torch's) drops the last global batch when it
 is partial; kept, it is planned like any other (a smaller global batch, the same loss rule).
+
+Evaluation sets: ``for_evaluation(dataset, lengths)`` is a loader over them with this one's mesh, profile,
+bucket, solver and plan source, in dataset order with nothing dropped (worker/hf/evaluation.py scores it).
 """
 
 from __future__ import annotations
@@ -332,6 +335,39 @@ class PlannedBatches:
                     f"bucket_tokens >= {-(-n // cp)} at cp={cp}, or cp >= {-(-n // bucket_tokens)} at this bucket, "
                     "or drop / truncate the row",
                 )
+
+    def for_evaluation(
+        self, dataset: Any, lengths: Sequence[int], *, label_convention: str | None = None
+    ) -> PlannedBatches:
+        """A loader over an evaluation set with this one's mesh, profile, bucket, solver and plan source:
+        every row exactly once, in dataset order (no shuffling, nothing dropped), each global batch planned
+        alone (``batches_per_plan=1``, so a microbatch's sequence id ``k`` is the iteration's
+        ``sample_indices[k]``) and every rank running the same number of microbatches, which a sharded
+        model's forwards need. Rows that no layout holds are refused here, naming their index."""
+        return PlannedBatches(
+            dataset,
+            lengths,
+            global_batch_size=self.global_batch_size,
+            profile=self.profile,
+            plans=self.plans,  # the same plans and cache: IterationGroups reads the whole plan from it
+            rank=self.rank,
+            dp=self.dp,
+            cp=self.cp,
+            seed=self.seed,
+            shuffle=False,
+            solver=self.solver,
+            batches_per_plan=1,
+            prefetch=self.prefetch,
+            bucket_tokens=self.bucket_tokens,
+            time_budget_s=self.time_budget_s,
+            timeout_s=self.timeout_s,
+            device=self.device,
+            equal_microbatches=True,
+            deterministic=self.deterministic,
+            label_convention=self.label_convention if label_convention is None else label_convention,
+            drop_last=False,
+            vocab_size=self.vocab_size,
+        )
 
     # -- epochs --------------------------------------------------------------------------------------
 
