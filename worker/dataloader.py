@@ -6,11 +6,14 @@ loss need. Behind it:
 
 1. The loader's order (corpus/order.py, the same function ``skrull lengths`` uses): global batch ``b``
    is a fixed set of dataset indices from ``seed`` and ``epoch``.
-2. Global batches are planned ``batches_per_plan`` at a time, ahead of use: in this process by default
-   (``LocalPlans``: the library on a background thread, no service), or by a planning service
-   (``client=PlanningClient(url)``). Every rank plans (or submits) the same request, named by its
-   content, and requests are ``deterministic`` by default, so the ranks share one plan without talking
-   to each other (worker/plan_sources.py).
+2. Global batches are planned ``batches_per_plan`` at a time, ``plan_ahead`` iterations ahead of use: by
+   default in a planner process of the node that the loader starts and owns (``ProcessPlans``,
+   worker/planner_process.py: one process per node, never in the training interpreter), or by a
+   planning service (``client=PlanningClient(url)``), or in this process (``plans=LocalPlans()``). Every
+   rank submits the same request, named by its content, and requests are ``deterministic`` by default,
+   so the ranks share one plan without sending plans to each other (worker/plan_sources.py). Unless
+   ``time_budget_s`` is given, each request's budget follows the measured step time
+   (``PlanningBudget``: ``planning_share`` of a step per iteration, agreed over the job's store).
 3. This rank's view of iteration ``i`` (the rank view document; from a service
    ``GET /v1/plans/{id}/ranks/{rank}?iteration=j``) is read in a background thread ``prefetch`` iterations
    ahead, while the loop trains on iteration ``i - prefetch``. The rank comes from a ``DeviceMesh`` with
@@ -24,8 +27,8 @@ With ``defer_max_sequences=k`` (``auto`` only) a plan may leave up to k sequence
 indices, and plans the last chunk of the data with no deferral, so every index is yielded exactly once
 over the epoch. ``sample_indices`` of an iteration are then the indices it really runs.
 
-``blocked_s`` of each yielded iteration is the time ``next()`` waited for the planner: with prefetching
-one iteration ahead it is ~0 when planning an iteration takes less than training one. ``state_dict()`` /
+``blocked_s`` of each yielded iteration is the whole time the loop spent in ``next()``: waiting for the
+plan and its view, and packing the microbatches. It is ~0 when planning keeps up. ``state_dict()`` /
 ``load_state_dict()`` resume at the next iteration (an optimizer step) with the plans the uninterrupted
 run had.
 
@@ -41,6 +44,7 @@ would train each position to predict itself: the convention is a choice, not a g
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 import time
@@ -56,10 +60,12 @@ import torch.distributed as dist
 from skrull.corpus.order import global_batches
 from skrull.solver.errors import RequestError
 from skrull.solver.io import DEFER_SOLVERS
+from skrull.solver.types import Parallel
 from skrull.worker.inputs import pack
 from skrull.worker.layout import MicrobatchLayout, layouts_from_view_dict
 from skrull.worker.loss import IGNORE_INDEX
-from skrull.worker.plan_sources import LocalPlans, PlanSource, ServicePlans
+from skrull.worker.plan_sources import PlanSource, ServicePlans, plan_key
+from skrull.worker.planner_process import PlanningBudget, ProcessPlans
 
 if TYPE_CHECKING:  # the client (httpx, the api extra) is the caller's: a [worker] install imports this module
     from torch.distributed.device_mesh import DeviceMesh
@@ -68,6 +74,8 @@ if TYPE_CHECKING:  # the client (httpx, the api extra) is the caller's: a [worke
 
 #: Plan submissions in flight: the chunk being trained on and the next one (submitted ahead).
 PLANS_IN_FLIGHT = 2
+#: Loaders created in this process per job key (budget keys: the n-th loader of a job on every rank agree).
+_BUDGET_INSTANCES: dict[str, int] = {}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -208,12 +216,16 @@ class PlannedBatches:
         deterministic: bool = True,
         defer_max_sequences: int = 0,
         label_convention: str = "next_token",
+        plan_ahead: int = 4,
+        planning_share: float = 0.5,
     ) -> None:
         rank, dp, cp = resolve_rank(rank=rank, dp=dp, cp=cp, mesh=mesh)
         if batches_per_plan < 1:
             raise RequestError("batches_per_plan", batches_per_plan, "must be an integer >= 1")
         if prefetch < 0:
             raise RequestError("prefetch", prefetch, "must be an integer >= 0")
+        if isinstance(plan_ahead, bool) or not isinstance(plan_ahead, int) or plan_ahead < 0:
+            raise RequestError("plan_ahead", plan_ahead, "must be an integer >= 0 (iterations)")
         if isinstance(defer_max_sequences, bool) or not isinstance(defer_max_sequences, int) or defer_max_sequences < 0:
             raise RequestError("defer_max_sequences", defer_max_sequences, "must be an integer >= 0")
         if defer_max_sequences and solver not in DEFER_SOLVERS:
@@ -228,9 +240,21 @@ class PlannedBatches:
             raise RequestError("plans", type(plans).__name__, "give a client (a service) or plans, not both")
         self.dataset = dataset
         self.lengths = list(lengths)
-        #: where plans come from: the service behind ``client``, else this process (worker/plan_sources.py)
-        self.plans: PlanSource = plans if plans is not None else ServicePlans(client) if client else LocalPlans()
+        #: what every rank's loader shares: names the node's planner process and the job's budget keys
+        self.job_key = plan_key(
+            {"lengths": self.lengths, "batch": global_batch_size, "seed": seed, "epoch": epoch, "shuffle": shuffle,
+             "dp": dp, "cp": cp, "profile": profile, "solver": solver, "per_plan": batches_per_plan,
+             "iterations": num_iterations}
+        )  # fmt: skip
+        #: where plans come from: the service behind ``client``, else the node's planner process
+        #: (worker/planner_process.py), or the source given (``LocalPlans()``: a thread of this process)
+        self.plans: PlanSource = (
+            plans if plans is not None else ServicePlans(client) if client else ProcessPlans(job_key=self.job_key)
+        )
         self._owns_plans = plans is None and client is None
+        #: how many iterations ahead of the loop requests are submitted
+        self.plan_ahead = plan_ahead
+        self.budget = PlanningBudget(share=planning_share)
         self.rank = rank
         self.dp, self.cp = dp, cp
         self.profile = profile
@@ -271,6 +295,23 @@ class PlannedBatches:
         self._carried: dict[int, tuple[int, ...]] = {0: ()}
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=PLANS_IN_FLIGHT, thread_name_prefix="skrull-plans")
+        self._budget_store, self._budget_key = self._agreement()
+
+    def _agreement(self) -> tuple[Any, str | None]:
+        """Where the ranks agree on each request's budget: the job's ``torch.distributed`` store (None: this
+        process alone). The key is None when no budget is derived (given, or nothing to agree with)."""
+        if self.time_budget_s is not None:
+            return None, None
+        if dist.is_available() and dist.is_initialized():
+            from torch.distributed.distributed_c10d import _get_default_store
+
+            with self._lock:
+                count = _BUDGET_INSTANCES.get(self.job_key, 0)
+                _BUDGET_INSTANCES[self.job_key] = count + 1
+            return _get_default_store(), f"skrull/plan-budget/{self.job_key}/{count}"
+        if self.dp * self.cp == 1:
+            return None, "local"
+        return None, None
 
     # -- resuming ------------------------------------------------------------------------------------
 
@@ -290,6 +331,7 @@ class PlannedBatches:
             "cp": self.cp,
             "defer_max_sequences": self.defer_max_sequences,
             "carried": list(carried),
+            "budgets": self.budget.state_dict(chunk),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -298,7 +340,7 @@ class PlannedBatches:
         mine = self.state_dict()
         defaults = {"defer_max_sequences": 0}  # saved before the loader deferred: it did not
         for key, value in mine.items():
-            if key not in ("next_iteration", "carried") and state.get(key, defaults.get(key)) != value:
+            if key not in ("next_iteration", "carried", "budgets") and state.get(key, defaults.get(key)) != value:
                 raise RequestError(
                     f"state_dict.{key}", state.get(key), f"was saved by a loader with {key}={value!r} here"
                 )
@@ -309,6 +351,12 @@ class PlannedBatches:
         carried = self._read_carried(state.get("carried", []), chunk)
         with self._lock:
             self._carried[chunk] = carried
+        budgets = state.get("budgets", {})
+        if not isinstance(budgets, Mapping) or not all(
+            str(k).isdigit() and isinstance(v, int | float) and v > 0 for k, v in budgets.items()
+        ):
+            raise RequestError("state_dict.budgets", budgets, "must map request numbers to budgets in seconds")
+        self.budget.load_state_dict(budgets)
         self.next_iteration = start
 
     def _read_carried(self, value: Any, chunk: int) -> tuple[int, ...]:
@@ -371,6 +419,15 @@ class PlannedBatches:
             doc["bucket_tokens"] = self.bucket_tokens
         if self.time_budget_s is not None:
             doc["time_budget_s"] = self.time_budget_s
+        elif self._budget_key is not None:
+            doc["time_budget_s"] = self.budget.decide(
+                chunk,
+                solver=self.solver,
+                batch_sizes=[len(b) for b in batches],
+                parallel=Parallel(dp=self.dp, cp=self.cp),
+                store=self._budget_store,
+                key=self._budget_key,
+            )
         if self.equal_microbatches:
             doc["equal_microbatches"] = True
         if self.deterministic:
@@ -396,7 +453,10 @@ class PlannedBatches:
         with self._lock:
             future = self._plans.get(chunk)
             if future is None:
-                future = self._pool.submit(self.plans.submit, doc)
+                if isinstance(self.plans, ProcessPlans):  # solved in request order, however submissions race
+                    future = self._pool.submit(self.plans.submit, doc, order=chunk)
+                else:
+                    future = self._pool.submit(self.plans.submit, doc)
                 self._plans[chunk] = future
         return future
 
@@ -404,9 +464,16 @@ class PlannedBatches:
         chunk, offset = divmod(iteration, self.batches_per_plan)
         plan_id = self._plan_id(chunk)
         following = offset == 0 and chunk + 1 < self._num_chunks
-        if following and not self.defer_max_sequences:
-            self._plan_id_async(chunk + 1)  # submit the next plan while this one's views are read
-        view = self.plans.rank_view(plan_id, self.rank, offset, timeout_s=self.timeout_s)
+        if not self.defer_max_sequences:  # submit the plans up to ``plan_ahead`` iterations ahead
+            last = min(self._num_chunks - 1, (iteration + max(self.plan_ahead, 1)) // self.batches_per_plan)
+            for ahead in range(chunk + 1, last + 1):
+                self._plan_id_async(ahead)
+        if isinstance(self.plans, ProcessPlans):
+            view, solved = self.plans.rank_view_and_solve(plan_id, self.rank, offset, timeout_s=self.timeout_s)
+            if offset == 0:
+                self.budget.record_solve(solved)
+        else:
+            view = self.plans.rank_view(plan_id, self.rank, offset, timeout_s=self.timeout_s)
         if following and self.defer_max_sequences:
             self._plan_id_async(chunk + 1)  # its request needs this plan's pending: solved now
         return plan_id, view
@@ -498,6 +565,7 @@ class PlannedBatches:
         todo = deque(range(self.next_iteration, len(self.batches)))
         pool = ThreadPoolExecutor(max_workers=self.prefetch + 1, thread_name_prefix="skrull-views")
         in_flight: deque[tuple[int, Future[tuple[str, dict[str, Any]]]]] = deque()
+        returned: float | None = None
         try:
             while todo or in_flight:
                 while todo and len(in_flight) < self.prefetch + 1:
@@ -505,11 +573,13 @@ class PlannedBatches:
                     in_flight.append((i, pool.submit(self._view, i)))
                 i, future = in_flight.popleft()
                 start = time.perf_counter()
+                if returned is not None:  # the loop's step: from the last ``next()``'s return to this call
+                    self.budget.record_step(start - returned)
                 plan_id, view = future.result()
-                blocked = time.perf_counter() - start
-                ready = self._ready(i, plan_id, view, blocked)
+                ready = self._ready(i, plan_id, view, 0.0)
                 self.next_iteration = i + 1
-                yield ready
+                returned = time.perf_counter()
+                yield dataclasses.replace(ready, blocked_s=returned - start)
         finally:
             pool.shutdown(wait=False, cancel_futures=True)
 
