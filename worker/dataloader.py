@@ -15,8 +15,9 @@ loss need. Behind it:
    ``time_budget_s`` is given, each request's budget follows the measured step time
    (``PlanningBudget``: ``planning_share`` of a step per iteration, agreed over the job's store).
 3. This rank's view of iteration ``i`` (the rank view document; from a service
-   ``GET /v1/plans/{id}/ranks/{rank}?iteration=j``) is read in a background thread ``prefetch`` iterations
-   ahead, while the loop trains on iteration ``i - prefetch``. The rank comes from a ``DeviceMesh`` with
+   ``GET /v1/plans/{id}/ranks/{rank}?iteration=j``) is read, and its microbatches packed (4. below), in a
+   background thread ``prefetch`` iterations ahead, while the loop trains on iteration ``i - prefetch``.
+   The rank comes from a ``DeviceMesh`` with
    "dp" and "cp" dims, from ``torch.distributed`` under ``torchrun``, or is given (``resolve_rank``).
 4. Sequences are read from the map-style dataset and packed (worker/inputs.py): local sequences whole,
    shard pieces sliced; position ids restart per local sequence and stay global in pieces.
@@ -61,6 +62,7 @@ from skrull.corpus.order import global_batches
 from skrull.solver.errors import RequestError
 from skrull.solver.io import DEFER_SOLVERS
 from skrull.solver.types import Parallel
+from skrull.worker.calibration import CalibrationReport, LoaderCalibration
 from skrull.worker.inputs import pack
 from skrull.worker.layout import MicrobatchLayout, layouts_from_view_dict
 from skrull.worker.loss import IGNORE_INDEX
@@ -75,7 +77,8 @@ if TYPE_CHECKING:  # the client (httpx, the api extra) is the caller's: a [worke
 #: Plan submissions in flight: the chunk being trained on and the next one (submitted ahead).
 PLANS_IN_FLIGHT = 2
 #: Loaders created in this process per job key (budget keys: the n-th loader of a job on every rank agree).
-_BUDGET_INSTANCES: dict[str, int] = {}
+_INSTANCES: dict[str, int] = {}
+_INSTANCES_LOCK = threading.Lock()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -218,6 +221,7 @@ class PlannedBatches:
         label_convention: str = "next_token",
         plan_ahead: int = 4,
         planning_share: float = 0.5,
+        calibrate: bool = False,
     ) -> None:
         rank, dp, cp = resolve_rank(rank=rank, dp=dp, cp=cp, mesh=mesh)
         if batches_per_plan < 1:
@@ -295,7 +299,14 @@ class PlannedBatches:
         self._carried: dict[int, tuple[int, ...]] = {0: ()}
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=PLANS_IN_FLIGHT, thread_name_prefix="skrull-plans")
+        with _INSTANCES_LOCK:  # the n-th loader of a job in every process: the keys its ranks agree under
+            self.instance = _INSTANCES.get(self.job_key, 0)
+            _INSTANCES[self.job_key] = self.instance + 1
         self._budget_store, self._budget_key = self._agreement()
+        #: calibration from the run (``record_timings``; worker/calibration.py): None when off
+        self.calibration: LoaderCalibration | None = None
+        if calibrate:
+            self.calibration = LoaderCalibration(self, store=self._calibration_store())
 
     def _agreement(self) -> tuple[Any, str | None]:
         """Where the ranks agree on each request's budget: the job's ``torch.distributed`` store (None: this
@@ -305,13 +316,30 @@ class PlannedBatches:
         if dist.is_available() and dist.is_initialized():
             from torch.distributed.distributed_c10d import _get_default_store
 
-            with self._lock:
-                count = _BUDGET_INSTANCES.get(self.job_key, 0)
-                _BUDGET_INSTANCES[self.job_key] = count + 1
-            return _get_default_store(), f"skrull/plan-budget/{self.job_key}/{count}"
+            return _get_default_store(), f"skrull/plan-budget/{self.job_key}/{self.instance}"
         if self.dp * self.cp == 1:
             return None, "local"
         return None, None
+
+    def _calibration_store(self) -> Any:
+        """The job's store, where the ranks agree on the profile of each request (None: this process alone)."""
+        if dist.is_available() and dist.is_initialized():
+            from torch.distributed.distributed_c10d import _get_default_store
+
+            return _get_default_store()
+        if self.dp * self.cp > 1:
+            raise RequestError(
+                "calibrate", True, "needs torch.distributed (initialized) to gather timings and agree on profiles"
+            )
+        return None
+
+    def record_timings(self, ready: ReadyIteration, microbatch_ms: Sequence[float]) -> CalibrationReport:
+        """After a step: this rank's microbatch times of ``ready`` (``scheduled_step(microbatch_ms=...)``).
+        Collective: every rank calls it once per iteration. Returns the iteration's report (estimated vs
+        measured, median per-microbatch error) and feeds the planner's refit (worker/calibration.py)."""
+        if self.calibration is None:
+            raise RequestError("calibrate", False, "record_timings needs PlannedBatches(calibrate=True)")
+        return self.calibration.record(ready, microbatch_ms)
 
     # -- resuming ------------------------------------------------------------------------------------
 
@@ -417,6 +445,8 @@ class PlannedBatches:
         }
         if self.bucket_tokens is not None:
             doc["bucket_tokens"] = self.bucket_tokens
+        if self.calibration is not None:
+            doc["profile"] = self.calibration.profile_for(chunk)
         if self.time_budget_s is not None:
             doc["time_budget_s"] = self.time_budget_s
         elif self._budget_key is not None:
@@ -469,9 +499,11 @@ class PlannedBatches:
             for ahead in range(chunk + 1, last + 1):
                 self._plan_id_async(ahead)
         if isinstance(self.plans, ProcessPlans):
+            asked = time.perf_counter()
             view, solved = self.plans.rank_view_and_solve(plan_id, self.rank, offset, timeout_s=self.timeout_s)
             if offset == 0:
                 self.budget.record_solve(solved)
+                self.budget.record_wait(time.perf_counter() - asked)
         else:
             view = self.plans.rank_view(plan_id, self.rank, offset, timeout_s=self.timeout_s)
         if following and self.defer_max_sequences:
@@ -561,22 +593,27 @@ class PlannedBatches:
 
     # -- iteration -----------------------------------------------------------------------------------
 
+    def _prepared(self, iteration: int) -> ReadyIteration:
+        """``iteration`` with its view read and its microbatches packed (on a prefetch thread: ``next()``
+        then only hands it over)."""
+        plan_id, view = self._view(iteration)
+        return self._ready(iteration, plan_id, view, 0.0)
+
     def __iter__(self) -> Iterator[ReadyIteration]:
         todo = deque(range(self.next_iteration, len(self.batches)))
         pool = ThreadPoolExecutor(max_workers=self.prefetch + 1, thread_name_prefix="skrull-views")
-        in_flight: deque[tuple[int, Future[tuple[str, dict[str, Any]]]]] = deque()
+        in_flight: deque[tuple[int, Future[ReadyIteration]]] = deque()
         returned: float | None = None
         try:
             while todo or in_flight:
                 while todo and len(in_flight) < self.prefetch + 1:
                     i = todo.popleft()
-                    in_flight.append((i, pool.submit(self._view, i)))
+                    in_flight.append((i, pool.submit(self._prepared, i)))
                 i, future = in_flight.popleft()
                 start = time.perf_counter()
                 if returned is not None:  # the loop's step: from the last ``next()``'s return to this call
                     self.budget.record_step(start - returned)
-                plan_id, view = future.result()
-                ready = self._ready(i, plan_id, view, 0.0)
+                ready = future.result()
                 self.next_iteration = i + 1
                 returned = time.perf_counter()
                 yield dataclasses.replace(ready, blocked_s=returned - start)

@@ -15,7 +15,9 @@ Here the plans of a node are computed once, in a separate interpreter:
   one answer per message (4-byte big-endian length, then JSON). A rank asks for its rank view of an
   iteration (docs/formats.md "Rank view"): a few hundred bytes, decoded in the rank's prefetch thread.
 - **Ahead.** The loader submits requests ``plan_ahead`` iterations before it needs them; the process
-  solves them in submission order on its own interpreter, so planning overlaps training.
+  solves them in request order on its own interpreter, so planning overlaps training. It runs at the
+  training processes' priority: a loop that waits for plans gains nothing from a starved planner; where
+  cores are short the budgets shrink instead (``PlanningBudget``).
 - **Its lifetime is the job's.** The process exits when its parent dies, whichever way: it reads a pipe
   from the parent and exits on end-of-file (the kernel closes the pipe when the parent dies, SIGKILL
   included), and on Linux it also asks for ``PR_SET_PDEATHSIG`` (``prctl``) when started from the main
@@ -57,6 +59,7 @@ from skrull.solver.planning import solve
 from skrull.solver.search.budget import smallest_budget_s
 from skrull.solver.types import Parallel, Plan, Problem
 from skrull.solver.worker_view import plan_rank_view
+from skrull.worker.calibration import Calibration, RankTiming
 from skrull.worker.plan_sources import plan_key
 
 log = logging.getLogger("skrull.planner")
@@ -128,7 +131,12 @@ class Planner:
     """The planner process's state: requests by content key, solved one at a time in submission order."""
 
     def __init__(self) -> None:
+        #: the run's measured microbatches and the profile refitted on them (worker/calibration.py)
+        self.calibration: Calibration | None = None
         self._entries: dict[str, _Entry] = {}
+        #: open connections (ranks of the node); ``draining``: the owner closed, exit once none is left
+        self.connections = 0
+        self.draining = False
         self._queue: deque[str] = deque()
         self._cv = threading.Condition()
         self._closed = False
@@ -217,15 +225,19 @@ class Planner:
         return {"ok": True, "plan": plan_to_dict(entry.plan), "solve": self._meta(entry)}
 
     def stats(self) -> dict[str, Any]:
-        """Per solved request: budget, wall and CPU seconds, and how long before its first use it was ready
-        (``lead_s``; negative: the loop asked before it was solved)."""
+        """Per request: budget, wall and CPU seconds, when it was solved (``time.monotonic``, one clock for
+        every process of the machine) and how long before a rank first asked for it it was ready
+        (``lead_s``; negative: a prefetch thread asked before it was solved)."""
         with self._cv:
             rows = []
             for key, e in self._entries.items():
                 lead = None
                 if e.solved_at is not None and e.first_view_at is not None:
                     lead = e.first_view_at - e.solved_at
-                rows.append({"key": key, **self._meta(e), "solved": e.solved_at is not None, "lead_s": lead})
+                rows.append(
+                    {"key": key, **self._meta(e), "solved": e.solved_at is not None, "solved_at": e.solved_at,
+                     "lead_s": lead}
+                )  # fmt: skip
         return {"ok": True, "plans": rows, "process_cpu_s": time.process_time(), "pid": os.getpid()}
 
     def close(self) -> None:
@@ -235,6 +247,16 @@ class Planner:
 
 
 def _handle(planner: Planner, conn: socket.socket) -> None:
+    with planner._cv:
+        planner.connections += 1
+    try:
+        _serve_connection(planner, conn)
+    finally:
+        with planner._cv:
+            planner.connections -= 1
+
+
+def _serve_connection(planner: Planner, conn: socket.socket) -> None:
     with conn:
         while True:
             try:
@@ -254,6 +276,18 @@ def _handle(planner: Planner, conn: socket.socket) -> None:
                     reply = planner.plan(msg["key"], float(msg["timeout_s"]))
                 elif op == "stats":
                     reply = planner.stats()
+                elif op == "drain":  # the owner's loader closed: exit once every rank has closed too
+                    planner.draining = True
+                    reply = {"ok": True}
+                elif op == "timings":  # a node's measured microbatches (the job's, gathered): refit
+                    if planner.calibration is None:
+                        planner.calibration = Calibration(msg["profile"], provenance=msg.get("provenance"))
+                    planner.calibration.add(RankTiming.from_list(row) for row in msg["rows"])
+                    planner.calibration.refit()
+                    reply = {"ok": True}
+                elif op == "calibrated":
+                    fitted = planner.calibration.fitted if planner.calibration is not None else None
+                    reply = {"ok": True, "profile": None if fitted is None else fitted.profile}
                 else:
                     reply = {"ok": False, "error": {"type": "ValueError", "message": f"unknown op {op!r}"}}
             except Exception as exc:
@@ -283,8 +317,9 @@ def _alive(pid: int, started: str | None) -> bool:
     return started is None or _process_start_time(pid) == started
 
 
-def _watch(socket_path: str, watch_pids: Sequence[int]) -> None:
-    """Exit (removing the socket) when the parent's pipe closes or a watched process is gone."""
+def _watch(planner: Planner, socket_path: str, watch_pids: Sequence[int]) -> None:
+    """Exit (removing the socket) when the parent's pipe closes, a watched process is gone, or the owner
+    closed and no rank is connected any more."""
 
     def leave(why: str) -> None:
         with contextlib.suppress(OSError):
@@ -310,6 +345,8 @@ def _watch(socket_path: str, watch_pids: Sequence[int]) -> None:
         for pid, start in started.items():
             if not _alive(pid, start):
                 leave(f"the launcher (pid {pid}) is gone")
+        if planner.draining and planner.connections == 0:
+            leave("its loader closed and every rank of the node has closed its connection")
 
 
 def serve(socket_path: str, *, watch_pids: Sequence[int] = ()) -> None:
@@ -322,7 +359,9 @@ def serve(socket_path: str, *, watch_pids: Sequence[int] = ()) -> None:
     server.bind(socket_path)
     server.listen(256)
     threading.Thread(target=planner.solve_forever, daemon=True, name="skrull-planner-solve").start()
-    threading.Thread(target=_watch, args=(socket_path, watch_pids), daemon=True, name="skrull-planner-watch").start()
+    threading.Thread(
+        target=_watch, args=(planner, socket_path, watch_pids), daemon=True, name="skrull-planner-watch"
+    ).start()
     while True:
         conn, _ = server.accept()
         threading.Thread(target=_handle, args=(planner, conn), daemon=True, name="skrull-planner-conn").start()
@@ -381,6 +420,9 @@ class ProcessPlans:
             watch = [os.getppid()]  # the torchrun agent: its ranks run in sessions of their own
         self.connect_timeout_s = connect_timeout_s
         self._local = threading.local()
+        #: every connection this client opened (one per thread that asked): all closed by ``close``
+        self._socks: list[socket.socket] = []
+        self._socks_lock = threading.Lock()
         self._proc: subprocess.Popen[bytes] | None = None
         if self.owner:
             self._proc = self._start(watch)
@@ -427,6 +469,8 @@ class ProcessPlans:
                     ) from None
                 time.sleep(0.02)
         self._local.sock = sock
+        with self._socks_lock:
+            self._socks.append(sock)
         return sock
 
     def _call(self, msg: Mapping[str, Any], *, timeout_s: float | None = None) -> dict[str, Any]:
@@ -473,14 +517,36 @@ class ProcessPlans:
     def stats(self) -> dict[str, Any]:
         return self._call({"op": "stats"})
 
-    def close(self) -> None:
-        sock = getattr(self._local, "sock", None)
-        if sock is not None:
+    def add_timings(
+        self, rows: Sequence[RankTiming], *, profile: Any, provenance: Mapping[str, Any] | None = None
+    ) -> None:
+        """Hand the job's measured microbatches to the planner process, which refits its profile."""
+        msg = {"op": "timings", "rows": [r.to_list() for r in rows], "profile": profile, "provenance": provenance}
+        self._call(msg)
+
+    def calibrated_profile(self) -> dict[str, Any] | None:
+        """The planner process's current calibrated profile document (None: not enough measured yet)."""
+        profile: dict[str, Any] | None = self._call({"op": "calibrated"})["profile"]
+        return profile
+
+    def close(self, *, drain_timeout_s: float = 300.0) -> None:
+        """Close this rank's connection; the owner's close lets the process finish serving the node's other
+        ranks (it exits once none is connected, waited for up to ``drain_timeout_s``), then ends it."""
+        if self._proc is not None and self._proc.poll() is None:
+            with contextlib.suppress(PlannerError, OSError):
+                self._call({"op": "drain"})
+        self._local.sock = None
+        with self._socks_lock:
+            socks, self._socks = self._socks, []
+        for sock in socks:
             sock.close()
-            self._local.sock = None
         proc, self._proc = self._proc, None
         if proc is None:
             return
+        try:
+            proc.wait(timeout=drain_timeout_s)
+        except subprocess.TimeoutExpired:
+            log.warning("planner process %d still serves ranks after %g s: ending it", proc.pid, drain_timeout_s)
         if proc.stdin is not None:
             with contextlib.suppress(OSError):
                 proc.stdin.close()  # end-of-file: the process exits
@@ -528,9 +594,12 @@ class PlanningBudget:
     - ``share`` (default 0.5): planning may use half a step of one core per iteration, so it keeps up
       even when its process shares a core with the loop;
     - ``overrun``: the median of ``wall / budget`` of the plans solved so far (at least 1): a planner that
-      takes longer than its budget (process start, validation, a slow core) gets less next time.
+      takes longer than its budget (process start, validation, a slow core) gets less next time;
+    - behind: when the loader's prefetch thread had to wait for two of the last four plans, the share is
+      quartered until planning is ahead again.
 
-    Before the first steps are measured the budget is ``initial_s``. The budget is part of the request,
+    Before the first steps are measured the budget is ``initial_s`` (small: the first plans get ahead).
+    The budget is part of the request,
     so every rank and node must ask with the same one to get the same plan: each loader proposes its
     budget in the job's ``torch.distributed`` store with ``compare_set``, and the first proposal of a request
     is the one every rank uses (``decide``). Without ``torch.distributed`` (ranks given explicitly) nothing
@@ -539,13 +608,14 @@ class PlanningBudget:
     same plans.
     """
 
-    def __init__(self, *, share: float = 0.5, initial_s: float = 0.1, max_s: float = 10.0) -> None:
+    def __init__(self, *, share: float = 0.5, initial_s: float = 0.02, max_s: float = 10.0) -> None:
         if not 0 < share <= 4:
             raise RequestError("planning_share", share, "must be in (0, 4]")
         self.share, self.initial_s, self.max_s = share, initial_s, max_s
         self._periods: deque[float] = deque(maxlen=16)
         self._overruns: deque[float] = deque(maxlen=16)
         self._solves = 0
+        self._waits: deque[float] = deque(maxlen=4)
         self.decided: dict[int, float] = {}
         self._lock = threading.Lock()
 
@@ -561,6 +631,11 @@ class PlanningBudget:
                 self._solves += 1
                 if self._solves > 1:
                     self._overruns.append(wall / budget)
+
+    def record_wait(self, seconds: float) -> None:
+        """How long a prefetch thread waited for a plan to be solved: planning is behind when it waits."""
+        with self._lock:
+            self._waits.append(seconds)
 
     @property
     def step_s(self) -> float | None:
@@ -598,13 +673,15 @@ class PlanningBudget:
     def _propose(self, *, solver: str, batch_sizes: Sequence[int], parallel: Parallel) -> tuple[float, str]:
         periods, overruns = sorted(self._periods), sorted(self._overruns)
         overrun = max(1.0, overruns[len(overruns) // 2]) if len(overruns) >= 3 else 1.0
+        behind = sum(w > 1e-3 for w in self._waits) >= 2  # plans were not ready when asked for: catch up
+        share = self.share / 4 if behind else self.share
         if not periods:
             raw, why = self.initial_s, "no step measured yet"
         else:
             step = periods[len(periods) // 2]
-            raw = self.share * step * len(batch_sizes) / overrun
-            why = (f"{self.share:g} x step {step * 1e3:.1f} ms x {len(batch_sizes)} iteration(s)"
-                   f" / overrun {overrun:.2f}")  # fmt: skip
+            raw = share * step * len(batch_sizes) / overrun
+            why = (f"{share:g} x step {step * 1e3:.1f} ms x {len(batch_sizes)} iteration(s)"
+                   f" / overrun {overrun:.2f}{'; behind: a quarter of the share' if behind else ''}")  # fmt: skip
         floor = _two_digits_up(smallest_budget_s(solver, batch_sizes, parallel))
         budget = min(self.max_s, max(_two_digits(raw), floor))
         if budget != _two_digits(raw):
