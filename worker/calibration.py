@@ -26,8 +26,11 @@ previous fit (two passes). The model's ``max(T_comm, T_comp_local)`` is fitted a
 sharded microbatch has no local work (DACP's usual case), an upper bound otherwise.
 
 Robustness: the first ``warmup_iterations`` iterations are left out (allocator, kernel selection, lazy
-initialisation), and after a first fit the microbatches whose relative residual exceeds
-``max(4 x median, 25%)`` are dropped and the fit repeated (a preempted core, a page fault storm).
+initialisation). The fit minimises the absolute relative error rather than its square (iteratively
+reweighted: each squared residual weighed by ``1 / max(|r|, 1%)``, ``IRLS_ROUNDS`` rounds), so what it
+matches is the typical microbatch (the median error is what it is judged by) and a preempted core,
+which only ever adds time, pulls it little; microbatches whose relative residual exceeds ``max(4 x
+median, 25%)`` are left out of the next round and counted as ``dropped_outliers``.
 
 The result is an ordinary profile document (``calibrated`` records from what, how many microbatches,
 when and where), readable by every planner and by ``skrull profile --check``.
@@ -53,6 +56,8 @@ from skrull.worker.profiling.fit import MIB, FitError, fit_nonnegative
 WARMUP_ITERATIONS = 1
 #: Fewest microbatches a fit is made from.
 MIN_MICROBATCHES = 6
+#: Reweighting rounds of the least-absolute-error fit (each picks the critical GPU anew).
+IRLS_ROUNDS = 8
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -205,16 +210,16 @@ def fit_profile(
     ys = np.asarray([mb.ms for mb in data])
     weights = (1.0, 0.0)
     keep = np.ones(len(data), dtype=bool)
-    for _ in range(2):  # critical GPU under the previous fit, then outliers out
+    irls = np.ones(len(data))
+    for _ in range(IRLS_ROUNDS):  # least absolute relative error, by iteratively reweighted least squares
         cols = _columns(data, bpt, weights)
-        coef, _ = fit_nonnegative(cols[keep], ys[keep], what="calibration")
+        coef, _ = fit_nonnegative(cols[keep], ys[keep], what="calibration", weights=irls[keep])
         weights = (float(coef[0]), float(coef[1]))
         rel = np.abs(cols @ coef - ys) / ys
+        irls = 1.0 / np.sqrt(np.maximum(rel, 0.01))  # row factor: squared, it weighs r^2 by 1/|r|
         keep = rel <= max(4.0 * float(np.median(rel)), 0.25)
         if keep.sum() < MIN_MICROBATCHES:
             keep = np.ones(len(data), dtype=bool)
-    cols = _columns(data, bpt, weights)
-    coef, _ = fit_nonnegative(cols[keep], ys[keep], what="calibration")
     a, b, m, f, c = (float(x) for x in coef)
     fpt = start.compute.flops_per_token
     ms_per_tflop = a * 1e12 / fpt
@@ -245,6 +250,13 @@ def fit_profile(
         "warmup_iterations": warmup_iterations,
         "iterations": sorted({mb.iteration for mb in data}),
         "median_abs_rel_error": round(residual, 6),
+        "samples": {
+            "columns": ["tokens", "tokens_sq", "sharded_mib", "communicates", "ms", "kept"],
+            "rows": [
+                [*(round(float(x), 6) for x in row), round(float(y), 4), bool(k)]
+                for row, y, k in zip(cols[-512:, :4], ys[-512:], keep[-512:], strict=True)
+            ],
+        },
         "when": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "host": platform.node(),
         **dict(provenance or {}),

@@ -76,6 +76,8 @@ if TYPE_CHECKING:  # the client (httpx, the api extra) is the caller's: a [worke
 
 #: Plan submissions in flight: the chunk being trained on and the next one (submitted ahead).
 PLANS_IN_FLIGHT = 2
+#: Iterations ahead of the loop that requests are submitted by default (1 with ``calibrate``).
+PLAN_AHEAD = 4
 #: Loaders created in this process per job key (budget keys: the n-th loader of a job on every rank agree).
 _INSTANCES: dict[str, int] = {}
 _INSTANCES_LOCK = threading.Lock()
@@ -219,7 +221,7 @@ class PlannedBatches:
         deterministic: bool = True,
         defer_max_sequences: int = 0,
         label_convention: str = "next_token",
-        plan_ahead: int = 4,
+        plan_ahead: int | None = None,
         planning_share: float = 0.5,
         calibrate: bool = False,
     ) -> None:
@@ -228,6 +230,8 @@ class PlannedBatches:
             raise RequestError("batches_per_plan", batches_per_plan, "must be an integer >= 1")
         if prefetch < 0:
             raise RequestError("prefetch", prefetch, "must be an integer >= 0")
+        if plan_ahead is None:  # calibrating: plan close to use, so the latest fit reaches the plans soon
+            plan_ahead = 1 if calibrate else PLAN_AHEAD
         if isinstance(plan_ahead, bool) or not isinstance(plan_ahead, int) or plan_ahead < 0:
             raise RequestError("plan_ahead", plan_ahead, "must be an integer >= 0 (iterations)")
         if isinstance(defer_max_sequences, bool) or not isinstance(defer_max_sequences, int) or defer_max_sequences < 0:

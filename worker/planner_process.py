@@ -424,6 +424,7 @@ class ProcessPlans:
         self._socks: list[socket.socket] = []
         self._socks_lock = threading.Lock()
         self._proc: subprocess.Popen[bytes] | None = None
+        self._closed = False
         if self.owner:
             self._proc = self._start(watch)
 
@@ -529,9 +530,10 @@ class ProcessPlans:
         profile: dict[str, Any] | None = self._call({"op": "calibrated"})["profile"]
         return profile
 
-    def close(self, *, drain_timeout_s: float = 300.0) -> None:
-        """Close this rank's connection; the owner's close lets the process finish serving the node's other
-        ranks (it exits once none is connected, waited for up to ``drain_timeout_s``), then ends it."""
+    def close(self) -> None:
+        """Close this rank's connections. The owner's close never waits for the node's other ranks (they may
+        be in a collective with it): the process finishes serving them and exits once none is connected,
+        or when the owner's process exits (the pipe)."""
         if self._proc is not None and self._proc.poll() is None:
             with contextlib.suppress(PlannerError, OSError):
                 self._call({"op": "drain"})
@@ -540,27 +542,11 @@ class ProcessPlans:
             socks, self._socks = self._socks, []
         for sock in socks:
             sock.close()
-        proc, self._proc = self._proc, None
-        if proc is None:
-            return
-        try:
-            proc.wait(timeout=drain_timeout_s)
-        except subprocess.TimeoutExpired:
-            log.warning("planner process %d still serves ranks after %g s: ending it", proc.pid, drain_timeout_s)
-        if proc.stdin is not None:
-            with contextlib.suppress(OSError):
-                proc.stdin.close()  # end-of-file: the process exits
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        with contextlib.suppress(OSError):
-            os.unlink(self.socket_path)
+        self._closed = True
 
     def __del__(self) -> None:
         proc = getattr(self, "_proc", None)
-        if proc is not None and proc.poll() is None:
+        if proc is not None and proc.poll() is None and not getattr(self, "_closed", False):
             with contextlib.suppress(Exception):
                 proc.kill()
 

@@ -37,7 +37,7 @@ from skrull.worker.dataloader import PlannedBatches, ReadyIteration
 from skrull.worker.groups import IterationGroups
 from skrull.worker.hf.attention import ATTN_IMPLEMENTATION
 from skrull.worker.hf.inputs import model_inputs
-from skrull.worker.hf.step import dacp_plans, global_target_count
+from skrull.worker.hf.step import MicrobatchTimer, dacp_plans, global_target_count
 from skrull.worker.kernels import select_kernel
 
 if TYPE_CHECKING:  # the mixin is typed as the Trainer it is mixed into
@@ -140,13 +140,21 @@ class SkrullTrainerMixin(_TrainerBase):
         world = self.accelerator.num_processes
         total = torch.zeros((), dtype=torch.float64, device=device)
         last = len(ready.microbatches) - 1
+        # calibration from the run (PlannedBatches(calibrate=True)): each microbatch timed, gathered after
+        timer = MicrobatchTimer(torch.device(device)) if self.planned.calibration is not None else None
         for k, (mb, plan) in enumerate(zip(ready.microbatches, plans, strict=True)):
             sync = contextlib.nullcontext() if k == last else self.accelerator.no_sync(model)
+            if timer is not None:
+                timer.start()
             with sync:
                 kwargs, labels = model_inputs(mb, plan)
                 loss = self.microbatch_loss(model, kwargs, labels, num_items_in_batch)
                 self.accelerator.backward(loss)
+            if timer is not None:
+                timer.stop()
             total += loss.detach().double()
+        if timer is not None:
+            self.planned.record_timings(ready, timer.read_ms())
         world_loss = total / world
         if dist.is_available() and dist.is_initialized():
             dist.all_reduce(world_loss)

@@ -127,17 +127,20 @@ class ComputeTerms:
         return self.ms_per_token * sum(lengths) + self.ms_per_token_sq * sum(s * s for s in lengths) + self.fixed_ms
 
 
-def fit_nonnegative(columns: np.ndarray, ms: np.ndarray, *, what: str) -> tuple[np.ndarray, float]:
+def fit_nonnegative(
+    columns: np.ndarray, ms: np.ndarray, *, what: str, weights: np.ndarray | None = None
+) -> tuple[np.ndarray, float]:
     """Relative least squares of ``ms`` on ``columns`` (one row per measurement) with every coefficient >= 0:
     ``(coefficients, weighted residual)``.
 
     The non-negative solution is the best of the plain least-squares fits over the column subsets that
     keep the first column (the work term every timing grows with): no iterative solver, at most
-    ``2^(k-1)`` small solves for ``k`` columns. Weights ``1/ms``: timings span orders of magnitude.
+    ``2^(k-1)`` small solves for ``k`` columns. Weights ``1/ms``: timings span orders of magnitude;
+    ``weights`` multiply them (iteratively reweighted fits: worker/calibration.py).
     """
     ys = np.asarray(ms, dtype=np.float64)
     cols = np.asarray(columns, dtype=np.float64)
-    w = 1.0 / ys
+    w = 1.0 / ys if weights is None else np.asarray(weights, dtype=np.float64) / ys
     k = cols.shape[1]
     best: tuple[float, np.ndarray] | None = None
     for mask in range(1 << (k - 1)):
