@@ -22,7 +22,10 @@ token is the starting profile's, so ``ms_per_tflop * FLOPs`` reproduces the fit)
 b * 1e12 / ms_per_tflop``, ``comm.ms_per_mib = m``, ``comm.fixed_ms = f``, ``microbatch_ms = c`` and
 ``compute.fixed_ms = 0`` (the per-microbatch constant takes it: a microbatch with both local and sharded
 work would otherwise pay it twice). The critical GPU is the one with the most local work under the
-previous fit (two passes). The model's ``max(T_comm, T_comp_local)`` is fitted as a sum: exact when a
+previous fit (each reweighting round). Terms the run did not show are not fitted: with fewer than
+``MIN_COMMUNICATING`` microbatches sharded over a group, the communication coefficients are the starting
+profile's scaled by the compute's ratio (the machine is as much slower), so a planner is not told that
+communication it never measured is free. The model's ``max(T_comm, T_comp_local)`` is fitted as a sum: exact when a
 sharded microbatch has no local work (DACP's usual case), an upper bound otherwise.
 
 Robustness: the first ``warmup_iterations`` iterations are left out (allocator, kernel selection, lazy
@@ -56,6 +59,8 @@ from skrull.worker.profiling.fit import MIB, FitError, fit_nonnegative
 WARMUP_ITERATIONS = 1
 #: Fewest microbatches a fit is made from.
 MIN_MICROBATCHES = 6
+#: Fewest communicating microbatches (sharded over a group) the communication terms are fitted from.
+MIN_COMMUNICATING = 4
 #: Reweighting rounds of the least-absolute-error fit (each picks the critical GPU anew).
 IRLS_ROUNDS = 8
 
@@ -211,9 +216,13 @@ def fit_profile(
     weights = (1.0, 0.0)
     keep = np.ones(len(data), dtype=bool)
     irls = np.ones(len(data))
+    # communication is fitted only when the run showed it: else the starting profile's, scaled (below)
+    communicating = sum(1 for mb in data if len(mb.ranks) > 1 and mb.sharded)
+    active = [0, 1, 2, 3, 4] if communicating >= MIN_COMMUNICATING else [0, 1, 4]
     for _ in range(IRLS_ROUNDS):  # least absolute relative error, by iteratively reweighted least squares
         cols = _columns(data, bpt, weights)
-        coef, _ = fit_nonnegative(cols[keep], ys[keep], what="calibration", weights=irls[keep])
+        coef = np.zeros(cols.shape[1])
+        coef[active], _ = fit_nonnegative(cols[keep][:, active], ys[keep], what="calibration", weights=irls[keep])
         weights = (float(coef[0]), float(coef[1]))
         rel = np.abs(cols @ coef - ys) / ys
         irls = 1.0 / np.sqrt(np.maximum(rel, 0.01))  # row factor: squared, it weighs r^2 by 1/|r|
@@ -223,6 +232,15 @@ def fit_profile(
     a, b, m, f, c = (float(x) for x in coef)
     fpt = start.compute.flops_per_token
     ms_per_tflop = a * 1e12 / fpt
+    comm_source = "calibrated from the run: sharded K/V MiB and an indicator of communication per microbatch"
+    if 2 not in active:  # not shown by the run: the machine is as much slower as its compute
+        ratio = ms_per_tflop / start.compute.ms_per_tflop
+        m, f = start.comm.ms_per_mib * ratio, start.comm.fixed_ms * ratio
+        comm_source = (
+            f"the starting profile's, x {ratio:.4g} (the compute's ratio): only {communicating} microbatch(es) "
+            f"of the run communicated, fewer than {MIN_COMMUNICATING}"
+        )
+    coef = np.asarray([a, b, m, f, c])
     residual = float(np.median(np.abs(cols[keep] @ coef - ys[keep]) / ys[keep]))
     doc = start.to_dict()
     for key in ("check", "estimated", "measured"):  # what described the starting profile no longer holds
@@ -240,7 +258,7 @@ def fit_profile(
         "bytes_per_token": bpt,
         "ms_per_mib": m,
         "fixed_ms": f,
-        "source": "calibrated from the run: sharded K/V MiB and an indicator of communication per microbatch",
+        "source": comm_source,
     }
     doc["microbatch_ms"] = c
     doc["calibrated"] = {

@@ -77,6 +77,17 @@ def test_the_refit_recovers_the_machine_despite_warm_up_and_outliers() -> None:
     assert "check" not in fit.profile and fit.profile["memory"]["bucket_tokens"] == 26000
 
 
+def test_communication_the_run_never_showed_is_scaled_from_the_starting_profile_not_fitted_to_zero() -> None:
+    data = [mb for mb in _microbatches(random.Random(7), 120) if not mb.sharded][:40]
+    fit = fit_profile(load_profile(START), data)
+    start = load_profile(START)
+    ratio = fit.profile["compute"]["ms_per_tflop"] / start.compute.ms_per_tflop
+    assert ratio > 100  # the "CPU" is far slower
+    assert fit.profile["comm"]["fixed_ms"] == pytest.approx(start.comm.fixed_ms * ratio)
+    assert fit.profile["comm"]["ms_per_mib"] == pytest.approx(start.comm.ms_per_mib * ratio)
+    assert "starting profile" in fit.profile["comm"]["source"]
+
+
 def test_too_few_microbatches_refuse_to_fit_and_keep_the_previous_profile() -> None:
     with pytest.raises(FitError, match="at least"):
         fit_profile(load_profile(START), _microbatches(random.Random(1), 6))
