@@ -79,7 +79,7 @@ def view_page(job: JobRecord, svg: str | None) -> str:
         plan = json.loads(job.plan_json)
         total = sum(float(it["estimated_ms"]) for it in plan["iterations"])
         bound = sum(float(it["lower_bound_ms"]) for it in plan["iterations"])
-        facts.append(("estimated", f"{total:.1f} ms (lower bound {bound:.1f} ms)"))
+        facts.append(("estimated", f"{total:.1f} ms (lower bound {bound:.1f} ms, valid for any layout)"))
         facts.append(("planning", f"{float(plan['solve']['wall_ms']):.1f} ms, {plan['solve']['status']}"))
     if job.error_json is not None:
         facts.append(("error", str(json.loads(job.error_json).get("detail", "failed"))))

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, Stri
 
 from skrull.api.store.base import JobRecord
 from skrull.api.tenants import DEFAULT_TENANT, plan_id_for
+from skrull.solver.cp_modes import CP_MODES, DEFAULT_CP_MODE
 from skrull.solver.io import (
     DEFAULT_PROFILE,
     DEFAULT_SOLVER,
@@ -27,6 +28,7 @@ from skrull.solver.sharding import DEFAULT_SHARDING, SHARDING_MODES
 from skrull.solver.types import Request
 
 JobStatusName = Literal["queued", "solving", "solved", "failed"]
+CpModeName = Literal[CP_MODES]  # type: ignore[valid-type]  # the one vocabulary, solver.cp_modes
 
 
 class ParallelModel(BaseModel):
@@ -105,6 +107,12 @@ class PlanRequestIn(BaseModel):
         description="auto only (other planners refuse it; wlb defers by its own queues): let sequences wait one "
         "iteration when that lowers the estimated time per unit of work; left out or null, nothing waits",
     )
+    cp_modes: list[CpModeName] | None = Field(
+        None,
+        description="how a sharded sequence's attention may run: allgather (DACP, the default) and/or ulysses "
+        "(all-to-all over heads; needs the profile's heads and comm_a2a, and the group size to divide the attention "
+        "heads); with both, the planner picks per microbatch; planners that cannot honour it refuse with 422",
+    )
 
 
 class CompareRequestIn(PlanRequestIn):
@@ -143,21 +151,35 @@ class MicrobatchModel(BaseModel):
     sharding: ShardingName = Field(
         DEFAULT_SHARDING, description="how the sharded sequences are cut over the group (absent: zigzag)"
     )
+    mode: CpModeName = Field(
+        DEFAULT_CP_MODE, description="how the sharded sequences' attention runs (absent: allgather)"
+    )
 
 
 class IterationModel(BaseModel):
     index: int
     microbatches: list[MicrobatchModel]
     estimated_ms: float
-    lower_bound_ms: float
+    lower_bound_ms: float = Field(description="no plan of this iteration's sequences, with any groups, is faster")
+    static_bound_ms: float | None = Field(
+        None,
+        description="no plan in Skrull's static layout (one CP group per microbatch) is faster; plans with wider "
+        "groups may be",
+    )
 
 
 class SolveModel(BaseModel):
     wall_ms: float
     status: Literal["heuristic", "optimal", "feasible", "timeout"]
     objective_ms: float
-    bound_ms: float | None
+    bound_ms: float | None = Field(description="a lower bound of objective_ms valid for every layout")
     gap: float | None
+    model_bound_ms: float | None = Field(
+        None,
+        description="exact planners: the solver's bound over the plans its model expresses (ilp: the static "
+        "layout; ilp-flex: its groups); status optimal is proven against it",
+    )
+    model_gap: float | None = Field(None, description="(objective_ms - model_bound_ms) / objective_ms")
     stats: dict[str, float] | None = Field(None, description="planner-specific figures (absent for most planners)")
 
 
@@ -216,6 +238,7 @@ class RankMicrobatchModel(BaseModel):
     cu_seqlens: list[int]
     max_seqlen: int
     sharding: ShardingName = Field(DEFAULT_SHARDING, description="the microbatch's sharding mode (absent: zigzag)")
+    mode: CpModeName = Field(DEFAULT_CP_MODE, description="how the shards' attention runs (absent: allgather)")
 
 
 class RankViewModel(BaseModel):

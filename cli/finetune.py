@@ -214,6 +214,6 @@ def cmd_finetune(args: argparse.Namespace) -> int:
         raise SkrullError(f"worker process failed: {exc}") from None
     _print_run(plan, result, model_config, args, world_size)
     status = _print_check(check_steps(plan, lengths, result, config=config), tolerance) if args.check else 0
-    if args.calibrate:  # its summary line is the last line
+    if args.calibrate and result.calibration is not None:  # its summary line is the last line
         _print_calibration(result.calibration, args)
     return status

@@ -24,11 +24,13 @@ from skrull.cli import profile as profile_cli
 from skrull.cli import serve, solver_worker
 from skrull.cli import show as show_cli
 from skrull.solver.compare import compare, format_table, parse_solver_spec
+from skrull.solver.cp_modes import read_cp_modes
 from skrull.solver.datasets import distribution_names, synthesize_request
 from skrull.solver.errors import PlannerBugError, RequestError, SkrullError
 from skrull.solver.io import (
     BACKENDS,
     DEFAULT_PROFILE,
+    check_cp_modes_profile,
     dumps,
     parse_profile,
     plan_from_dict,
@@ -66,6 +68,13 @@ def _add_source(p: argparse.ArgumentParser) -> None:
     src.add_argument("--time-budget-s", type=float, default=None, help="wall-clock budget of ilp/auto solves")
     src.add_argument("--backend", default=None, help=f"exact solver backend: {', '.join(BACKENDS)} (ilp, auto)")
     src.add_argument("--deterministic", action="store_true", help="same plan for the same request (ilp, auto)")
+    src.add_argument(
+        "--cp-modes",
+        default=None,
+        metavar="MODES",
+        help="comma-separated modes a sharded sequence's attention may run in: allgather, ulysses (default: "
+        "the request's, else allgather)",
+    )
 
 
 #: Flags that shape a synthesized request (--dataset) and their defaults; a request file sets these itself.
@@ -117,6 +126,8 @@ def _read_request(args: argparse.Namespace, *, solver: str | None) -> Request:
                 doc["deterministic"] = True
             if args.seed is not None:
                 doc["seed"] = args.seed
+            if args.cp_modes is not None:
+                doc["cp_modes"] = args.cp_modes.split(",")
         return request_from_dict(doc)
     if not args.dataset:
         raise RequestError("--request", None, "give a request file (--request FILE) or a dataset (--dataset NAME)")
@@ -156,6 +167,10 @@ def _read_request(args: argparse.Namespace, *, solver: str | None) -> Request:
         if args.backend not in BACKENDS:
             raise RequestError("--backend", args.backend, f"must be one of {', '.join(BACKENDS)}")
         request = dataclasses.replace(request, backend=args.backend)
+    if args.cp_modes is not None:
+        modes = read_cp_modes(args.cp_modes.split(","), "--cp-modes")
+        check_cp_modes_profile(modes, request.profile)
+        request = dataclasses.replace(request, cp_modes=modes)
     return dataclasses.replace(request, deterministic=args.deterministic)
 
 
@@ -182,12 +197,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def _note_if_stopped(request: Request, plan: Plan) -> None:
-    """An exact planner stopped by its budget before proving its plan optimal says so, with the gap left
-    (``solve.gap``) and what to raise: the plan is valid, only its optimality is unproven."""
+    """An exact planner stopped by its budget before proving its plan optimal says so, with the gap left to
+    its own model's bound (``solve.model_gap``, what more time can close) and what to raise: the plan is
+    valid, only its optimality is unproven."""
     exact = plan.solver in EXACT_SOLVERS  # auto's bound is layout-free: more time need not close its gap
-    if exact and plan.solve.status in ("feasible", "timeout") and plan.solve.gap is not None and plan.solve.gap > 0:
+    gap = plan.solve.model_gap if plan.solve.model_gap is not None else plan.solve.gap
+    if exact and plan.solve.status in ("feasible", "timeout") and gap is not None and gap > 0:
         print(
-            f"skrull: note: {plan.solver} stopped at a {plan.solve.gap:.1%} gap to its proven bound when its "
+            f"skrull: note: {plan.solver} stopped at a {gap:.1%} gap to its model's proven bound when its "
             f"{request.resolved_time_budget_s:g} s budget ran out; raise --time-budget-s (time_budget_s) to close it",
             file=sys.stderr,
         )

@@ -1,11 +1,13 @@
 """Run one request through several planners and tabulate them on the reference cost model.
 
 Columns (``solver.metrics`` defines the figures): the plan's layout (static CP groups or flexible
-groups; an exact row's solver bound and status hold over its layout), iteration ms (summed over
-iterations), ratio to the specification's layout-free lower bound of the work the plan runs (valid for
-every layout), speedup over ``deepspeed``, WLB-LLM's imbalance degree, the
-fullest GPU's share of its bucket, sequences left ``pending`` and their mean delay in iterations (WLB-LLM
-defers outliers), planning ms, microbatch count, solver status.
+groups), iteration ms (summed over iterations), ratio to the specification's lower bound of the work the
+plan runs (the plans' ``lower_bound_ms``, valid for every layout), the solve block's bound (valid for every
+layout) and gap to it, an exact row's gap to its own model's bound (``model_gap``: over the static layout
+for ``ilp``, over its groups for ``ilp-flex``; its status is proven against that one), speedup over
+``deepspeed``, WLB-LLM's imbalance degree, the fullest GPU's share of its bucket, sequences left
+``pending`` and their mean delay in iterations (WLB-LLM defers outliers), planning ms, microbatch count,
+solver status.
 
 The speedup is ``(deepspeed ms / deepspeed work) / (ms / work)``, time per unit of work (``solver.metrics.
 work_ms``, additive over the sequences a plan runs): exactly the plain time ratio when both plans run
@@ -24,20 +26,26 @@ from skrull.solver.errors import PlannerBugError, SkrullError
 from skrull.solver.metrics import imbalance_degree, peak_bucket_use, synchronized_makespan_ms, work_ms
 from skrull.solver.planners.registry import planner_names
 from skrull.solver.planning import solve
-from skrull.solver.search.bound import layout_free_bound_ms
 from skrull.solver.search.budget import compare_budget_s
 from skrull.solver.types import Plan, Request
 
 REFERENCE_SOLVER = "deepspeed"
 #: What ``compare`` runs by default: the heuristic, the exact model over both layouts (static DP x CP
 #: groups: ``ilp``, each backend; flexible groups: ``ilp-flex``), auto, then the baselines and peers.
-#: Each exact row's ``bound_ms`` and status are over its own layout, so ``ilp-flex`` against ``auto``
-#: compares like with like.
+#: Each exact row's ``model_gap`` and status are over its own layout, so ``ilp-flex`` against ``auto``
+#: compares like with like; every row's ``bound_ms`` holds for every layout.
 DEFAULT_SOLVERS: tuple[str, ...] = ("skrull", "ilp(scip)", "ilp(cpsat)", "ilp-flex", "auto")
 
 
-def default_solvers() -> list[str]:
+def default_solvers(request: Request | None = None) -> list[str]:
+    """Every registered planner, the exact ones per backend; given a request, only those that can plan one of
+    its ``cp_modes`` (``xtuner`` plans Ulysses only: it is compared where the request allows ulysses)."""
     rest = [n for n in planner_names() if n not in ("skrull", "ilp", "ilp-flex", "auto")]
+    if request is not None:
+        from skrull.solver.planners.registry import get_planner
+        from skrull.solver.planning import planner_cp_modes
+
+        rest = [n for n in rest if set(planner_cp_modes(get_planner(n))) & set(request.cp_modes)]
     return [*DEFAULT_SOLVERS, *rest]
 
 
@@ -70,6 +78,9 @@ class CompareRow:
     stats: dict[str, float] | None = None
     #: ``static`` when every microbatch runs on one DP rank's CP group (Skrull's layout), else ``flexible``
     layout: str | None = None
+    #: an exact planner's bound over the plans its model expresses, and the gap to it (``solve.model_*``)
+    model_bound_ms: float | None = None
+    model_gap: float | None = None
 
 
 def compare(request: Request, solvers: Sequence[str] | None = None) -> tuple[list[CompareRow], dict[str, Plan]]:
@@ -78,7 +89,7 @@ def compare(request: Request, solvers: Sequence[str] | None = None) -> tuple[lis
 
     ``iteration_ms`` is the plan's total over all iterations (one per batch).
     """
-    names = list(solvers) if solvers is not None else default_solvers()
+    names = list(solvers) if solvers is not None else default_solvers(request)
     plans: dict[str, Plan] = {}
     errors: dict[str, str] = {}
     for name in dict.fromkeys([*names, REFERENCE_SOLVER]):
@@ -119,7 +130,7 @@ def compare(request: Request, solvers: Sequence[str] | None = None) -> tuple[lis
             )
             continue
         total = plan.estimated_ms
-        bound = layout_free_plan_bound_ms(plan, lengths, model)
+        bound = plan.lower_bound_ms  # each iteration's, over the sequences it runs: valid for every layout
         stats = plan.solve.stats_dict
         rows.append(
             CompareRow(
@@ -140,19 +151,11 @@ def compare(request: Request, solvers: Sequence[str] | None = None) -> tuple[lis
                 makespan_ms=synchronized_makespan_ms(plan),
                 stats=stats or None,
                 layout=layout_of(plan),
+                model_bound_ms=plan.solve.model_bound_ms,
+                model_gap=plan.solve.model_gap,
             )
         )
     return rows, plans
-
-
-def layout_free_plan_bound_ms(plan: Plan, lengths: Sequence[int], model: CostModel) -> float:
-    """The specification's layout-free bound summed over the iterations, each over the sequences it runs:
-    valid for every plan, static or flexible (the plans' own ``lower_bound_ms`` is the static bound,
-    which flexible plans may beat)."""
-    return sum(
-        layout_free_bound_ms([lengths[i] for mb in it.microbatches for i in mb.seq_ids], model, plan.parallel)
-        for it in plan.iterations
-    )
 
 
 def layout_of(plan: Plan) -> str:
@@ -194,8 +197,9 @@ def format_table(rows: Sequence[CompareRow]) -> str:
         "layout",
         "iteration ms",
         "x bound (any layout)",
-        "solver bound ms",
-        "gap",
+        "bound ms (any layout)",
+        "gap (any layout)",
+        "gap (own model)",
         "speedup vs deepspeed",
         "imbalance",
         "peak bucket",
@@ -218,6 +222,7 @@ def format_table(rows: Sequence[CompareRow]) -> str:
                 _opt(r.ratio_to_bound, ".3f"),
                 _opt(r.bound_ms, ".1f"),
                 "-" if r.gap is None else f"{100 * r.gap:.2f}%",
+                "-" if r.model_gap is None else f"{100 * r.model_gap:.2f}%",
                 "-" if r.speedup is None else f"{r.speedup:.2f}x",
                 _opt(r.imbalance_degree, ".3f"),
                 "-" if r.peak_bucket_use is None else f"{100 * r.peak_bucket_use:.0f}%",

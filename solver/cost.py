@@ -12,6 +12,10 @@ all N (DACP, eqs. 1-5):
     Time = microbatch_ms + max_j [ max(T_comm(sum sharded S), T_comp(sum_{local[j]} FLOPs(S)))
                                    + T_comp(sum_{sharded} FLOPs(S) / N) ]
 
+A microbatch with ``mode == "ulysses"`` (solver/cp_modes.py) has the same form with ``T_comm(T)`` replaced by
+``T_a2a(T) = comm_a2a.ms_per_mib * (T/N) * comm_a2a.bytes_per_token / 2^20 + comm_a2a.fixed_ms`` (T > 0),
+and needs N to divide ``heads.attention``.
+
 Memory (eq. 7), per GPU in real tokens: GPU j holds ``sum_{local[j]} S`` plus the pieces of the sharded
 sequences that the split gives it (``solver.sharding``, which deals remainders round-robin over the
 microbatch so every GPU holds ``floor(T/N)`` or ``ceil(T/N)`` of the ``T`` sharded tokens). So every GPU
@@ -35,6 +39,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from skrull.solver.cp_modes import ALLGATHER, CP_MODES, DEFAULT_CP_MODE, ULYSSES, ulysses_divides
+from skrull.solver.errors import RequestError
 from skrull.solver.profile import Profile
 from skrull.solver.sharding import DEFAULT_SHARDING, max_position_tokens, position_token_counts
 from skrull.solver.types import Iteration, Microbatch, MicrobatchSpec, Parallel
@@ -57,6 +63,9 @@ class Placement(Protocol):
     @property
     def sharded(self) -> tuple[int, ...]: ...
 
+    @property
+    def mode(self) -> str: ...
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CostCoefficients:
@@ -74,28 +83,45 @@ class CostCoefficients:
     comm_fixed_ms: float
     microbatch_ms: float
     bucket_tokens: int
+    #: ``comm_a2a.ms_per_mib * comm_a2a.bytes_per_token / 2^20`` (per token of ``T/N``) and its fixed cost;
+    #: ``attention_heads`` 0 when the profile cannot plan ``ulysses``.
+    a2a_ms_per_token: float = 0.0
+    a2a_fixed_ms: float = 0.0
+    attention_heads: int = 0
+
+    def mode_fits(self, group_size: int, mode: str) -> bool:
+        """Whether a group of ``group_size`` GPUs can run a microbatch in ``mode`` (Ulysses: the profile
+        has ``heads`` and ``comm_a2a`` and N divides the attention heads)."""
+        if mode == ALLGATHER:
+            return True
+        return self.attention_heads > 0 and ulysses_divides(self.attention_heads, group_size)
 
     def flops(self, num_tokens: int) -> float:
         """``FLOPs(S) = flops_per_token * S + flops_per_token_sq * S^2`` (eq. 13 over layers, x3)."""
         return self.flops_per_token * num_tokens + self.flops_per_token_sq * num_tokens * num_tokens
 
-    def sharded_terms(self, group_size: int) -> tuple[float, float, float]:
+    def sharded_terms(self, group_size: int, mode: str = DEFAULT_CP_MODE) -> tuple[float, float, float]:
         """``(a, b, c)``: a sequence of S tokens sharded over ``group_size`` GPUs costs each of them
         ``t(S) = a*S^2 + b*S`` (its FLOPs over N, eq. 5, plus its K/V traffic, eq. 16, when N > 1), and a
         microbatch of such sequences costs ``c + sum t(S)`` with ``c = microbatch_ms + compute.fixed_ms +
         comm.fixed_ms * [N > 1]``. Exact for an all-sharded microbatch whose communication is not
-        hidden behind local compute (there is none)."""
+        hidden behind local compute (there is none). In ``ulysses`` mode the traffic is the all-to-all's,
+        ``a2a_ms_per_token / N`` per token and ``a2a_fixed_ms``."""
         a = self.ms_per_flop * self.flops_per_token_sq / group_size
         b = self.ms_per_flop * self.flops_per_token / group_size
         c = self.microbatch_ms + self.compute_fixed_ms
         if group_size > 1:
-            b += self.comm_ms_per_token
-            c += self.comm_fixed_ms
+            if mode == ULYSSES:
+                b += self.a2a_ms_per_token / group_size
+                c += self.a2a_fixed_ms
+            else:
+                b += self.comm_ms_per_token
+                c += self.comm_fixed_ms
         return a, b, c
 
-    def sharded_ms(self, num_tokens: int, group_size: int) -> float:
+    def sharded_ms(self, num_tokens: int, group_size: int, mode: str = DEFAULT_CP_MODE) -> float:
         """``t(S) = a*S^2 + b*S`` of ``sharded_terms``: a sequence's marginal time on each GPU of its group."""
-        a, b, _ = self.sharded_terms(group_size)
+        a, b, _ = self.sharded_terms(group_size, mode)
         return a * num_tokens * num_tokens + b * num_tokens
 
     def work_ms(self, num_tokens: int) -> float:
@@ -109,6 +135,10 @@ class CostModel:
     """The specification's reference model for one profile and bucket size. Immutable after construction."""
 
     __slots__ = (
+        "_a2a_fixed_ms",
+        "_a2a_ms_per_token",
+        "_attention_heads",
+        "_choose_from",
         "_comm_fixed_ms",
         "_comm_ms_per_token",
         "_comp_fixed_ms",
@@ -120,8 +150,15 @@ class CostModel:
         "profile",
     )
 
-    def __init__(self, profile: Profile, *, bucket_tokens: int | None = None) -> None:
+    def __init__(
+        self, profile: Profile, *, bucket_tokens: int | None = None, choose_modes: Sequence[str] | None = None
+    ) -> None:
+        """``choose_modes``: a planner's view that prices every microbatch in the cheapest of these modes its
+        group can run, whatever mode the microbatch names (what ``cheapest_mode`` then assigns); None (the
+        reference): every microbatch in its own ``mode``."""
         self.profile = profile
+        modes = tuple(m for m in CP_MODES if m in choose_modes) if choose_modes is not None else ()
+        self._choose_from: tuple[str, ...] | None = modes if len(modes) > 1 or modes == (ULYSSES,) else None
         self.bucket_tokens = profile.bucket_tokens if bucket_tokens is None else bucket_tokens
         self._fpt = profile.compute.flops_per_token
         self._fpt_sq = profile.compute.flops_per_token_sq
@@ -130,6 +167,10 @@ class CostModel:
         self._comm_ms_per_token = profile.comm.ms_per_mib * profile.comm.bytes_per_token / MIB
         self._comm_fixed_ms = profile.comm.fixed_ms
         self._mb_ms = profile.microbatch_ms
+        a2a, heads = profile.comm_a2a, profile.heads
+        self._a2a_ms_per_token = 0.0 if a2a is None else a2a.ms_per_mib * a2a.bytes_per_token / MIB
+        self._a2a_fixed_ms = 0.0 if a2a is None else a2a.fixed_ms
+        self._attention_heads = heads.attention if heads is not None and a2a is not None else 0
 
     @property
     def coefficients(self) -> CostCoefficients:
@@ -143,6 +184,9 @@ class CostModel:
             comm_fixed_ms=self._comm_fixed_ms,
             microbatch_ms=self._mb_ms,
             bucket_tokens=self.bucket_tokens,
+            a2a_ms_per_token=self._a2a_ms_per_token,
+            a2a_fixed_ms=self._a2a_fixed_ms,
+            attention_heads=self._attention_heads,
         )
 
     # --- per-sequence and per-kernel terms -------------------------------------------------------
@@ -162,13 +206,45 @@ class CostModel:
             return 0.0
         return self._comm_ms_per_token * sharded_tokens + self._comm_fixed_ms
 
+    def t_a2a_ms(self, sharded_tokens: int, group_size: int) -> float:
+        """Ulysses all-to-all time of ``sharded_tokens`` sharded tokens over ``group_size`` GPUs: each GPU
+        sends and receives about ``T / N`` tokens' activations (module doc); 0 when nothing is sharded."""
+        if sharded_tokens <= 0:
+            return 0.0
+        self.check_mode(group_size, ULYSSES)
+        return self._a2a_ms_per_token * sharded_tokens / group_size + self._a2a_fixed_ms
+
+    def mode_fits(self, group_size: int, mode: str) -> bool:
+        """Whether a group of ``group_size`` GPUs can run a microbatch in ``mode`` (``CostCoefficients.mode_fits``)."""
+        if mode == ALLGATHER:
+            return True
+        return self._attention_heads > 0 and ulysses_divides(self._attention_heads, group_size)
+
+    def check_mode(self, group_size: int, mode: str) -> None:
+        """Refuse a mode this profile or group cannot price, naming what is missing."""
+        if mode not in CP_MODES:
+            raise RequestError("mode", mode, f"must be one of {', '.join(CP_MODES)}")
+        if mode == ALLGATHER:
+            return
+        if self.profile.heads is None:
+            raise RequestError("profile.heads", None, "is required to plan ulysses (attention and kv head counts)")
+        if self.profile.comm_a2a is None:
+            raise RequestError("profile.comm_a2a", None, "is required to plan ulysses (the all-to-all coefficients)")
+        if not ulysses_divides(self._attention_heads, group_size):
+            raise RequestError(
+                "mode", mode, f"a group of {group_size} GPUs does not divide heads.attention = {self._attention_heads}"
+            )
+
     @property
     def microbatch_overhead_ms(self) -> float:
         return self._mb_ms
 
     # --- microbatches ----------------------------------------------------------------------------
-    def microbatch_time_ms(self, local_lengths: Sequence[Sequence[int]], sharded_lengths: Sequence[int]) -> float:
-        """DACP time of one microbatch (eqs. 1-5) plus the per-microbatch overhead.
+    def microbatch_time_ms(
+        self, local_lengths: Sequence[Sequence[int]], sharded_lengths: Sequence[int], mode: str = DEFAULT_CP_MODE
+    ) -> float:
+        """DACP time of one microbatch (eqs. 1-5) plus the per-microbatch overhead; in ``ulysses`` mode the
+        communication is ``T_a2a`` instead of ``T_comm`` (module doc).
 
         ``local_lengths[j]`` are the lengths kept whole on the group's j-th GPU; the group size N is
         ``len(local_lengths)``.
@@ -180,7 +256,15 @@ class CostModel:
         for s in sharded_lengths:
             sharded_tokens += s
             sharded_flops += self._fpt * s + self._fpt_sq * s * s
-        comm = self.t_comm_ms(sharded_tokens)
+        if self._choose_from is not None and sharded_tokens > 0 and group_size > 1:
+            options = [self.t_comm_ms(sharded_tokens)] if ALLGATHER in self._choose_from else []
+            if ULYSSES in self._choose_from and self.mode_fits(group_size, ULYSSES):
+                options.append(self.t_a2a_ms(sharded_tokens, group_size))
+            comm = min(options) if options else self.t_comm_ms(sharded_tokens)
+        elif mode == ULYSSES:
+            comm = self.t_a2a_ms(sharded_tokens, group_size)
+        else:
+            comm = self.t_comm_ms(sharded_tokens)
         dist = self.t_comp_ms(sharded_flops / group_size)
         worst = 0.0
         idle_counted = False
@@ -219,8 +303,25 @@ class CostModel:
     def spec_time_ms(self, spec: MicrobatchSpec | Placement, lengths: Sequence[int]) -> float:
         """Time of a planner's microbatch, looking lengths up by global sequence id."""
         return self.microbatch_time_ms(
-            [[lengths[i] for i in ids] for ids in spec.local], [lengths[i] for i in spec.sharded]
+            [[lengths[i] for i in ids] for ids in spec.local], [lengths[i] for i in spec.sharded], spec.mode
         )
+
+    def cheapest_mode(self, spec: MicrobatchSpec | Placement, lengths: Sequence[int], modes: Sequence[str]) -> str:
+        """Of ``modes`` that the group can run (``mode_fits``), the one pricing ``spec`` lowest; ties go to
+        the first in ``CP_MODES`` order. A microbatch with nothing sharded has no communication: it keeps
+        the default, as it does when no mode fits (the validator then names the microbatch)."""
+        n = len(spec.ranks)
+        if not spec.sharded or n == 1:
+            return DEFAULT_CP_MODE
+        fitting = [m for m in CP_MODES if m in modes and self.mode_fits(n, m)]
+        if not fitting:
+            return DEFAULT_CP_MODE
+        if len(fitting) == 1:
+            return fitting[0]
+        local = [[lengths[i] for i in ids] for ids in spec.local]
+        sharded = [lengths[i] for i in spec.sharded]
+        times = [self.microbatch_time_ms(local, sharded, m) for m in fitting]
+        return fitting[min(range(len(fitting)), key=lambda k: (times[k], k))]
 
     # --- iterations ------------------------------------------------------------------------------
     @staticmethod
@@ -250,7 +351,9 @@ class CostModel:
         self, specs: Sequence[MicrobatchSpec], lengths: Sequence[int], *, parallel: Parallel, index: int
     ) -> Iteration:
         """A planner's placements of one iteration, priced: every microbatch (eqs. 1-5), the iteration
-        (eq. 8) and its lower bound over the sequences it actually runs (docs/formats.md)."""
+        (eq. 8), its lower bound over the sequences it actually runs (valid for every layout) and the
+        static-layout bound of the same sequences (docs/formats.md)."""
+        ran = [lengths[i] for s in specs for i in s.seq_ids]
         microbatches = tuple(
             Microbatch(
                 step=s.step,
@@ -259,6 +362,7 @@ class CostModel:
                 sharded=s.sharded,
                 estimated_ms=self.spec_time_ms(s, lengths),
                 sharding=s.sharding,
+                mode=s.mode,
             )
             for s in specs
         )
@@ -268,11 +372,38 @@ class CostModel:
             estimated_ms=self.iteration_time_ms(
                 ((mb.ranks, mb.estimated_ms) for mb in microbatches), parallel.num_gpus
             ),
-            lower_bound_ms=self.lower_bound_ms([lengths[i] for mb in microbatches for i in mb.seq_ids], parallel),
+            lower_bound_ms=self.lower_bound_ms(ran, parallel),
+            static_bound_ms=self.static_bound_ms(ran, parallel),
         )
 
     def lower_bound_ms(self, lengths: Sequence[int], parallel: Parallel) -> float:
-        """No plan under this model beats this (docs/formats.md "Cost model": the lower bound).
+        """No plan under this model, with any groups, beats this (docs/formats.md "Lower bound"): a plan's
+        ``lower_bound_ms``. With ``a = ms_per_tflop / 1e12``, G = dp*cp GPUs and S_max the longest::
+
+            max( sum_S a*FLOPs(S) / G + microbatch_ms * sum(S) / (bucket_tokens * G),
+                 microbatch_ms + compute.fixed_ms + min( a*FLOPs(S_max)          if S_max <= bucket_tokens,
+                                                         T_comm(S_max) + a*FLOPs(S_max) / G ) )
+
+        The first term: the average GPU computes its share of all FLOPs and runs its share of
+        microbatches (each holds at most ``bucket_tokens`` per GPU). The second: the longest sequence runs
+        somewhere, whole on one GPU or sharded over at most all G GPUs. Zero for an empty batch.
+        """
+        if not lengths:
+            return 0.0
+        gpus = parallel.num_gpus
+        total_flops = sum(self.flops(s) for s in lengths)
+        average = self._ms_per_flop * total_flops / gpus + self._mb_ms * sum(lengths) / (self.bucket_tokens * gpus)
+        longest = max(lengths)
+        flops_ms = self._ms_per_flop * self.flops(longest)
+        options = [self.t_comm_ms(longest) + flops_ms / gpus] if gpus > 1 else []
+        if longest <= self.bucket_tokens:
+            options.append(flops_ms)
+        single = self._mb_ms + self._comp_fixed_ms + min(options, default=flops_ms)
+        return max(average, single)
+
+    def static_bound_ms(self, lengths: Sequence[int], parallel: Parallel) -> float:
+        """No plan in Skrull's static layout (every group one CP group of ``cp`` GPUs) beats this; a plan
+        with wider groups may (a plan's ``static_bound_ms``, never its ``lower_bound_ms``).
 
         ``max( sum ms_per_flop*FLOPs(S) / (dp*cp) + microbatch_ms * sum(S) / (bucket*dp*cp),
                ms_per_flop*FLOPs(S_max) / cp + microbatch_ms )``: the average GPU must compute its share

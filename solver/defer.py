@@ -141,7 +141,7 @@ def plan_batch(
     problem: Problem, deferrable: Sequence[int], *, max_sequences: int, backend: str | None, clock: Clock
 ) -> BatchChoice:
     """Plan the one batch of ``problem`` (its ``time_budget_s``) and choose what it defers (module doc)."""
-    cost = CostModel(problem.profile, bucket_tokens=problem.bucket_tokens)
+    cost = CostModel(problem.profile, bucket_tokens=problem.bucket_tokens, choose_modes=problem.cp_modes)
     lengths = problem.lengths
     gpus = problem.parallel.num_gpus
     ids = problem.batch_ids[0]
@@ -199,7 +199,7 @@ def plan_with_deferral(problem: Problem, defer: Defer, *, backend: str | None = 
     begin = clock()
     reserve = FINISH_MARGIN_S + (FINISH_RESERVE_PER_SEQUENCE_S + BOUND_PER_SEQUENCE_S) * len(problem.lengths)
     end = begin + problem.time_budget_s - reserve
-    cost = CostModel(problem.profile, bucket_tokens=problem.bucket_tokens)
+    cost = CostModel(problem.profile, bucket_tokens=problem.bucket_tokens, choose_modes=problem.cp_modes)
     gpus = problem.parallel.num_gpus
     carried: tuple[int, ...] = ()
     iterations: list[Specs] = []

@@ -63,7 +63,7 @@ from typing import Any
 from skrull.solver.errors import RequestError
 from skrull.solver.gpus import GPUS as GPUS  # re-exported: callers take models and GPUs from here
 from skrull.solver.gpus import GpuSpec as GpuSpec
-from skrull.solver.profile import CommCoeffs, ComputeCoeffs, Profile
+from skrull.solver.profile import CommCoeffs, ComputeCoeffs, HeadCounts, Profile
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -242,6 +242,21 @@ def comm_bytes_per_token(model: ModelConfig, *, bytes_per_value: int = 2, tp: in
     return float(model.num_layers * 2 * kv_hidden_per_tp_rank(model, tp) * bytes_per_value * 2)
 
 
+#: Ulysses all-to-alls per layer: Q/K/V in and the attention output back, forward, and both in backward.
+A2A_COLLECTIVES_PER_LAYER = 4
+
+
+def a2a_bytes_per_token(model: ModelConfig, *, bytes_per_value: int = 2, tp: int = 1) -> float:
+    """Ulysses (DeepSpeed-Ulysses, XTuner): per token and layer, Q, K and V go out through an all-to-all
+    before attention and the output comes back through another, forward, and their gradients backward:
+    ``layers * (2*q_hidden/tp + 2*kv_hidden_t) * 2 B * 2``. The cost model charges it for ``T/N`` tokens
+    (each GPU moves its own shard). K/V heads fewer than N are replicated before the exchange; that extra
+    ``(N/kv - 1)`` copies of K/V is not in this N-independent coefficient (a refinement ``skrull profile``
+    would measure)."""
+    q_hidden = model.q_hidden_size // tp
+    return float(model.num_layers * (2 * q_hidden + 2 * kv_hidden_per_tp_rank(model, tp)) * bytes_per_value * 2)
+
+
 def tp_comm_bytes_per_token(model: ModelConfig, tp: int, *, bytes_per_value: int = 2) -> float:
     """Bus bytes one rank moves per token for tensor parallelism: ``TP_ALLREDUCES_PER_LAYER`` all-reduces
     of ``h`` values per token per layer, each moving ``2*(t-1)/t`` of its size over a rank's link (ring
@@ -370,6 +385,17 @@ def derive_profile(model: ModelConfig, gpu: GpuSpec, setup: TrainingSetup | None
             f"ms_per_mib from {gpu.cp_bus_bandwidth_gbs} GB/s bus bandwidth; fixed_ms = "
             f"{setup.collectives_per_layer} collectives x {setup.collective_latency_ms} ms per layer (assumed)",
         },
+        "heads": {
+            "source": "the config's num_attention_heads and num_key_value_heads, per TP rank: Ulysses splits "
+            "the attention heads over the group (N must divide them; K/V heads fewer than N replicated)",
+        },
+        "comm_a2a": {
+            "source": "bytes: layers * (2 * q_hidden + 2 * kv_hidden) * 2 B * 2 (Q/K/V all-to-all in, output "
+            "all-to-all back; fwd + bwd), charged for T/N tokens; K/V replication when kv heads < N not "
+            f"included; ms_per_mib from {gpu.cp_bus_bandwidth_gbs} GB/s bus bandwidth (the all-gather's, "
+            f"assumed); fixed_ms = {A2A_COLLECTIVES_PER_LAYER} collectives x {setup.collective_latency_ms} ms "
+            "per layer (assumed)",
+        },
         "memory": {
             "derived_bucket_tokens": derived,
             "paper_bucket_tokens": paper,
@@ -402,6 +428,12 @@ def derive_profile(model: ModelConfig, gpu: GpuSpec, setup: TrainingSetup | None
         ),
         bucket_tokens=bucket,
         microbatch_ms=round(microbatch_ms, 6),
+        heads=HeadCounts(attention=model.num_heads // tp, kv=kv_heads_per_tp_rank(model, tp)),
+        comm_a2a=CommCoeffs(
+            bytes_per_token=a2a_bytes_per_token(model, tp=tp),
+            ms_per_mib=round(ms_per_mib, 8),
+            fixed_ms=round(A2A_COLLECTIVES_PER_LAYER * setup.collective_latency_ms * model.num_layers, 6),
+        ),
         extra=extra,
     )
 

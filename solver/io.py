@@ -15,6 +15,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from skrull.solver.cp_modes import DEFAULT_CP_MODE, DEFAULT_CP_MODES, ULYSSES, read_cp_modes, read_mode
 from skrull.solver.errors import RequestError, SequenceTooLongError, UnknownSolverError
 from skrull.solver.jsonsafe import check_bounded, join_path, loads_json, read_int, read_ints
 from skrull.solver.profile import Profile, load_profile, profile_from_dict
@@ -56,6 +57,7 @@ REQUEST_FIELDS = frozenset(
         "deterministic",
         "equal_microbatches",
         "defer",
+        "cp_modes",
     }
 )
 PARALLEL_FIELDS = frozenset({"dp", "cp"})
@@ -175,6 +177,8 @@ def request_from_dict(doc: Any, *, known_solvers: tuple[str, ...] | None = None)
     if not isinstance(equal, bool):
         raise RequestError("equal_microbatches", equal, "must be true or false")
     defer = parse_defer(doc.get("defer"), solver=solver, batches=tuple(batches))
+    cp_modes = read_cp_modes(doc.get("cp_modes"))
+    check_cp_modes_profile(cp_modes, profile)
 
     request = Request(
         batches=tuple(batches),
@@ -188,9 +192,28 @@ def request_from_dict(doc: Any, *, known_solvers: tuple[str, ...] | None = None)
         deterministic=deterministic,
         equal_microbatches=equal,
         defer=defer,
+        cp_modes=cp_modes,
     )
     check_placeable(request)
     return request
+
+
+def check_cp_modes_profile(cp_modes: tuple[str, ...], profile: Profile) -> None:
+    """A request allowing ``ulysses`` needs a profile that can price it (``heads`` and ``comm_a2a``)."""
+    if ULYSSES not in cp_modes:
+        return
+    if profile.heads is None:
+        raise RequestError(
+            "profile.heads",
+            None,
+            "is required when cp_modes lists ulysses (attention and kv head counts; skrull derive-profile fills it)",
+        )
+    if profile.comm_a2a is None:
+        raise RequestError(
+            "profile.comm_a2a",
+            None,
+            "is required when cp_modes lists ulysses (the all-to-all coefficients; skrull derive-profile fills it)",
+        )
 
 
 def check_placeable(request: Request) -> None:
@@ -225,6 +248,8 @@ def request_to_dict(request: Request, *, inline_profile: bool = False) -> dict[s
         doc["deterministic"] = True
     if request.equal_microbatches:
         doc["equal_microbatches"] = True
+    if request.cp_modes != DEFAULT_CP_MODES:
+        doc["cp_modes"] = list(request.cp_modes)
     if request.defer is not None:
         doc["defer"] = {"max_sequences": request.defer.max_sequences}
         if request.defer.carried:
@@ -239,7 +264,7 @@ def request_to_dict(request: Request, *, inline_profile: bool = False) -> dict[s
 
 
 def microbatch_to_dict(mb: Microbatch) -> dict[str, Any]:
-    """A microbatch in the specification's shape; ``sharding`` appears only when it is not the default."""
+    """A microbatch in the specification's shape; ``sharding`` and ``mode`` appear only when not the default."""
     doc: dict[str, Any] = {
         "step": mb.step,
         "ranks": list(mb.ranks),
@@ -249,17 +274,22 @@ def microbatch_to_dict(mb: Microbatch) -> dict[str, Any]:
     }
     if mb.sharding != DEFAULT_SHARDING:
         doc["sharding"] = mb.sharding
+    if mb.mode != DEFAULT_CP_MODE:
+        doc["mode"] = mb.mode
     return doc
 
 
 def iteration_to_dict(it: Iteration) -> dict[str, Any]:
     """One iteration of a plan document (also what the service stores per published iteration)."""
-    return {
+    doc: dict[str, Any] = {
         "index": it.index,
         "microbatches": [microbatch_to_dict(mb) for mb in it.microbatches],
         "estimated_ms": it.estimated_ms,
         "lower_bound_ms": it.lower_bound_ms,
     }
+    if it.static_bound_ms is not None:
+        doc["static_bound_ms"] = it.static_bound_ms
+    return doc
 
 
 def _solve_to_dict(solve: SolveInfo) -> dict[str, Any]:
@@ -270,6 +300,9 @@ def _solve_to_dict(solve: SolveInfo) -> dict[str, Any]:
         "bound_ms": solve.bound_ms,
         "gap": solve.gap,
     }
+    if solve.model_bound_ms is not None:
+        doc["model_bound_ms"] = solve.model_bound_ms
+        doc["model_gap"] = solve.model_gap
     if solve.stats:
         doc["stats"] = dict(solve.stats)
     return doc
@@ -323,6 +356,7 @@ def microbatch_from_dict(
         sharded=read_ints(mb.get("sharded"), f"{field}.sharded"),
         estimated_ms=_float(mb.get("estimated_ms"), f"{field}.estimated_ms"),
         sharding=sharding,
+        mode=read_mode(mb.get("mode"), f"{field}.mode"),
     )
 
 
@@ -341,6 +375,7 @@ def iteration_from_dict(doc: Any, *, field: str = "iteration") -> Iteration:
         ),
         estimated_ms=_float(it.get("estimated_ms"), f"{field}.estimated_ms"),
         lower_bound_ms=_float(it.get("lower_bound_ms"), f"{field}.lower_bound_ms"),
+        static_bound_ms=_optional_float(it.get("static_bound_ms"), f"{field}.static_bound_ms"),
     )
 
 
@@ -358,6 +393,8 @@ def _solve_from_dict(doc: Any) -> SolveInfo:
         objective_ms=_float(solve.get("objective_ms"), "solve.objective_ms"),
         bound_ms=_optional_float(solve.get("bound_ms"), "solve.bound_ms"),
         gap=_optional_float(solve.get("gap"), "solve.gap"),
+        model_bound_ms=_optional_float(solve.get("model_bound_ms"), "solve.model_bound_ms"),
+        model_gap=_optional_float(solve.get("model_gap"), "solve.model_gap"),
         stats=tuple((str(k), _float(v, f"solve.stats.{k}")) for k, v in stats.items()),
     )
 

@@ -15,11 +15,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from skrull.solver.cost import CostModel
+from skrull.solver.cp_modes import CP_MODES, DEFAULT_CP_MODES, ULYSSES
 from skrull.solver.defer import plan_with_deferral
 from skrull.solver.equalize import equalize_microbatches
 from skrull.solver.errors import InvalidPlanError, PlannerBugError, RequestError
-from skrull.solver.io import DEFER_SOLVERS, MAX_DEFER
-from skrull.solver.planners.base import PlannerOutput
+from skrull.solver.io import DEFER_SOLVERS, MAX_DEFER, check_cp_modes_profile
+from skrull.solver.planners.base import Planner, PlannerOutput
 from skrull.solver.planners.registry import get_planner
 from skrull.solver.search.budget import check_budget
 from skrull.solver.types import Iteration, MicrobatchSpec, Parallel, Plan, Problem, Request, SolveInfo
@@ -36,14 +37,19 @@ def make_plan(
     wall_ms: float,
     status: str,
     bound_ms: float | None,
+    model_bound_ms: float | None = None,
     stats: tuple[tuple[str, float], ...] = (),
 ) -> Plan:
     """The plan with its ``solve`` block: ``objective_ms`` = summed iteration estimates and, when a
-    bound is known, ``gap = (objective - bound) / objective`` (0 for an empty objective)."""
+    bound is known, ``gap = (objective - bound) / objective`` (0 for an empty objective); the same for
+    an exact planner's ``model_bound_ms`` and ``model_gap``."""
     objective = sum(it.estimated_ms for it in iterations)
-    gap = None
-    if bound_ms is not None:
-        gap = (objective - bound_ms) / objective if objective > 0 else 0.0
+
+    def gap_to(bound: float | None) -> float | None:
+        if bound is None:
+            return None
+        return (objective - bound) / objective if objective > 0 else 0.0
+
     return Plan(
         solver=solver,
         parallel=parallel,
@@ -51,7 +57,14 @@ def make_plan(
         iterations=tuple(iterations),
         pending=tuple(pending),
         solve=SolveInfo(
-            wall_ms=wall_ms, status=status, objective_ms=objective, bound_ms=bound_ms, gap=gap, stats=stats
+            wall_ms=wall_ms,
+            status=status,
+            objective_ms=objective,
+            bound_ms=bound_ms,
+            gap=gap_to(bound_ms),
+            model_bound_ms=model_bound_ms,
+            model_gap=gap_to(model_bound_ms),
+            stats=stats,
         ),
     )
 
@@ -72,6 +85,7 @@ def assemble_plan(problem: Problem, output: PlannerOutput, *, solver: str, wall_
         wall_ms=wall_ms,
         status=output.status,
         bound_ms=output.bound_ms,
+        model_bound_ms=output.model_bound_ms,
         stats=output.stats,
     )
 
@@ -113,6 +127,74 @@ def check_defer(request: Request) -> None:
         raise RequestError("defer.carried", defer.carried, f"must be in 0..{len(request.batches[0])} (the first batch)")
 
 
+def planner_cp_modes(planner: Planner) -> tuple[str, ...]:
+    """The modes a planner plans (its ``cp_modes`` attribute; a planner that declares none plans all-gather
+    CP only, as every planner did before ``ulysses``)."""
+    return tuple(getattr(planner, "cp_modes", DEFAULT_CP_MODES))
+
+
+def check_cp_modes(request: Request, planner: Planner) -> tuple[str, ...]:
+    """The modes this planner may use for this request: the request's ``cp_modes`` it can plan. Refused,
+    naming ``cp_modes``, when there are none, or when ``ulysses`` alone is allowed and the CP group does not
+    divide the attention heads; refused naming the profile's missing section when ulysses is allowed and the
+    profile cannot price it."""
+    check_cp_modes_profile(request.cp_modes, request.profile)
+    usable = tuple(m for m in CP_MODES if m in request.cp_modes and m in planner_cp_modes(planner))
+    if not usable:
+        raise RequestError(
+            "cp_modes",
+            list(request.cp_modes),
+            f"solver {request.solver!r} plans {', '.join(planner_cp_modes(planner))} only",
+        )
+    if usable == (ULYSSES,):
+        heads = request.profile.heads
+        assert heads is not None  # check_cp_modes_profile
+        if heads.attention % request.parallel.cp:
+            raise RequestError(
+                "cp_modes",
+                list(request.cp_modes),
+                f"ulysses alone needs parallel.cp = {request.parallel.cp} to divide heads.attention = "
+                f"{heads.attention}; allow allgather too, or choose a cp that divides it",
+            )
+    return usable
+
+
+def with_modes(output: PlannerOutput, problem: Problem, modes: tuple[str, ...]) -> PlannerOutput:
+    """Every microbatch that shards over two or more GPUs gets the cheapest of ``modes`` its group can run
+    (``CostModel.cheapest_mode``): the per-microbatch choice between all-gather CP and Ulysses.
+
+    A planner's bound was proved for all-gather pricing; when a microbatch runs cheaper in Ulysses it no
+    longer bounds the plan, so it is dropped (status ``heuristic``, or ``feasible`` kept only where nothing
+    changed). A microbatch no allowed mode fits (a group that does not divide the heads under ``ulysses``
+    alone) is refused naming ``cp_modes``."""
+    if modes == DEFAULT_CP_MODES:
+        return output
+    model = CostModel(problem.profile, bucket_tokens=problem.bucket_tokens)
+    changed = False
+    iterations = []
+    for specs in output.iterations:
+        out = []
+        for spec in specs:
+            mode = model.cheapest_mode(spec, problem.lengths, modes)
+            if spec.sharded and len(spec.ranks) > 1 and mode not in modes:
+                raise RequestError(
+                    "cp_modes",
+                    list(modes),
+                    f"the plan shards over a group of {len(spec.ranks)} GPUs, where no allowed mode runs "
+                    "(ulysses needs the group size to divide heads.attention); allow allgather too",
+                )
+            if mode != spec.mode:
+                changed = changed or model.spec_time_ms(dataclasses.replace(spec, mode=mode), problem.lengths) < (
+                    model.spec_time_ms(spec, problem.lengths) - 1e-12
+                )
+                spec = dataclasses.replace(spec, mode=mode)
+            out.append(spec)
+        iterations.append(tuple(out))
+    if changed and output.bound_ms is not None:
+        return dataclasses.replace(output, iterations=tuple(iterations), status="heuristic", bound_ms=None)
+    return dataclasses.replace(output, iterations=tuple(iterations))
+
+
 def check_plan(plan: Plan, request: Request) -> None:
     """Validate a plan the project's planner made: a violation is a ``PlannerBugError``."""
     try:
@@ -131,6 +213,8 @@ def solve(request: Request) -> Plan:
     start = time.perf_counter()
     problem = Problem.from_request(request)
     planner = get_planner(request.solver)
+    modes = check_cp_modes(request, planner)
+    problem = dataclasses.replace(problem, cp_modes=modes)
     if request.defer is not None:  # only auto takes it (solver.io.DEFER_SOLVERS): solver/defer.py
         check_defer(request)
         output = plan_with_deferral(problem, request.defer, backend=request.backend)
@@ -138,6 +222,8 @@ def solve(request: Request) -> Plan:
         output = planner.plan(problem)
     if request.equal_microbatches:
         output = equalized(output, problem)
+    if len(planner_cp_modes(planner)) > 1:  # planners that choose: the cheapest allowed mode per microbatch
+        output = with_modes(output, problem, modes)
     plan = assemble_plan(problem, output, solver=request.solver, wall_ms=0.0)
     check_plan(plan, request)
     wall_ms = (time.perf_counter() - start) * 1e3

@@ -38,13 +38,32 @@ class CommCoeffs:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class HeadCounts:
+    """The model's attention heads: Ulysses splits them over the group, so the group size N must divide
+    ``attention``; K/V heads fewer than N are replicated (each GPU gets one copy of a K/V head)."""
+
+    attention: int
+    kv: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Profile:
+    """``heads`` and ``comm_a2a`` are optional: a profile without them cannot plan ``ulysses`` microbatches
+    (``T_a2a(T) = comm_a2a.ms_per_mib * (T/N) * comm_a2a.bytes_per_token / 2^20 + comm_a2a.fixed_ms``)."""
+
     name: str
     compute: ComputeCoeffs
     comm: CommCoeffs
     bucket_tokens: int
     microbatch_ms: float
+    heads: HeadCounts | None = None
+    comm_a2a: CommCoeffs | None = None
     extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def plans_ulysses(self) -> bool:
+        """Whether the profile has what pricing a ``ulysses`` microbatch needs (``heads`` and ``comm_a2a``)."""
+        return self.heads is not None and self.comm_a2a is not None
 
     def to_dict(self) -> dict[str, Any]:
         """The specification's document: the original extra fields, with the core coefficients on top."""
@@ -65,6 +84,15 @@ class Profile:
         }
         out["memory"] = {**out.get("memory", {}), "bucket_tokens": self.bucket_tokens}
         out["microbatch_ms"] = self.microbatch_ms
+        if self.heads is not None:
+            out["heads"] = {**out.get("heads", {}), "attention": self.heads.attention, "kv": self.heads.kv}
+        if self.comm_a2a is not None:
+            out["comm_a2a"] = {
+                **out.get("comm_a2a", {}),
+                "bytes_per_token": self.comm_a2a.bytes_per_token,
+                "ms_per_mib": self.comm_a2a.ms_per_mib,
+                "fixed_ms": self.comm_a2a.fixed_ms,
+            }
         return out
 
 
@@ -95,6 +123,38 @@ def _section(doc: dict[str, Any], key: str, path: str) -> dict[str, Any]:
     return value
 
 
+#: Most attention heads a profile may name.
+MAX_HEADS = 2**20
+
+
+def _heads(doc: dict[str, Any], path: str) -> HeadCounts | None:
+    """The optional ``heads`` section: ``attention`` >= 1 heads, ``kv`` in 1..attention dividing it (GQA)."""
+    if "heads" not in doc:
+        return None
+    heads = _section(doc, "heads", path)
+    counts: dict[str, int] = {}
+    for key in ("attention", "kv"):
+        value = heads.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_HEADS:
+            raise RequestError(f"{path}.heads.{key}", value, f"must be an integer in 1..{MAX_HEADS}")
+        counts[key] = value
+    if counts["kv"] > counts["attention"] or counts["attention"] % counts["kv"]:
+        raise RequestError(
+            f"{path}.heads.kv",
+            counts["kv"],
+            f"must divide heads.attention = {counts['attention']} (grouped-query attention)",
+        )
+    return HeadCounts(attention=counts["attention"], kv=counts["kv"])
+
+
+def _comm(section: dict[str, Any], path: str) -> CommCoeffs:
+    return CommCoeffs(
+        bytes_per_token=_number(section, "bytes_per_token", path),
+        ms_per_mib=_number(section, "ms_per_mib", path),
+        fixed_ms=_number(section, "fixed_ms", path),
+    )
+
+
 def profile_from_dict(doc: Any, *, path: str = "profile") -> Profile:
     """Parse a profile document (docs/formats.md "Profile"), naming the field of any error."""
     if not isinstance(doc, dict):
@@ -117,13 +177,11 @@ def profile_from_dict(doc: Any, *, path: str = "profile") -> Profile:
             ms_per_tflop=_number(compute, "ms_per_tflop", f"{path}.compute", positive=True),
             fixed_ms=_number(compute, "fixed_ms", f"{path}.compute"),
         ),
-        comm=CommCoeffs(
-            bytes_per_token=_number(comm, "bytes_per_token", f"{path}.comm"),
-            ms_per_mib=_number(comm, "ms_per_mib", f"{path}.comm"),
-            fixed_ms=_number(comm, "fixed_ms", f"{path}.comm"),
-        ),
+        comm=_comm(comm, f"{path}.comm"),
         bucket_tokens=bucket,
         microbatch_ms=_number(doc, "microbatch_ms", path),
+        heads=_heads(doc, path),
+        comm_a2a=_comm(_section(doc, "comm_a2a", path), f"{path}.comm_a2a") if "comm_a2a" in doc else None,
         extra=copy.deepcopy(doc),
     )
 

@@ -105,7 +105,10 @@ class Timeline:
     bars: tuple[LaneBar, ...]
     num_microbatches: int
     estimated_ms: float
+    #: no plan of the iteration's sequences, with any groups, beats it
     lower_bound_ms: float
+    #: no plan in Skrull's static layout (one CP group per microbatch) beats it; None when not given
+    static_bound_ms: float | None = None
 
     @property
     def makespan_ms(self) -> float:
@@ -180,6 +183,7 @@ def iteration_timeline(
         num_microbatches=len(it.microbatches),
         estimated_ms=it.estimated_ms,
         lower_bound_ms=it.lower_bound_ms,
+        static_bound_ms=it.static_bound_ms,
     )
 
 
@@ -236,7 +240,9 @@ def _tooltip(bar: LaneBar) -> str:
 
 def _panel(timeline: Timeline, *, top: float, px_per_ms: float, axis_ms: float) -> list[str]:
     out = [f'<g class="panel" data-iteration="{timeline.iteration}" transform="translate(0,{_num(top)})">']
-    bound = f", lower bound {timeline.lower_bound_ms:.1f} ms" if timeline.lower_bound_ms > 0 else ""
+    bound = f", lower bound {timeline.lower_bound_ms:.1f} ms (any layout)" if timeline.lower_bound_ms > 0 else ""
+    if timeline.static_bound_ms:
+        bound += f", static-layout bound {timeline.static_bound_ms:.1f} ms"
     out.append(
         f'<text class="title" x="{_num(LABEL_PX)}" y="16" font-weight="bold">{escape(timeline.title)}</text>'
         f'<text x="{_num(LABEL_PX)}" y="32" fill="#555">estimated {timeline.estimated_ms:.1f} ms{escape(bound)}, '

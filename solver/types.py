@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from itertools import chain
 from typing import Literal
 
+from skrull.solver.cp_modes import DEFAULT_CP_MODE, DEFAULT_CP_MODES
 from skrull.solver.profile import Profile
 
 # How a microbatch's sharded sequences are cut over its group: one vocabulary, ``solver.sharding``.
@@ -70,6 +71,8 @@ class Request:
     equal_microbatches: bool = False
     #: ``auto`` may defer sequences by one iteration (None: off; solver/defer.py)
     defer: Defer | None = None
+    #: how sharded sequences' attention may run (solver/cp_modes.py), in ``CP_MODES`` order
+    cp_modes: tuple[str, ...] = DEFAULT_CP_MODES
 
     @property
     def bucket_tokens(self) -> int:
@@ -105,6 +108,7 @@ class Problem:
     seed: int = 0
     backend: str | None = None
     deterministic: bool = False
+    cp_modes: tuple[str, ...] = DEFAULT_CP_MODES
 
     @classmethod
     def from_request(cls, request: Request) -> Problem:
@@ -124,6 +128,7 @@ class Problem:
             seed=request.seed,
             backend=request.backend,
             deterministic=request.deterministic,
+            cp_modes=request.cp_modes,
         )
 
     @property
@@ -136,7 +141,8 @@ class Problem:
 class MicrobatchSpec:
     """A planner's placement of one microbatch, before estimating its time.
 
-    ``local[j]`` stays whole on ``ranks[j]``; ``sharded`` is split evenly over all of ``ranks``.
+    ``local[j]`` stays whole on ``ranks[j]``; ``sharded`` is split evenly over all of ``ranks``, its
+    attention computed in ``mode`` (solver/cp_modes.py).
     """
 
     step: int
@@ -144,6 +150,7 @@ class MicrobatchSpec:
     local: tuple[tuple[int, ...], ...]
     sharded: tuple[int, ...]
     sharding: str = DEFAULT_SHARDING
+    mode: str = DEFAULT_CP_MODE
 
     @property
     def seq_ids(self) -> tuple[int, ...]:
@@ -158,6 +165,7 @@ class Microbatch:
     sharded: tuple[int, ...]
     estimated_ms: float
     sharding: str = DEFAULT_SHARDING
+    mode: str = DEFAULT_CP_MODE
 
     @property
     def seq_ids(self) -> tuple[int, ...]:
@@ -166,15 +174,25 @@ class Microbatch:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Iteration:
+    """One global batch's microbatches. ``lower_bound_ms``: no plan of these sequences, with any groups,
+    beats it; ``static_bound_ms``: no plan in Skrull's static layout (groups of one CP group) beats it,
+    a plan with wider groups may (None when not given, e.g. a plan written elsewhere)."""
+
     index: int
     microbatches: tuple[Microbatch, ...]
     estimated_ms: float
     lower_bound_ms: float
+    static_bound_ms: float | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SolveInfo:
     """How the plan was found. ``gap = (objective - bound) / objective`` when a bound is known.
+
+    ``bound_ms`` holds for every layout: no plan of the request, with any groups, is faster.
+    ``model_bound_ms`` (exact planners only) is the solver's bound over the plans its model can express
+    (``ilp``: Skrull's static layout; ``ilp-flex``: its family of groups), and ``model_gap`` the gap to
+    it; ``status: optimal`` is proven against it, so a plan with other groups may beat it.
 
     ``stats`` are planner-specific figures as ``(name, value)`` pairs (e.g. WLB-LLM's average delay in
     iterations); empty for most planners.
@@ -185,6 +203,8 @@ class SolveInfo:
     objective_ms: float
     bound_ms: float | None = None
     gap: float | None = None
+    model_bound_ms: float | None = None
+    model_gap: float | None = None
     stats: tuple[tuple[str, float], ...] = ()
 
     @property

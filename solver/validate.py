@@ -8,7 +8,8 @@ It knows nothing of how planners work; it checks a plan against the request and 
   in ``pending``, never in an iteration before its own batch, and no unknown id appears;
 * microbatches: ``ranks`` distinct and in ``0..dp*cp-1``; one ``local`` list per rank; nothing sharded on
   a one-GPU group; a known ``sharding`` mode; not empty; every GPU executes its microbatches at distinct
-  steps;
+  steps; a known ``mode`` that the request's ``cp_modes`` allow for a microbatch that shards, and for
+  ``ulysses`` a profile with ``heads`` and ``comm_a2a`` and a group size dividing ``heads.attention``;
 * memory (eq. 7): every GPU within ``bucket_tokens`` in every microbatch, counting the tokens it really
   holds (its local sequences plus the pieces the microbatch's sharding mode cuts for it);
 * deferral (a request with ``defer``, solver/defer.py): every sequence runs in its own batch's iteration
@@ -25,6 +26,7 @@ from __future__ import annotations
 import math
 
 from skrull.solver.cost import CostModel
+from skrull.solver.cp_modes import CP_MODES, ULYSSES
 from skrull.solver.errors import InvalidPlanError
 from skrull.solver.sharding import position_token_counts
 from skrull.solver.types import (
@@ -117,6 +119,7 @@ def microbatch_problems(
     model: CostModel,
     ledger: _Ledger,
     empty_allowed: bool = False,
+    cp_modes: tuple[str, ...] = ("allgather",),
 ) -> tuple[list[str], bool, bool]:
     """One microbatch: group, local lists, sharding mode, ids, memory (eq. 7) and estimate (eqs. 1-5);
     whether it is well formed enough to count in its iteration's time, and whether all its ids are known
@@ -130,6 +133,22 @@ def microbatch_problems(
         problems.append(f"{where}: sequences sharded over a one-GPU group")
     if mb.sharding not in SHARDING_MODES:
         problems.append(f"{where}: sharding {mb.sharding!r} is not one of {', '.join(SHARDING_MODES)}")
+    mode_ok = mb.mode in CP_MODES
+    if not mode_ok:
+        problems.append(f"{where}: mode {mb.mode!r} is not one of {', '.join(CP_MODES)}")
+    elif mb.mode == ULYSSES or (mb.sharded and len(mb.ranks) > 1):
+        if mb.mode not in cp_modes:
+            problems.append(f"{where}: mode {mb.mode!r} is not allowed by the request's cp_modes {list(cp_modes)}")
+        if mb.mode == ULYSSES and not model.profile.plans_ulysses:
+            problems.append(f"{where}: mode 'ulysses' needs the profile's heads and comm_a2a")
+            mode_ok = False
+        elif not model.mode_fits(len(mb.ranks), mb.mode):
+            assert model.profile.heads is not None
+            problems.append(
+                f"{where}: mode 'ulysses' on {len(mb.ranks)} GPUs, which do not divide "
+                f"heads.attention = {model.profile.heads.attention}"
+            )
+            mode_ok = False
     seq_ids = mb.seq_ids
     ok = all(ledger.count(i, where, iteration) for i in seq_ids)
     if not seq_ids and not empty_allowed:  # empty ones only pad counts (equal_microbatches)
@@ -151,7 +170,9 @@ def microbatch_problems(
         if over:
             tokens, g = max(over)
             problems.append(f"{where}: GPU {g} holds {tokens} tokens, over bucket_tokens={model.bucket_tokens}")
-    expected = model.microbatch_time_ms(local_lengths, sharded_lengths)
+    if not mode_ok:
+        return problems, True, True
+    expected = model.microbatch_time_ms(local_lengths, sharded_lengths, mb.mode)
     if not _close(mb.estimated_ms, expected):
         problems.append(f"{where}: estimated_ms {mb.estimated_ms} != reference {expected:.6f}")
     return problems, True, True
@@ -204,7 +225,13 @@ def alignment_problems(
 
 
 def iteration_problems(
-    it: Iteration, *, par: Parallel, model: CostModel, ledger: _Ledger, equal_microbatches: bool = False
+    it: Iteration,
+    *,
+    par: Parallel,
+    model: CostModel,
+    ledger: _Ledger,
+    equal_microbatches: bool = False,
+    cp_modes: tuple[str, ...] = ("allgather",),
 ) -> list[str]:
     """Every microbatch of one iteration, distinct steps per GPU, the iteration estimate (eq. 8) and its
     lower bound (never beaten by a static-layout plan); with ``equal_microbatches``, the same number of
@@ -224,6 +251,7 @@ def iteration_problems(
             model=model,
             ledger=ledger,
             empty_allowed=equal_microbatches,
+            cp_modes=cp_modes,
         )
         problems.extend(found)
         if known:
@@ -238,12 +266,21 @@ def iteration_problems(
     expected_it = model.iteration_time_ms(well_formed, num_gpus)
     if not _close(it.estimated_ms, expected_it):
         problems.append(f"iterations[{it.index}]: estimated_ms {it.estimated_ms} != reference {expected_it:.6f}")
-    bound = model.lower_bound_ms([ledger.lengths[i] for i in ids], par)
+    ran = [ledger.lengths[i] for i in ids]
+    bound = model.lower_bound_ms(ran, par)
     if not _close(it.lower_bound_ms, bound):
         problems.append(f"iterations[{it.index}]: lower_bound_ms {it.lower_bound_ms} != reference {bound:.6f}")
-    static = all(mb.ranks == par.cp_group(mb.ranks[0] // par.cp) for mb in it.microbatches if mb.ranks)
-    if it.estimated_ms < bound - TOLERANCE_MS and static:
+    # the reference bound holds for every layout: a plan that beats it is priced wrong
+    if it.estimated_ms < bound - TOLERANCE_MS:
         problems.append(f"iterations[{it.index}]: estimated_ms {it.estimated_ms} beats the lower bound {bound}")
+    static_bound = model.static_bound_ms(ran, par)
+    if it.static_bound_ms is not None and not _close(it.static_bound_ms, static_bound):
+        problems.append(f"iterations[{it.index}]: static_bound_ms {it.static_bound_ms} != reference {static_bound:.6f}")
+    static = all(mb.ranks == par.cp_group(mb.ranks[0] // par.cp) for mb in it.microbatches if mb.ranks)
+    if it.estimated_ms < static_bound - TOLERANCE_MS and static:
+        problems.append(
+            f"iterations[{it.index}]: estimated_ms {it.estimated_ms} beats the static-layout bound {static_bound}"
+        )
     return problems
 
 
@@ -310,6 +347,16 @@ def solve_problems(plan: Plan) -> list[str]:
             )
         ):
             problems.append(f"solve.gap {solve.gap} != (objective - bound) / objective")
+    if solve.model_bound_ms is not None:
+        if solve.model_bound_ms > solve.objective_ms + TOLERANCE_MS:
+            problems.append(f"solve.model_bound_ms {solve.model_bound_ms} is above the objective {solve.objective_ms}")
+        if solve.model_gap is None or (
+            solve.objective_ms > 0
+            and not math.isclose(
+                solve.model_gap, (solve.objective_ms - solve.model_bound_ms) / solve.objective_ms, abs_tol=GAP_TOLERANCE
+            )
+        ):
+            problems.append(f"solve.model_gap {solve.model_gap} != (objective - model_bound_ms) / objective")
     return problems
 
 
@@ -324,7 +371,12 @@ def plan_problems(plan: Plan, request: Request) -> list[str]:
     for it in plan.iterations:
         problems.extend(
             iteration_problems(
-                it, par=request.parallel, model=model, ledger=ledger, equal_microbatches=request.equal_microbatches
+                it,
+                par=request.parallel,
+                model=model,
+                ledger=ledger,
+                equal_microbatches=request.equal_microbatches,
+                cp_modes=request.cp_modes,
             )
         )
     for i in plan.pending:

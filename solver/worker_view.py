@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from itertools import chain, pairwise
 from typing import Any
 
+from skrull.solver.cp_modes import DEFAULT_CP_MODE, read_mode
 from skrull.solver.errors import RequestError
 from skrull.solver.jsonsafe import read_int, read_ints
 from skrull.solver.sharding import DEFAULT_SHARDING, chunks, position_ranges, read_sharding, zigzag_ranges
@@ -81,6 +82,8 @@ class RankMicrobatch:
     cu_seqlens: tuple[int, ...]
     max_seqlen: int
     sharding: str = DEFAULT_SHARDING
+    #: how the shards' attention runs (solver/cp_modes.py): ``allgather`` or ``ulysses``
+    mode: str = DEFAULT_CP_MODE
 
     @property
     def num_tokens(self) -> int:
@@ -100,6 +103,8 @@ class RankMicrobatch:
         }
         if self.sharding != DEFAULT_SHARDING:
             doc["sharding"] = self.sharding
+        if self.mode != DEFAULT_CP_MODE:
+            doc["mode"] = self.mode
         return doc
 
 
@@ -167,6 +172,7 @@ def _rank_microbatch(mb: Microbatch, lengths: Sequence[int], position: int) -> R
         cu_seqlens=_cumsum(pieces),
         max_seqlen=max(pieces, default=0),
         sharding=mb.sharding,
+        mode=mb.mode,
     )
 
 
@@ -303,6 +309,7 @@ def _rank_microbatch_from_dict(doc: Any, field: str) -> RankMicrobatch:
         cu_seqlens=cu,
         max_seqlen=read_int(doc.get("max_seqlen"), f"{field}.max_seqlen", minimum=0),
         sharding=sharding,
+        mode=read_mode(doc.get("mode"), f"{field}.mode"),
     )
 
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import os
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import pytest
 from hypothesis import settings
@@ -11,6 +12,8 @@ from hypothesis import settings
 from skrull.solver.io import request_from_dict
 from skrull.solver.profile import Profile, profile_from_dict
 from skrull.solver.types import Request
+
+T = TypeVar("T")
 
 # Property tests are deterministic (the same examples every run, so CI never fails by chance);
 # HYPOTHESIS_PROFILE=explore draws new random examples, to hunt for counterexamples by hand.
@@ -44,3 +47,27 @@ def make_request(
         **extra,
     }
     return request_from_dict(doc)
+
+
+def allgather_planners() -> tuple[str, ...]:
+    """Registered planners that can plan a request with the default ``cp_modes`` (all-gather): every one but
+    those that plan Ulysses only (``xtuner``), which tests/solver/test_cp_modes.py covers with its own requests."""
+    from skrull.solver.planners.registry import get_planner, planner_names
+    from skrull.solver.planning import planner_cp_modes
+
+    return tuple(n for n in planner_names() if "allgather" in planner_cp_modes(get_planner(n)))
+
+
+def cpu_seconds(call: Callable[[], T]) -> tuple[T, float]:
+    """``call()`` and the CPU seconds it used, its own and its waited-for child processes' (forked solvers).
+
+    A planner keeps its budget in wall time, which a loaded machine stretches; the CPU it burns does not
+    grow with the load (a busy machine gives it less), so tests bound this and the wall-time promises are
+    measured in bench/ (bench/budgets.py). A planner that ignored its budget still fails such a bound."""
+    before = os.times()
+    result = call()
+    after = os.times()
+    used = sum(
+        getattr(after, f) - getattr(before, f) for f in ("user", "system", "children_user", "children_system")
+    )
+    return result, used

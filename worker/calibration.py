@@ -380,7 +380,8 @@ class LoaderCalibration:
         self.remote = loader.plans if isinstance(loader.plans, ProcessPlans) else None
         self.local = None if self.remote is not None else Calibration(loader.profile)
         self.key = f"skrull/plan-profile/{loader.job_key}/{loader.instance}"
-        self.profiles: dict[int, Any] = {}
+        #: the profile each request ("epoch/chunk") was planned with
+        self.profiles: dict[str, Any] = {}
         #: every measured microbatch with the profile its plan was made with
         self.measured: list[tuple[MeasuredMicrobatch, Any]] = []
         self.reports: list[CalibrationReport] = []
@@ -398,17 +399,17 @@ class LoaderCalibration:
         assert self.local is not None
         return self.local.fitted.profile if self.local.fitted is not None else None
 
-    def profile_for(self, chunk: int) -> Any:
-        """The profile request ``chunk`` is planned with: the latest fit, or the starting profile."""
-        if chunk in self.profiles:
-            return self.profiles[chunk]
+    def profile_for(self, request: str) -> Any:
+        """The profile ``request`` ("epoch/chunk") is planned with: the latest fit, or the starting profile."""
+        if request in self.profiles:
+            return self.profiles[request]
         proposal: Any = self.fitted_profile() or self.start
         if self.store is not None:
             import json
 
-            agreed = self.store.compare_set(f"{self.key}/{chunk}", "", json.dumps(proposal, sort_keys=True))
+            agreed = self.store.compare_set(f"{self.key}/{request}", "", json.dumps(proposal, sort_keys=True))
             proposal = json.loads(agreed.decode() if isinstance(agreed, bytes) else agreed)
-        self.profiles[chunk] = proposal
+        self.profiles[request] = proposal
         return proposal
 
     def record(self, ready: Any, microbatch_ms: Sequence[float]) -> CalibrationReport:
@@ -432,7 +433,7 @@ class LoaderCalibration:
             self.local.refit()
         mbs = measured_microbatches(rows)
         chunk = ready.iteration // self.loader.batches_per_plan
-        profile = self.profiles.get(chunk, self.start)
+        profile = self.profiles.get(f"{self.loader.epoch}/{chunk}", self.start)
         self.measured.extend((mb, profile) for mb in mbs)
         report = iteration_report(ready.iteration, mbs, profile, self._model(profile))
         self.reports.append(report)

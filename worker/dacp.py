@@ -37,7 +37,7 @@ import torch.distributed as dist
 
 from skrull.solver.errors import RequestError
 from skrull.worker.collectives import all_gather_slots, all_to_all_slots, reduce_scatter_slots, wait
-from skrull.worker.kernels import AttentionKernel
+from skrull.worker.kernels import NO_FEATURES, AttentionKernel, Features
 from skrull.worker.layout import MicrobatchLayout
 
 CPMode = Literal["allgather", "ulysses"]
@@ -83,6 +83,11 @@ class DACPPlan:
     ) -> DACPPlan:
         if mode not in CP_MODES:
             raise RequestError("cp_mode", mode, f"unknown context-parallel mode; known: {', '.join(CP_MODES)}")
+        if layout.mode not in CP_MODES:
+            raise RequestError("mode", layout.mode, f"unknown context-parallel mode; known: {', '.join(CP_MODES)}")
+        # The plan's mode wins: a microbatch planned as ulysses runs Ulysses; one planned as allgather (the
+        # default) runs the run's ``mode`` (``--cp-mode``, allgather unless asked otherwise).
+        mode = layout.mode if layout.mode == "ulysses" else mode
         if layout.communicates and group is None:
             raise ValueError(f"microbatch step {layout.step} shards over {list(layout.ranks)} but no group was given")
         if layout.communicates:
@@ -118,13 +123,34 @@ class DACPPlan:
         return bool(self.layout.sharded)
 
 
-def dacp_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: DACPPlan) -> torch.Tensor:
-    """Causal attention over one GPU's packed buffer: ``q`` ``[T, H, D]``, ``k``/``v`` ``[T, H_kv, D]``."""
+def dacp_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    plan: DACPPlan,
+    *,
+    softcap: float | None = None,
+    window: int | None = None,
+) -> torch.Tensor:
+    """Causal attention over one GPU's packed buffer: ``q`` ``[T, H, D]``, ``k``/``v`` ``[T, H_kv, D]``.
+
+    ``softcap`` (logit soft-capping, ``softcap * tanh(s / softcap)`` on the scores) and ``window`` (a sliding
+    window of keys, Hugging Face's ``sliding_window``) apply on every path: local sequences, shard pieces
+    against their gathered key prefix (whose bottom-right alignment puts each query at its global position)
+    and Ulysses' whole sequences (worker/kernels.py)."""
     if q.shape[0] != plan.layout.num_tokens:
         raise ValueError(f"buffer has {q.shape[0]} rows, the microbatch layout {plan.layout.num_tokens}")
+    features = Features(softcap=softcap or 0.0, window=window) if softcap or window is not None else NO_FEATURES
     fn = _AllGatherCP if plan.mode == "allgather" else _UlyssesCP
-    out: torch.Tensor = fn.apply(q, k, v, plan)  # type: ignore[no-untyped-call]
+    out: torch.Tensor = fn.apply(q, k, v, plan, features)  # type: ignore[no-untyped-call]
     return out
+
+
+def _kernel_features(features: Features) -> dict[str, Any]:
+    """The kernel's keyword arguments for ``features`` (none when there are none)."""
+    if not features.any:
+        return {}
+    return {"softcap": features.softcap or None, "window": features.window}
 
 
 # --- shared pieces ---------------------------------------------------------------------------------
@@ -132,7 +158,9 @@ def _leaf(t: torch.Tensor) -> torch.Tensor:
     return t.detach().requires_grad_(True)
 
 
-def _local_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: DACPPlan) -> tuple[Any, torch.Tensor]:
+def _local_forward(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: DACPPlan, features: Features
+) -> tuple[Any, torch.Tensor]:
     """Local attention with its own graph: ``(saved, output)``; ``saved`` is None when there is none."""
     n = plan.num_local_tokens
     if n == 0:
@@ -148,6 +176,7 @@ def _local_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: DACP
             max_seqlen_q=plan.local_max_seqlen,
             max_seqlen_k=plan.local_max_seqlen,
             causal=True,
+            **_kernel_features(features),
         )
     return (ql, kl, vl, out), out.detach()
 
@@ -170,7 +199,9 @@ class _AllGatherCP(torch.autograd.Function):
     """Llama-3 all-gather context parallelism for the sharded part, varlen attention for the local part."""
 
     @staticmethod
-    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: DACPPlan) -> torch.Tensor:
+    def forward(
+        ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: DACPPlan, features: Features
+    ) -> torch.Tensor:
         n = plan.num_local_tokens
         num_pieces = q.shape[0] - n
         work = None
@@ -182,7 +213,7 @@ class _AllGatherCP(torch.autograd.Function):
                 gathered, work = all_gather_slots(send, group=plan.group, async_op=True)
             else:
                 gathered = send
-        local_saved, out_local = _local_forward(q, k, v, plan)  # overlaps the all-gather
+        local_saved, out_local = _local_forward(q, k, v, plan, features)  # overlaps the all-gather
         wait(work)
         sharded_saved = None
         out_pieces = q.new_zeros(0, q.shape[1], v.shape[2])
@@ -199,6 +230,7 @@ class _AllGatherCP(torch.autograd.Function):
                     max_seqlen_q=plan.piece_max_q,
                     max_seqlen_k=plan.piece_max_k,
                     causal=True,
+                    **_kernel_features(features),
                 )
             sharded_saved = (qp, g, out)
             out_pieces = out.detach()
@@ -238,14 +270,16 @@ class _AllGatherCP(torch.autograd.Function):
         else:
             dk_pieces = grad.new_zeros(0, *k_shape[1:])
             dv_pieces = grad.new_zeros(0, *k_shape[1:])
-        return torch.cat([dql, dq_pieces]), torch.cat([dkl, dk_pieces]), torch.cat([dvl, dv_pieces]), None
+        return torch.cat([dql, dq_pieces]), torch.cat([dkl, dk_pieces]), torch.cat([dvl, dv_pieces]), None, None
 
 
 class _UlyssesCP(torch.autograd.Function):
     """All-to-all (head-split) context parallelism for the sharded part, varlen for the local part."""
 
     @staticmethod
-    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: DACPPlan) -> torch.Tensor:
+    def forward(
+        ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: DACPPlan, features: Features
+    ) -> torch.Tensor:
         n = plan.num_local_tokens
         num_pieces = q.shape[0] - n
         heads, kv_heads, dim = q.shape[1], k.shape[1], q.shape[2]
@@ -273,7 +307,7 @@ class _UlyssesCP(torch.autograd.Function):
             else:
                 recv = send
             ctx.heads_split = (hq, hk, k_rep, padded)
-        local_saved, out_local = _local_forward(q, k, v, plan)  # overlaps the all-to-all
+        local_saved, out_local = _local_forward(q, k, v, plan, features)  # overlaps the all-to-all
         wait(work)
         ctx.local_saved = local_saved
         ctx.sharded_saved = None
@@ -292,6 +326,7 @@ class _UlyssesCP(torch.autograd.Function):
                     max_seqlen_q=plan.sharded_max_seqlen,
                     max_seqlen_k=plan.sharded_max_seqlen,
                     causal=True,
+                    **_kernel_features(features),
                 )
             ctx.sharded_saved = (r, out_full)
             back = out_full.new_zeros(size * padded, hq, dim).index_copy(0, plan.gather_index, out_full.detach())
@@ -329,6 +364,7 @@ class _UlyssesCP(torch.autograd.Function):
                 torch.cat([dkl, empty_k]),
                 torch.cat([dvl, empty_k]),
                 None,
+                None,
             )
         r, out_full = ctx.sharded_saved
         (dr,) = torch.autograd.grad(out_full, (r,), g_recv.index_select(0, plan.gather_index))
@@ -340,7 +376,7 @@ class _UlyssesCP(torch.autograd.Function):
         if k_rep > 1:
             dk_p = dk_p.reshape(num_pieces, kv_heads, k_rep, dim).sum(dim=2)
             dv_p = dv_p.reshape(num_pieces, kv_heads, k_rep, dim).sum(dim=2)
-        return torch.cat([dql, dq_p]), torch.cat([dkl, dk_p]), torch.cat([dvl, dv_p]), None
+        return torch.cat([dql, dq_p]), torch.cat([dkl, dk_p]), torch.cat([dvl, dv_p]), None, None
 
 
 def _exchange(send: torch.Tensor, plan: DACPPlan) -> torch.Tensor:

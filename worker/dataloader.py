@@ -41,12 +41,25 @@ shard piece carries its own targets) or ``"hf"`` (Hugging Face's: the label at t
 the model shifts; the loader shifts them here, once). Passing Hugging Face labels as ``"next_token"``
 would train each position to predict itself: the convention is a choice, not a guess.
 ``len(input_ids)`` must equal ``lengths[index]``: the lengths the plan was made for.
+
+Inputs are checked as torch's ``DataLoader`` users expect a training library to: token ids are integers
+(a float, even 3.0, or a bool is refused naming the dataset index, never truncated), ``>= 0`` and below
+``vocab_size`` when it is given; labels are integers, ``-100`` or token ids. At construction an empty
+dataset is refused, and so is a row that no layout can hold (longer than ``cp * bucket_tokens``: the
+error names its dataset index and the bucket or CP degree it would need), before any iteration runs.
+
+Epochs, as torch's ``DataLoader`` with a ``DistributedSampler``: ``set_epoch(e)`` selects epoch ``e``'s
+order (reshuffled deterministically from ``seed`` and ``e``); iterating the loader again after a whole
+pass starts the next epoch. ``drop_last`` (default False, as torch's) drops the last global batch when it
+is partial; kept, it is planned like any other (a smaller global batch, the same loss rule).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import os
+import re
 import threading
 import time
 from collections import deque
@@ -61,6 +74,7 @@ import torch.distributed as dist
 from skrull.corpus.order import global_batches
 from skrull.solver.errors import RequestError
 from skrull.solver.io import DEFER_SOLVERS
+from skrull.solver.profile import load_profile, profile_from_dict
 from skrull.solver.types import Parallel
 from skrull.worker.calibration import CalibrationReport, LoaderCalibration
 from skrull.worker.inputs import pack
@@ -143,10 +157,28 @@ def ready_microbatch(
 
 
 def _as_tensor(value: Any, field: str, index: int) -> torch.Tensor:
-    t = value if isinstance(value, torch.Tensor) else torch.as_tensor(value)
+    """One row's ``input_ids`` or ``labels`` as int64, refusing what ``.long()`` would silently change:
+    floats (3.7 would become 3), bools (True would become token 1) and anything not one-dimensional."""
+    if isinstance(value, torch.Tensor):
+        t = value
+    else:
+        items = list(value) if isinstance(value, list | tuple) else None
+        if items is not None and any(isinstance(x, bool) or not isinstance(x, numbers.Integral) for x in items):
+            bad = next(x for x in items if isinstance(x, bool) or not isinstance(x, numbers.Integral))
+            raise RequestError(f"dataset[{index}].{field}", bad, "token ids and labels must be integers")
+        t = torch.as_tensor(value if items is None else items, dtype=torch.long if items is not None else None)
     if t.dim() != 1:
         raise RequestError(f"dataset[{index}].{field}", list(t.shape), "must be one-dimensional")
+    if t.dtype == torch.bool or t.is_floating_point() or t.is_complex():
+        raise RequestError(f"dataset[{index}].{field}", str(t.dtype), "token ids and labels must be integers")
     return t.long()
+
+
+def profile_bucket_tokens(profile: str | Mapping[str, Any]) -> int:
+    """The memory bucket of ``profile`` (a bundled name or a profile document)."""
+    if isinstance(profile, str):
+        return load_profile(profile).bucket_tokens
+    return profile_from_dict(dict(profile)).bucket_tokens
 
 
 def resolve_rank(*, rank: int | None, dp: int | None, cp: int | None, mesh: DeviceMesh | None) -> tuple[int, int, int]:
@@ -221,11 +253,21 @@ class PlannedBatches:
         deterministic: bool = True,
         defer_max_sequences: int = 0,
         label_convention: str = "next_token",
+        drop_last: bool = False,
+        vocab_size: int | None = None,
         plan_ahead: int | None = None,
         planning_share: float = 0.5,
         calibrate: bool = False,
     ) -> None:
         rank, dp, cp = resolve_rank(rank=rank, dp=dp, cp=cp, mesh=mesh)
+        if len(dataset) == 0:
+            raise RequestError("dataset", 0, "is empty: nothing to train on")
+        if not isinstance(drop_last, bool):
+            raise RequestError("drop_last", drop_last, "must be True or False")
+        if vocab_size is not None and (
+            isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1
+        ):
+            raise RequestError("vocab_size", vocab_size, "must be an integer >= 1 (the model's vocabulary)")
         if batches_per_plan < 1:
             raise RequestError("batches_per_plan", batches_per_plan, "must be an integer >= 1")
         if prefetch < 0:
@@ -248,6 +290,7 @@ class PlannedBatches:
             raise RequestError("plans", type(plans).__name__, "give a client (a service) or plans, not both")
         self.dataset = dataset
         self.lengths = list(lengths)
+        self._check_lengths(self.lengths, cp=cp, bucket_tokens=bucket_tokens or profile_bucket_tokens(profile))
         #: what every rank's loader shares: names the node's planner process and the job's budget keys
         self.job_key = plan_key(
             {"lengths": self.lengths, "batch": global_batch_size, "seed": seed, "epoch": epoch, "shuffle": shuffle,
@@ -291,18 +334,21 @@ class PlannedBatches:
         self.device = device or torch.device("cpu")
         self.seed, self.epoch, self.shuffle = seed, epoch, shuffle
         self.global_batch_size = global_batch_size
-        self.batches = global_batches(
-            len(lengths), global_batch_size=global_batch_size, seed=seed, epoch=epoch, shuffle=shuffle
-        )
-        if num_iterations is not None:
-            self.batches = self.batches[:num_iterations]
-        #: the next iteration ``__iter__`` yields (``state_dict`` / ``load_state_dict``)
-        self.next_iteration = 0
-        self._plans: dict[int, Future[str]] = {}
-        #: dataset indices carried into each chunk's request (deferred by the chunk before it)
-        self._carried: dict[int, tuple[int, ...]] = {0: ()}
+        #: keep (False, torch's default) or drop the last global batch of an epoch when it is partial
+        self.drop_last = drop_last
+        #: token ids must be below it when given (the model's ``config.vocab_size``)
+        self.vocab_size = vocab_size
+        self.num_iterations = num_iterations
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=PLANS_IN_FLIGHT, thread_name_prefix="skrull-plans")
+        self._start_epoch(epoch)
+        if not self.batches:
+            raise RequestError(
+                "global_batch_size",
+                global_batch_size,
+                f"leaves no global batch of the {len(lengths)} rows (drop_last={drop_last}, num_iterations="
+                f"{num_iterations})",
+            )
         with _INSTANCES_LOCK:  # the n-th loader of a job in every process: the keys its ranks agree under
             self.instance = _INSTANCES.get(self.job_key, 0)
             _INSTANCES[self.job_key] = self.instance + 1
@@ -345,6 +391,55 @@ class PlannedBatches:
             raise RequestError("calibrate", False, "record_timings needs PlannedBatches(calibrate=True)")
         return self.calibration.record(ready, microbatch_ms)
 
+    @staticmethod
+    def _check_lengths(lengths: Sequence[int], *, cp: int, bucket_tokens: int) -> None:
+        """Every row fits some layout: whole in one bucket, or sharded over at most ``cp`` GPUs' buckets."""
+        limit = cp * bucket_tokens
+        for index, n in enumerate(lengths):
+            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+                raise RequestError(f"lengths[{index}]", n, "must be an integer >= 1 (the row's token count)")
+            if n > limit:
+                raise RequestError(
+                    f"dataset[{index}]",
+                    n,
+                    f"tokens: no layout holds it (cp={cp} x bucket_tokens={bucket_tokens} = {limit}); it needs "
+                    f"bucket_tokens >= {-(-n // cp)} at cp={cp}, or cp >= {-(-n // bucket_tokens)} at this bucket, "
+                    "or drop / truncate the row",
+                )
+
+    # -- epochs --------------------------------------------------------------------------------------
+
+    def _start_epoch(self, epoch: int) -> None:
+        """Epoch ``epoch``'s global batches (its own deterministic order), from its first iteration."""
+        batches = global_batches(
+            len(self.lengths),
+            global_batch_size=self.global_batch_size,
+            seed=self.seed,
+            epoch=epoch,
+            shuffle=self.shuffle,
+            drop_last=self.drop_last,
+        )
+        if self.num_iterations is not None:
+            batches = batches[: self.num_iterations]
+        with self._lock:
+            self.epoch = epoch
+            self.batches = batches
+            #: the next iteration ``__iter__`` yields (``state_dict`` / ``load_state_dict``)
+            self.next_iteration = 0
+            self._plans: dict[int, Future[str]] = {}
+            #: dataset indices carried into each chunk's request (deferred by the chunk before it)
+            self._carried: dict[int, tuple[int, ...]] = {0: ()}
+            #: this loader yielded the epoch's last iteration: its next pass is the next epoch
+            self._finished_pass = False
+
+    def set_epoch(self, epoch: int) -> None:
+        """Train epoch ``epoch`` next (torch's ``DistributedSampler.set_epoch``): its order is reshuffled from
+        ``seed`` and ``epoch``; the same epoch again keeps where the loop is."""
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise RequestError("epoch", epoch, "must be an integer >= 0")
+        if epoch != self.epoch or self._finished_pass:
+            self._start_epoch(epoch)
+
     # -- resuming ------------------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
@@ -363,7 +458,7 @@ class PlannedBatches:
             "cp": self.cp,
             "defer_max_sequences": self.defer_max_sequences,
             "carried": list(carried),
-            "budgets": self.budget.state_dict(chunk),
+            "budgets": self.budget.state_dict(epoch=self.epoch, from_chunk=chunk),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -372,10 +467,18 @@ class PlannedBatches:
         mine = self.state_dict()
         defaults = {"defer_max_sequences": 0}  # saved before the loader deferred: it did not
         for key, value in mine.items():
-            if key not in ("next_iteration", "carried", "budgets") and state.get(key, defaults.get(key)) != value:
+            if (
+                key not in ("next_iteration", "carried", "epoch", "budgets")
+                and state.get(key, defaults.get(key)) != value
+            ):
                 raise RequestError(
                     f"state_dict.{key}", state.get(key), f"was saved by a loader with {key}={value!r} here"
                 )
+        epoch = state.get("epoch", self.epoch)
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise RequestError("state_dict.epoch", epoch, "must be an integer >= 0")
+        if epoch != self.epoch:
+            self._start_epoch(epoch)
         start = state.get("next_iteration")
         if not isinstance(start, int) or not 0 <= start <= len(self.batches):
             raise RequestError("state_dict.next_iteration", start, f"must be in 0..{len(self.batches)}")
@@ -385,9 +488,9 @@ class PlannedBatches:
             self._carried[chunk] = carried
         budgets = state.get("budgets", {})
         if not isinstance(budgets, Mapping) or not all(
-            str(k).isdigit() and isinstance(v, int | float) and v > 0 for k, v in budgets.items()
+            re.fullmatch(r"\d+/\d+", str(k)) and isinstance(v, int | float) and v > 0 for k, v in budgets.items()
         ):
-            raise RequestError("state_dict.budgets", budgets, "must map request numbers to budgets in seconds")
+            raise RequestError("state_dict.budgets", budgets, 'must map requests ("epoch/chunk") to budgets in seconds')
         self.budget.load_state_dict(budgets)
         self.next_iteration = start
 
@@ -450,12 +553,12 @@ class PlannedBatches:
         if self.bucket_tokens is not None:
             doc["bucket_tokens"] = self.bucket_tokens
         if self.calibration is not None:
-            doc["profile"] = self.calibration.profile_for(chunk)
+            doc["profile"] = self.calibration.profile_for(f"{self.epoch}/{chunk}")
         if self.time_budget_s is not None:
             doc["time_budget_s"] = self.time_budget_s
         elif self._budget_key is not None:
             doc["time_budget_s"] = self.budget.decide(
-                chunk,
+                f"{self.epoch}/{chunk}",
                 solver=self.solver,
                 batch_sizes=[len(b) for b in batches],
                 parallel=Parallel(dp=self.dp, cp=self.cp),
@@ -530,6 +633,18 @@ class PlannedBatches:
             labels = torch.cat([ids[1:], torch.tensor([IGNORE_INDEX], dtype=torch.long)])
         elif self.label_convention == "hf":  # the label of position t + 1 is the target of position t
             labels = torch.cat([labels[1:], torch.tensor([IGNORE_INDEX], dtype=torch.long, device=labels.device)])
+        if ids.numel() and int(ids.min()) < 0:
+            raise RequestError(f"dataset[{index}].input_ids", int(ids.min()), "token ids must be >= 0")
+        if self.vocab_size is not None and ids.numel() and int(ids.max()) >= self.vocab_size:
+            raise RequestError(
+                f"dataset[{index}].input_ids",
+                int(ids.max()),
+                f"is out of the vocabulary (vocab_size={self.vocab_size})",
+            )  # fmt: skip
+        bad = (labels < 0) & (labels != IGNORE_INDEX)
+        if bool(bad.any()):
+            first_bad = int(labels[bad][0])
+            raise RequestError(f"dataset[{index}].labels", first_bad, f"labels are token ids or {IGNORE_INDEX}")
         if ids.shape[0] != self.lengths[index] or labels.shape[0] != ids.shape[0]:
             raise RequestError(
                 f"dataset[{index}]",
@@ -604,6 +719,8 @@ class PlannedBatches:
         return self._ready(iteration, plan_id, view, 0.0)
 
     def __iter__(self) -> Iterator[ReadyIteration]:
+        if self._finished_pass:  # the last pass ran to the epoch's end: this one is the next epoch
+            self._start_epoch(self.epoch + 1)
         todo = deque(range(self.next_iteration, len(self.batches)))
         pool = ThreadPoolExecutor(max_workers=self.prefetch + 1, thread_name_prefix="skrull-views")
         in_flight: deque[tuple[int, Future[ReadyIteration]]] = deque()
@@ -619,6 +736,7 @@ class PlannedBatches:
                     self.budget.record_step(start - returned)
                 ready = future.result()
                 self.next_iteration = i + 1
+                self._finished_pass = self.next_iteration >= len(self.batches)
                 returned = time.perf_counter()
                 yield dataclasses.replace(ready, blocked_s=returned - start)
         finally:

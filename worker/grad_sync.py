@@ -28,6 +28,8 @@ import torch.distributed as dist
 from torch import nn
 
 GRAD_SYNCS = ("allreduce", "ddp", "fsdp")
+#: Set on the DDP wrapper and on every FSDP2 unit ``wrap`` made: their reductions sum over the world.
+SUM_MARKER = "_skrull_sums_gradients"
 #: Modes whose every rank must run the same, aligned microbatches (or any microbatch at all).
 NEED_EQUAL_MICROBATCHES = ("ddp", "fsdp")
 
@@ -60,6 +62,7 @@ def wrap(model: nn.Module, mode: str) -> nn.Module:
     if mode == "ddp":
         ddp = nn.parallel.DistributedDataParallel(model)
         ddp.register_comm_hook(None, _sum_hook)
+        setattr(ddp, SUM_MARKER, True)
         return ddp
     if mode == "fsdp":
         from torch.distributed.fsdp import fully_shard
@@ -70,7 +73,73 @@ def wrap(model: nn.Module, mode: str) -> nn.Module:
         for unit in units:  # each group's reduce-scatter: a sum over the world, not a mean
             unit.set_gradient_divide_factor(1.0)
             unit.set_force_sum_reduction_for_comms(True)  # a plain SUM (gloo has no PREMUL_SUM)
+            setattr(unit, SUM_MARKER, True)
     return model
+
+
+def begin(model: nn.Module, *, microbatches: int) -> None:
+    """Before an iteration's first forward (``scheduled_step``): refuse what would train a silently wrong
+    gradient or hang, naming the fix.
+
+    - A model wrapped in DDP or sharded with FSDP2 other than by ``wrap``: their reduction averages over the
+      world, while a planned step's loss is already divided by the global target count, so every gradient
+      would be 1/world of the true one (found: exactly 1/4 at 4 ranks, the printed loss right).
+    - Under DDP/FSDP2, ranks whose microbatch counts differ in this iteration: FSDP2's every forward
+      all-gathers over the world and DDP syncs on the last backward only, so the ranks would wait on each
+      other for ever (found: a hang at iteration 2). One all-reduce of two integers tells every rank, so all
+      of them stop together, before any forward.
+    """
+    wrapped = _wrapper_kind(model)
+    if wrapped is None:
+        return
+    if wrapped == "unmarked":
+        raise ValueError(
+            f"model: {_describe_unmarked(model)} not by skrull.worker.grad_sync.wrap: its gradient reduction "
+            "averages over the world, which makes every gradient of a planned step 1/world of the true one; build "
+            "the model, then model = grad_sync.wrap(model, 'fsdp') (or 'ddp') instead of fully_shard / "
+            "DistributedDataParallel"
+        )
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return
+    counts = torch.tensor([microbatches, -microbatches], dtype=torch.int64, device=_device_of(model))
+    dist.all_reduce(counts, op=dist.ReduceOp.MAX)
+    most, fewest = int(counts[0]), -int(counts[1])
+    if most != fewest or fewest == 0:
+        raise ValueError(
+            f"equal_microbatches: ranks run {fewest} to {most} microbatches in this iteration under "
+            f"{'FSDP2' if wrapped == 'fsdp' else 'DDP'}, which needs the same count on every rank (else it hangs); "
+            "plan with PlannedBatches(..., equal_microbatches=True)"
+        )
+
+
+def _device_of(model: nn.Module) -> torch.device:
+    param = next(iter(model.parameters()), None)
+    if param is None or dist.get_backend() == "gloo":
+        return torch.device("cpu")
+    return param.device
+
+
+def _fsdp_units(model: nn.Module) -> list[nn.Module]:
+    from torch.distributed.fsdp import FSDPModule
+
+    return [m for m in unwrapped(model).modules() if isinstance(m, FSDPModule)]
+
+
+def _wrapper_kind(model: nn.Module) -> str | None:
+    """``"ddp"`` / ``"fsdp"`` when ``wrap`` made it, ``"unmarked"`` when DDP or FSDP2 came from elsewhere,
+    None when it is the bare model."""
+    if isinstance(model, nn.parallel.DistributedDataParallel):
+        return "ddp" if getattr(model, SUM_MARKER, False) else "unmarked"
+    units = _fsdp_units(model)
+    if not units:
+        return None
+    return "fsdp" if all(getattr(u, SUM_MARKER, False) for u in units) else "unmarked"
+
+
+def _describe_unmarked(model: nn.Module) -> str:
+    if isinstance(model, nn.parallel.DistributedDataParallel):
+        return "wrapped in DistributedDataParallel"
+    return "sharded with FSDP2 fully_shard"
 
 
 def _is_fsdp(model: nn.Module) -> bool:

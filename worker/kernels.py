@@ -8,6 +8,16 @@ right, flash-attention's convention: query ``i`` of a segment with ``q_len`` que
 sees keys ``0 .. i + k_len - q_len``. That is what lets a shard piece ``[a, b)`` attend to the key prefix
 ``[0, b)`` of its sequence with the sequence's own causal mask (see worker/layout.py).
 
+Two attention features of some model families are part of the call, so that every backend computes them
+on every path (local sequences, shard pieces, Ulysses' whole sequences):
+
+- ``softcap`` (Gemma 2's ``attn_logit_softcapping``): scores become ``softcap * tanh(scores / softcap)``
+  before the mask and the softmax. flash-attn takes it as ``softcap``; ``sdpa`` and PyTorch's varlen
+  kernel have no such argument, so with a softcap they compute the scores explicitly (the reference's way);
+- ``window`` (``sliding_window``, Hugging Face's meaning): a query at position ``p`` sees keys ``p - window <
+  j <= p``, i.e. the ``window`` keys ending at itself; with bottom-right alignment ``p`` is the query's
+  position in the key segment. flash-attn spells it ``window_size=(window - 1, 0)``.
+
 Backends, in order of preference (``select_kernel``):
 
 - ``flash-attn``: ``flash_attn.flash_attn_varlen_func`` when the package is installed (CUDA, fp16/bf16);
@@ -59,13 +69,48 @@ class AttentionKernel:
         max_seqlen_k: int,
         causal: bool = True,
         scale: float | None = None,
+        softcap: float | None = None,
+        window: int | None = None,
     ) -> torch.Tensor:
         if q.shape[0] == 0:
             return q.new_zeros(q.shape[0], q.shape[1], v.shape[2])
         if q.shape[1] % k.shape[1] != 0:
             raise ValueError(f"query heads {q.shape[1]} are not a multiple of key/value heads {k.shape[1]}")
+        if softcap is not None and not softcap > 0:
+            raise ValueError(f"softcap {softcap}: must be > 0 (or None)")
+        if window is not None and (not causal or window < 1):
+            raise ValueError(f"window {window}: a sliding window is >= 1 keys and causal")
         scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+        features = Features(softcap=softcap or 0.0, window=window)
+        if features.any and self.name in ("sdpa", "torch-varlen") and softcap:
+            # neither has a softcap argument: the scores are written out (exact, float32)
+            return _reference(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, features)
+        if features.any:
+            return self.fn(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, features)
         return self.fn(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale)
+
+
+@dataclass(frozen=True, slots=True)
+class Features:
+    """The optional score transforms of a call (module doc): ``softcap`` 0 is none, ``window`` None is none."""
+
+    softcap: float = 0.0
+    window: int | None = None
+
+    @property
+    def any(self) -> bool:
+        return bool(self.softcap) or self.window is not None
+
+
+NO_FEATURES = Features()
+
+
+def _visible(rows: torch.Tensor, cols: torch.Tensor, offset: int, window: int | None) -> torch.Tensor:
+    """Bottom-right causal visibility (query row ``i`` at key position ``i + offset``), within ``window``."""
+    visible = cols <= rows + offset
+    if window is not None:
+        visible = visible & (cols > rows + offset - window)
+    return visible
 
 
 def _segments(cu_q: torch.Tensor, cu_k: torch.Tensor) -> list[tuple[int, int, int, int]]:
@@ -86,8 +131,9 @@ def _reference(
     max_k: int,
     causal: bool,
     scale: float,
+    features: Features = NO_FEATURES,
 ) -> torch.Tensor:
-    """softmax(q k^T * scale + mask) v per segment, in float32; rows with no visible key give 0."""
+    """softmax(softcap(q k^T * scale) + mask) v per segment, in float32; rows with no visible key give 0."""
     rep = q.shape[1] // k.shape[1]
     out = q.new_zeros(q.shape[0], q.shape[1], v.shape[2])
     pieces = []
@@ -101,10 +147,12 @@ def _reference(
             b1 = min(q_len, b0 + REFERENCE_BLOCK_ROWS)
             qh = q[q0 + b0 : q0 + b1].float().transpose(0, 1)  # [H, rows, D]
             scores = torch.matmul(qh, kh.transpose(1, 2)) * scale
+            if features.softcap:
+                scores = torch.tanh(scores / features.softcap) * features.softcap
             if causal:
                 rows = torch.arange(b0, b1, device=q.device).unsqueeze(1)
                 cols = torch.arange(k_len, device=q.device).unsqueeze(0)
-                visible = cols <= rows + (k_len - q_len)
+                visible = _visible(rows, cols, k_len - q_len, features.window)
                 scores = scores.masked_fill(~visible, float("-inf"))
                 probs = torch.softmax(scores, dim=-1).masked_fill(~visible.any(dim=1, keepdim=True), 0.0)
             else:
@@ -126,8 +174,12 @@ def _sdpa(
     max_k: int,
     causal: bool,
     scale: float,
+    features: Features = NO_FEATURES,
 ) -> torch.Tensor:
     from torch.nn.attention.bias import causal_lower_right
+
+    if features.softcap:  # sdpa has no softcap: the scores written out
+        return _reference(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, features)
 
     outs = []
     for q0, q1, k0, k1 in _segments(cu_q, cu_k):
@@ -136,10 +188,20 @@ def _sdpa(
             continue
         qh, kh, vh = (t.transpose(0, 1).unsqueeze(0) for t in (q[q0:q1], k[k0:k1], v[k0:k1]))
         mask: Any = None
-        if causal and q_len != k_len:
+        if features.window is not None:
+            rows = torch.arange(q_len, device=q.device).unsqueeze(1)
+            cols = torch.arange(k_len, device=q.device).unsqueeze(0)
+            mask = _visible(rows, cols, k_len - q_len, features.window)
+        elif causal and q_len != k_len:
             mask = causal_lower_right(q_len, k_len)
         o = F.scaled_dot_product_attention(
-            qh, kh, vh, attn_mask=mask, is_causal=causal and q_len == k_len, scale=scale, enable_gqa=True
+            qh,
+            kh,
+            vh,
+            attn_mask=mask,
+            is_causal=causal and q_len == k_len and mask is None,
+            scale=scale,
+            enable_gqa=True,
         )
         outs.append(o.squeeze(0).transpose(0, 1))
     return torch.cat(outs) if outs else q.new_zeros(q.shape[0], q.shape[1], v.shape[2])
@@ -165,10 +227,14 @@ def _torch_varlen() -> KernelFn | None:
         max_k: int,
         causal: bool,
         scale: float,
+        features: Features = NO_FEATURES,
     ) -> torch.Tensor:
         extra: dict[str, Any] = {"scale": scale}
+        left = -1 if features.window is None else features.window - 1
         if "window_size" in params:
-            extra["window_size"] = (-1, 0) if causal else (-1, -1)
+            extra["window_size"] = (left, 0) if causal else (-1, -1)
+        elif features.window is not None:  # no window argument: the scores written out
+            return _reference(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, features)
         else:
             extra["is_causal"] = causal
         if q.shape[1] != k.shape[1]:
@@ -202,8 +268,14 @@ def _flash_attn() -> KernelFn | None:
         max_k: int,
         causal: bool,
         scale: float,
+        features: Features = NO_FEATURES,
     ) -> torch.Tensor:
-        out: torch.Tensor = flash(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=scale, causal=causal)
+        extra: dict[str, Any] = {}
+        if features.softcap:
+            extra["softcap"] = features.softcap
+        if features.window is not None:
+            extra["window_size"] = (features.window - 1, 0)
+        out: torch.Tensor = flash(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=scale, causal=causal, **extra)
         return out
 
     return run

@@ -83,6 +83,8 @@ class MicrobatchLayout:
     local_ids: tuple[int, ...]
     local_lengths: tuple[int, ...]
     sharded: tuple[ShardedSequence, ...]
+    #: how the sharded sequences' attention runs (the plan's ``mode``, solver/cp_modes.py)
+    mode: str = "allgather"
 
     # --- the group --------------------------------------------------------------------------------
     @property
@@ -257,6 +259,7 @@ def layout_from_rank_microbatch(
         local_ids=mb.local,
         local_lengths=tuple(lengths[i] for i in mb.local),
         sharded=sharded,
+        mode=mb.mode,
     )
     if layout.cu_seqlens != mb.cu_seqlens or layout.max_seqlen != mb.max_seqlen:
         raise RequestError(

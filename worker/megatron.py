@@ -132,6 +132,13 @@ def megatron_microbatches(
     is collective), e.g. Megatron's ``parallel_state.get_context_parallel_group()`` keyed by
     ``get_context_parallel_global_ranks()``. A group whose members differ from the ranks is refused.
     """
+    if layout.mode != "allgather" and layout.communicates:
+        raise RequestError(
+            f"microbatches[step={layout.step}].mode",
+            layout.mode,
+            'Megatron-Core\'s context parallelism is ring / all-gather attention: plan with cp_modes ["allgather"] '
+            "to run under Megatron",
+        )
     dev = device or torch.device("cpu")
     local_ids, local_lengths = list(layout.local_ids), list(layout.local_lengths)
     if layout.group_size == 1:  # "sharded" over one GPU: whole sequences, local work

@@ -602,7 +602,8 @@ class PlanningBudget:
         self._overruns: deque[float] = deque(maxlen=16)
         self._solves = 0
         self._waits: deque[float] = deque(maxlen=4)
-        self.decided: dict[int, float] = {}
+        #: budgets decided, by request ("epoch/chunk")
+        self.decided: dict[str, float] = {}
         self._lock = threading.Lock()
 
     def record_step(self, seconds: float) -> None:
@@ -630,7 +631,7 @@ class PlanningBudget:
 
     def decide(
         self,
-        chunk: int,
+        request: str,
         *,
         solver: str,
         batch_sizes: Sequence[int],
@@ -638,22 +639,23 @@ class PlanningBudget:
         store: Any = None,
         key: str = "",
     ) -> float:
-        """The budget of request ``chunk``: this loader's proposal, or the one already agreed in ``store`` (the
-        first proposal of any rank wins: ``compare_set``), so every rank and node asks for the same plan."""
+        """The budget of ``request`` ("epoch/chunk"): this loader's proposal, or the one already agreed in
+        ``store`` (the first proposal of any rank wins: ``compare_set``), so every rank and node asks for the
+        same plan."""
         with self._lock:
-            if chunk in self.decided:
-                proposal, why = self.decided[chunk], "kept from before (state_dict)"
+            if request in self.decided:
+                proposal, why = self.decided[request], "kept from before (state_dict)"
             else:
                 proposal, why = self._propose(solver=solver, batch_sizes=batch_sizes, parallel=parallel)
         budget = proposal
         if store is not None:
-            agreed = store.compare_set(f"{key}/{chunk}", "", repr(proposal))
+            agreed = store.compare_set(f"{key}/{request}", "", repr(proposal))
             budget = float(agreed.decode() if isinstance(agreed, bytes) else agreed)
             if budget != proposal:
                 why = f"agreed by another rank (this one proposed {proposal:g} s)"
-        log.info("planning budget of request %d: %g s (%s)", chunk, budget, why)
+        log.info("planning budget of request %s: %g s (%s)", request, budget, why)
         with self._lock:
-            self.decided[chunk] = budget
+            self.decided[request] = budget
         return budget
 
     def _propose(self, *, solver: str, batch_sizes: Sequence[int], parallel: Parallel) -> tuple[float, str]:
@@ -674,14 +676,19 @@ class PlanningBudget:
             why += f"; kept within [{floor:g} s (the planner's minimum), {self.max_s:g} s]"
         return budget, why
 
-    def state_dict(self, from_chunk: int) -> dict[str, float]:
+    def state_dict(self, *, epoch: int, from_chunk: int) -> dict[str, float]:
+        """The budgets decided for the requests not yet trained: ``epoch``'s, from ``from_chunk`` on."""
         with self._lock:
-            return {str(c): b for c, b in self.decided.items() if c >= from_chunk}
+            return {
+                r: b
+                for r, b in self.decided.items()
+                if r.split("/")[0] == str(epoch) and int(r.split("/")[1]) >= from_chunk
+            }
 
     def load_state_dict(self, decided: Mapping[str, Any]) -> None:
         with self._lock:
-            for c, b in decided.items():
-                self.decided[int(c)] = float(b)
+            for r, b in decided.items():
+                self.decided[str(r)] = float(b)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -31,6 +31,7 @@ import dataclasses
 from collections.abc import Sequence
 
 from skrull.solver.cost import CostModel
+from skrull.solver.cp_modes import CP_MODES
 from skrull.solver.planners.base import PlannerOutput
 from skrull.solver.planners.exact import groups_to_specs, is_static, kill_grace_s, optimize_iteration, specs_to_groups
 from skrull.solver.search.bound import microbatch_floor_ms
@@ -66,6 +67,8 @@ class AutoPlanner:
     name = "auto"
     #: one time budget is shared over the batches (and the exact stage may take a batch's unused share)
     streams_iterations = False
+    #: per microbatch the cheaper of all-gather CP and Ulysses the request allows: the search prices both
+    cp_modes = CP_MODES
 
     def __init__(self, backend: str | None = None, *, allow_pending: bool = False) -> None:
         self.backend = backend
@@ -86,7 +89,7 @@ class AutoPlanner:
             iterations.extend(its)
             pending.extend(pend)
             offset += sum(len(ids) for ids in chunk)
-        cost = CostModel(problem.profile, bucket_tokens=problem.bucket_tokens)
+        cost = CostModel(problem.profile, bucket_tokens=problem.bucket_tokens, choose_modes=problem.cp_modes)
         lengths = problem.lengths
         objective = sum(iteration_ms(specs, lengths, cost, problem.parallel.num_gpus) for specs in iterations)
         bound = sum(
@@ -129,7 +132,7 @@ class AutoPlanner:
         # iteration of the request (WLB-LLM's queues, even with nothing left pending) is not a plan to return
         outputs = [o for _, o in starts if self.allow_pending or _keeps_batches(o, sub)]
         candidates = choose_starts(sub, outputs)
-        cost = CostModel(problem.profile, bucket_tokens=problem.bucket_tokens)
+        cost = CostModel(problem.profile, bucket_tokens=problem.bucket_tokens, choose_modes=problem.cp_modes)
         best: tuple[float, list[Specs], list[int]] | None = None
         for k, (_, alternatives, pending) in enumerate(candidates):
             share = (deadline - clock()) / (len(candidates) - k)
@@ -152,7 +155,7 @@ class AutoPlanner:
     ) -> list[Specs]:
         """Each iteration searched from its alternatives (best first) with an equal share of the time;
         ``exact_model=False`` leaves the exact model out (while the peers' child holds the other core)."""
-        cost = CostModel(problem.profile, bucket_tokens=problem.bucket_tokens)
+        cost = CostModel(problem.profile, bucket_tokens=problem.bucket_tokens, choose_modes=problem.cp_modes)
         par = problem.parallel
         lengths = problem.lengths
         out = []
@@ -203,7 +206,7 @@ def choose_starts(problem: Problem, outputs: Sequence[PlannerOutput]) -> list[Ca
     alternatives are their plans of it, fastest first. A deferring output (WLB-LLM's outlier queues)
     is a candidate of its own, per unit of work (``solver.metrics.work_ms``), when it is within
     ``DEFERRING_SLACK`` of the best: the search may turn either into the better plan."""
-    cost = CostModel(problem.profile, bucket_tokens=problem.bucket_tokens)
+    cost = CostModel(problem.profile, bucket_tokens=problem.bucket_tokens, choose_modes=problem.cp_modes)
     lengths = problem.lengths
     gpus = problem.parallel.num_gpus
     in_place = [o for o in outputs if _keeps_batches(o, problem)]

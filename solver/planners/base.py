@@ -25,7 +25,9 @@ class PlannerOutput:
     """A planner's answer: microbatches per iteration (one entry per batch), ids deferred past the last.
 
     ``status`` and ``bound_ms`` feed the plan's ``solve`` block: heuristics report ``heuristic`` and no
-    bound; exact planners report ``optimal`` / ``feasible`` / ``timeout`` with their dual bound.
+    bound; exact planners report ``optimal`` / ``feasible`` / ``timeout`` with a bound valid for every
+    layout (``bound_ms``) and their solver's bound over the plans their model expresses
+    (``model_bound_ms``, which ``optimal`` refers to).
     ``stats`` are planner-specific figures carried into ``solve.stats`` (``(name, value)`` pairs).
     """
 
@@ -33,6 +35,7 @@ class PlannerOutput:
     pending: tuple[int, ...] = ()
     status: str = "heuristic"
     bound_ms: float | None = None
+    model_bound_ms: float | None = None
     stats: tuple[tuple[str, float], ...] = ()
 
 

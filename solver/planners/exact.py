@@ -18,13 +18,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from skrull.solver.cost import CostModel
+from skrull.solver.cp_modes import CP_MODES
 from skrull.solver.ilp.builder import GroupMicrobatch, Layout
 from skrull.solver.ilp.runner import Report, Work, run_with_deadline
 from skrull.solver.ilp.search import EXACT_MAX_BINARIES, improve_lns, model_size, plan_time_ms, solve_exact
 from skrull.solver.planners.base import PlannerOutput, make_spec
 from skrull.solver.planners.dacp import dacp_place
 from skrull.solver.planners.skrull import gds_dacp_batch
-from skrull.solver.search.bound import layout_free_bound_ms
+from skrull.solver.search.bound import layout_free_bound_ms, sharding_floor_ms
 from skrull.solver.search.budget import FINISH_RESERVE_PER_SEQUENCE_S
 from skrull.solver.types import MicrobatchSpec, Parallel, Problem
 
@@ -105,7 +106,7 @@ def optimize_iteration(
     # the static bound and the layout-free one (search/bound.py) both hold for every static plan; the
     # layout-free one counts whole microbatches, so it is the tighter where fixed costs dominate
     batch = [lengths[i] for i in ids]
-    lower = max(cost.lower_bound_ms(batch, problem.parallel), layout_free_bound_ms(batch, cost, problem.parallel))
+    lower = max(cost.static_bound_ms(batch, problem.parallel), layout_free_bound_ms(batch, cost, problem.parallel))
     if model_size(seq_ids=ids, lengths=lengths, group_size=n, cost=cost, hint=hint) <= EXACT_MAX_BINARIES:
         work = exact_work(problem, ids, hint, group_size=n, cost=cost, lower_bound_ms=lower, backend=backend)
     else:
@@ -147,14 +148,18 @@ def combine_statuses(statuses: Sequence[str]) -> str:
 
 
 #: Solves one iteration: (problem, its ids, the offset of its first id, deadline, kill grace) ->
-#: (microbatches, bound in ms, status).
+#: (microbatches, the model's bound in ms, status).
 IterationSolve = Callable[[Problem, tuple[int, ...], int, float, float], tuple[Sequence[MicrobatchSpec], float, str]]
 
 
 def plan_within_budget(problem: Problem, solve_iteration: IterationSolve) -> PlannerOutput:
     """Every iteration in turn with an equal share of the time left. The budget covers the whole solve:
     each solver process is killed at its deadline plus ``kill_grace_s``, and the time to estimate and
-    validate the plan (``FINISH_RESERVE_PER_SEQUENCE_S`` per sequence) is kept back."""
+    validate the plan (``FINISH_RESERVE_PER_SEQUENCE_S`` per sequence) is kept back.
+
+    The solver's bounds hold over the plans its model expresses (``model_bound_ms``; the static layout
+    for ``ilp``); the plan's ``bound_ms`` is ``search.bound.sharding_floor_ms`` of each iteration, valid
+    for every layout (a plan with wider groups may beat the static bound)."""
     begin = time.monotonic()
     grace = kill_grace_s(problem.time_budget_s)
     end = begin + problem.time_budget_s - grace - FINISH_RESERVE_PER_SEQUENCE_S * len(problem.lengths)
@@ -167,7 +172,21 @@ def plan_within_budget(problem: Problem, solve_iteration: IterationSolve) -> Pla
         bounds.append(bound)
         statuses.append(status)
         offset += len(ids)
-    return PlannerOutput(iterations=tuple(iterations), status=combine_statuses(statuses), bound_ms=sum(bounds))
+    cost = CostModel(problem.profile, bucket_tokens=problem.bucket_tokens)
+    lengths = problem.lengths
+    every_layout = sum(
+        min(
+            sharding_floor_ms([lengths[i] for s in specs for i in s.seq_ids], cost, problem.parallel),
+            cost.iteration_ms(specs, lengths, problem.parallel.num_gpus),
+        )
+        for specs in iterations
+    )
+    return PlannerOutput(
+        iterations=tuple(iterations),
+        status=combine_statuses(statuses),
+        bound_ms=every_layout,
+        model_bound_ms=sum(bounds),
+    )
 
 
 def _skrull_groups(problem: Problem, ids: tuple[int, ...]) -> Groups:
@@ -181,6 +200,8 @@ class IlpPlanner:
     name = "ilp"
     #: one time budget is split over the iterations of the whole request
     streams_iterations = False
+    #: the mode is chosen per microbatch after the solve (``planning.with_modes``), not modelled
+    cp_modes = CP_MODES
 
     def __init__(self, backend: str | None = None) -> None:
         self.backend = backend

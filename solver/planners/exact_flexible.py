@@ -23,6 +23,7 @@ import time
 from collections.abc import Sequence
 
 from skrull.solver.cost import CostModel
+from skrull.solver.cp_modes import CP_MODES
 from skrull.solver.ilp.builder import GroupMicrobatch, Layout
 from skrull.solver.ilp.runner import run_with_deadline
 from skrull.solver.ilp.search import EXACT_MAX_BINARIES, model_size
@@ -76,6 +77,8 @@ class FlexibleIlpPlanner:
     name = "ilp-flex"
     #: one time budget is split over the iterations of the whole request
     streams_iterations = False
+    #: the mode is chosen per microbatch after the solve (``planning.with_modes``), not modelled
+    cp_modes = CP_MODES
 
     def __init__(self, backend: str | None = None) -> None:
         self.backend = backend

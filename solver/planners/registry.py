@@ -16,6 +16,7 @@ from skrull.solver.planners.hydraulis import HydraulisPlanner
 from skrull.solver.planners.skrull import RoundRobinPlanner, SkrullPlanner
 from skrull.solver.planners.verl_kk import VerlKkPlanner
 from skrull.solver.planners.wlb import WlbPlanner
+from skrull.solver.planners.xtuner import XtunerPlanner
 
 
 def solved_whole(factory: Callable[[], Any]) -> Callable[[], Planner]:
@@ -45,10 +46,11 @@ _REGISTRY: dict[str, Callable[[], Planner]] = {
     "dynamic-cp": DynamicCpPlanner,
     "hydraulis": HydraulisPlanner,
     "verl-kk": VerlKkPlanner,
+    "xtuner": XtunerPlanner,
 }
 
 #: The peer systems' planners (docs/planners.md "Peers"), e.g. for a best-of planner to take ideas from.
-PEERS: tuple[str, ...] = ("wlb", "dynamic-cp", "hydraulis", "verl-kk")
+PEERS: tuple[str, ...] = ("wlb", "dynamic-cp", "hydraulis", "verl-kk", "xtuner")
 
 #: Planners that place every sequence with plain CP; ``compare`` reports speedups over the first.
 BASELINES: tuple[str, ...] = ("deepspeed", "packed", "sorted", "round-robin")

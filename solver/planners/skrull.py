@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from skrull.solver.cost import CostModel
+from skrull.solver.cp_modes import CP_MODES
 from skrull.solver.planners.base import PlannerOutput, make_spec, plan_each_iteration
 from skrull.solver.planners.dacp import SHARDED, dacp_place, round_robin_place
 from skrull.solver.planners.gds import Placer, balance_dp, split_rank
@@ -67,6 +68,8 @@ class SkrullPlanner:
     name = "skrull"
     #: GDS + DACP place each batch from that batch alone
     streams_iterations = True
+    #: DACP extended: each microbatch's sharded sequences run all-gather or Ulysses, whichever is cheaper
+    cp_modes = CP_MODES
 
     def plan(self, problem: Problem) -> PlannerOutput:
         return plan_each_iteration(problem, lambda p, _i, ids: gds_dacp_batch(p, ids, place=dacp_place))

@@ -9,7 +9,8 @@ With ``a = ms_per_tflop / 1e12``, G = dp*cp GPUs and S_max the longest sequence:
 The first term: the average GPU computes its share of all FLOPs and runs its share of microbatches (each
 holds at most ``bucket_tokens`` per GPU). The second: the longest sequence runs somewhere, either whole
 on one GPU or sharded over at most G GPUs. It holds for every group shape, so it is the yardstick of
-``auto``, whose plans may use groups wider than CP (``CostModel.lower_bound_ms`` is the static bound).
+``auto``, whose plans may use groups wider than CP; it is ``CostModel.lower_bound_ms``, every plan's
+``lower_bound_ms`` (``CostModel.static_bound_ms`` is the static-layout bound, a plan's ``static_bound_ms``).
 """
 
 from __future__ import annotations
@@ -22,21 +23,9 @@ from skrull.solver.types import Parallel
 
 
 def layout_free_bound_ms(lengths: Sequence[int], cost: CostModel, parallel: Parallel) -> float:
-    """No plan under the reference model, with any groups, beats this; 0 for an empty batch."""
-    if not lengths:
-        return 0.0
-    profile = cost.profile
-    gpus = parallel.num_gpus
-    ms_per_flop = profile.compute.ms_per_tflop / 1e12
-    total_flops = sum(cost.flops(s) for s in lengths)
-    average = ms_per_flop * total_flops / gpus + profile.microbatch_ms * sum(lengths) / (cost.bucket_tokens * gpus)
-    longest = max(lengths)
-    flops_ms = ms_per_flop * cost.flops(longest)
-    options = [cost.t_comm_ms(longest) + flops_ms / gpus] if gpus > 1 else []
-    if longest <= cost.bucket_tokens:
-        options.append(flops_ms)
-    single = profile.microbatch_ms + profile.compute.fixed_ms + min(options, default=flops_ms)
-    return max(average, single)
+    """No plan under the reference model, with any groups, beats this; 0 for an empty batch
+    (``CostModel.lower_bound_ms``, the figure a plan reports as ``lower_bound_ms``)."""
+    return cost.lower_bound_ms(lengths, parallel)
 
 
 def tight_bound_ms(lengths: Sequence[int], cost: CostModel, parallel: Parallel) -> float:

@@ -71,8 +71,9 @@ class Cost:
 
 #: Measured raw costs of each planner's unavoidable work (bench/budget_estimates.py).
 COSTS: dict[str, Cost] = {
-    "auto": Cost(0.004, 2e-6),  # the ``packed`` start, then it stops at its deadline
+    "auto": Cost(0.004, 4.5e-6),  # the ``packed`` and ``skrull`` starts (always run), then it stops at its deadline
     "packed": Cost(0.001, 0.3e-6),
+    "xtuner": Cost(0.001, 0.5e-6),
     "deepspeed": Cost(0.001, 13e-6, per_slot_s=0.5e-6),
     "sorted": Cost(0.001, 13e-6, per_slot_s=0.5e-6),
     "skrull": Cost(0.001, 2.5e-6),

@@ -40,7 +40,7 @@ class SpreadStart:
     streams_iterations = True
 
     def plan(self, problem: Problem) -> PlannerOutput:
-        cost = CostModel(problem.profile, bucket_tokens=problem.bucket_tokens)
+        cost = CostModel(problem.profile, bucket_tokens=problem.bucket_tokens, choose_modes=problem.cp_modes)
         iterations = []
         for ids in problem.batch_ids:
             best: tuple[float, list[MicrobatchSpec]] | None = None

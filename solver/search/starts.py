@@ -76,6 +76,10 @@ class Start:
     #: Its plans may leave sequences pending (WLB-LLM's outlier queues): ``auto`` runs it only when it
     #: may return such a plan (``AutoPlanner(allow_pending=True)``).
     defers: bool = False
+    #: Runs whatever the time left (in process): ``auto`` never returns a plan worse than these, however
+    #: little CPU it gets (``packed`` and ``skrull``, linear and cheap; ``search.budget.COSTS["auto"]``
+    #: counts them in the smallest budget ``auto`` accepts).
+    always: bool = False
 
     #: Per GPU (``hydraulis`` packs every replica; 0.35 s for 256 sequences on 512 GPUs, 20 ms on 32).
     per_gpu_s: float = 0.0
@@ -96,9 +100,9 @@ class Start:
 #: In order of cost; the peers (flexible layouts: groups wider than CP, heterogeneous replicas,
 #: per-sequence sharding, deferral of outliers) last. Priors measured on 256-sequence batches.
 STARTS: tuple[Start, ...] = (
-    Start(name="packed", make=PackedPlanner, per_sequence_s=1e-6),
+    Start(name="packed", make=PackedPlanner, per_sequence_s=1e-6, always=True),
     Start(name="spread", make=SpreadStart, per_sequence_s=3e-5),
-    Start(name="skrull", make=SkrullPlanner, per_sequence_s=8e-6),
+    Start(name="skrull", make=SkrullPlanner, per_sequence_s=8e-6, always=True),
     Start(name="round-robin", make=RoundRobinPlanner, per_sequence_s=8e-6),
     Start(name="verl-kk", make=VerlKkPlanner, per_sequence_s=4e-6, per_square_s=3e-8),
     Start(
@@ -169,7 +173,8 @@ def launch_starts(
     """The cheap starts' outputs (in ``STARTS`` order), run in this process, and the peers' child still
     running (``None`` when no peer fits): the caller may search while the peers run, then ``collect``.
 
-    Starts run when their predicted time fits before ``deadline - keep_s`` (the cheapest always runs).
+    Starts run when their predicted time fits before ``deadline - keep_s``; the ``always`` ones (the
+    cheapest first) run whatever the time left, in process.
     A start that fails (``SkrullError``) is skipped. ``isolate=False`` runs every start in process, in
     order (with an infinite deadline: every start, deterministically)."""
     sizes = [len(ids) for ids in problem.batch_ids]
@@ -192,10 +197,10 @@ def launch_starts(
             continue
         left = end - time.monotonic() - evaluation_s * (len(out) + 1 + len(peers))
         predicted = predicted_s(start, sizes, gpus=gpus)
-        if out and predicted > left:
+        if out and predicted > left and not start.always:
             continue
         began = time.monotonic()
-        isolated = isolate and bool(out) and (start.isolated or predicted > ISOLATE_ABOVE_S)
+        isolated = isolate and bool(out) and not start.always and (start.isolated or predicted > ISOLATE_ABOVE_S)
         # an isolated start may overrun its prediction threefold, or use half the time left, not all of
         # it: a start that misjudges a batch must leave time for the next
         allowed = min(left, max(OVERRUN_FACTOR * predicted, left / 2)) if isolated else left

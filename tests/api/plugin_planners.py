@@ -18,6 +18,11 @@ from skrull.solver.types import Problem
 
 SLEEP_ENV = "SKRULL_TEST_SLEEP_S"
 MARKER_ENV = "SKRULL_TEST_MARKER_DIR"
+#: With this set to N, ``test-counted`` holds its first job until N solver processes each hold one, so a
+#: test of several workers sees each of them take jobs however the machine's load staggers their starts.
+QUORUM_ENV = "SKRULL_TEST_QUORUM"
+#: The longest a held job waits for the quorum.
+QUORUM_WAIT_S = 60.0
 
 
 class SlowPlanner:
@@ -42,6 +47,14 @@ class CountedPlanner:
     streams_iterations = False
 
     def plan(self, problem: Problem) -> PlannerOutput:
+        quorum = int(os.environ.get(QUORUM_ENV, "0"))
+        if quorum:
+            ready = Path(os.environ[MARKER_ENV]) / "ready"
+            ready.mkdir(parents=True, exist_ok=True)
+            (ready / str(os.getpid())).touch()
+            deadline = time.monotonic() + QUORUM_WAIT_S
+            while len(list(ready.iterdir())) < quorum and time.monotonic() < deadline:
+                time.sleep(0.02)
         time.sleep(float(os.environ.get(SLEEP_ENV, "0.3")))
         key = hashlib.sha256(repr(problem.lengths).encode()).hexdigest()[:16]
         solves = Path(os.environ[MARKER_ENV]) / "solves"

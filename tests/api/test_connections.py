@@ -17,8 +17,11 @@ import pytest
 from tests.api.conftest import LiveServer, plan_request
 
 READ_TIMEOUT_S = 1.0
-#: Slack for a loaded 2-core machine: the timer fires on the event loop, which may be busy.
-SLACK_S = 1.5
+#: How late past the read deadline a close may come and still count as the deadline's: the event loop
+#: that fires the timer may be busy on a loaded machine, and a connection the deadline misses stays
+#: open for good (or for the 28 s of the trickle), so this only tells a deadline from none. How close
+#: to the deadline connections are closed is bench/hardening.py's figure.
+SLACK_S = 8.0
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +99,7 @@ def test_a_connection_trickling_bytes_is_closed_too(server: LiveServer) -> None:
     except (BrokenPipeError, ConnectionResetError):
         closed = True
     if not closed:
-        assert seconds_until_closed(sock, limit_s=1.0) < float("inf")
+        assert seconds_until_closed(sock, limit_s=SLACK_S) < float("inf")
     sock.close()
     assert time.monotonic() - start <= READ_TIMEOUT_S + SLACK_S + 0.5
 

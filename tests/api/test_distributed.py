@@ -36,7 +36,9 @@ def db_counts(url: str) -> dict[str, int]:
 def test_two_solver_workers_on_one_queue_never_solve_a_job_twice(
     pg_db: str, live_server_factory: Any, solver_worker_factory: Any, tmp_path: Path
 ) -> None:
-    env = {**FAST, "SKRULL_TEST_MARKER_DIR": str(tmp_path), "SKRULL_TEST_SLEEP_S": "0.05"}
+    # each worker's first job waits until both hold one (SKRULL_TEST_QUORUM): on a loaded machine the
+    # first worker up would otherwise solve all 20 before the second is running
+    env = {**FAST, "SKRULL_TEST_MARKER_DIR": str(tmp_path), "SKRULL_TEST_SLEEP_S": "0.05", "SKRULL_TEST_QUORUM": "2"}
     api = live_server_factory(pg_db, solver_processes=0, env=env).start()
     workers = [solver_worker_factory(pg_db, processes=1, env=env).start() for _ in range(2)]
     docs = [plan_request([[k, 3 * k, 5 * k]], solver="test-counted") for k in range(1, 21)]
@@ -101,22 +103,25 @@ def test_api_replicas_share_the_queue_and_a_long_poll_hears_another_machines_sol
     assert db_counts(pg_db) == {"solved": 6}
 
 
+#: Concurrent clients of the bounded load, and the requests each sends: a count, not a duration, so the
+#: machine's load changes how long it takes, never what is asserted (throughput is bench/service.py's).
+CLIENTS = 24
+REQUESTS_PER_CLIENT = 3
+
+
 def test_a_bounded_load_ends_with_every_accepted_job_solved_and_no_server_error(
     pg_db: str, live_server_factory: Any, solver_worker_factory: Any
 ) -> None:
-    """24 concurrent clients for 4 s: each submits distinct small requests and reads them back."""
+    """24 concurrent clients, 3 requests each: each submits distinct small requests and reads them back."""
     api = live_server_factory(pg_db, solver_processes=0, env=FAST).start()
     solver_worker_factory(pg_db, processes=1, env=FAST).start()
-    stop_at = time.monotonic() + 4.0
     statuses: collections.Counter[int] = collections.Counter()
     accepted: set[str] = set()
     lock = threading.Lock()
 
     def client_loop(k: int) -> None:
-        n = 0
-        with httpx.Client(base_url=api.url, timeout=30) as http:
-            while time.monotonic() < stop_at:
-                n += 1
+        with httpx.Client(base_url=api.url, timeout=60) as http:
+            for n in range(1, REQUESTS_PER_CLIENT + 1):
                 doc = plan_request([[k + 1, n, 7]], solver="packed", seed=k * 10_000 + n)
                 r = http.post("/v1/plans", json=doc)
                 got = [r.status_code]
@@ -129,12 +134,12 @@ def test_a_bounded_load_ends_with_every_accepted_job_solved_and_no_server_error(
                 with lock:
                     statuses.update(got)
 
-    with concurrent.futures.ThreadPoolExecutor(24) as pool:
-        list(pool.map(client_loop, range(24)))
+    with concurrent.futures.ThreadPoolExecutor(CLIENTS) as pool:
+        list(pool.map(client_loop, range(CLIENTS)))
     assert not [s for s in statuses if s >= 500], statuses
     assert set(statuses) <= {200, 202}, statuses
-    assert len(accepted) >= 50, f"only {len(accepted)} jobs accepted under load"
-    deadline = time.monotonic() + 120
+    assert len(accepted) == CLIENTS * REQUESTS_PER_CLIENT, f"{len(accepted)} distinct jobs accepted"
+    deadline = time.monotonic() + 300  # a hang detector: the jobs take seconds even on a loaded machine
     while (counts := db_counts(pg_db)).get("solved", 0) < len(accepted):
         assert time.monotonic() < deadline, counts
         time.sleep(0.2)

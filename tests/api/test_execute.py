@@ -15,12 +15,13 @@ from skrull.api.schemas import canonical_request_json
 from skrull.api.store.base import IterationRecord
 from skrull.solver.errors import PlannerBugError
 from skrull.solver.io import plan_from_dict, plan_to_dict, request_from_dict
-from skrull.solver.planners.registry import get_planner, planner_names
+from skrull.solver.planners.registry import get_planner
 from skrull.solver.planning import combined_status, solve, streams_iterations
 from skrull.solver.validate import plan_problems
 from tests.api.conftest import plan_request
+from tests.conftest import allgather_planners
 
-STREAMED = frozenset(name for name in planner_names() if get_planner(name).streams_iterations)
+STREAMED = frozenset(name for name in allgather_planners() if get_planner(name).streams_iterations)
 
 #: Lengths up to 100 tokens fit one GPU of the hand profile (bucket 100), so every cp is placeable.
 BATCHES = st.lists(st.lists(st.integers(1, 100), min_size=1, max_size=12), min_size=1, max_size=5)

@@ -31,7 +31,8 @@ def test_an_orphaned_solver_stops_within_its_lease_and_the_job_is_solved_elsewhe
     first.kill(children_too=False)  # the server alone: its solver is now an orphan, mid-solve
     killed_at = time.monotonic()
     while any(running(pid) for pid in solvers):
-        assert time.monotonic() - killed_at < LEASE_S + 1.0, "the orphan outlived its lease"
+        # it sleeps 60 s: gone well before means its lease ended it, whatever the machine's load
+        assert time.monotonic() - killed_at < LEASE_S + 20.0, "the orphan outlived its lease"
         time.sleep(0.05)
 
     second = live_server_factory(store_location, solver_processes=1, env={**env, "SKRULL_TEST_SLEEP_S": "0.1"})

@@ -17,13 +17,13 @@ from fastapi.testclient import TestClient
 from skrull.api import views as views_module
 from skrull.solver.datasets import synthesize_request
 from skrull.solver.io import parse_profile, plan_from_dict, request_to_dict
-from skrull.solver.planners.registry import planner_names
 from skrull.solver.types import Parallel, Plan
 from skrull.solver.worker_view import plan_rank_view
 from tests.api.conftest import LiveServer, plan_request, running_app
+from tests.conftest import allgather_planners
 
 #: The project's planners (the service tests' own planners excluded).
-PLANNERS = tuple(name for name in planner_names() if not name.startswith("test-"))
+PLANNERS = tuple(name for name in allgather_planners() if not name.startswith("test-"))
 DP, CP = 2, 4
 
 

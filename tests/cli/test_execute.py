@@ -72,3 +72,31 @@ def test_mistakes_end_with_one_line_naming_the_field(extra: list[str], message: 
     assert out.returncode == 2, out.stdout
     assert out.stderr.startswith("skrull: error: ") and out.stderr.strip().count("\n") == 0
     assert message in out.stderr
+
+
+def test_a_plan_mixing_allgather_and_ulysses_passes_the_check(tmp_path: Path) -> None:
+    """skrull's DACP picks the mode per microbatch (here Ulysses for the 70- and 75-token shards, all-gather
+    for the 44-token one, whose all-to-all's fixed cost is higher); the processes run each in its mode."""
+    from skrull.solver.io import request_from_dict
+    from skrull.solver.planning import solve
+
+    doc = {
+        "batches": [[70, 9, 25, 3, 31, 66, 12, 5, 18, 44]],
+        "parallel": {"dp": 2, "cp": 2},
+        "profile": {
+            **HAND_PROFILE,
+            "comm": {"bytes_per_token": 2**20, "ms_per_mib": 0.01, "fixed_ms": 0.2},
+            "memory": {"bucket_tokens": 40},
+            "heads": {"attention": 4, "kv": 2},
+            "comm_a2a": {"bytes_per_token": 2**20, "ms_per_mib": 0.001, "fixed_ms": 0.8},
+        },
+        "solver": "skrull",
+        "cp_modes": ["allgather", "ulysses"],
+    }
+    modes = {mb.mode for it in solve(request_from_dict(doc)).iterations for mb in it.microbatches if mb.sharded}
+    assert modes == {"allgather", "ulysses"}
+    path = tmp_path / "mixed.json"
+    path.write_text(json.dumps(doc))
+    out = skrull("execute", "--request", str(path), "--world-size", "4", "--backend", "gloo", "--check")
+    assert out.returncode == 0, out.stderr
+    assert "check passed" in out.stdout

@@ -225,6 +225,6 @@ def test_an_exact_plan_stopped_by_its_budget_says_its_gap_and_what_to_raise(
     plan = dataclasses.replace(plan, solver=solver, solve=dataclasses.replace(plan.solve, status=status, gap=gap))
     _note_if_stopped(request, plan)
     said = capsys.readouterr().err
-    expected = "skrull: note: ilp stopped at a 29.8% gap to its proven bound when its 1 s budget ran out"
+    expected = "skrull: note: ilp stopped at a 29.8% gap to its model's proven bound when its 1 s budget ran out"
     assert (expected in said and "raise --time-budget-s" in said) is noted
     assert bool(said) is noted

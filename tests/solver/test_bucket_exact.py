@@ -13,15 +13,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from skrull.solver.io import request_from_dict
-from skrull.solver.planners.registry import planner_names
 from skrull.solver.planning import solve
 from skrull.solver.types import Plan, Request
 from skrull.solver.validate import plan_problems
 from skrull.solver.worker_view import plan_rank_view
-from tests.conftest import make_request
+from tests.conftest import allgather_planners, make_request
 
 BUDGETED = ("ilp", "ilp-flex", "auto", "hydraulis")
-FAST = tuple(n for n in planner_names() if n not in BUDGETED)
+FAST = tuple(n for n in allgather_planners() if n not in BUDGETED)
 
 
 def largest_buffer_tokens(plan: Plan, request: Request) -> int:
@@ -76,7 +75,7 @@ def test_budgeted_planners_keep_the_bucket_at_the_edge(request: Request, solver:
     assert largest_buffer_tokens(plan, request) <= request.bucket_tokens
 
 
-@pytest.mark.parametrize("solver", planner_names())
+@pytest.mark.parametrize("solver", allgather_planners())
 def test_three_sequences_filling_eight_gpus_exactly_stay_within_the_bucket(solver: str) -> None:
     # 208,000 tokens over 8 GPUs of 26,000: the leading-chunk split gave one GPU 26,001 with most planners
     doc = {

@@ -10,11 +10,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from skrull.solver.errors import PlannerBugError
-from skrull.solver.planners.registry import get_planner, planner_names
+from skrull.solver.planners.registry import get_planner
 from skrull.solver.planning import combine_iterations, solve, solve_batch
-from tests.conftest import make_request
+from tests.conftest import allgather_planners, make_request
 
-STREAMING = [name for name in planner_names() if get_planner(name).streams_iterations]
+STREAMING = [name for name in allgather_planners() if get_planner(name).streams_iterations]
 
 
 @settings(max_examples=40, deadline=None)

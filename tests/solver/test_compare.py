@@ -10,11 +10,10 @@ from skrull.solver.compare import compare, default_solvers, format_table, parse_
 from skrull.solver.cost import CostModel
 from skrull.solver.datasets import synthesize_request
 from skrull.solver.metrics import work_ms
-from skrull.solver.planners.registry import planner_names
 from skrull.solver.planning import solve
 from skrull.solver.profile import load_profile
 from skrull.solver.types import Parallel
-from tests.conftest import make_request
+from tests.conftest import allgather_planners, make_request
 
 
 def test_every_planner_gets_imbalance_peak_bucket_pending_and_planning_time() -> None:
@@ -27,8 +26,8 @@ def test_every_planner_gets_imbalance_peak_bucket_pending_and_planning_time() ->
         seed=3,
     )
     rows, plans = compare(dataclasses.replace(request, time_budget_s=0.3))
-    assert [r.solver for r in rows] == default_solvers()
-    assert {parse_solver_spec(r.solver)[0] for r in rows} == set(planner_names())
+    assert [r.solver for r in rows] == default_solvers(request)
+    assert {parse_solver_spec(r.solver)[0] for r in rows} == set(allgather_planners())
     for row in rows:
         assert row.error is None
         assert row.imbalance_degree is not None and row.imbalance_degree >= 1.0 - 1e-9

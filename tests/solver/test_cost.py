@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from skrull.solver.cost import CostModel
+from skrull.solver.io import request_from_dict
 from skrull.solver.profile import Profile
-from skrull.solver.types import Parallel
+from skrull.solver.types import MicrobatchSpec, Parallel
 
 
 def test_flops_is_linear_plus_quadratic(hand_profile: Profile) -> None:
@@ -53,13 +57,42 @@ def test_iteration_time_is_max_over_gpus_of_summed_microbatches() -> None:
     assert per == 7.0
 
 
-def test_lower_bound_matches_hand_computation(hand_profile: Profile) -> None:
+def test_static_bound_matches_hand_computation(hand_profile: Profile) -> None:
     # total FLOPs = 1.001e10 + 2.004e10 + 5.0025e9 + 4.016e10 = 7.52125e10
     # average = 2 * 7.52125e10 / 1e12 / 2 + 3 * 75 / (100 * 2) = 0.0752125 + 1.125
     # longest = 2 * 4.016e10 / 1e12 / 2 + 3 = 3.04016
     model = CostModel(hand_profile)
-    assert model.lower_bound_ms([10, 20, 5, 40], Parallel(dp=1, cp=2)) == pytest.approx(3.04016)
-    assert model.lower_bound_ms([10] * 100, Parallel(dp=1, cp=1)) == pytest.approx(
+    assert model.static_bound_ms([10, 20, 5, 40], Parallel(dp=1, cp=2)) == pytest.approx(3.04016)
+    assert model.static_bound_ms([10] * 100, Parallel(dp=1, cp=1)) == pytest.approx(
         2 * 100 * 1.001e10 / 1e12 + 3 * 1000 / 100
     )
+    assert model.static_bound_ms([], Parallel(dp=1, cp=1)) == 0.0
+
+
+def test_lower_bound_matches_hand_computation(hand_profile: Profile) -> None:
+    # the same batch, any layout: average 1.2002125 as above; the longest (40 <= bucket 100) runs whole
+    # on one GPU at best: 3 + 0.5 + 2 * 4.016e10 / 1e12 = 3.58032, or sharded over both GPUs:
+    # 3 + 0.5 + T_comm(40) 0.24 + 0.04016 = 3.78016; the smaller is the floor
+    model = CostModel(hand_profile)
+    assert model.lower_bound_ms([10, 20, 5, 40], Parallel(dp=1, cp=2)) == pytest.approx(3.58032)
+    # 250 > bucket: sharded over at most 2 GPUs, 3 + 0.5 + T_comm(250) 0.45 + 2 * (2.5e11 + 6.25e9) / 1e12 / 2
+    assert model.lower_bound_ms([250], Parallel(dp=1, cp=2)) == pytest.approx(3 + 0.5 + 0.45 + 0.25625)
     assert model.lower_bound_ms([], Parallel(dp=1, cp=1)) == 0.0
+
+
+def test_a_plan_with_groups_wider_than_cp_beats_the_static_bound_never_the_lower_bound() -> None:
+    # the contract's example, first batch: one microbatch over all 32 GPUs sharding sequences 0 and 2 and
+    # keeping 1 whole on GPU 0 (auto's plan) runs in about 43 ms, below the static bound of about 128 ms
+    # (the 31,000-token sequence sharded over one CP group of 8) but not below the lower bound
+    doc = json.loads((Path(__file__).parents[2] / "examples" / "requests" / "contract-example.json").read_text())
+    request = request_from_dict(doc)
+    lengths = [s for b in request.batches for s in b]
+    par = request.parallel
+    model = CostModel(request.profile, bucket_tokens=request.bucket_tokens)
+    wide = MicrobatchSpec(
+        step=0, ranks=tuple(range(par.num_gpus)), local=((1,),) + ((),) * (par.num_gpus - 1), sharded=(0, 2)
+    )
+    iteration = model.price_iteration([wide], lengths, parallel=par, index=0)
+    assert iteration.static_bound_ms is not None
+    assert iteration.estimated_ms < 0.5 * iteration.static_bound_ms
+    assert iteration.lower_bound_ms <= iteration.estimated_ms

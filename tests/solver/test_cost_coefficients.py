@@ -8,11 +8,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from skrull.solver.cost import CostModel
-from skrull.solver.planners.registry import planner_names
 from skrull.solver.planning import solve
 from skrull.solver.profile import profile_from_dict
 from skrull.solver.types import MicrobatchSpec, Problem
-from tests.conftest import HAND_PROFILE, make_request
+from tests.conftest import HAND_PROFILE, allgather_planners, make_request
 
 MODEL = CostModel(profile_from_dict(HAND_PROFILE))
 
@@ -48,7 +47,7 @@ def test_work_is_the_average_term_of_the_lower_bound(lengths: list[int]) -> None
     assert model.lower_bound_ms(lengths, request.parallel) == pytest.approx(max(work, longest_only), rel=1e-9)
 
 
-@pytest.mark.parametrize("solver", [n for n in planner_names() if n not in ("ilp", "auto")])
+@pytest.mark.parametrize("solver", [n for n in allgather_planners() if n not in ("ilp", "auto")])
 def test_iteration_ms_prices_every_planners_iterations_as_the_plan_does(solver: str) -> None:
     request = make_request([[150, 30, 7, 90, 199], [60, 60, 12]], dp=2, cp=2, bucket=100, solver=solver)
     plan = solve(request)

@@ -14,11 +14,10 @@ from hypothesis import strategies as st
 
 from skrull.solver.errors import RequestError
 from skrull.solver.io import iteration_from_dict, iteration_to_dict, plan_from_dict, plan_to_dict
-from skrull.solver.planners.registry import planner_names
 from skrull.solver.planning import solve
 from skrull.solver.sharding import SHARDING_MODES
 from skrull.solver.types import SOLVE_STATUSES, Iteration, Microbatch, Parallel, Plan, Request, SolveInfo
-from tests.conftest import make_request
+from tests.conftest import allgather_planners, make_request
 
 
 def through_json(plan: Plan) -> Plan:
@@ -32,7 +31,7 @@ def planned_requests(draw: st.DrawFn) -> Request:
     bucket = draw(st.integers(8, 200))
     length = st.one_of(st.integers(1, bucket), st.integers(1, cp * bucket))
     batches = draw(st.lists(st.lists(length, min_size=1, max_size=16), min_size=1, max_size=3))
-    solver = draw(st.sampled_from(planner_names()))
+    solver = draw(st.sampled_from(allgather_planners()))
     return make_request(batches, dp=dp, cp=cp, bucket=bucket, solver=solver, time_budget_s=0.2, deterministic=True)
 
 

@@ -4,17 +4,17 @@ placed exactly once, no bucket is ever exceeded, and estimates equal the referen
 from __future__ import annotations
 
 import dataclasses
+import operator
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from skrull.solver.cost import CostModel
-from skrull.solver.planners.registry import planner_names
 from skrull.solver.planning import solve
-from skrull.solver.types import Request
+from skrull.solver.types import Plan, Request
 from skrull.solver.validate import plan_problems
-from tests.conftest import make_request
+from tests.conftest import allgather_planners, make_request
 
 
 @st.composite
@@ -34,7 +34,7 @@ def requests(draw: st.DrawFn) -> Request:
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 #: Planners that spend a time budget are checked on fewer examples with a small budget.
 BUDGETED = ("ilp", "ilp-flex", "auto")
-FAST = tuple(n for n in planner_names() if n not in BUDGETED)
+FAST = tuple(n for n in allgather_planners() if n not in BUDGETED)
 
 
 @SETTINGS
@@ -87,7 +87,36 @@ def test_estimates_equal_the_reference_model(request: Request, solver: str) -> N
         assert it.estimated_ms == max(per_gpu)
         ran = [lengths[i] for mb in it.microbatches for i in mb.seq_ids]  # planners may defer work (wlb)
         assert it.lower_bound_ms == pytest.approx(model.lower_bound_ms(ran, request.parallel), rel=1e-12)
+        assert it.static_bound_ms == pytest.approx(model.static_bound_ms(ran, request.parallel), rel=1e-12)
+        assert it.estimated_ms >= it.lower_bound_ms - 1e-9  # valid for every layout
         par = request.parallel
         static = all(mb.ranks == par.cp_group(mb.ranks[0] // par.cp) for mb in it.microbatches)
-        if static:  # groups wider than cp (dynamic-cp, hydraulis) may spread the longest beyond the bound
-            assert it.estimated_ms >= it.lower_bound_ms - 1e-9
+        if static:  # groups wider than cp (dynamic-cp, hydraulis) may spread the longest beyond this one
+            assert it.estimated_ms >= it.static_bound_ms - 1e-9
+
+
+def _ran(plan: Plan) -> list[list[int]]:
+    return [sorted(i for mb in it.microbatches for i in mb.seq_ids) for it in plan.iterations]
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(requests())
+def test_no_plan_of_any_planner_beats_any_planners_bound(request: Request) -> None:
+    """``lower_bound_ms`` of every iteration and ``solve.bound_ms`` hold for every layout: no planner's plan
+    of the same sequences, static or with wider groups, is faster than any planner's bound (the exact
+    planners' bounds included, whatever layout their own model covers)."""
+    plans = {
+        name: solve(dataclasses.replace(request, solver=name, time_budget_s=0.2 if name in BUDGETED else None))
+        for name in planner_names()
+    }
+    for name, plan in plans.items():
+        if plan.solve.bound_ms is not None:
+            assert plan.solve.bound_ms <= plan.estimated_ms + 1e-9, name
+        for other_name, other in plans.items():
+            for mine, theirs, same in zip(
+                plan.iterations, other.iterations, map(operator.eq, _ran(plan), _ran(other)), strict=True
+            ):
+                if same:
+                    assert mine.lower_bound_ms <= theirs.estimated_ms + 1e-9, (name, other_name)
+            if plan.solve.bound_ms is not None and _ran(plan) == _ran(other) and not other.pending:
+                assert plan.solve.bound_ms <= other.estimated_ms + 1e-9, (name, other_name)

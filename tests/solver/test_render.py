@@ -135,3 +135,13 @@ def test_refuses_lengths_of_another_request() -> None:
     request = make_request([[3000, 900, 50, 60]], dp=1, cp=2)
     with pytest.raises(RequestError, match="too few sequences"):
         iteration_timeline(solve(request), iteration=0, lengths=[3000], model=CostModel(PROFILE))
+
+
+def test_each_bound_drawn_says_which_it_is() -> None:
+    request = make_request([[30000, 900, 4000, 12000]], dp=2, cp=4)
+    plan = solve(request)
+    it = plan.iterations[0]
+    assert it.static_bound_ms is not None
+    svg = render_svg(plan_timelines(plan))
+    assert f"lower bound {it.lower_bound_ms:.1f} ms (any layout)" in svg
+    assert f"static-layout bound {it.static_bound_ms:.1f} ms" in svg

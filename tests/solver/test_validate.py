@@ -99,6 +99,28 @@ def test_catches_inconsistent_solve_block(request_and_plan: tuple) -> None:
     problems = plan_problems(bad, request)
     assert any("objective_ms" in p for p in problems)
     assert any("bound_ms" in p for p in problems)
+    bad = dataclasses.replace(plan, solve=dataclasses.replace(plan.solve, model_bound_ms=1e9, model_gap=0.0))
+    assert any("model_bound_ms" in p for p in plan_problems(bad, request))
+
+
+def test_bounds_are_the_reference_figures_and_named_apart(request_and_plan: tuple) -> None:
+    # a plan that reports the static bound as its lower bound (what plans did before the two were named
+    # apart) is refused: lower_bound_ms holds for every layout, static_bound_ms for the static one
+    request, plan = request_and_plan
+    it = plan.iterations[0]
+    assert it.static_bound_ms is not None and it.static_bound_ms != pytest.approx(it.lower_bound_ms)
+    swapped = dataclasses.replace(
+        plan,
+        iterations=(dataclasses.replace(it, lower_bound_ms=it.static_bound_ms, static_bound_ms=it.lower_bound_ms),),
+    )
+    problems = plan_problems(swapped, request)
+    assert any(p.startswith("iterations[0]: lower_bound_ms") for p in problems)
+    assert any(p.startswith("iterations[0]: static_bound_ms") for p in problems)
+    # a plan written elsewhere may leave the static bound out
+    assert (
+        plan_problems(dataclasses.replace(plan, iterations=(dataclasses.replace(it, static_bound_ms=None),)), request)
+        == []
+    )
 
 
 def _one_microbatch_plan(request_batches: list[list[int]], *, local: tuple, sharded: tuple, bucket: int) -> tuple:

@@ -11,16 +11,15 @@ from typing import Any
 import pytest
 
 from skrull.solver.errors import RequestError
-from skrull.solver.planners.registry import planner_names
 from skrull.solver.planning import solve
 from skrull.solver.types import Problem
 from skrull.solver.worker_view import plan_rank_view, rank_view, rank_view_from_dict
-from tests.conftest import make_request
+from tests.conftest import allgather_planners, make_request
 
 BATCHES = [[121, 30, 152, 19], [112, 190, 7, 1, 7], [125, 151, 113, 159, 16, 142, 23, 18, 13, 138, 112]]
 
 
-@pytest.mark.parametrize("solver", planner_names())
+@pytest.mark.parametrize("solver", allgather_planners())
 def test_every_view_of_every_planner_reads_back_as_an_equal_value(solver: str) -> None:
     request = make_request(BATCHES, dp=2, cp=2, bucket=100, solver=solver, time_budget_s=0.3, deterministic=True)
     plan = solve(request)

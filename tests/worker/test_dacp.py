@@ -7,6 +7,7 @@ subsets in arbitrary order); the parent compares each with the float64 per-seque
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +21,7 @@ from skrull.solver.types import MicrobatchSpec, Plan, Problem
 from skrull.solver.validate import validate_plan
 from skrull.worker.execute import ExecuteConfig, LayerConfig, collect, compare, run_rank
 from skrull.worker.launch import launch
-from tests.conftest import make_request
+from tests.conftest import HAND_PROFILE, make_request
 
 WORLD = 4
 TOLERANCE = 1e-4
@@ -79,8 +80,35 @@ def plan_sharding_case(cp_mode: str) -> Case:
     return Case(name=f"plan-sharding-{cp_mode}", plan=plan, lengths=problem.lengths, config=config)
 
 
+def mixed_modes_case() -> Case:
+    """One iteration mixing the plan's modes: Ulysses over the world with local work beside, all-gather over
+    the world, Ulysses over the group (2, 0, 3) (3 divides the 12 heads and the 3 K/V heads), and GPU 1 alone;
+    the run's own ``cp_mode`` is allgather, so every Ulysses here comes from the plan."""
+    profile = {
+        **HAND_PROFILE,
+        "memory": {"bucket_tokens": 40},
+        "heads": {"attention": LAYER.num_heads, "kv": LAYER.num_kv_heads},
+        "comm_a2a": {"bytes_per_token": 2**20, "ms_per_mib": 0.0004, "fixed_ms": 0.3},
+    }
+    request = make_request(
+        [[23, 9, 31, 6, 17, 2, 29, 8]], dp=1, cp=4, profile=profile, cp_modes=["allgather", "ulysses"]
+    )
+    group = (0, 1, 2, 3)
+    specs = (
+        MicrobatchSpec(step=0, ranks=group, local=((1,), (), (3,), ()), sharded=(0, 2), mode="ulysses"),
+        MicrobatchSpec(step=1, ranks=group, local=((), (), (), ()), sharded=(4, 5)),
+        MicrobatchSpec(step=2, ranks=(2, 0, 3), local=((), (), ()), sharded=(6,), mode="ulysses"),
+        MicrobatchSpec(step=2, ranks=(1,), local=((7,),), sharded=()),
+    )
+    problem = Problem.from_request(request)
+    plan = assemble_plan(problem, PlannerOutput(iterations=(specs,)), solver="skrull", wall_ms=0.0)
+    validate_plan(plan, request)
+    config = ExecuteConfig(layer=LAYER, seed=17, cp_mode="allgather")
+    return Case(name="mixed-modes", plan=plan, lengths=problem.lengths, config=config)
+
+
 def all_cases() -> list[Case]:
-    cases = [dynamic_case("allgather"), dynamic_case("ulysses"), plan_sharding_case("allgather")]
+    cases = [dynamic_case("allgather"), dynamic_case("ulysses"), plan_sharding_case("allgather"), mixed_modes_case()]
     for seed, solver, dp, cp, mode, sharding in (
         (1, "skrull", 2, 2, "allgather", "zigzag"),
         (2, "skrull", 1, 4, "allgather", "zigzag"),
@@ -141,3 +169,25 @@ def test_every_rank_reports_its_own_tokens(executed: list[tuple[Case, list[objec
                     if rank in mb.ranks:
                         layouts_tokens += sum(case.lengths[i] for i in mb.local[mb.ranks.index(rank)])
             assert timing.rank == rank and timing.local_tokens == layouts_tokens
+
+
+def test_the_plans_mode_reaches_every_layout_and_wins_over_the_runs_default() -> None:
+    from skrull.worker.dacp import DACPPlan
+    from skrull.worker.kernels import select_kernel
+    from skrull.worker.layout import rank_layouts
+
+    case = mixed_modes_case()
+    modes = {
+        (layout.step, layout.ranks): layout.mode
+        for rank in range(WORLD)
+        for layout in rank_layouts(case.plan, case.lengths, iteration=0, rank=rank)
+    }
+    assert modes[(0, (0, 1, 2, 3))] == "ulysses" and modes[(2, (2, 0, 3))] == "ulysses"
+    assert modes[(1, (0, 1, 2, 3))] == "allgather"
+    alone = next(x for x in rank_layouts(case.plan, case.lengths, iteration=0, rank=1) if x.ranks == (1,))
+    ulysses = dataclasses.replace(alone, mode="ulysses")
+    kernel = select_kernel(torch.device("cpu"), torch.float32, "reference")
+    assert DACPPlan.build(ulysses, group=None, kernel=kernel, device=torch.device("cpu")).mode == "ulysses"
+    assert (
+        DACPPlan.build(alone, group=None, kernel=kernel, device=torch.device("cpu"), mode="ulysses").mode == "ulysses"
+    )

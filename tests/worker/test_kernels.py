@@ -135,3 +135,47 @@ def test_gpu_kernels_match_the_reference_in_bf16() -> None:
             max_seqlen_k=320,
         )
         assert torch.allclose(got.float().cpu(), want, atol=3e-2), name
+
+
+def dense_features(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_len: int, k_len: int, softcap: float | None, window: int | None
+) -> torch.Tensor:
+    """Eager attention as Gemma 2 / Mistral write it: scores * scale, softcap, causal (and window) mask,
+    softmax; the query of row i sits at key position i + k_len - q_len."""
+    rep = q.shape[1] // k.shape[1]
+    out = torch.zeros(q_len, q.shape[1], v.shape[2], dtype=torch.float64)
+    for h in range(q.shape[1]):
+        scores = q[:, h].double() @ k[:, h // rep].double().T / math.sqrt(q.shape[2])
+        if softcap:
+            scores = torch.tanh(scores / softcap) * softcap
+        for i in range(q_len):
+            p = i + k_len - q_len
+            lo = 0 if window is None else max(0, p - window + 1)
+            out[i, h] = torch.softmax(scores[i, lo : p + 1], dim=0) @ v[lo : p + 1, h // rep].double()
+    return out
+
+
+@pytest.mark.parametrize("name", ["reference", "sdpa"])
+@pytest.mark.parametrize(("softcap", "window"), [(2.0, None), (None, 3), (1.5, 4)])
+def test_softcap_and_sliding_window_match_eager_attention_on_key_prefixes(
+    name: str, softcap: float | None, window: int | None
+) -> None:
+    # a whole sequence (7, 7) and a shard piece's queries on their key prefix (5 of 12): the piece's
+    # queries sit at positions 7..11, where the window and the softcap must act as on the whole sequence
+    segments = [(7, 7), (5, 12)]
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randn(12, 4, 8, generator=gen) * 3  # large scores, so that the softcap matters
+    k = torch.randn(19, 2, 8, generator=gen) * 3
+    v = torch.randn(19, 2, 8, generator=gen)
+    kernel = select_kernel(CPU, torch.float32, name)
+    out = kernel(
+        q, k, v, cu_seqlens_q=cumsum([7, 5]), cu_seqlens_k=cumsum([7, 12]), max_seqlen_q=7, max_seqlen_k=12,
+        softcap=softcap, window=window,
+    )  # fmt: skip
+    plain = kernel(q, k, v, cu_seqlens_q=cumsum([7, 5]), cu_seqlens_k=cumsum([7, 12]), max_seqlen_q=7, max_seqlen_k=12)
+    assert not torch.allclose(out, plain, atol=1e-3)  # the feature changes the result
+    qo = ko = 0
+    for q_len, k_len in segments:
+        want = dense_features(q[qo : qo + q_len], k[ko : ko + k_len], v[ko : ko + k_len], q_len, k_len, softcap, window)
+        assert torch.allclose(out[qo : qo + q_len].double(), want, atol=1e-5)
+        qo, ko = qo + q_len, ko + k_len

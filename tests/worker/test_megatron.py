@@ -254,6 +254,14 @@ def test_user_mistakes_are_named() -> None:
         megatron_cp_ranges(10, 2, 2)
 
 
+def test_ulysses_microbatches_are_refused_naming_the_mode() -> None:
+    import dataclasses
+
+    layout = next(lay for lay in rank_layouts(PLAN, LENGTHS, iteration=0, rank=2) if lay.step == 0)
+    with pytest.raises(RequestError, match=r"microbatches\[step=0\]\.mode: 'ulysses': Megatron-Core's context"):
+        megatron_microbatches(dataclasses.replace(layout, mode="ulysses"), fetch, cp_groups=GROUPS)  # type: ignore[arg-type]
+
+
 def test_without_megatron_the_error_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "megatron.core.packed_seq_params", None)
     layout = next(lay for lay in rank_layouts(PLAN, LENGTHS, iteration=0, rank=3) if lay.step == 0)

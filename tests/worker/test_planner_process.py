@@ -191,19 +191,19 @@ def test_budget_follows_the_measured_step_and_the_first_proposal_is_agreed() -> 
     store = Store()
     parallel = Parallel(dp=2, cp=2)
     a, b = PlanningBudget(share=0.5), PlanningBudget(share=0.5)
-    assert a.decide(0, solver="auto", batch_sizes=[64], parallel=parallel) == a.initial_s
+    assert a.decide("0/0", solver="auto", batch_sizes=[64], parallel=parallel) == a.initial_s
     for _ in range(5):
         a.record_step(0.1)
         b.record_step(0.3)
-    first = a.decide(1, solver="auto", batch_sizes=[64], parallel=parallel, store=store, key="k")
+    first = a.decide("0/1", solver="auto", batch_sizes=[64], parallel=parallel, store=store, key="k")
     assert first == pytest.approx(0.05)  # half of a 100 ms step
-    assert b.decide(1, solver="auto", batch_sizes=[64], parallel=parallel, store=store, key="k") == first
+    assert b.decide("0/1", solver="auto", batch_sizes=[64], parallel=parallel, store=store, key="k") == first
     for _ in range(4):
         a.record_solve({"budget_s": 0.05, "wall_s": 0.1})  # the planner takes twice its budget
-    assert a.decide(2, solver="auto", batch_sizes=[64], parallel=parallel) == pytest.approx(0.025)
+    assert a.decide("0/2", solver="auto", batch_sizes=[64], parallel=parallel) == pytest.approx(0.025)
     resumed = PlanningBudget()
-    resumed.load_state_dict(a.state_dict(2))
-    assert resumed.decide(2, solver="auto", batch_sizes=[64], parallel=parallel) == pytest.approx(0.025)
+    resumed.load_state_dict(a.state_dict(epoch=0, from_chunk=2))
+    assert resumed.decide("0/2", solver="auto", batch_sizes=[64], parallel=parallel) == pytest.approx(0.025)
 
 
 def test_a_single_rank_loader_derives_its_budget_and_resumes_with_the_same_plans() -> None:

@@ -14,6 +14,12 @@ GPU, the float32 reference on a CPU). Rows past the layout's ``num_tokens`` are 
 group that holds no token of the microbatch still runs one dummy row so the model can run, and joins the
 group's collectives); their output is zero and, their labels being ``-100``, they add nothing to the loss.
 
+Logit soft-capping (``softcap``, Gemma 2's ``attn_logit_softcapping``) and sliding windows
+(``sliding_window``: Mistral, Phi-3, Gemma 2's local layers) arrive as the layer's keyword arguments and
+are computed by the DACP attention on every path (worker/dacp.py, worker/kernels.py), exactly as the
+model's eager attention does. Any other keyword the layer passes is ignored only if it changes nothing
+(``attention_features_of`` in worker/hf/trainer.py refuses the config fields that would).
+
 No attention mask is built: the implementation is not registered with ``transformers``' mask interface,
 so the model passes ``attention_mask=None`` and the plan alone says which token sees which.
 """
@@ -57,8 +63,10 @@ def dacp_attention_forward(
         raise ValueError("a planned microbatch takes no attention mask (the plan delimits the sequences)")
     if dropout:
         raise ValueError(f"attention dropout {dropout} is not supported under DACP (set attention_dropout to 0)")
-    if kwargs.get("sliding_window"):
-        raise ValueError(f"sliding-window attention ({kwargs['sliding_window']}) is not supported under DACP")
+    softcap = kwargs.get("softcap")  # Gemma 2's attn_logit_softcapping: tanh(s / cap) * cap on the scores
+    window = kwargs.get("sliding_window")  # a query sees the `window` keys ending at itself (HF's meaning)
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+        raise ValueError(f"sliding_window={window!r}: must be an integer >= 1 (or None)")
     q, k, v = (t[0].transpose(0, 1).contiguous() for t in (query, key, value))  # [T, H, D]
     head_dim = q.shape[-1]
     if scaling is not None and not math.isclose(scaling, head_dim**-0.5, rel_tol=1e-12):
@@ -66,10 +74,46 @@ def dacp_attention_forward(
     rows, num_tokens = q.shape[0], plan.layout.num_tokens
     if rows < num_tokens:
         raise ValueError(f"the buffer has {rows} rows, the microbatch layout {num_tokens}")
-    out = dacp_attention(q[:num_tokens], k[:num_tokens], v[:num_tokens], plan)
+    out = dacp_attention(q[:num_tokens], k[:num_tokens], v[:num_tokens], plan, softcap=softcap, window=window)
     if rows > num_tokens:
         out = torch.cat([out, out.new_zeros(rows - num_tokens, *out.shape[1:])])
     return out.unsqueeze(0), None
+
+
+#: Config fields of attention features the DACP attention computes (worker/kernels.py), for the docs.
+IMPLEMENTED_FIELDS = ("attn_logit_softcapping", "sliding_window", "use_sliding_window", "query_pre_attn_scalar")
+
+
+def unsupported_attention_features(config: Any) -> list[tuple[str, Any]]:
+    """``(field, value)`` for each attention feature of a model config (a ``PretrainedConfig`` or its dict)
+    that the DACP attention does not compute; empty when the model trains exactly under DACP.
+
+    Implemented (``IMPLEMENTED_FIELDS``): logit soft-capping, sliding windows, any score scaling. Refused:
+    attention dropout (a random mask per layer that a CP group's members would draw differently), chunked
+    attention (Llama 4's ``attention_chunk_size``) and attention sinks (learned per-head logits that join
+    the softmax), which no DACP kernel here computes."""
+    get = config.get if isinstance(config, dict) else lambda key, default=None: getattr(config, key, default)
+    found: list[tuple[str, Any]] = []
+    for field in ("attention_dropout", "attention_chunk_size", "sinks", "use_attention_sinks", "attention_sinks"):
+        value = get(field, None)
+        if value:
+            found.append((field, value))
+    text = get("text_config", None)
+    if text is not None and text is not config:
+        found.extend((f"text_config.{f}", v) for f, v in unsupported_attention_features(text))
+    return found
+
+
+def refuse_unsupported_attention(config: Any) -> None:
+    """A ``ValueError`` naming the first config field whose attention feature DACP does not compute."""
+    unsupported = unsupported_attention_features(config)
+    if unsupported:
+        field, value = unsupported[0]
+        raise ValueError(
+            f"model config {field}={value!r}: an attention feature the DACP attention does not compute (it computes "
+            f"{', '.join(IMPLEMENTED_FIELDS)}); training would differ from the plain model: set {field} to "
+            "0/None or train this model without plans"
+        )
 
 
 def register() -> str:

@@ -2,8 +2,9 @@
 
 Every process of a run builds the model on the CPU from the same seed, so all hold the same weights
 without broadcasting them, then moves it to its device. The architectures whose attention goes through
-``transformers``' attention interface with rotary positions from ``position_ids`` qualify; Llama and
-Qwen2 are checked (tests/worker/hf); Mistral and Qwen3 share the same attention path and are accepted.
+``transformers``' attention interface with rotary positions from ``position_ids`` qualify: Llama, Qwen2,
+Qwen3, Mistral, Phi-3, Gemma 2 (logit soft-capping and sliding windows computed by the DACP attention) and
+OLMo 2, each checked against the plain step under torchrun (tests/conformance, docs/integrations/conformance.md).
 """
 
 from __future__ import annotations
@@ -16,10 +17,10 @@ import torch
 
 from skrull.solver.errors import RequestError
 from skrull.solver.io import read_json
-from skrull.worker.hf.attention import register
+from skrull.worker.hf.attention import register, unsupported_attention_features
 
 #: ``model_type`` values of config.json that run under DACP.
-SUPPORTED_MODEL_TYPES: tuple[str, ...] = ("llama", "qwen2", "mistral", "qwen3")
+SUPPORTED_MODEL_TYPES: tuple[str, ...] = ("llama", "qwen2", "mistral", "qwen3", "phi3", "gemma2", "olmo2")
 #: Largest size field accepted (int32: tensor dimensions and token ids).
 MAX_SIZE = 2**31 - 1
 
@@ -56,15 +57,16 @@ def check_model_config(doc: Any, *, field: str = "--model-config") -> None:
         head_dim = doc["hidden_size"] // heads
     if isinstance(head_dim, bool) or not isinstance(head_dim, int) or not 2 <= head_dim <= MAX_SIZE or head_dim % 2:
         raise RequestError(f"{field}.head_dim", head_dim, "must be an even integer >= 2 (rotary embedding)")
-    if doc.get("use_sliding_window"):
-        raise RequestError(f"{field}.use_sliding_window", True, "sliding-window attention does not run under DACP")
-    if doc["model_type"] == "mistral" and doc.get("sliding_window") is not None:
-        raise RequestError(
-            f"{field}.sliding_window", doc["sliding_window"], "sliding-window attention does not run under DACP (null)"
-        )
+    window = doc.get("sliding_window")
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+        raise RequestError(f"{field}.sliding_window", window, "must be an integer >= 1 or null")
     dropout = doc.get("attention_dropout", 0.0)
     if dropout not in (0, 0.0):
         raise RequestError(f"{field}.attention_dropout", dropout, "must be 0 (no attention dropout under DACP)")
+    unsupported = unsupported_attention_features(doc)
+    if unsupported:
+        key, value = unsupported[0]
+        raise RequestError(f"{field}.{key}", value, "an attention feature the DACP attention does not compute")
 
 
 def build_model(

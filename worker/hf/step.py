@@ -142,6 +142,7 @@ def scheduled_step(
         plans = dacp_plans(microbatches, registry=registry, kernel=kernel, device=device, cp_mode=cp_mode)
     if len(plans) != len(microbatches):
         raise ValueError(f"{len(plans)} DACP plans for {len(microbatches)} microbatches")
+    grad_sync.begin(model, microbatches=len(microbatches))  # refuses a stock wrapper or unequal counts
     num_targets = global_target_count(microbatches, device=device)
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     tokens = 0

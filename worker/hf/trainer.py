@@ -31,11 +31,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
-from transformers import Trainer
+from transformers import Trainer, TrainerCallback, TrainingArguments
 
 from skrull.worker.dataloader import PlannedBatches, ReadyIteration
 from skrull.worker.groups import IterationGroups
-from skrull.worker.hf.attention import ATTN_IMPLEMENTATION
+from skrull.worker.hf.attention import ATTN_IMPLEMENTATION, refuse_unsupported_attention
 from skrull.worker.hf.inputs import model_inputs
 from skrull.worker.hf.step import MicrobatchTimer, dacp_plans, global_target_count
 from skrull.worker.kernels import select_kernel
@@ -54,13 +54,33 @@ class _Iterations:
     def __init__(self, planned: PlannedBatches, trainer: Trainer) -> None:
         self.planned = planned
         self.trainer = trainer
+        self.epoch = planned.epoch
 
     def __len__(self) -> int:
         return len(self.planned)
 
+    def set_epoch(self, epoch: int) -> None:
+        """The Trainer's epoch ``epoch`` is the loader's (reshuffled by seed and epoch)."""
+        self.epoch = epoch
+        self.planned.set_epoch(epoch)
+
     def __iter__(self) -> Iterator[ReadyIteration]:
-        self.planned.next_iteration = max(self.planned.next_iteration, int(self.trainer.state.global_step))
+        # a resumed run: the checkpoint's step within this epoch (the Trainer skips no batches itself)
+        done = int(self.trainer.state.global_step) - self.epoch * len(self.planned)
+        if 0 < done < len(self.planned) and self.planned.next_iteration < done:
+            self.planned.next_iteration = done
         return iter(self.planned)
+
+
+class _EpochFromSteps(TrainerCallback):
+    """The logged ``epoch`` is ``global_step / iterations per epoch``: the Trainer counts it from the batches
+    it iterated in this process, which restarts at 0 in a resumed run (that skipped no batch)."""
+
+    def __init__(self, steps_per_epoch: int) -> None:
+        self.steps_per_epoch = steps_per_epoch
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        state.epoch = state.global_step / self.steps_per_epoch
 
 
 class _Steps(torch.utils.data.Dataset[int]):
@@ -112,12 +132,82 @@ class SkrullTrainerMixin(_TrainerBase):
                 "DACP attention in backward can order a CP group's collectives differently on its ranks, which "
                 "hangs; set activation_checkpointing=False, or plan with cp=1"
             )
+        refuse_unsupported_attention(model.config)  # softcapping and sliding windows are computed; the rest refused
+        self._refuse_batch_size(planned)
+        self._refuse_evaluation()
+        self._refuse_other_world(planned)
         # a resumed run starts at the checkpoint's step (``_Iterations``), not by replaying batches
         self.args.ignore_data_skip = True
+        self.add_callback(_EpochFromSteps(len(planned)))
         self.planned = planned
         self.groups = IterationGroups(planned)  # each iteration's process groups, on every rank in order
         self.kernel = select_kernel(self.args.device, next(model.parameters()).dtype)  # the model's dtype
         self.step_losses = []
+
+    def _refuse_other_world(self, planned: PlannedBatches) -> None:
+        """The processes the Trainer syncs over, torch.distributed's world and the plan's mesh are one set:
+        else gradients are never synchronised (found: ``use_cpu`` unset on a CPU under torchrun, where the
+        Trainer sees one process and each rank trains alone; relative error 1.24), or a rank waits for ever."""
+        mesh = planned.dp * planned.cp
+        trainer_world = int(self.accelerator.num_processes)
+        dist_world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+        if trainer_world == dist_world == mesh:
+            if mesh > 1 and not planned.equal_microbatches:
+                # DDP syncs on each rank's last microbatch: a rank with none never joins (found: a hang at
+                # DP4 x CP1, global batch 2); TRL gathers metrics on every microbatch
+                raise ValueError(
+                    f"equal_microbatches=False with {mesh} processes: every rank must run the same number of "
+                    "microbatches per step, or the gradient sync hangs; plan with PlannedBatches(..., "
+                    "equal_microbatches=True)"
+                )
+            return
+        fix = "; launch dp x cp processes with torchrun"
+        if self.args.device.type == "cpu" and not self.args.use_cpu and dist_world > 1:
+            fix = (
+                "; on CPUs set TrainingArguments(use_cpu=True, ddp_backend='gloo'): without use_cpu the Trainer "
+                "sees one process on a machine without a GPU and never syncs gradients"
+            )
+        raise ValueError(
+            f"the Trainer runs {trainer_world} process(es) (TrainingArguments parallel_mode "
+            f"{self.args.parallel_mode.value}), torch.distributed {dist_world}, the plan's mesh dp x cp = "
+            f"{planned.dp} x {planned.cp} = {mesh}: they must be equal{fix}"
+        )
+
+    def _refuse_batch_size(self, planned: PlannedBatches) -> None:
+        """``per_device_train_batch_size``: the plan, not the Trainer, decides what a rank trains, so a value
+        is honoured only as what the loader already does (one global batch of ``global_batch_size`` rows over
+        ``dp`` ranks), left at its default, or 1; anything else would be silently ignored."""
+        size = self.args.per_device_train_batch_size
+        default = TrainingArguments.__dataclass_fields__["per_device_train_batch_size"].default
+        if size in (1, default) or size * planned.dp == planned.global_batch_size:
+            return
+        raise ValueError(
+            f"per_device_train_batch_size={size}: the planned loader's global_batch_size={planned.global_batch_size} "
+            f"over dp={planned.dp} decides each step's rows; set per_device_train_batch_size=1 (or "
+            f"global_batch_size={size * planned.dp})"
+        )
+
+    def _refuse_evaluation(self) -> None:
+        """Evaluation would go through the Trainer's collator and the model's DACP attention without a plan
+        (found: a crash at the first evaluation); it is refused before training, not half way."""
+        strategy = getattr(self.args.eval_strategy, "value", self.args.eval_strategy)
+        if self.eval_dataset is not None or strategy != "no":
+            raise ValueError(
+                f"eval_dataset / eval_strategy={strategy!r}: evaluation does not run under plans; set "
+                "eval_strategy='no' and evaluate the saved model with the plain Trainer (attn_implementation "
+                "'sdpa' or 'eager')"
+            )
+
+    def _track_num_input_tokens(self, inputs: Any) -> None:
+        """``include_num_input_tokens_seen``: the iteration's real tokens over the world (no padding rows; the
+        Trainer's own count reads a padded batch's ``input_ids``)."""
+        mode = self.args.include_num_input_tokens_seen
+        if mode in (False, None, "no"):
+            return
+        ready: ReadyIteration = inputs
+        mine = sum(mb.layout.num_tokens for mb in ready.microbatches)
+        count = torch.tensor(mine, dtype=torch.int64, device=self.args.device)
+        self.state.num_input_tokens_seen += int(self.accelerator.gather(count).sum().item())
 
     def get_train_dataloader(self) -> Any:
         return _Iterations(self.planned, self)

@@ -29,7 +29,7 @@ def test_kills_a_late_child_and_keeps_the_last_incumbent() -> None:
     start = time.monotonic()
     outcome = run_with_deadline(_slow, deadline=start + 0.5, grace_s=0.1)
     assert outcome.killed and outcome.payload == "second"
-    assert time.monotonic() - start < 2.0
+    assert time.monotonic() - start < 20.0  # killed, not waited out (it sleeps 30 s); any load passes this
 
 
 def test_returns_the_final_answer_when_in_time() -> None:
@@ -50,4 +50,4 @@ def test_a_started_child_runs_while_the_parent_works_and_streams_every_report() 
     outcome = child.collect(deadline=start + 0.5, grace_s=0.0, on_report=seen.append)
     assert busy > 0 and seen == ["first", "second"]
     assert outcome.killed and outcome.payload == "second"
-    assert time.monotonic() - start < 2.0
+    assert time.monotonic() - start < 20.0  # killed, not waited out (it sleeps 30 s)

@@ -11,18 +11,19 @@ from hypothesis import strategies as st
 
 from skrull.solver.cost import CostModel
 from skrull.solver.io import request_from_dict
-from skrull.solver.planners.registry import planner_names
 from skrull.solver.planning import solve
 from skrull.solver.search import bound
 from skrull.solver.search.bound import layout_free_bound_ms, microbatch_floor_ms, sharding_floor_ms, tight_bound_ms
 from skrull.solver.types import Parallel, Request
-from tests.conftest import HAND_PROFILE, make_request
+from tests.conftest import HAND_PROFILE, allgather_planners, make_request
 from tests.solver.ilp.brute_force import flexible_optimum_ms
 from tests.solver.search.strategies import one_batch_requests
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(one_batch_requests(20), st.sampled_from([n for n in planner_names() if n not in ("ilp", "ilp-flex", "auto")]))
+@given(
+    one_batch_requests(20), st.sampled_from([n for n in allgather_planners() if n not in ("ilp", "ilp-flex", "auto")])
+)
 def test_no_planner_beats_the_layout_free_bound_or_the_microbatch_floor(request: Request, solver: str) -> None:
     plan = solve(dataclasses.replace(request, solver=solver))
     cost = CostModel(request.profile, bucket_tokens=request.bucket_tokens)
@@ -83,7 +84,7 @@ def heavy_or_hand_requests(draw: st.DrawFn, max_size: int = 16) -> Request:
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(heavy_or_hand_requests(), st.sampled_from([n for n in planner_names() if n not in ("ilp", "ilp-flex")]))
+@given(heavy_or_hand_requests(), st.sampled_from([n for n in allgather_planners() if n not in ("ilp", "ilp-flex")]))
 def test_no_planner_beats_the_sharding_floor(request: Request, solver: str) -> None:
     plan = solve(dataclasses.replace(request, solver=solver, time_budget_s=0.2 if solver == "auto" else 1.0))
     cost = CostModel(request.profile, bucket_tokens=request.bucket_tokens)

@@ -97,7 +97,8 @@ def test_a_forward_without_the_plan_is_refused() -> None:
     ("change", "message"),
     [
         ({"model_type": "gpt2"}, "model_type: 'gpt2': unsupported"),
-        ({"use_sliding_window": True}, "use_sliding_window: True: sliding-window attention"),
+        ({"sliding_window": 0}, "sliding_window: 0: must be an integer >= 1 or null"),
+        ({"attention_chunk_size": 8}, "attention_chunk_size: 8: an attention feature the DACP attention does not"),
         ({"num_key_value_heads": 3}, "num_key_value_heads: 3: must divide num_attention_heads (4)"),
         ({"attention_dropout": 0.1}, "attention_dropout: 0.1: must be 0"),
         ({"hidden_size": -1}, "hidden_size: -1: must be an integer in 1..2147483647"),
@@ -107,7 +108,6 @@ def test_a_forward_without_the_plan_is_refused() -> None:
         ({"hidden_size": 66}, "hidden_size: 66: must be a multiple of num_attention_heads (4)"),
         ({"head_dim": 7}, "head_dim: 7: must be an even integer >= 2"),
         ({"head_dim": "16"}, "head_dim: '16': must be an even integer"),
-        ({"model_type": "mistral", "sliding_window": 4096}, "sliding_window: 4096: sliding-window attention"),
     ],
 )
 def test_configs_that_cannot_run_under_dacp_are_refused(change: dict[str, Any], message: str) -> None:
@@ -138,3 +138,28 @@ def test_a_non_default_scaling_is_applied_like_eager_attention() -> None:
         mask = torch.full((b - a, b - a), float("-inf")).triu(1)[None, None]
         want, _ = eager_attention_forward(Layer(), q[:, :, a:b], k[:, :, a:b], v[:, :, a:b], mask, scaling=0.7)
         assert torch.allclose(got[:, a:b], want, atol=1e-6)
+
+
+GEMMA2 = {
+    "model_type": "gemma2", "vocab_size": 128, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "max_position_embeddings": 256,
+    "attn_logit_softcapping": 0.5, "final_logit_softcapping": 3.0, "sliding_window": 4, "query_pre_attn_scalar": 12,
+    "attention_dropout": 0.0, "tie_word_embeddings": True, "initializer_range": 0.5,
+}  # fmt: skip
+
+
+def test_gemma2_softcapping_and_sliding_window_give_each_sequences_own_logits() -> None:
+    """A Gemma 2 whose scores are soft-capped (small cap: it bites) and whose local layers see 4 keys: the packed
+    DACP forward gives each sequence the logits of the model's own eager attention on it alone."""
+    model = build_model(GEMMA2, seed=1)
+    reference = build_model(GEMMA2, seed=1, attn_implementation="eager")
+    kwargs, _ = packed(model, (0, 2, 3))
+    logits = model(**kwargs).logits[0]
+    start = 0
+    for i in (0, 2, 3):
+        ids = kwargs["input_ids"][:, start : start + LENGTHS[i]]
+        want = reference(input_ids=ids, use_cache=False).logits[0]
+        assert torch.allclose(logits[start : start + LENGTHS[i]], want, atol=1e-5), i
+        start += LENGTHS[i]
+    softless = build_model({**GEMMA2, "attn_logit_softcapping": None}, seed=1)
+    assert not torch.allclose(softless(**kwargs).logits[0], logits, atol=1e-4)  # the cap changes the logits

@@ -15,7 +15,7 @@ from skrull.worker.hf.model import build_model, read_model_config
 from skrull.worker.hf.trainer import SkrullTrainer
 
 CONFIG = Path(__file__).resolve().parents[3] / "examples" / "models" / "qwen2-tiny.json"
-ROWS = [{"input_ids": list(range(n)), "labels": [*range(1, n), -100]} for n in (5, 9, 30, 70)]
+ROWS = [{"input_ids": list(range(n)), "labels": [*range(1, n), -100]} for n in (5, 9, 30, 60)]
 
 
 def trainer(tmp_path: Path, *, cp: int, attention: str | None = None, **args: Any) -> SkrullTrainer:

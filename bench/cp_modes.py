@@ -1,0 +1,97 @@
+"""Where each context-parallel mode wins: all-gather CP against Ulysses, on fresh draws and derived profiles.
+
+For profiles derived for models and GPUs other than the bundled ones (bench/shapes.py: attention heads 8
+to 40 per TP rank), group sizes 2 to 64 and long-tailed length distributions (lengths up to
+``min(cp * bucket_tokens, 1M)``), each request is planned three ways on the reference cost model:
+
+* ``auto`` with ``cp_modes = [allgather, ulysses]`` (it picks per microbatch),
+* ``auto`` with all-gather only (the default),
+* ``xtuner`` (every pack Ulysses over the whole group; "n/a" where the group does not divide the heads).
+
+Cells are modelled iteration times (ms); "ulysses share" is the share of sharded microbatches the
+both-modes plan runs as Ulysses. Fresh requests each run (seed from the clock unless ``--seed``).
+
+    python bench/cp_modes.py [--seed N] [--per-rank 16] [--budget 0.1]
+
+Prints Markdown (seed, machine, date, commit); asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import os
+import platform
+import random
+import time
+
+from budget import git_commit  # bench/budget.py
+from shapes import derived
+
+from skrull.solver.datasets import synthesize_request
+from skrull.solver.errors import RequestError
+from skrull.solver.planning import solve
+from skrull.solver.types import Parallel, Plan, Request
+
+#: (model, gpu, tp): heads per TP rank 8 (Llama-2-70B at TP 8), 28 (Qwen2.5-7B), 32 (Llama-2-7B at TP 1),
+#: 40 (Llama-2-13B at TP 1)
+SHAPES = (("llama2-70b", "h100-80g", 8), ("qwen2.5-7b", "a100-80g", 1), ("llama2-7b", "h200-141g", 1),
+          ("llama2-13b", "b200-180g", 1))  # fmt: skip
+GROUPS = (2, 4, 8, 16, 32, 64)
+DATASETS = ("chatqa2-long-sft", "arxiv", "commoncrawl")
+MAX_TOKENS = 1 << 20
+
+
+def ulysses_share(plan: Plan) -> float:
+    sharded = [mb for it in plan.iterations for mb in it.microbatches if mb.sharded and len(mb.ranks) > 1]
+    return sum(mb.mode == "ulysses" for mb in sharded) / len(sharded) if sharded else 0.0
+
+
+def run(request: Request, **changes: object) -> Plan | None:
+    try:
+        return solve(dataclasses.replace(request, **changes))  # type: ignore[arg-type]
+    except RequestError:
+        return None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--seed", type=int, default=None, help="default: from the clock (fresh requests)")
+    parser.add_argument("--per-rank", type=int, default=16, help="sequences per DP rank (DP 2)")
+    parser.add_argument("--budget", type=float, default=0.1, help="auto's time_budget_s")
+    args = parser.parse_args()
+    seed = args.seed if args.seed is not None else int(time.time()) % 1_000_000
+    rng = random.Random(seed)
+    print(
+        f"seed {seed}; commit {git_commit()}, {platform.machine()} ({os.cpu_count()} cores), python "
+        f"{platform.python_version()}, {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC; auto at "
+        f"{args.budget:g} s per request, DP 2, {2 * args.per_rank} sequences per batch\n"
+    )
+    print("| profile | heads | CP | dataset | longest | auto both ms | auto allgather ms | xtuner ms | both vs allgather "
+          "| ulysses share |")  # fmt: skip
+    print("|---|---:|---:|---|---:|---:|---:|---:|---:|---:|")
+    for model, gpu, tp in SHAPES:
+        profile = derived(model, gpu, tp=tp)
+        assert profile.heads is not None
+        for cp in GROUPS:
+            parallel = Parallel(dp=2, cp=cp)
+            dataset = rng.choice(DATASETS)
+            request = synthesize_request(
+                dataset=dataset, parallel=parallel, profile=profile, sequences_per_rank=args.per_rank,
+                seed=rng.randrange(2**31), max_tokens=min(cp * profile.bucket_tokens, MAX_TOKENS),
+            )  # fmt: skip
+            both = run(request, solver="auto", time_budget_s=args.budget, cp_modes=("allgather", "ulysses"))
+            allgather = run(request, solver="auto", time_budget_s=args.budget)
+            xtuner = run(request, solver="xtuner", cp_modes=("ulysses",))
+            assert both is not None and allgather is not None
+            x = f"{xtuner.estimated_ms:.1f}" if xtuner is not None else "n/a"
+            print(
+                f"| {profile.name} | {profile.heads.attention} | {cp} | {dataset} | {max(request.batches[0])} "
+                f"| {both.estimated_ms:.1f} | {allgather.estimated_ms:.1f} | {x} "
+                f"| {both.estimated_ms / allgather.estimated_ms - 1:+.2%} | {ulysses_share(both):.0%} |"
+            )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,126 @@
+"""The conformance matrix: architectures x layouts x integrations, each cell a real ``torchrun`` run (4 gloo
+processes, CPU, float32) whose first optimizer step is compared with the plain single-process step.
+
+    python tests/conformance/matrix.py [--arch NAME ...] [--layout DPxCP ...] [--integration NAME ...] [--out FILE]
+
+A cell passes when the largest relative error of the loss and every gradient is at most 1e-4 (the
+examples' ``--check``), or when it is refused before the first step with one line naming the setting.
+Anything else (a crash, a hang past the timeout, a larger error) fails. The runs go through the documented
+scripts (examples/hf_trainer.py, examples/trl_sft.py, examples/torchrun_train.py with ``--grad-sync ddp``
+and ``fsdp``), as a user follows the integration pages. ``make conformance`` runs the whole matrix;
+tests/conformance/test_conformance.py runs a representative subset in ``make test``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import re
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+MODELS = Path(__file__).resolve().parent / "models"
+ARCHS = ("llama-1kv-tied", "qwen2", "mistral-window", "phi3", "gemma2-softcap", "olmo2")
+LAYOUTS = ((1, 4), (2, 2), (4, 1))
+INTEGRATIONS = ("trainer", "trl", "ddp", "fsdp")
+TOLERANCE = 1e-4
+#: cp x bucket = 128 tokens: the longest row (120) always fits, and shards whenever cp > 1
+BUCKET_TIMES_CP = 128
+
+
+@dataclass(frozen=True)
+class Cell:
+    arch: str
+    dp: int
+    cp: int
+    integration: str
+    outcome: str  # "pass", "refused", "fail"
+    detail: str
+
+
+def write_rows(path: Path, *, n: int = 32, seed: int = 3, vocab: int = 128) -> Path:
+    rng = random.Random(seed)
+    rows = [{"input_ids": [rng.randrange(vocab) for _ in range(rng.choice([3, 9, 17, 30, 60, 120]))]} for _ in range(n)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def command(arch: str, dp: int, cp: int, integration: str, tmp: Path) -> list[str]:
+    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={dp * cp}"]
+    common = [
+        "--model-config", str(MODELS / f"{arch}.json"), "--dp", str(dp), "--cp", str(cp),
+        "--bucket-tokens", str(BUCKET_TIMES_CP // cp), "--check",
+    ]  # fmt: skip
+    if integration == "trainer":
+        data = write_rows(tmp / "train.jsonl")
+        return [*launch, str(ROOT / "examples" / "hf_trainer.py"), *common, "--data", str(data),
+                "--global-batch-size", "8", "--max-steps", "1", "--output-dir", str(tmp / "out")]  # fmt: skip
+    if integration == "trl":
+        data = tmp / "chats.jsonl"
+        subprocess.run(
+            [sys.executable, str(ROOT / "examples" / "trl_sft.py"), "--write-demo-data", "--data", str(data),
+             "--model-config", str(MODELS / f"{arch}.json")],
+            check=True, capture_output=True, cwd=tmp,
+        )  # fmt: skip
+        return [*launch, str(ROOT / "examples" / "trl_sft.py"), *common, "--data", str(data),
+                "--global-batch-size", "8", "--max-steps", "1", "--output-dir", str(tmp / "out")]  # fmt: skip
+    data = write_rows(tmp / "train.jsonl")
+    return [*launch, str(ROOT / "examples" / "torchrun_train.py"), *common, "--data", str(data),
+            "--global-batch-size", "8", "--steps", "1", "--grad-sync", integration]  # fmt: skip
+
+
+def run_cell(arch: str, dp: int, cp: int, integration: str, *, timeout_s: float = 600) -> Cell:
+    with tempfile.TemporaryDirectory(prefix="skrull-conformance-") as name:
+        tmp = Path(name)
+        try:
+            out = subprocess.run(
+                command(arch, dp, cp, integration, tmp), capture_output=True, text=True, timeout=timeout_s, cwd=tmp
+            )
+        except subprocess.TimeoutExpired:
+            return Cell(arch, dp, cp, integration, "fail", f"no result in {timeout_s:.0f} s (a hang?)")
+    match = re.search(r"largest relative error: (\S+)", out.stdout)
+    if match and out.returncode == 0 and float(match.group(1)) <= TOLERANCE:
+        return Cell(arch, dp, cp, integration, "pass", match.group(1))
+    refused = re.findall(r"(?:ValueError|RequestError|SystemExit): (.+)", out.stderr)
+    if refused and not match:
+        return Cell(arch, dp, cp, integration, "refused", refused[-1][:200])
+    tail = (out.stdout + out.stderr).strip().splitlines()[-1:] or ["no output"]
+    return Cell(arch, dp, cp, integration, "fail", (match.group(1) if match else tail[0])[:200])
+
+
+def table(cells: list[Cell]) -> str:
+    lines = ["| architecture | layout | integration | outcome | figure / refusal |", "|---|---|---|---|---|"]
+    for c in cells:
+        lines.append(f"| {c.arch} | DP{c.dp}xCP{c.cp} | {c.integration} | {c.outcome} | {c.detail} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--arch", action="append", choices=ARCHS)
+    p.add_argument("--layout", action="append", help="DPxCP, e.g. 2x2")
+    p.add_argument("--integration", action="append", choices=INTEGRATIONS)
+    p.add_argument("--out", default=None, help="write the markdown table here too")
+    args = p.parse_args(argv)
+    layouts = [tuple(int(x) for x in s.split("x")) for s in args.layout] if args.layout else list(LAYOUTS)
+    cells = []
+    for arch in args.arch or ARCHS:
+        for dp, cp in layouts:
+            for integration in args.integration or INTEGRATIONS:
+                cell = run_cell(arch, dp, cp, integration)
+                print(f"{arch} DP{dp}xCP{cp} {integration}: {cell.outcome} {cell.detail}", flush=True)
+                cells.append(cell)
+    text = table(cells)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text)
+    return 0 if all(c.outcome != "fail" for c in cells) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

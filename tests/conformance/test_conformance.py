@@ -1,0 +1,25 @@
+"""A representative subset of the conformance matrix (tests/conformance/matrix.py) in ``make test``: the
+cells that exercise what went silently wrong before (Gemma 2's soft-capping and sliding window over
+sharded sequences, Llama's single K/V head with tied embeddings under FSDP2, Mistral's sliding window
+under DDP across DP and CP). The whole matrix runs in ``make conformance``
+(docs/integrations/conformance.md gives every cell's figure)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conformance.matrix import TOLERANCE, run_cell
+
+
+@pytest.mark.parametrize(
+    ("arch", "dp", "cp", "integration"),
+    [
+        ("gemma2-softcap", 1, 4, "trainer"),
+        ("llama-1kv-tied", 2, 2, "fsdp"),
+        ("mistral-window", 2, 2, "ddp"),
+    ],
+)
+def test_the_first_step_equals_the_plain_step(arch: str, dp: int, cp: int, integration: str) -> None:
+    cell = run_cell(arch, dp, cp, integration, timeout_s=600)
+    assert cell.outcome == "pass", cell
+    assert float(cell.detail) <= TOLERANCE

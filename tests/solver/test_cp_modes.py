@@ -1,0 +1,276 @@
+"""All-gather CP and Ulysses on one cost model: the request's ``cp_modes``, a microbatch's ``mode``, the
+profile's ``heads`` and ``comm_a2a``, the validator's checks, and the planners that choose (or refuse)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from skrull.solver.cost import CostModel
+from skrull.solver.derive import MODELS, derive_profile
+from skrull.solver.errors import RequestError
+from skrull.solver.gpus import GPUS
+from skrull.solver.io import plan_from_dict, plan_to_dict, request_from_dict
+from skrull.solver.planners.registry import get_planner, planner_names
+from skrull.solver.planning import planner_cp_modes, solve
+from skrull.solver.profile import profile_from_dict
+from skrull.solver.types import Microbatch
+from skrull.solver.validate import plan_problems
+from tests.conftest import HAND_PROFILE
+
+#: The hand profile with 8 attention heads (2 K/V) and an all-to-all ten times cheaper per byte.
+ULYSSES_PROFILE: dict[str, Any] = {
+    **HAND_PROFILE,
+    "heads": {"attention": 8, "kv": 2},
+    "comm_a2a": {"bytes_per_token": 2**20, "ms_per_mib": 0.0004, "fixed_ms": 0.3},
+}
+
+
+def request(batches: list[list[int]], *, dp: int = 1, cp: int = 4, bucket: int = 100, **extra: Any) -> Any:
+    doc = {
+        "batches": batches,
+        "parallel": {"dp": dp, "cp": cp},
+        "profile": {**ULYSSES_PROFILE, "memory": {"bucket_tokens": bucket}},
+        "solver": "skrull",
+        **extra,
+    }
+    return request_from_dict(doc)
+
+
+def reference_ms(profile: dict[str, Any], local: list[list[int]], sharded: list[int], mode: str) -> float:
+    """The contract's formula written out again, independent of ``solver.cost``."""
+    c, m = profile["compute"], profile["comm"]
+    n = len(local)
+
+    def flops(s: int) -> float:
+        return c["flops_per_token"] * s + c["flops_per_token_sq"] * s * s
+
+    def comp(f: float) -> float:
+        return c["ms_per_tflop"] * f / 1e12 + c["fixed_ms"] if f > 0 else 0.0
+
+    t = sum(sharded)
+    if t == 0:
+        comm = 0.0
+    elif mode == "ulysses":
+        a = profile["comm_a2a"]
+        comm = a["ms_per_mib"] * (t / n) * a["bytes_per_token"] / 2**20 + a["fixed_ms"]
+    else:
+        comm = m["ms_per_mib"] * t * m["bytes_per_token"] / 2**20 + m["fixed_ms"]
+    dist = comp(sum(flops(s) for s in sharded) / n)
+    return profile["microbatch_ms"] + max(max(comm, comp(sum(flops(s) for s in lens))) + dist for lens in local)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.sampled_from([1, 2, 4, 8]),
+    st.lists(st.lists(st.integers(1, 5000), max_size=3), min_size=8, max_size=8),
+    st.lists(st.integers(1, 50000), max_size=4),
+    st.sampled_from(["allgather", "ulysses"]),
+)
+def test_estimates_equal_the_reference_model_in_both_modes(
+    n: int, locals_: list[list[int]], sharded: list[int], mode: str
+) -> None:
+    model = CostModel(profile_from_dict(ULYSSES_PROFILE))
+    local = locals_[:n]
+    expected = reference_ms(ULYSSES_PROFILE, local, sharded, mode)
+    assert model.microbatch_time_ms(local, sharded, mode) == pytest.approx(expected, rel=1e-12)
+
+
+def test_ulysses_moves_one_nth_of_the_tokens() -> None:
+    model = CostModel(profile_from_dict(ULYSSES_PROFILE))
+    # 400 sharded tokens over 4 GPUs: all-gather 0.001 * 400 + 0.2; all-to-all 0.0004 * 100 + 0.3
+    assert model.t_comm_ms(400) == pytest.approx(0.6)
+    assert model.t_a2a_ms(400, 4) == pytest.approx(0.34)
+    assert model.coefficients.sharded_terms(4, "ulysses")[1] == pytest.approx(2e-12 * 1e9 / 4 + 0.0004 / 4)
+
+
+def test_a_group_that_does_not_divide_the_heads_cannot_run_ulysses() -> None:
+    model = CostModel(profile_from_dict(ULYSSES_PROFILE))
+    assert model.mode_fits(4, "ulysses") and not model.mode_fits(3, "ulysses")
+    with pytest.raises(RequestError, match=r"heads\.attention = 8"):
+        model.microbatch_time_ms([[], [], []], [30], "ulysses")
+
+
+@pytest.mark.parametrize(
+    ("cp_modes", "field"),
+    [
+        (["ring"], "cp_modes[0]"),
+        ([], "cp_modes"),
+        (["ulysses", "ulysses"], "cp_modes"),
+        ("ulysses", "cp_modes"),
+    ],
+)
+def test_bad_cp_modes_are_refused_naming_the_field(cp_modes: Any, field: str) -> None:
+    with pytest.raises(RequestError) as info:
+        request([[10, 20]], cp_modes=cp_modes)
+    assert info.value.field == field
+
+
+@pytest.mark.parametrize("missing", ["heads", "comm_a2a"])
+def test_a_profile_without_heads_or_comm_a2a_cannot_plan_ulysses(missing: str) -> None:
+    profile = {k: v for k, v in ULYSSES_PROFILE.items() if k != missing}
+    doc = {"batches": [[10]], "parallel": {"dp": 1, "cp": 4}, "profile": profile, "cp_modes": ["ulysses"]}
+    with pytest.raises(RequestError) as info:
+        request_from_dict(doc)
+    assert info.value.field == f"profile.{missing}"
+    doc["cp_modes"] = ["allgather"]  # the same profile still plans all-gather
+    assert request_from_dict(doc).cp_modes == ("allgather",)
+
+
+def test_heads_must_be_consistent() -> None:
+    with pytest.raises(RequestError) as info:
+        profile_from_dict({**ULYSSES_PROFILE, "heads": {"attention": 8, "kv": 3}})
+    assert info.value.field == "profile.heads.kv"
+
+
+def test_cp_modes_are_read_in_one_order_and_round_trip() -> None:
+    from skrull.solver.io import request_to_dict
+
+    req = request([[10, 20]], cp_modes=["ulysses", "allgather"])
+    assert req.cp_modes == ("allgather", "ulysses")
+    assert request_to_dict(req, inline_profile=True)["cp_modes"] == ["allgather", "ulysses"]
+    assert "cp_modes" not in request_to_dict(request([[10]]))
+
+
+# -- the validator ------------------------------------------------------------------------------------------
+
+
+def _ulysses_plan(req: Any) -> Any:
+    plan = solve(dataclasses.replace(req, cp_modes=("allgather", "ulysses")))
+    assert any(mb.mode == "ulysses" for it in plan.iterations for mb in it.microbatches)
+    return plan
+
+
+def test_the_validator_refuses_ulysses_the_request_does_not_allow() -> None:
+    req = request([[390, 5, 7, 200]], cp_modes=["allgather", "ulysses"])
+    plan = _ulysses_plan(req)
+    assert plan_problems(plan, req) == []
+    problems = plan_problems(plan, dataclasses.replace(req, cp_modes=("allgather",)))
+    assert any("not allowed by the request's cp_modes" in p for p in problems)
+
+
+def test_the_validator_refuses_ulysses_on_a_group_that_does_not_divide_the_heads() -> None:
+    req = request([[250]], cp=3, cp_modes=["allgather", "ulysses"])
+    mb = Microbatch(step=0, ranks=(0, 1, 2), local=((), (), ()), sharded=(0,), estimated_ms=1.0, mode="ulysses")
+    plan = solve(req)
+    bad_it = dataclasses.replace(plan.iterations[0], microbatches=(mb,))
+    problems = plan_problems(dataclasses.replace(plan, iterations=(bad_it,)), req)
+    assert any("do not divide heads.attention = 8" in p for p in problems)
+
+
+def test_the_validator_recomputes_ulysses_estimates() -> None:
+    req = request([[390, 5, 7, 200]], cp_modes=["allgather", "ulysses"])
+    plan = _ulysses_plan(req)
+    it = plan.iterations[0]
+    k = next(k for k, mb in enumerate(it.microbatches) if mb.mode == "ulysses")
+    mbs = list(it.microbatches)
+    mbs[k] = dataclasses.replace(mbs[k], mode="allgather")  # same estimate, other mode: wrong
+    bad = dataclasses.replace(plan, iterations=(dataclasses.replace(it, microbatches=tuple(mbs)),))
+    assert any("estimated_ms" in p for p in plan_problems(bad, req))
+
+
+def test_mode_round_trips_through_the_plan_document() -> None:
+    req = request([[390, 5, 7, 200]], cp_modes=["allgather", "ulysses"])
+    plan = _ulysses_plan(req)
+    doc = plan_to_dict(plan)
+    assert {mb.get("mode", "allgather") for it in doc["iterations"] for mb in it["microbatches"]} >= {"ulysses"}
+    assert plan_from_dict(doc) == plan
+
+
+# -- the planners -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("solver", ["skrull", "auto", "ilp"])
+def test_choosing_planners_pick_the_cheaper_mode_per_microbatch(solver: str) -> None:
+    req = request([[390, 5, 7, 200, 60, 300]], solver=solver, time_budget_s=0.5)
+    both = dataclasses.replace(req, cp_modes=("allgather", "ulysses"))
+    plan = solve(both)
+    assert plan_problems(plan, both) == []
+    model = CostModel(both.profile, bucket_tokens=both.bucket_tokens)
+    lengths = [s for b in both.batches for s in b]
+    for mb in (mb for it in plan.iterations for mb in it.microbatches if mb.sharded):
+        assert mb.mode == model.cheapest_mode(mb, lengths, both.cp_modes)
+    if solver == "skrull":  # the same placement, each microbatch no slower than all-gather
+        assert plan.estimated_ms <= solve(req).estimated_ms + 1e-9
+
+
+@pytest.mark.parametrize("solver", ["packed", "deepspeed", "hydraulis", "wlb", "dynamic-cp", "verl-kk", "sorted"])
+def test_all_gather_planners_refuse_ulysses_alone_naming_cp_modes(solver: str) -> None:
+    req = request([[30, 40]], solver=solver, cp_modes=["ulysses"])
+    with pytest.raises(RequestError) as info:
+        solve(req)
+    assert info.value.field == "cp_modes"
+
+
+def test_ulysses_alone_needs_cp_to_divide_the_heads() -> None:
+    with pytest.raises(RequestError, match=r"parallel\.cp = 3"):
+        solve(request([[30, 40]], cp=3, cp_modes=["ulysses"]))
+
+
+def test_every_planner_declares_modes_it_plans() -> None:
+    for name in planner_names():
+        assert set(planner_cp_modes(get_planner(name))) <= {"allgather", "ulysses"}
+
+
+# -- xtuner -------------------------------------------------------------------------------------------------
+
+
+def test_xtuner_packs_in_order_and_shards_every_pack_with_ulysses_over_the_group() -> None:
+    req = request([[150, 100, 120, 300, 40, 40, 30]], dp=2, cp=4, solver="xtuner", cp_modes=["ulysses"])
+    plan = solve(req)
+    mbs = plan.iterations[0].microbatches
+    # capacity cp * bucket = 400: packs [150, 100, 120] [300, 40, 40] [30], dealt over DP ranks in turn
+    assert [mb.sharded for mb in mbs] == [(0, 1, 2), (3, 4, 5), (6,)]
+    assert [(mb.ranks, mb.step) for mb in mbs] == [((0, 1, 2, 3), 0), ((4, 5, 6, 7), 0), ((0, 1, 2, 3), 1)]
+    assert all(mb.mode == "ulysses" for mb in mbs)
+
+
+def test_xtuner_refuses_without_ulysses_or_when_the_heads_do_not_divide() -> None:
+    with pytest.raises(RequestError) as info:
+        solve(request([[30]], solver="xtuner"))
+    assert info.value.field == "cp_modes"
+    with pytest.raises(RequestError):
+        solve(request([[30]], cp=3, solver="xtuner", cp_modes=["allgather", "ulysses"]))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.integers(1, 3),
+    st.sampled_from([1, 2, 4, 8]),
+    st.lists(st.lists(st.integers(1, 400), min_size=1, max_size=30), min_size=1, max_size=3),
+    st.sampled_from(["skrull", "xtuner", "round-robin", "packed"]),
+    st.sampled_from([["allgather", "ulysses"], ["ulysses"]]),
+)
+def test_plans_with_either_mode_are_valid(
+    dp: int, cp: int, batches: list[list[int]], solver: str, modes: list[str]
+) -> None:
+    req = request([[min(s, cp * 100) for s in b] for b in batches], dp=dp, cp=cp, solver=solver)
+    req = dataclasses.replace(req, cp_modes=tuple(modes))
+    if "allgather" not in modes and solver in ("round-robin", "packed"):
+        with pytest.raises(RequestError):
+            solve(req)
+        return
+    plan = solve(req)
+    assert plan_problems(plan, req) == []
+
+
+# -- derive-profile -----------------------------------------------------------------------------------------
+
+
+def test_derived_profiles_carry_heads_and_the_all_to_all() -> None:
+    from skrull.solver.derive import TrainingSetup
+
+    model = MODELS["qwen2.5-7b"]
+    profile = derive_profile(model, GPUS["h100-80g"])
+    assert profile.heads is not None and (profile.heads.attention, profile.heads.kv) == (28, 4)
+    assert profile.comm_a2a is not None
+    # layers * (2 * q_hidden + 2 * kv_hidden) * 2 B * 2: 28 * (2*3584 + 2*512) * 4
+    assert profile.comm_a2a.bytes_per_token == 28 * (2 * 3584 + 2 * 512) * 4
+    doc = profile.to_dict()
+    assert profile_from_dict(doc) == profile
+    tp = derive_profile(model, GPUS["h100-80g"], TrainingSetup(tp=4))
+    assert tp.heads is not None and (tp.heads.attention, tp.heads.kv) == (7, 1)

@@ -1,0 +1,124 @@
+"""What used to train silently wrong or hang is refused before the first step, naming the setting and the
+fix: under real ``torchrun`` (2 gloo processes), and in one process where one suffices."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from transformers import TrainingArguments
+
+from skrull.worker.dataloader import PlannedBatches
+from skrull.worker.hf.model import build_model, read_model_config
+from skrull.worker.hf.trainer import SkrullTrainer
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[2]
+CONFIG = ROOT / "examples" / "models" / "llama-tiny.json"
+ROWS = [{"input_ids": list(range(n)), "labels": [*range(1, n), -100]} for n in (5, 9, 30, 60)]
+
+
+def torchrun(case: str, tmp_path: Path) -> list[str]:
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+        str(HERE / "torchrun_guards.py"), case,
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env, check=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = [line.split(" ", 1) for line in out.stdout.splitlines() if line.startswith(("0 ", "1 "))]
+    by_rank = [[text for r, text in lines if r == rank] for rank in ("0", "1")]
+    assert by_rank[0] == by_rank[1], by_rank  # every rank stops with the same line, in the same case
+    return by_rank[0]
+
+
+def test_a_trainer_without_use_cpu_on_a_cpu_under_torchrun_is_refused(tmp_path: Path) -> None:
+    lines = torchrun("no-use-cpu", tmp_path)
+    assert len(lines) == 1
+    assert "the Trainer runs 1 process(es)" in lines[0] and "torch.distributed 2" in lines[0]
+    assert "use_cpu=True, ddp_backend='gloo'" in lines[0]
+
+
+def test_unequal_counts_and_stock_fsdp_are_refused_and_the_wrapped_loop_trains(tmp_path: Path) -> None:
+    lines = torchrun("loop", tmp_path)
+    trainer, stock, unequal, wrapped = lines
+    assert "equal_microbatches=False with 2 processes" in trainer
+    assert "sharded with FSDP2 fully_shard not by skrull.worker.grad_sync.wrap" in stock
+    assert "equal_microbatches: ranks run 0 to 1 microbatches" in unequal
+    assert wrapped == "trained"
+
+
+def make(
+    tmp_path: Path, *, dp: int = 1, cp: int = 1, config: dict | None = None, eval_dataset: object = None, **args: object
+) -> SkrullTrainer:
+    planned = PlannedBatches(
+        ROWS, [len(r["input_ids"]) for r in ROWS], rank=0, dp=dp, cp=cp, global_batch_size=4,
+        profile="h100-80g/qwen2.5-0.5b", bucket_tokens=64, equal_microbatches=True, prefetch=0,
+    )  # fmt: skip
+    doc = {**read_model_config(str(CONFIG)), **(config or {})}
+    model = build_model(doc, seed=0) if config is None else build_model(read_model_config(str(CONFIG)), seed=0)
+    if config:
+        for key, value in config.items():
+            setattr(model.config, key, value)  # a from_pretrained model's config, as loaded
+    training = TrainingArguments(output_dir=str(tmp_path / "out"), use_cpu=True, report_to=[], max_steps=1, **args)
+    return SkrullTrainer(model=model, args=training, planned=planned, eval_dataset=eval_dataset)
+
+
+def test_a_mesh_larger_than_the_trainers_world_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"the Trainer runs 1 process\(es\).*dp x cp = 2 x 1 = 2: they must be equal"):
+        make(tmp_path, dp=2)
+
+
+@pytest.mark.parametrize(
+    ("config", "field"),
+    [({"attention_dropout": 0.1}, "attention_dropout=0.1"), ({"attention_chunk_size": 8}, "attention_chunk_size=8")],
+)
+def test_attention_features_dacp_does_not_compute_are_refused_naming_the_field(
+    tmp_path: Path, config: dict, field: str
+) -> None:
+    with pytest.raises(ValueError, match=f"model config {field}: an attention feature"):
+        make(tmp_path, config=config)
+
+
+def test_a_per_device_batch_size_the_plan_would_ignore_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"per_device_train_batch_size=3: the planned loader's global_batch_size=4"):
+        make(tmp_path, per_device_train_batch_size=3)
+    assert make(tmp_path, per_device_train_batch_size=4).planned.global_batch_size == 4  # what the loader does
+
+
+def test_evaluation_is_refused_before_training(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"eval_strategy='steps': evaluation does not run under plans"):
+        make(tmp_path, eval_strategy="steps", eval_steps=1, eval_dataset=ROWS)
+
+
+def test_epochs_reshuffle_count_real_tokens_and_size_the_schedule(tmp_path: Path) -> None:
+    rows = [{"input_ids": [(i + t) % 128 for t in range(3 + 5 * i)]} for i in range(8)]
+    planned = PlannedBatches(
+        rows, [len(r["input_ids"]) for r in rows], rank=0, dp=1, cp=1, global_batch_size=4, solver="skrull",
+        profile="h100-80g/qwen2.5-0.5b", bucket_tokens=64, equal_microbatches=True, prefetch=0,
+    )  # fmt: skip
+    seen: list[tuple[int, ...]] = []
+    original = planned._ready
+
+    def record(*a: object, **kw: object) -> object:
+        ready = original(*a, **kw)  # type: ignore[arg-type]
+        seen.append(ready.sample_indices)
+        return ready
+
+    planned._ready = record  # type: ignore[method-assign]
+    training = TrainingArguments(
+        output_dir=str(tmp_path / "out"), use_cpu=True, report_to=[], num_train_epochs=2, logging_steps=1,
+        include_num_input_tokens_seen=True, optim="sgd", learning_rate=0.01, lr_scheduler_type="linear",
+    )  # fmt: skip
+    trainer = SkrullTrainer(model=build_model(read_model_config(str(CONFIG)), seed=0), args=training, planned=planned)
+    trainer.train()
+    assert trainer.state.global_step == 4 and trainer.state.max_steps == 4  # 2 epochs x 2 iterations
+    assert sorted(i for b in seen[:2] for i in b) == sorted(i for b in seen[2:] for i in b) == list(range(8))
+    assert seen[:2] != seen[2:]  # epoch 1 is reshuffled
+    assert trainer.state.num_input_tokens_seen == 2 * sum(len(r["input_ids"]) for r in rows)  # real tokens
+    epochs = [log["epoch"] for log in trainer.state.log_history if "loss" in log]
+    assert epochs == [0.5, 1.0, 1.5, 2.0]
+    assert trainer.lr_scheduler.get_last_lr()[0] == 0.0  # the linear schedule ran its whole length

@@ -1,0 +1,95 @@
+"""Run by tests/worker/hf/test_guards.py under ``torchrun`` (2 processes, gloo): each case builds what a
+user's script would and prints ``refused: <message>`` or ``trained``; nothing may hang or train wrong."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+
+ROOT = Path(__file__).resolve().parents[3]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from skrull.worker import grad_sync  # noqa: E402
+from skrull.worker.dataloader import PlannedBatches  # noqa: E402
+from skrull.worker.groups import IterationGroups  # noqa: E402
+from skrull.worker.hf.model import build_model, read_model_config  # noqa: E402
+from skrull.worker.hf.step import scheduled_step  # noqa: E402
+from skrull.worker.kernels import select_kernel  # noqa: E402
+
+CONFIG = ROOT / "examples" / "models" / "llama-tiny.json"
+ROWS = [[(7 * i + t) % 128 for t in range(4 + 6 * i)] for i in range(8)]
+
+
+def loader(mesh: Any, **kw: Any) -> PlannedBatches:
+    options: dict[str, Any] = {
+        "global_batch_size": 4, "profile": "h100-80g/qwen2.5-0.5b", "bucket_tokens": 64, "solver": "skrull",
+        "prefetch": 0, **kw,
+    }  # fmt: skip
+    return PlannedBatches(ROWS, [len(r) for r in ROWS], mesh=mesh, **options)
+
+
+def report(fn: Any) -> None:
+    rank = dist.get_rank()
+    try:
+        fn()
+    except ValueError as e:
+        print(f"{rank} refused: {e}", flush=True)
+    else:
+        print(f"{rank} trained", flush=True)
+
+
+def trainer(mesh: Any, *, use_cpu: bool, equal: bool) -> None:
+    from transformers import TrainingArguments
+
+    from skrull.worker.hf.trainer import SkrullTrainer
+
+    args = TrainingArguments(
+        output_dir="out", use_cpu=use_cpu, report_to=[], max_steps=1, per_device_train_batch_size=1
+    )
+    model = build_model(read_model_config(str(CONFIG)), seed=0)
+    SkrullTrainer(model=model, args=args, planned=loader(mesh, equal_microbatches=equal)).train()
+
+
+def loop(mesh: Any, *, stock_fsdp: bool, equal: bool, global_batch_size: int = 4) -> None:
+    from torch.distributed.fsdp import fully_shard
+
+    model = build_model(read_model_config(str(CONFIG)), seed=0)
+    if stock_fsdp:
+        for layer in model.model.layers:
+            fully_shard(layer)
+        fully_shard(model)
+    else:
+        model = grad_sync.wrap(model, "fsdp")
+    planned = loader(mesh, equal_microbatches=equal, global_batch_size=global_batch_size)
+    groups = IterationGroups(planned)
+    for ready in planned:
+        scheduled_step(
+            model, ready.microbatches, registry=groups(ready), kernel=select_kernel(torch.device("cpu"), torch.float32),
+            device=torch.device("cpu"),
+        )  # fmt: skip
+
+
+def main() -> None:
+    case = sys.argv[1]
+    if case == "no-use-cpu":  # the user's script: the mesh initializes torch.distributed, use_cpu left unset
+        dist.init_process_group("gloo")
+        mesh = init_device_mesh("cpu", (2, 1), mesh_dim_names=("dp", "cp"))
+        report(lambda: trainer(mesh, use_cpu=False, equal=True))
+    else:
+        dist.init_process_group("gloo")
+        mesh = init_device_mesh("cpu", (2, 1), mesh_dim_names=("dp", "cp"))
+        report(lambda: trainer(mesh, use_cpu=True, equal=False))
+        report(lambda: loop(mesh, stock_fsdp=True, equal=True))
+        report(lambda: loop(mesh, stock_fsdp=False, equal=False, global_batch_size=1))
+        report(lambda: loop(mesh, stock_fsdp=False, equal=True))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
