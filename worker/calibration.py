@@ -24,8 +24,9 @@ b * 1e12 / ms_per_tflop``, ``comm.ms_per_mib = m``, ``comm.fixed_ms = f``, ``mic
 work would otherwise pay it twice). The critical GPU is the one with the most local work under the
 previous fit (each reweighting round). Terms the run did not show are not fitted: with fewer than
 ``MIN_COMMUNICATING`` microbatches sharded over a group, the communication coefficients are the starting
-profile's scaled by the compute's ratio (the machine is as much slower), so a planner is not told that
-communication it never measured is free. The model's ``max(T_comm, T_comp_local)`` is fitted as a sum: exact when a
+profile's scaled by the compute's ratio (the machine is as much slower), the fixed cost taken from the
+median excess time of the few that did communicate, if any, so a planner is not told that communication
+it hardly measured is free. The model's ``max(T_comm, T_comp_local)`` is fitted as a sum: exact when a
 sharded microbatch has no local work (DACP's usual case), an upper bound otherwise.
 
 Robustness: the first ``warmup_iterations`` iterations are left out (allocator, kernel selection, lazy
@@ -240,6 +241,11 @@ def fit_profile(
             f"the starting profile's, x {ratio:.4g} (the compute's ratio): only {communicating} microbatch(es) "
             f"of the run communicated, fewer than {MIN_COMMUNICATING}"
         )
+        shown = cols[:, 3] > 0
+        if shown.any():  # what the few that did communicate show of the fixed cost
+            excess = ys[shown] - cols[shown] @ np.asarray([a, b, m, 0.0, c])
+            f = max(0.0, float(np.median(excess)))
+            comm_source += f"; fixed_ms the median excess time of those {int(shown.sum())}"
     coef = np.asarray([a, b, m, f, c])
     residual = float(np.median(np.abs(cols[keep] @ coef - ys[keep]) / ys[keep]))
     doc = start.to_dict()

@@ -4,6 +4,7 @@ with it."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import re
 import time
@@ -86,6 +87,12 @@ def test_communication_the_run_never_showed_is_scaled_from_the_starting_profile_
     assert fit.profile["comm"]["fixed_ms"] == pytest.approx(start.comm.fixed_ms * ratio)
     assert fit.profile["comm"]["ms_per_mib"] == pytest.approx(start.comm.ms_per_mib * ratio)
     assert "starting profile" in fit.profile["comm"]["source"]
+    few = [dataclasses.replace(mb, iteration=99) for mb in _microbatches(random.Random(8), 200) if mb.sharded][:2]
+    with_few = fit_profile(load_profile(START), data + few)
+    assert with_few.profile["comm"]["fixed_ms"] != pytest.approx(start.comm.fixed_ms * ratio)  # what they showed
+    assert median_error(few, CostModel(profile_from_dict(with_few.profile))) < median_error(
+        few, CostModel(profile_from_dict(fit.profile))
+    )
 
 
 def test_too_few_microbatches_refuse_to_fit_and_keep_the_previous_profile() -> None:
