@@ -41,6 +41,12 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--check", action="store_true", help="compare each step with the plain HF step; exit 1 on mismatch")
     p.add_argument("--lr", type=float, default=0.05, help="SGD learning rate (default 0.05)")
     p.add_argument("--loss-chunk-tokens", type=int, default=None, help="LM head + loss in chunks of this many rows")
+    p.add_argument(
+        "--compile",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="decoder layers under torch.compile (dynamic token counts); auto: on CUDA only",
+    )
     p.add_argument("--warmup", type=int, default=0, help="untimed steps first, not applied (default 0)")
     p.add_argument("--tolerance", type=float, default=None, help="max relative error (default 1e-4; 5e-2 in 16 bits)")
     p.add_argument(
@@ -108,6 +114,8 @@ def _print_run(
         f"sequence(s), {wide} microbatch(es) on groups wider than CP, {len(plan.pending)} pending; "
         f"{world_size} processes ({args.backend}), kernel {result.kernel}, cp {args.cp_mode}, {args.dtype}"
     )
+    if result.kernel_line:
+        print(f"{result.kernel_line}; decoder layers {'compiled' if result.compiled else 'eager'}")
     print()
     print("| step | iteration | target tokens | loss | step ms (slowest rank) |")
     print("|------|-----------|---------------|------|------------------------|")
@@ -205,6 +213,7 @@ def cmd_finetune(args: argparse.Namespace) -> int:
         progress=args.progress,
         grad_sync=args.grad_sync,
         calibrate_request=request_to_dict(request, inline_profile=True) if args.calibrate else None,
+        compile=args.compile,
     )
     if progress_enabled(args.progress):  # the bar starts once the processes have imported torch
         say_progress(f"skrull finetune: starting {world_size} processes ({args.backend}), plan {plan.solver}")

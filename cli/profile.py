@@ -33,6 +33,12 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--dtype", default=None, help="bfloat16 on cuda, float32 on cpu by default")
     p.add_argument("--kernel", default=None, help="attention kernel (default: best available)")
     p.add_argument("--max-tokens", type=int, default=None, help="longest pack measured (16384 on cuda, 512 on cpu)")
+    p.add_argument(
+        "--compile",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="time the layer compiled as the fast step runs it (auto: on cuda only)",
+    )
     p.add_argument("--repeats", type=int, default=3, help="timed repeats per measurement (median)")
     p.add_argument("--gpus", type=int, default=1, help="GPUs for the communication measurement (default 1: none)")
     p.add_argument("--memory-gib", type=float, default=None, help="device memory (default: what the GPU reports)")
@@ -68,6 +74,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     try:
         import torch
 
+        from skrull.worker.compiling import resolve_compile
         from skrull.worker.execute import DTYPES
         from skrull.worker.profiling.document import model_from_doc
         from skrull.worker.profiling.measure import PROFILE_MODELS
@@ -119,6 +126,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
         capacity_bytes=capacity,
         setup=TrainingSetup(dp=args.train_dp, zero_stage=args.zero_stage),
         progress=args.progress,
+        compile=resolve_compile(args.compile, device),
     )
     doc = run_profile(options)
     parse_profile(doc)  # the specification's reader must accept what we write
@@ -136,6 +144,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace, *, device: Any, dtype: Any, model_from_doc: Any, run_check: Any) -> int:
+    from skrull.worker.compiling import resolve_compile
+
     doc = read_json(args.check, field="--check")
     profile = parse_profile(doc, field="--check")
     try:
@@ -158,6 +168,7 @@ def _check(args: argparse.Namespace, *, device: Any, dtype: Any, model_from_doc:
         kernel=args.kernel,
         bucket_tokens=args.bucket_tokens,
         progress=args.progress,
+        compile=resolve_compile(args.compile, device),
     )
     from skrull.worker.profiling.check import check_stats
 

@@ -73,6 +73,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output-dir", default="hf-trainer-out")
+    p.add_argument(
+        "--compile", choices=("auto", "on", "off"), default="auto",
+        help="decoder layers under torch.compile (skrull's fast step); auto: on CUDA only",
+    )  # fmt: skip
     p.add_argument("--check", action="store_true", help="first step against the plain step; 'check passed'")
     p.add_argument("--save-steps", type=int, default=0, help="save a Trainer checkpoint every N steps")
     p.add_argument("--resume-from", default=None, help="a checkpoint directory to resume from")
@@ -199,8 +203,9 @@ def main(argv: list[str] | None = None) -> int:
                 grads.update({n: p.grad.detach().float().cpu().clone() for n, p in model.named_parameters()})
 
     trainer = SkrullTrainer(  # skrull
-        model=model, args=training, planned=planned, callbacks=[FirstStepGradients()] if args.check else None
-    )
+        model=model, args=training, planned=planned, compile=args.compile,
+        callbacks=[FirstStepGradients()] if args.check else None,
+    )  # fmt: skip
     trainer.train(resume_from_checkpoint=args.resume_from)
     rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
     if rank == 0:

@@ -33,6 +33,7 @@ if str(ROOT) not in sys.path:  # run from a checkout without installing
 from skrull.worker import grad_sync  # noqa: E402  # skrull
 from skrull.worker.dataloader import PlannedBatches  # noqa: E402  # skrull
 from skrull.worker.groups import IterationGroups  # noqa: E402  # skrull
+from skrull.worker.hf.fast import compile_model  # noqa: E402  # skrull
 from skrull.worker.hf.model import build_model, read_model_config  # noqa: E402  # skrull
 from skrull.worker.hf.step import (  # noqa: E402
     model_gradients,
@@ -73,6 +74,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--grad-sync", choices=grad_sync.GRAD_SYNCS, default="ddp")
+    p.add_argument("--compile", choices=("auto", "on", "off"), default="auto", help="decoder layers compiled")
     p.add_argument("--check", action="store_true", help="first step against the plain step; 'check passed'")
     p.add_argument("--calibrate", action="store_true", help="refit the profile from the run's microbatch times")
     p.add_argument("--calibrated-profile-out", default=None, help="with --calibrate: write the calibrated profile")
@@ -100,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{args.global_batch_size}; give more rows or fewer steps"
         )
     model = build_model(read_model_config(args.model_config), seed=args.seed, device=device)  # skrull: DACP attention
+    compile_model(model, compile=args.compile, device=device)  # skrull: the fast step (layers compiled; CUDA default)
     model = grad_sync.wrap(model, args.grad_sync)  # skrull: DDP / FSDP2 that sum over the world
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
     groups = IterationGroups(planned)  # skrull

@@ -138,6 +138,7 @@ class CostModel:
         "_a2a_fixed_ms",
         "_a2a_ms_per_token",
         "_attention_heads",
+        "_bound_a2a",
         "_choose_from",
         "_comm_fixed_ms",
         "_comm_ms_per_token",
@@ -151,11 +152,18 @@ class CostModel:
     )
 
     def __init__(
-        self, profile: Profile, *, bucket_tokens: int | None = None, choose_modes: Sequence[str] | None = None
+        self,
+        profile: Profile,
+        *,
+        bucket_tokens: int | None = None,
+        choose_modes: Sequence[str] | None = None,
+        cp_modes: Sequence[str] | None = None,
     ) -> None:
         """``choose_modes``: a planner's view that prices every microbatch in the cheapest of these modes its
         group can run, whatever mode the microbatch names (what ``cheapest_mode`` then assigns); None (the
-        reference): every microbatch in its own ``mode``."""
+        reference): every microbatch in its own ``mode``. ``cp_modes``: the modes the request allows (default
+        ``choose_modes``, else all-gather only), which the lower bounds must cover: a bound proved for
+        all-gather alone is beaten by a plan whose Ulysses all-to-all is cheaper."""
         self.profile = profile
         modes = tuple(m for m in CP_MODES if m in choose_modes) if choose_modes is not None else ()
         self._choose_from: tuple[str, ...] | None = modes if len(modes) > 1 or modes == (ULYSSES,) else None
@@ -171,6 +179,8 @@ class CostModel:
         self._a2a_ms_per_token = 0.0 if a2a is None else a2a.ms_per_mib * a2a.bytes_per_token / MIB
         self._a2a_fixed_ms = 0.0 if a2a is None else a2a.fixed_ms
         self._attention_heads = heads.attention if heads is not None and a2a is not None else 0
+        allowed = cp_modes if cp_modes is not None else (choose_modes or ())
+        self._bound_a2a = ULYSSES in allowed and self._attention_heads > 0
 
     @property
     def coefficients(self) -> CostCoefficients:
@@ -213,6 +223,20 @@ class CostModel:
             return 0.0
         self.check_mode(group_size, ULYSSES)
         return self._a2a_ms_per_token * sharded_tokens / group_size + self._a2a_fixed_ms
+
+    def cheapest_comm_ms(self, sharded_tokens: int, max_group_size: int) -> float:
+        """A floor on the communication of ``sharded_tokens`` sharded over at most ``max_group_size`` GPUs in
+        any mode the request allows: ``T_comm(T)``, or with ``ulysses`` allowed also ``T_a2a`` at the widest
+        group (``T/N`` falls with N; whether N divides the heads is ignored, which only lowers the floor)."""
+        comm = self.t_comm_ms(sharded_tokens)
+        if self._bound_a2a and sharded_tokens > 0 and max_group_size > 1:
+            comm = min(comm, self._a2a_ms_per_token * sharded_tokens / max_group_size + self._a2a_fixed_ms)
+        return comm
+
+    @property
+    def cheapest_comm_fixed_ms(self) -> float:
+        """The least fixed cost a microbatch that shards pays for its communication in an allowed mode."""
+        return min(self._comm_fixed_ms, self._a2a_fixed_ms) if self._bound_a2a else self._comm_fixed_ms
 
     def mode_fits(self, group_size: int, mode: str) -> bool:
         """Whether a group of ``group_size`` GPUs can run a microbatch in ``mode`` (``CostCoefficients.mode_fits``)."""
@@ -378,7 +402,8 @@ class CostModel:
 
     def lower_bound_ms(self, lengths: Sequence[int], parallel: Parallel) -> float:
         """No plan under this model, with any groups, beats this (docs/formats.md "Lower bound"): a plan's
-        ``lower_bound_ms``. With ``a = ms_per_tflop / 1e12``, G = dp*cp GPUs and S_max the longest::
+        ``lower_bound_ms``. With ``a = ms_per_tflop / 1e12``, G = dp*cp GPUs and S_max the longest
+        (``T_comm`` is ``cheapest_comm_ms``: the all-to-all's over G GPUs too when ``ulysses`` is allowed)::
 
             max( sum_S a*FLOPs(S) / G + microbatch_ms * sum(S) / (bucket_tokens * G),
                  microbatch_ms + compute.fixed_ms + min( a*FLOPs(S_max)          if S_max <= bucket_tokens,
@@ -395,7 +420,7 @@ class CostModel:
         average = self._ms_per_flop * total_flops / gpus + self._mb_ms * sum(lengths) / (self.bucket_tokens * gpus)
         longest = max(lengths)
         flops_ms = self._ms_per_flop * self.flops(longest)
-        options = [self.t_comm_ms(longest) + flops_ms / gpus] if gpus > 1 else []
+        options = [self.cheapest_comm_ms(longest, gpus) + flops_ms / gpus] if gpus > 1 else []
         if longest <= self.bucket_tokens:
             options.append(flops_ms)
         single = self._mb_ms + self._comp_fixed_ms + min(options, default=flops_ms)

@@ -69,9 +69,16 @@ def make_plan(
     )
 
 
-def assemble_plan(problem: Problem, output: PlannerOutput, *, solver: str, wall_ms: float) -> Plan:
-    """Estimate every microbatch and iteration with the reference model and fill the ``solve`` block."""
-    model = CostModel(problem.profile, bucket_tokens=problem.bucket_tokens)
+def assemble_plan(
+    problem: Problem, output: PlannerOutput, *, solver: str, wall_ms: float, cp_modes: tuple[str, ...] | None = None
+) -> Plan:
+    """Estimate every microbatch and iteration with the reference model and fill the ``solve`` block.
+
+    ``cp_modes``: the modes the request allows (default the problem's), which every iteration's
+    ``lower_bound_ms`` covers: a planner that plans all-gather only still reports the bound of the request,
+    which another planner's Ulysses microbatches may approach."""
+    modes = problem.cp_modes if cp_modes is None else cp_modes
+    model = CostModel(problem.profile, bucket_tokens=problem.bucket_tokens, cp_modes=modes)
     iterations = [
         model.price_iteration(specs, problem.lengths, parallel=problem.parallel, index=index)
         for index, specs in enumerate(output.iterations)
@@ -99,7 +106,7 @@ def equalized(output: PlannerOutput, problem: Problem) -> PlannerOutput:
     iterations = tuple(tuple(equalize_microbatches(it, problem.parallel)) for it in output.iterations)
     status = output.status
     if status == "optimal":
-        model = CostModel(problem.profile, bucket_tokens=problem.bucket_tokens)
+        model = CostModel(problem.profile, bucket_tokens=problem.bucket_tokens, cp_modes=problem.cp_modes)
         num_gpus = problem.parallel.num_gpus
 
         def total_ms(its: tuple[tuple[MicrobatchSpec, ...], ...]) -> float:
@@ -169,7 +176,7 @@ def with_modes(output: PlannerOutput, problem: Problem, modes: tuple[str, ...]) 
     alone) is refused naming ``cp_modes``."""
     if modes == DEFAULT_CP_MODES:
         return output
-    model = CostModel(problem.profile, bucket_tokens=problem.bucket_tokens)
+    model = CostModel(problem.profile, bucket_tokens=problem.bucket_tokens, cp_modes=problem.cp_modes)
     changed = False
     iterations = []
     for specs in output.iterations:
@@ -224,7 +231,7 @@ def solve(request: Request) -> Plan:
         output = equalized(output, problem)
     if len(planner_cp_modes(planner)) > 1:  # planners that choose: the cheapest allowed mode per microbatch
         output = with_modes(output, problem, modes)
-    plan = assemble_plan(problem, output, solver=request.solver, wall_ms=0.0)
+    plan = assemble_plan(problem, output, solver=request.solver, wall_ms=0.0, cp_modes=request.cp_modes)
     check_plan(plan, request)
     wall_ms = (time.perf_counter() - start) * 1e3
     return dataclasses.replace(plan, solve=dataclasses.replace(plan.solve, wall_ms=wall_ms))

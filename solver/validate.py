@@ -367,7 +367,7 @@ def plan_problems(plan: Plan, request: Request) -> list[str]:
     if not checkable:
         return problems
     ledger = _Ledger(request, problems)
-    model = CostModel(request.profile, bucket_tokens=request.bucket_tokens)
+    model = CostModel(request.profile, bucket_tokens=request.bucket_tokens, cp_modes=request.cp_modes)
     for it in plan.iterations:
         problems.extend(
             iteration_problems(

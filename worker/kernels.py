@@ -18,24 +18,34 @@ on every path (local sequences, shard pieces, Ulysses' whole sequences):
   j <= p``, i.e. the ``window`` keys ending at itself; with bottom-right alignment ``p`` is the query's
   position in the key segment. flash-attn spells it ``window_size=(window - 1, 0)``.
 
-Backends, in order of preference (``select_kernel``):
+Backends, in order of preference (``select_kernel``; ``choose_kernel`` also says why):
 
-- ``flash-attn``: ``flash_attn.flash_attn_varlen_func`` when the package is installed (CUDA, fp16/bf16);
+- ``flash-attn-4``: ``flash_attn.cute.flash_attn_varlen_func`` (the ``flash-attn-4`` wheel, CuTe DSL, no
+  compiler needed to install) on Hopper and Blackwell (compute capability 9.x and 10.x), fp16/bf16;
+- ``flash-attn``: flash-attn 2's ``flash_attn.flash_attn_varlen_func`` when installed (CUDA, fp16/bf16);
 - ``torch-varlen``: PyTorch's own ``torch.nn.attention.varlen.varlen_attn`` (CUDA, fp16/bf16);
 - ``sdpa``: ``scaled_dot_product_attention`` per segment (any device and dtype; GPU fallback);
 - ``reference``: the softmax written out, in float32, query block by query block (CPU default; the
   yardstick the others are tested against).
 
-All are differentiable through autograd (the first two through their own backward kernels).
+All are differentiable through autograd (the first three through their own backward kernels).
+
+A CUDA backend is chosen only after a trial call: two segments (one whole, one a shard piece whose
+queries see a longer key prefix), forward and backward, compared with the float32 reference. A wheel
+that imports but fails on this GPU or this driver, or masks from the top left instead of the bottom
+right, is passed over with its reason, and ``KernelChoice.describe()`` is the one line that says
+which backend runs and why the better ones do not.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
+import logging
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -44,7 +54,9 @@ import torch.nn.functional as F
 from skrull.solver.errors import RequestError
 
 KernelFn = Callable[..., torch.Tensor]
-KERNEL_NAMES: tuple[str, ...] = ("flash-attn", "torch-varlen", "sdpa", "reference")
+KERNEL_NAMES: tuple[str, ...] = ("flash-attn-4", "flash-attn", "torch-varlen", "sdpa", "reference")
+#: Compute capability majors flash-attn 4 runs on: Hopper (sm90) and Blackwell (sm100).
+FLASH_ATTN_4_MAJORS = (9, 10)
 _HALF = (torch.float16, torch.bfloat16)
 #: Query rows per block of the reference kernel: bounds its score matrix to ``H * 1024 * k_len`` floats.
 REFERENCE_BLOCK_ROWS = 1024
@@ -249,10 +261,20 @@ def _torch_varlen() -> KernelFn | None:
     return run
 
 
+def _import(name: str) -> Any:
+    """``importlib.import_module`` (one place for tests to stand in for what is installed)."""
+    return importlib.import_module(name)
+
+
+def _capability(device: torch.device) -> tuple[int, int]:
+    return tuple(torch.cuda.get_device_capability(device))  # type: ignore[return-value]
+
+
 def _flash_attn() -> KernelFn | None:
+    """flash-attn 2's varlen function, when the package imports (any failure: not usable)."""
     try:
-        module = importlib.import_module("flash_attn")
-    except ImportError:
+        module = _import("flash_attn")
+    except Exception:  # an installed wheel can fail to load (CUDA/ABI mismatch): not usable
         return None
     flash = getattr(module, "flash_attn_varlen_func", None)
     if flash is None:
@@ -281,39 +303,194 @@ def _flash_attn() -> KernelFn | None:
     return run
 
 
+def _flash_attn_4() -> KernelFn | None:
+    """flash-attn 4's varlen function (``flash_attn.cute``), when it imports. Its keyword names are taken
+    from its signature and a ``(out, lse)`` result is reduced to ``out``."""
+    try:
+        module = _import("flash_attn.cute")
+    except Exception:
+        return None
+    flash = getattr(module, "flash_attn_varlen_func", None)
+    if flash is None:
+        return None
+    params: Mapping[str, Any]
+    try:
+        params = inspect.signature(flash).parameters
+    except (TypeError, ValueError):
+        params = {}
+    scale_name = "softmax_scale" if "softmax_scale" in params or not params else "scale"
+
+    def run(
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        cu_q: torch.Tensor,
+        cu_k: torch.Tensor,
+        max_q: int,
+        max_k: int,
+        causal: bool,
+        scale: float,
+        features: Features = NO_FEATURES,
+    ) -> torch.Tensor:
+        missing = (features.softcap and "softcap" not in params) or (
+            features.window is not None and "window_size" not in params
+        )
+        if missing:
+            # this build has no such argument: the scores written out (exact, float32)
+            return _reference(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, features)
+        extra: dict[str, Any] = {scale_name: scale, "causal": causal}
+        if features.softcap:
+            extra["softcap"] = features.softcap
+        if features.window is not None:
+            extra["window_size"] = (features.window - 1, 0)
+        if not params or "max_seqlen_q" in params:
+            extra.update(max_seqlen_q=max_q, max_seqlen_k=max_k)
+        out: Any = flash(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, **extra)
+        result: torch.Tensor = out[0] if isinstance(out, tuple) else out
+        return result
+
+    return run
+
+
+def _factory(name: str) -> KernelFn | None:
+    if name == "flash-attn-4":
+        return _flash_attn_4()
+    if name == "flash-attn":
+        return _flash_attn()
+    if name == "torch-varlen":
+        return _torch_varlen()
+    if name == "sdpa":
+        return _sdpa
+    return _reference
+
+
+def _unusable_reason(name: str, device: torch.device, dtype: torch.dtype) -> str | None:
+    """Why backend ``name`` cannot run ``dtype`` on ``device`` (None: it can, trial call aside)."""
+    if name in ("sdpa", "reference"):
+        return None
+    if device.type != "cuda":
+        return f"needs CUDA, not {device.type}"
+    if dtype not in _HALF:
+        return f"needs float16 or bfloat16, not {str(dtype).removeprefix('torch.')}"
+    if name == "flash-attn-4":
+        major, minor = _capability(device)
+        if major not in FLASH_ATTN_4_MAJORS:
+            return f"needs sm90 or sm100, this GPU is sm{major}{minor}"
+        if _flash_attn_4() is None:
+            return "flash_attn.cute does not import (pip install flash-attn-4)"
+    elif name == "flash-attn":
+        if _flash_attn() is None:
+            return "flash_attn (2) is not installed"
+    elif name == "torch-varlen" and _torch_varlen() is None:
+        return "torch.nn.attention.varlen is not in this torch"
+    return None
+
+
+def trial_error(kernel: AttentionKernel, device: torch.device, dtype: torch.dtype) -> str | None:
+    """Run ``kernel`` forward and backward on two segments (8 whole tokens; 4 queries of a shard piece
+    over a 12-key prefix), GQA 4/2 heads of 64, and compare with the float32 reference: None when it
+    agrees, else what went wrong (an exception's text, or the error)."""
+    gen = torch.Generator().manual_seed(0)
+    cu_q = torch.tensor([0, 8, 12], dtype=torch.int32, device=device)
+    cu_k = torch.tensor([0, 8, 20], dtype=torch.int32, device=device)
+    q = torch.randn(12, 4, 64, generator=gen).to(device=device, dtype=dtype).requires_grad_(True)
+    k = torch.randn(20, 2, 64, generator=gen).to(device=device, dtype=dtype).requires_grad_(True)
+    v = torch.randn(20, 2, 64, generator=gen).to(device=device, dtype=dtype).requires_grad_(True)
+    def call(kern: AttentionKernel, *qkv: torch.Tensor) -> torch.Tensor:
+        return kern(*qkv, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=8, max_seqlen_k=12)
+
+    try:
+        out = call(kernel, q, k, v)
+        out.float().square().sum().backward()  # type: ignore[no-untyped-call]
+        grad_q = q.grad
+    except Exception as exc:  # any failure of a third-party kernel here means: do not use it
+        return f"trial call failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    ref = AttentionKernel(name="reference", fn=_reference)
+    qf, kf, vf = (t.detach().float().requires_grad_(True) for t in (q, k, v))
+    want = call(ref, qf, kf, vf)
+    want.square().sum().backward()  # type: ignore[no-untyped-call]
+    tolerance = 2e-2 if dtype in _HALF else 1e-4
+    error = float((out.detach().float() - want.detach()).abs().max()) / max(float(want.abs().max()), 1e-6)
+    if grad_q is None or not bool(torch.isfinite(grad_q).all()):
+        return "trial call: no finite query gradient"
+    if not error <= tolerance:
+        return f"trial call disagrees with the reference (relative error {error:.2e} > {tolerance:.0e})"
+    return None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KernelChoice:
+    """The backend that runs and why each better one does not (``(name, reason)`` pairs)."""
+
+    kernel: AttentionKernel
+    skipped: tuple[tuple[str, str], ...] = field(default=())
+    requested: bool = False
+
+    def describe(self) -> str:
+        """One log line: ``attention kernel: NAME (why); passed over: a (why), b (why)``."""
+        why = "requested" if self.requested else "best usable"
+        text = f"attention kernel: {self.kernel.name} ({why})"
+        if self.skipped:
+            text += "; passed over: " + ", ".join(f"{n} ({r})" for n, r in self.skipped)
+        return text
+
+
 def available_kernels(device: torch.device, dtype: torch.dtype) -> tuple[str, ...]:
-    """Backends usable for tensors of ``dtype`` on ``device``, best first."""
-    names = []
-    if device.type == "cuda" and dtype in _HALF:
-        if _flash_attn() is not None:
-            names.append("flash-attn")
-        if _torch_varlen() is not None:
-            names.append("torch-varlen")
-    names.append("sdpa")
-    names.append("reference")
+    """Backends that import and fit ``device``/``dtype``, best first (trial calls aside)."""
+    names = [n for n in KERNEL_NAMES if _unusable_reason(n, device, dtype) is None]
     if device.type == "cpu":  # the reference first on CPU: exact float32 softmax, no kernel selection
         names.remove("reference")
         names.insert(0, "reference")
     return tuple(names)
 
 
-def select_kernel(device: torch.device, dtype: torch.dtype, name: str | None = None) -> AttentionKernel:
-    """The best backend for ``device``/``dtype``, or ``name`` when given (refused if unusable there)."""
-    usable = available_kernels(device, dtype)
-    if name is None:
-        name = usable[0]
-    if name not in KERNEL_NAMES:
+def choose_kernel(device: torch.device, dtype: torch.dtype, name: str | None = None) -> KernelChoice:
+    """The best backend for ``device``/``dtype`` whose trial call passes (CUDA backends), or ``name`` when
+    given (refused if unusable there), with the reasons the better ones were passed over."""
+    if name is not None and name not in KERNEL_NAMES:
         raise RequestError("kernel", name, f"unknown attention kernel; known: {', '.join(KERNEL_NAMES)}")
-    if name not in usable:
-        raise RequestError("kernel", name, f"not usable for {dtype} on {device.type}; usable: {', '.join(usable)}")
-    fn: KernelFn | None
-    if name == "flash-attn":
-        fn = _flash_attn()
-    elif name == "torch-varlen":
-        fn = _torch_varlen()
-    elif name == "sdpa":
-        fn = _sdpa
-    else:
-        fn = _reference
-    assert fn is not None, f"{name} was listed as usable"
-    return AttentionKernel(name=name, fn=fn)
+    usable = available_kernels(device, dtype)
+    if name is not None:
+        if name not in usable:
+            why = _unusable_reason(name, device, dtype) or "not usable here"
+            raise RequestError(
+                "kernel", name, f"not usable: {why}; usable for {dtype} on {device.type}: {', '.join(usable)}"
+            )
+        fn = _factory(name)
+        assert fn is not None, f"{name} was listed as usable"
+        return KernelChoice(kernel=AttentionKernel(name=name, fn=fn), requested=True)
+    skipped: list[tuple[str, str]] = []
+    for candidate in KERNEL_NAMES if device.type != "cpu" else usable:
+        reason: str | None = _unusable_reason(candidate, device, dtype)
+        if reason is None:
+            fn = _factory(candidate)
+            assert fn is not None, f"{candidate} was found usable"
+            kernel = AttentionKernel(name=candidate, fn=fn)
+            if device.type == "cuda" and candidate not in ("sdpa", "reference"):
+                reason = trial_error(kernel, device, dtype)
+            if reason is None:
+                return KernelChoice(kernel=kernel, skipped=tuple(skipped))
+        skipped.append((candidate, reason or "-"))
+    raise AssertionError("the reference kernel is always usable")
+
+
+@functools.cache
+def _chosen(device: torch.device, dtype: torch.dtype, name: str | None) -> KernelChoice:
+    choice = choose_kernel(device, dtype, name)
+    logging.getLogger(__name__).info(choice.describe())
+    return choice
+
+
+def select_kernel(device: torch.device, dtype: torch.dtype, name: str | None = None) -> AttentionKernel:
+    """The best backend for ``device``/``dtype``, or ``name`` when given (refused if unusable there).
+
+    Chosen once per process for each device, dtype and name (trial calls run once), logged at INFO by
+    ``skrull.worker.kernels``; ``kernel_choice`` gives the choice with its reasons."""
+    return kernel_choice(device, dtype, name).kernel
+
+
+def kernel_choice(device: torch.device, dtype: torch.dtype, name: str | None = None) -> KernelChoice:
+    """``choose_kernel``'s result, computed once per process per (device, dtype, name)."""
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return _chosen(device, dtype, name)

@@ -172,7 +172,7 @@ def plan_within_budget(problem: Problem, solve_iteration: IterationSolve) -> Pla
         bounds.append(bound)
         statuses.append(status)
         offset += len(ids)
-    cost = CostModel(problem.profile, bucket_tokens=problem.bucket_tokens)
+    cost = CostModel(problem.profile, bucket_tokens=problem.bucket_tokens, cp_modes=problem.cp_modes)
     lengths = problem.lengths
     every_layout = sum(
         min(

@@ -96,7 +96,7 @@ class FlexibleIlpPlanner:
     def _solve(
         self, problem: Problem, ids: tuple[int, ...], start: Specs, deadline: float, grace: float
     ) -> tuple[Specs, float, str]:
-        cost = CostModel(problem.profile, bucket_tokens=problem.bucket_tokens)
+        cost = CostModel(problem.profile, bucket_tokens=problem.bucket_tokens, cp_modes=problem.cp_modes)
         lengths = problem.lengths
         par = problem.parallel
         start_ms = iteration_ms(start, lengths, cost, par.num_gpus)

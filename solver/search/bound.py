@@ -83,7 +83,7 @@ def sharding_floor_ms(lengths: Sequence[int], cost: CostModel, parallel: Paralle
     """``microbatch_floor_ms``, raised by what sharding the long sequences costs: valid for every layout.
 
     With ``a = ms_per_tflop / 1e12``, ``f_k = a*FLOPs(S_k)``, ``A = sum_k f_k``, G GPUs,
-    ``c = microbatch_ms + compute.fixed_ms`` and ``e = min(compute.fixed_ms, comm.fixed_ms)``, take any
+    ``c = microbatch_ms + compute.fixed_ms`` and ``e = min(compute.fixed_ms, comm.fixed_ms)`` (``comm_a2a.fixed_ms`` too where ``ulysses`` is allowed), take any
     set F of sequences and any plan (any groups) with iteration time Z. Either
 
     * some k in F runs whole on one GPU (in ``local``, or alone on a group of one): that GPU's
@@ -114,7 +114,7 @@ def sharding_floor_ms(lengths: Sequence[int], cost: CostModel, parallel: Paralle
     profile = cost.profile
     ms_per_flop = profile.compute.ms_per_tflop / 1e12
     per_microbatch_ms = profile.microbatch_ms + profile.compute.fixed_ms
-    second_fixed_ms = min(profile.compute.fixed_ms, profile.comm.fixed_ms)
+    second_fixed_ms = min(profile.compute.fixed_ms, cost.cheapest_comm_fixed_ms)
     flops_ms = sorted(((ms_per_flop * cost.flops(s), s) for s in lengths), reverse=True)
     total_ms = sum(f for f, _ in flops_ms)
     best = floor

@@ -107,7 +107,7 @@ def test_no_plan_of_any_planner_beats_any_planners_bound(request: Request) -> No
     planners' bounds included, whatever layout their own model covers)."""
     plans = {
         name: solve(dataclasses.replace(request, solver=name, time_budget_s=0.2 if name in BUDGETED else None))
-        for name in planner_names()
+        for name in allgather_planners()
     }
     for name, plan in plans.items():
         if plan.solve.bound_ms is not None:

@@ -137,6 +137,101 @@ def test_gpu_kernels_match_the_reference_in_bf16() -> None:
         assert torch.allclose(got.float().cpu(), want, atol=3e-2), name
 
 
+# --- backend choice by what imports (no GPU needed: imports, capability and trial stand in) ------------
+class _FakeModule:
+    def __init__(self, **attrs: object) -> None:
+        self.__dict__.update(attrs)
+
+
+def _installed(monkeypatch: pytest.MonkeyPatch, modules: dict[str, object], capability: tuple[int, int]) -> None:
+    from skrull.worker import kernels
+
+    def fake_import(name: str) -> object:
+        if name in modules:
+            return modules[name]
+        raise ImportError(name)
+
+    monkeypatch.setattr(kernels, "_import", fake_import)
+    monkeypatch.setattr(kernels, "_capability", lambda device: capability)
+    monkeypatch.setattr(kernels, "trial_error", lambda kernel, device, dtype: None)
+
+
+def _varlen(*args: object, **kwargs: object) -> torch.Tensor:
+    return torch.zeros(1)
+
+
+CUDA = torch.device("cuda", 0)
+
+
+def test_flash_attn_4_is_chosen_on_hopper_when_it_imports(monkeypatch: pytest.MonkeyPatch) -> None:
+    from skrull.worker.kernels import choose_kernel
+
+    _installed(monkeypatch, {"flash_attn.cute": _FakeModule(flash_attn_varlen_func=_varlen)}, (9, 0))
+    choice = choose_kernel(CUDA, torch.bfloat16)
+    assert choice.kernel.name == "flash-attn-4"
+    assert choice.describe() == "attention kernel: flash-attn-4 (best usable)"
+
+
+def test_without_flash_attn_4_on_ampere_flash_attn_2_is_chosen_and_the_line_says_why(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from skrull.worker.kernels import choose_kernel
+
+    modules = {
+        "flash_attn.cute": _FakeModule(flash_attn_varlen_func=_varlen),
+        "flash_attn": _FakeModule(flash_attn_varlen_func=_varlen),
+    }
+    _installed(monkeypatch, modules, (8, 0))
+    choice = choose_kernel(CUDA, torch.bfloat16)
+    assert choice.kernel.name == "flash-attn"
+    assert "flash-attn-4 (needs sm90 or sm100, this GPU is sm80)" in choice.describe()
+
+
+def test_nothing_installed_falls_back_to_torch_varlen_and_float32_to_sdpa(monkeypatch: pytest.MonkeyPatch) -> None:
+    from skrull.worker.kernels import _torch_varlen, choose_kernel
+
+    _installed(monkeypatch, {}, (9, 0))
+    choice = choose_kernel(CUDA, torch.bfloat16)
+    want = "torch-varlen" if _torch_varlen() is not None else "sdpa"
+    assert choice.kernel.name == want
+    assert "flash-attn-4 (flash_attn.cute does not import" in choice.describe()
+    assert "flash-attn (flash_attn (2) is not installed)" in choice.describe()
+    assert choose_kernel(CUDA, torch.float32).kernel.name == "sdpa"
+
+
+def test_a_backend_whose_trial_call_fails_is_passed_over(monkeypatch: pytest.MonkeyPatch) -> None:
+    from skrull.worker import kernels
+
+    _installed(monkeypatch, {"flash_attn.cute": _FakeModule(flash_attn_varlen_func=_varlen)}, (10, 0))
+    monkeypatch.setattr(
+        kernels, "trial_error", lambda kernel, d, t: "trial call failed" if kernel.name == "flash-attn-4" else None
+    )
+    choice = kernels.choose_kernel(CUDA, torch.bfloat16)
+    assert choice.kernel.name != "flash-attn-4"
+    assert "flash-attn-4 (trial call failed)" in choice.describe()
+
+
+def test_the_trial_call_accepts_the_reference_and_catches_a_top_left_causal_mask() -> None:
+    from skrull.worker.kernels import AttentionKernel, _reference, _sdpa, trial_error
+
+    assert trial_error(AttentionKernel(name="reference", fn=_reference), CPU, torch.float32) is None
+
+    def top_left(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale):  # type: ignore[no-untyped-def]
+        # masks each segment from the top left: wrong for a shard piece's longer key prefix
+        outs = []
+        for i in range(len(cu_q) - 1):
+            a, b, c, d = int(cu_q[i]), int(cu_q[i + 1]), int(cu_k[i]), int(cu_k[i + 1])
+            qi, ki, vi = (t.transpose(0, 1).unsqueeze(0) for t in (q[a:b], k[c:d], v[c:d]))
+            mask = torch.ones(b - a, d - c, dtype=torch.bool).tril()
+            o = torch.nn.functional.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask, enable_gqa=True)
+            outs.append(o.squeeze(0).transpose(0, 1))
+        return torch.cat(outs)
+
+    error = trial_error(AttentionKernel(name="bad", fn=top_left), CPU, torch.float32)
+    assert error is not None and "disagrees" in error
+    assert trial_error(AttentionKernel(name="sdpa", fn=_sdpa), CPU, torch.float32) is None
+
+
 def dense_features(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_len: int, k_len: int, softcap: float | None, window: int | None
 ) -> torch.Tensor:

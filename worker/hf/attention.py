@@ -32,6 +32,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from skrull.worker.compiling import attention_graph_break
 from skrull.worker.dacp import DACPPlan, dacp_attention
 
 #: The ``attn_implementation`` name models are built with.
@@ -120,5 +121,7 @@ def register() -> str:
     """Register the implementation with ``transformers`` (idempotent); returns its name."""
     from transformers import AttentionInterface
 
-    AttentionInterface.register(ATTN_IMPLEMENTATION, dacp_attention_forward)
+    # eager between the compiled halves of a compiled layer (worker/compiling.py): the collectives and the
+    # kernel's control flow depend on the plan; a no-op wrapper in an eager model
+    AttentionInterface.register(ATTN_IMPLEMENTATION, attention_graph_break(dacp_attention_forward))
     return ATTN_IMPLEMENTATION

@@ -30,12 +30,14 @@ from skrull.solver.io import plan_from_dict, plan_to_dict
 from skrull.solver.types import Plan
 from skrull.worker import grad_sync
 from skrull.worker.collectives import GroupRegistry
+from skrull.worker.compiling import compile_count
 from skrull.worker.dataloader import ready_microbatch
 from skrull.worker.execute import DTYPES
+from skrull.worker.hf.fast import compile_model
 from skrull.worker.hf.model import build_model
 from skrull.worker.hf.step import dacp_plans, plain_step, relative_error, scheduled_step
 from skrull.worker.inputs import SyntheticData
-from skrull.worker.kernels import select_kernel
+from skrull.worker.kernels import kernel_choice
 from skrull.worker.launch import device_for, launch
 from skrull.worker.layout import rank_layouts
 from skrull.worker.progress import progress_bar
@@ -62,6 +64,8 @@ class FinetuneConfig:
     #: step's microbatches are timed on every rank and gathered; the profile is refitted after every step
     #: and each later step's iteration is re-planned with the latest fit (rank 0 plans, every rank gets it).
     calibrate_request: dict[str, Any] | None = None
+    #: Decoder layers compiled: "on", "off", or "auto" (on CUDA only; worker/compiling.py).
+    compile: str = "auto"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -73,6 +77,8 @@ class StepRecord:
     #: Slowest rank's wall time of the step (forward, backward, gradient all-reduce).
     seconds: float
     grads: dict[str, torch.Tensor] = field(default_factory=dict)
+    #: Frames torch.compile compiled during the step on rank 0 (0 once warm: worker/compiling.py).
+    compiles: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -85,6 +91,10 @@ class FinetuneResult:
     calibration: dict[str, Any] | None = None
     #: The plan each step ran (with calibration: re-planned iterations), for ``check_steps``.
     step_plans: tuple[Plan, ...] = ()
+    #: The attention kernel chosen and why (``KernelChoice.describe()``), rank 0's.
+    kernel_line: str = ""
+    #: Whether the decoder layers ran compiled.
+    compiled: bool = False
 
 
 def iteration_of(plan: Plan, step: int) -> int:
@@ -115,17 +125,20 @@ def run_finetune_rank(
     )
     bar.set_postfix_str("building the model", refresh=True)
     base = build_model(config.model_config, seed=config.seed, device=device, dtype=dtype)
+    compiled = compile_model(base, compile=config.compile, device=device)  # the fast step: layers compiled
     vocab = int(base.config.vocab_size)
     model: Any = grad_sync.wrap(base, config.grad_sync)
     optimizer = torch.optim.SGD(model.parameters(), lr=config.lr)  # after sharding: FSDP2's DTensors
     registry = GroupRegistry.for_plan(plan)
-    kernel = select_kernel(device, dtype, config.kernel)
+    choice = kernel_choice(device, dtype, config.kernel)
+    kernel = choice.kernel
     data = SyntheticData(seed=config.seed, lengths=lengths)
     records = []
     microbatches = tokens = 0
     calibrating = _StepCalibration(plan, config.calibrate_request, registry) if config.calibrate_request else None
     for step in range(-config.warmup_steps, config.steps):
-        iteration = iteration_of(plan, max(step, 0))
+        # warm-up step w runs iteration w: warming up over every iteration compiles every shape range first
+        iteration = iteration_of(plan, step if step >= 0 else step + config.warmup_steps)
         step_plan = calibrating.plan_for(iteration) if calibrating is not None and step >= 0 else plan
         # inputs and DACP index tensors are ready before the step starts (a loader builds them ahead)
         ready = [
@@ -135,6 +148,7 @@ def run_finetune_rank(
         plans = dacp_plans(ready, registry=registry, kernel=kernel, device=device, cp_mode=config.cp_mode)
         optimizer.zero_grad(set_to_none=False)
         timings: list[float] | None = [] if calibrating is not None and step >= 0 else None
+        compiles_before = compile_count()
         result = scheduled_step(
             model,
             ready,
@@ -167,13 +181,20 @@ def run_finetune_rank(
                 num_targets=result.num_targets,
                 seconds=float(slowest.item()),
                 grads=grads,
+                compiles=compile_count() - compiles_before,
             )
         )
         microbatches += result.microbatches
         tokens += result.tokens
         optimizer.step()
     bar.close()
-    out: dict[str, Any] = {"records": records, "kernel": kernel.name, "work": (microbatches, tokens)}
+    out: dict[str, Any] = {
+        "records": records,
+        "kernel": kernel.name,
+        "work": (microbatches, tokens),
+        "kernel_line": choice.describe(),
+        "compiled": compiled,
+    }
     if calibrating is not None:
         out["calibration"] = calibrating.result()
         out["step_plans"] = [plan_to_dict(p) for p in calibrating.step_plans]
@@ -290,6 +311,8 @@ def result_from_parts(parts: Sequence[dict[str, Any]]) -> FinetuneResult:
         work=tuple(p["work"] for p in parts),
         calibration=parts[0].get("calibration"),
         step_plans=tuple(plan_from_dict(p) for p in parts[0].get("step_plans", ())),
+        kernel_line=parts[0].get("kernel_line", ""),
+        compiled=bool(parts[0].get("compiled", False)),
     )
 
 

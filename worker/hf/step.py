@@ -29,13 +29,12 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
 
 from skrull.worker import grad_sync
 from skrull.worker.collectives import GroupRegistry
 from skrull.worker.dacp import DACPPlan
 from skrull.worker.dataloader import ReadyMicrobatch
+from skrull.worker.fused_ce import linear_cross_entropy_sum
 from skrull.worker.hf.inputs import model_inputs
 from skrull.worker.kernels import AttentionKernel
 from skrull.worker.loss import IGNORE_INDEX, count_supervised_tokens
@@ -70,7 +69,8 @@ def causal_lm_loss(
 ) -> torch.Tensor:
     """``sum CE(own rows) / num_targets``: the model's own loss function (``ForCausalLMLoss`` with
     ``shift_labels`` and ``num_items_in_batch``); with ``loss_chunk_tokens`` the LM head and the cross-entropy
-    run chunk by chunk under activation checkpointing, so ``[T, vocab]`` logits never exist at once."""
+    run fused, chunk by chunk (worker/fused_ce.py: each chunk's gradient taken while its logits exist), so
+    ``[T, vocab]`` logits never exist at once."""
     if loss_chunk_tokens is None:
         # Hugging Face's own causal-LM loss, called as its Trainer calls it: the targets are already the next
         # tokens, so they travel as ``shift_labels`` (the model must not shift them again), and
@@ -80,15 +80,9 @@ def causal_lm_loss(
         return loss
     hidden: torch.Tensor = model.base_model(**kwargs).last_hidden_state[0]
     head = model.get_output_embeddings()
-
-    def chunk_loss(h: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(head(h).float(), y, ignore_index=IGNORE_INDEX, reduction="sum")
-
-    total = hidden.new_zeros((), dtype=torch.float32)
-    for start in range(0, hidden.shape[0], loss_chunk_tokens):
-        end = start + loss_chunk_tokens
-        part: torch.Tensor = checkpoint(chunk_loss, hidden[start:end], labels[start:end], use_reentrant=False)
-        total = total + part
+    total = linear_cross_entropy_sum(
+        hidden, head.weight, labels.to(hidden.device), bias=head.bias, chunk_tokens=loss_chunk_tokens
+    )
     return total / num_targets
 
 

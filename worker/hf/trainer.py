@@ -26,6 +26,7 @@ loss is taken (``microbatch_loss``).
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -36,9 +37,10 @@ from transformers import Trainer, TrainerCallback, TrainingArguments
 from skrull.worker.dataloader import PlannedBatches, ReadyIteration
 from skrull.worker.groups import IterationGroups
 from skrull.worker.hf.attention import ATTN_IMPLEMENTATION, refuse_unsupported_attention
+from skrull.worker.hf.fast import compile_model
 from skrull.worker.hf.inputs import model_inputs
 from skrull.worker.hf.step import MicrobatchTimer, dacp_plans, global_target_count
-from skrull.worker.kernels import select_kernel
+from skrull.worker.kernels import kernel_choice, select_kernel
 
 if TYPE_CHECKING:  # the mixin is typed as the Trainer it is mixed into
     _TrainerBase = Trainer
@@ -106,10 +108,12 @@ class SkrullTrainerMixin(_TrainerBase):
     planned: PlannedBatches
     groups: IterationGroups
     kernel: Any
+    #: whether the decoder layers run compiled (worker/compiling.py)
+    compiled: bool
     #: the world's loss of each step trained (the loss of the plain run)
     step_losses: list[float]
 
-    def _use_plans(self, planned: PlannedBatches) -> None:
+    def _use_plans(self, planned: PlannedBatches, *, compile: str | bool | None = "auto") -> None:
         if self.args.gradient_accumulation_steps != 1:
             raise ValueError(
                 f"gradient_accumulation_steps={self.args.gradient_accumulation_steps}: "
@@ -141,7 +145,16 @@ class SkrullTrainerMixin(_TrainerBase):
         self.add_callback(_EpochFromSteps(len(planned)))
         self.planned = planned
         self.groups = IterationGroups(planned)  # each iteration's process groups, on every rank in order
-        self.kernel = select_kernel(self.args.device, next(model.parameters()).dtype)  # the model's dtype
+        dtype = next(model.parameters()).dtype  # the model's
+        self.kernel = select_kernel(self.args.device, dtype)
+        # the fast step (worker/hf/fast.py): decoder layers compiled, on CUDA by default; one line says how
+        self.compiled = compile_model(model, compile=compile, device=torch.device(self.args.device))
+        if self.args.process_index == 0:
+            print(
+                f"{kernel_choice(torch.device(self.args.device), dtype).describe()}; decoder layers "
+                f"{'compiled' if self.compiled else 'eager'}",
+                file=sys.stderr,
+            )
         self.step_losses = []
 
     def _refuse_other_world(self, planned: PlannedBatches) -> None:
@@ -267,7 +280,9 @@ class SkrullTrainerMixin(_TrainerBase):
 class SkrullTrainer(SkrullTrainerMixin, Trainer):
     """``Trainer`` whose every optimizer step is one plan iteration of ``planned`` (module doc)."""
 
-    def __init__(self, *args: Any, planned: PlannedBatches, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, planned: PlannedBatches, compile: str | bool | None = "auto", **kwargs: Any) -> None:
+        """``compile``: the decoder layers compiled (``"on"``), eager (``"off"``), or compiled on CUDA only
+        (``"auto"``); worker/compiling.py."""
         kwargs.setdefault("train_dataset", _Steps(len(planned)))
         super().__init__(*args, **kwargs)
-        self._use_plans(planned)
+        self._use_plans(planned, compile=compile)

@@ -12,7 +12,9 @@ ones: the same kernel work, no collective).
 
 Eager PyTorch costs host time per operator (on the H100 machine of docs/gpu-check: ~50 us per
 operator, ~5 ms per decoder layer forward+backward), so packs too small to cover it take about the
-same time whatever their size; the fit's ``fixed_ms`` carries that floor.
+same time whatever their size; the fit's ``fixed_ms`` carries that floor. ``build_layer(compile=True)``
+times the layer as the fast step runs it (worker/compiling.py), which removes most of that floor; the
+profiler compiles by default on CUDA (``skrull profile --compile``).
 
 Times are medians over repeats after warm-up with CUDA events on a GPU, and the fastest repeat with
 ``perf_counter`` on a CPU. Activation bytes are the bytes autograd saves for backward (unique storages,
@@ -30,6 +32,8 @@ from typing import Any
 import torch
 
 from skrull.solver.derive import MODELS, ModelConfig, flops_coefficients
+from skrull.worker.compiling import compile_layers
+from skrull.worker.fused_ce import linear_cross_entropy_sum
 from skrull.worker.kernels import AttentionKernel
 from skrull.worker.layout import MicrobatchLayout
 from skrull.worker.model import DecoderLayer
@@ -101,7 +105,11 @@ class Timer:
         return statistics.median(times) if self.device.type == "cuda" else min(times)
 
 
-def build_layer(model: ModelConfig, *, device: torch.device, dtype: torch.dtype, seed: int = 0) -> DecoderLayer:
+def build_layer(
+    model: ModelConfig, *, device: torch.device, dtype: torch.dtype, seed: int = 0, compile: bool = False
+) -> DecoderLayer:
+    """One decoder layer of ``model``'s shape; with ``compile`` its forward runs compiled as the fast step's
+    layers do (worker/compiling.py: dynamic token count, the attention a graph break)."""
     torch.manual_seed(seed)
     layer = DecoderLayer(
         hidden_size=model.hidden_size,
@@ -110,7 +118,58 @@ def build_layer(model: ModelConfig, *, device: torch.device, dtype: torch.dtype,
         head_dim=model.head_dim,
         intermediate_size=model.intermediate_size,
     )
-    return layer.to(device=device, dtype=dtype)
+    layer = layer.to(device=device, dtype=dtype)
+    if compile:
+        compile_layers([layer])
+    return layer
+
+
+class _PartAttention:
+    """``attend(q, k, v)`` of one part: its local sequences whole and its pieces against random key prefixes.
+
+    A callable object whose ``__call__`` is a graph break: a compiled layer runs it eagerly and, as it
+    guards on the object's type only, parts of any shape reuse one compiled graph."""
+
+    def __init__(
+        self,
+        kernel: AttentionKernel,
+        *,
+        n_local: int,
+        local: tuple[torch.Tensor, int],
+        pieces: tuple[torch.Tensor, torch.Tensor, int, int] | None,
+        prefix: tuple[torch.Tensor, torch.Tensor],
+    ) -> None:
+        self.kernel = kernel
+        self.n_local = n_local
+        self.local = local
+        self.pieces = pieces
+        self.prefix = prefix
+
+    @torch.compiler.disable  # type: ignore[untyped-decorator]
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        outs = []
+        n = self.n_local
+        if n:
+            cu, max_len = self.local
+            outs.append(
+                self.kernel(
+                    q[:n], k[:n], v[:n], cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max_len, max_seqlen_k=max_len
+                )
+            )
+        if self.pieces is not None:
+            cu_q, cu_k, max_q, max_k = self.pieces
+            outs.append(
+                self.kernel(
+                    q[n:],
+                    self.prefix[0],
+                    self.prefix[1],
+                    cu_seqlens_q=cu_q,
+                    cu_seqlens_k=cu_k,
+                    max_seqlen_q=max_q,
+                    max_seqlen_k=max_k,
+                )
+            )
+        return torch.cat(outs)
 
 
 def sequence_flops(model: ModelConfig, lengths: Sequence[int]) -> float:
@@ -153,33 +212,13 @@ def part_step(
     max_k = max((b for _, b in part.pieces), default=0)
     grad_out = torch.randn(part.num_tokens, hidden, generator=gen).to(device=device, dtype=dtype)
 
-    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        outs = []
-        if n_local:
-            outs.append(
-                kernel(
-                    q[:n_local],
-                    k[:n_local],
-                    v[:n_local],
-                    cu_seqlens_q=local_cu,
-                    cu_seqlens_k=local_cu,
-                    max_seqlen_q=max_local,
-                    max_seqlen_k=max_local,
-                )
-            )
-        if part.pieces:
-            outs.append(
-                kernel(
-                    q[n_local:],
-                    prefix_k,
-                    prefix_v,
-                    cu_seqlens_q=piece_cu_q,
-                    cu_seqlens_k=piece_cu_k,
-                    max_seqlen_q=max_q,
-                    max_seqlen_k=max_k,
-                )
-            )
-        return torch.cat(outs)
+    attend = _PartAttention(
+        kernel,
+        n_local=n_local,
+        local=(local_cu, max_local),
+        pieces=(piece_cu_q, piece_cu_k, max_q, max_k) if part.pieces else None,
+        prefix=(prefix_k, prefix_v),
+    )
 
     def step() -> None:
         out = layer(x, pos, attend)
@@ -194,9 +233,9 @@ def part_step(
 class HeadTimer:
     """Milliseconds of the LM head and its summed cross-entropy, forward and backward, for ``tokens`` rows.
 
-    The logits are made ``chunk_tokens`` rows at a time under activation checkpointing (the head's
-    forward runs again in backward), in the training dtype with the loss in float32, as
-    ``worker.hf.step.causal_lm_loss`` does with ``loss_chunk_tokens``; one timing per token count.
+    The head and its loss run fused, ``chunk_tokens`` rows at a time (worker/fused_ce.py), in the
+    training dtype with the loss in float32, as ``worker.hf.step.causal_lm_loss`` does with
+    ``loss_chunk_tokens``; one timing per token count.
     """
 
     def __init__(
@@ -217,8 +256,6 @@ class HeadTimer:
         self._cache: dict[int, float] = {}
 
     def _step(self, tokens: int) -> Callable[[], None]:
-        from torch.utils.checkpoint import checkpoint
-
         device = self._timer.device
         gen = torch.Generator().manual_seed(tokens)
         x = torch.randn(tokens, self._model.hidden_size, generator=gen).to(device=device, dtype=self._dtype)
@@ -226,15 +263,8 @@ class HeadTimer:
         labels = torch.randint(0, self._model.vocab_size, (tokens,), generator=gen).to(device)
         weight = self._weight
 
-        def chunk_loss(h: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-            return torch.nn.functional.cross_entropy((h @ weight.t()).float(), y, reduction="sum")
-
         def step() -> None:
-            total = x.new_zeros((), dtype=torch.float32)
-            for start in range(0, tokens, self._chunk):
-                end = start + self._chunk
-                part: torch.Tensor = checkpoint(chunk_loss, x[start:end], labels[start:end], use_reentrant=False)
-                total = total + part
+            total = linear_cross_entropy_sum(x, weight, labels, chunk_tokens=self._chunk)
             torch.autograd.backward(total)
             x.grad = None
             weight.grad = None

@@ -29,6 +29,7 @@ from skrull.solver.derive import GPUS, ModelConfig, TrainingSetup, derive_profil
 from skrull.solver.planning import solve
 from skrull.solver.profile import Profile
 from skrull.solver.types import Parallel, Problem
+from skrull.worker.compiling import resolve_compile
 from skrull.worker.kernels import select_kernel
 from skrull.worker.layout import rank_layouts
 from skrull.worker.profiling.check import CheckStats, check_stats, rank_compute_ms
@@ -64,6 +65,8 @@ class ProfileOptions:
     setup: TrainingSetup = dataclasses.field(default_factory=TrainingSetup)
     #: a tqdm bar over the phases on stderr: None on a terminal only, True always, False never
     progress: bool | None = None
+    #: time the layer compiled, as the fast step runs it: None on CUDA only (worker/compiling.py)
+    compile: bool | None = None
 
 
 def length_grid(max_tokens: int, *, min_tokens: int = MIN_TOKENS) -> list[int]:
@@ -101,7 +104,8 @@ def run_profile(opts: ProfileOptions) -> dict[str, Any]:
     """Measure everything (see module docstring) and return the profile document."""
     kernel = select_kernel(opts.device, opts.dtype, opts.kernel)
     timer = Timer(opts.device, warmup=1, repeats=opts.repeats)
-    layer = build_layer(opts.model, device=opts.device, dtype=opts.dtype)
+    compiled = resolve_compile(opts.compile, opts.device)
+    layer = build_layer(opts.model, device=opts.device, dtype=opts.dtype, compile=compiled)
     grid = length_grid(opts.max_tokens)
     head = HeadTimer(opts.model, timer=timer, dtype=opts.dtype)
     bar = progress_bar(total=4, desc="skrull profile", unit="phase", enabled=opts.progress)
@@ -115,7 +119,8 @@ def run_profile(opts: ProfileOptions) -> dict[str, Any]:
     bar.update()
     memory_tokens = sorted({max(MIN_TOKENS, opts.max_tokens * k // 4) for k in range(1, 5)})
     bar.set_postfix_str("activation memory", refresh=True)
-    memory = measure_memory(layer, memory_tokens, kernel=kernel, device=opts.device, dtype=opts.dtype)
+    eager_layer = build_layer(opts.model, device=opts.device, dtype=opts.dtype)  # saved bytes: autograd's own
+    memory = measure_memory(eager_layer, memory_tokens, kernel=kernel, device=opts.device, dtype=opts.dtype)
     bar.update()
     comm = []
     bar.set_postfix_str(f"communication over {opts.num_gpus} GPUs" if opts.num_gpus > 1 else "done", refresh=True)
@@ -135,6 +140,7 @@ def run_profile(opts: ProfileOptions) -> dict[str, Any]:
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "torch": torch.__version__,
         "kernel": kernel.name,
+        "compiled": compiled,
         "dtype": str(opts.dtype).removeprefix("torch."),
         "num_gpus": opts.num_gpus,
         "max_tokens": opts.max_tokens,
@@ -187,6 +193,7 @@ def run_check(
     kernel: str | None = None,
     bucket_tokens: int | None = None,
     progress: bool | None = None,
+    compile: bool | None = None,
 ) -> list[CheckRow]:
     """Plan each dataset's request with each solver and measure every rank's compute (module docstring)."""
     bar = progress_bar(
@@ -197,7 +204,7 @@ def run_check(
     )
     attention = select_kernel(device, dtype, kernel)
     timer = Timer(device, warmup=1, repeats=repeats)
-    layer = build_layer(model, device=device, dtype=dtype)
+    layer = build_layer(model, device=device, dtype=dtype, compile=resolve_compile(compile, device))
     head = HeadTimer(model, timer=timer, dtype=dtype)
     rows = []
     for k, dataset in enumerate(datasets):

@@ -80,3 +80,33 @@ def test_gpu_peak_memory_is_measured() -> None:
     layer = build_layer(TINY, device=device, dtype=torch.bfloat16)
     sample = saved_activation_bytes(layer, 1024, kernel=kernel, device=device, dtype=torch.bfloat16)
     assert sample.peak_bytes is not None and sample.peak_bytes > 0
+
+
+def test_a_compiled_layer_matches_the_eager_one_and_times_every_part_shape_with_one_compile() -> None:
+    from skrull.worker.compiling import compile_count, is_compiled
+    from skrull.worker.profiling.measure import _PartAttention
+
+    eager = build_layer(TINY, device=CPU, dtype=torch.float32, seed=3)
+    fast = build_layer(TINY, device=CPU, dtype=torch.float32, seed=3, compile=True)
+    assert is_compiled(fast) and not is_compiled(eager)
+    cu = torch.tensor([0, 12, 20], dtype=torch.int32)
+    empty = torch.zeros(0, TINY.num_kv_heads, TINY.head_dim)
+    attend = _PartAttention(KERNEL, n_local=20, local=(cu, 12), pieces=None, prefix=(empty, empty))
+    x = torch.randn(20, TINY.hidden_size, generator=torch.Generator().manual_seed(1))
+    pos = torch.cat([torch.arange(12), torch.arange(8)])
+    outs, grads = [], []
+    for layer in (eager, fast):
+        xi = x.clone().requires_grad_(True)
+        out = layer(xi, pos, attend)
+        out.square().sum().backward()
+        outs.append(out.detach())
+        grads.append(xi.grad)
+    torch.testing.assert_close(outs[1], outs[0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(grads[1], grads[0], rtol=1e-5, atol=1e-5)
+    parts = [Part(local_lengths=(5, 9), pieces=((10, 14),)), Part(local_lengths=(33,)), Part(local_lengths=(4, 4, 7),
+             pieces=((40, 57), (3, 6)))]  # fmt: skip
+    part_step(fast, parts[0], kernel=KERNEL, device=CPU, dtype=torch.float32)()
+    warm = compile_count()
+    for part in parts[1:]:
+        part_step(fast, part, kernel=KERNEL, device=CPU, dtype=torch.float32)()
+    assert compile_count() == warm
