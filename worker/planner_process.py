@@ -317,15 +317,20 @@ def _alive(pid: int, started: str | None) -> bool:
     return started is None or _process_start_time(pid) == started
 
 
+def _leave(socket_path: str, why: str) -> None:
+    """Remove the socket and exit now (daemon threads and all)."""
+    with contextlib.suppress(OSError):
+        os.unlink(socket_path)
+    log.info("planner process %d exits: %s", os.getpid(), why)
+    os._exit(0)
+
+
 def _watch(planner: Planner, socket_path: str, watch_pids: Sequence[int]) -> None:
     """Exit (removing the socket) when the parent's pipe closes, a watched process is gone, or the owner
     closed and no rank is connected any more."""
 
     def leave(why: str) -> None:
-        with contextlib.suppress(OSError):
-            os.unlink(socket_path)
-        log.info("planner process %d exits: %s", os.getpid(), why)
-        os._exit(0)
+        _leave(socket_path, why)
 
     def stdin_eof() -> None:
         try:
@@ -353,6 +358,8 @@ def serve(socket_path: str, *, watch_pids: Sequence[int] = ()) -> None:
     """The planner process's main: listen on ``socket_path``, solve, answer, die with the parent."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
     planner = Planner()
+    # PR_SET_PDEATHSIG delivers SIGTERM when the parent dies: leave cleanly, socket removed
+    signal.signal(signal.SIGTERM, lambda *_: _leave(socket_path, "its parent died (SIGTERM)"))
     with contextlib.suppress(FileNotFoundError):
         os.unlink(socket_path)
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -391,7 +398,7 @@ _INSTANCES_LOCK = threading.Lock()
 
 def _set_pdeathsig() -> None:  # runs in the child between fork and exec
     with contextlib.suppress(Exception):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 class PlannerError(RuntimeError):
