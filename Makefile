@@ -44,6 +44,8 @@ bench: $(STAMP)
 	$(BIN)/python bench/auto_scale.py
 	$(BIN)/python bench/true_gap.py --quick
 	$(BIN)/python bench/execute.py
+	$(BIN)/python bench/planner_overhead.py
+	$(BIN)/python bench/calibration.py
 	$(BIN)/python bench/service.py
 	$(BIN)/python bench/store.py
 

@@ -41,7 +41,7 @@ from skrull.worker.hf.attention import ATTN_IMPLEMENTATION, refuse_unsupported_a
 from skrull.worker.hf.evaluation import plain_eval_loss, reduce_rows, row_losses
 from skrull.worker.hf.fast import compile_model
 from skrull.worker.hf.inputs import model_inputs
-from skrull.worker.hf.step import dacp_plans, global_target_count
+from skrull.worker.hf.step import MicrobatchTimer, dacp_plans, global_target_count
 from skrull.worker.kernels import kernel_choice, select_kernel
 
 if TYPE_CHECKING:  # the mixin is typed as the Trainer it is mixed into
@@ -347,13 +347,21 @@ class SkrullTrainerMixin(_TrainerBase):
         world = self.accelerator.num_processes
         total = torch.zeros((), dtype=torch.float64, device=device)
         last = len(ready.microbatches) - 1
+        # calibration from the run (PlannedBatches(calibrate=True)): each microbatch timed, gathered after
+        timer = MicrobatchTimer(torch.device(device)) if self.planned.calibration is not None else None
         for k, (mb, plan) in enumerate(zip(ready.microbatches, plans, strict=True)):
             sync = contextlib.nullcontext() if k == last else self.accelerator.no_sync(model)
+            if timer is not None:
+                timer.start()
             with sync:
                 kwargs, labels = model_inputs(mb, plan)
                 loss = self.microbatch_loss(model, kwargs, labels, num_items_in_batch)
                 self.accelerator.backward(loss)
+            if timer is not None:
+                timer.stop()
             total += loss.detach().double()
+        if timer is not None:
+            self.planned.record_timings(ready, timer.read_ms())
         world_loss = total / world
         if dist.is_available() and dist.is_initialized():
             dist.all_reduce(world_loss)
@@ -376,9 +384,7 @@ class SkrullTrainerMixin(_TrainerBase):
 class SkrullTrainer(SkrullTrainerMixin, Trainer):
     """``Trainer`` whose every optimizer step is one plan iteration of ``planned`` (module doc)."""
 
-    def __init__(
-        self, *args: Any, planned: PlannedBatches, compile: str | bool | None = "auto", **kwargs: Any
-    ) -> None:
+    def __init__(self, *args: Any, planned: PlannedBatches, compile: str | bool | None = "auto", **kwargs: Any) -> None:
         """``compile``: the decoder layers compiled (``"on"``), eager (``"off"``), or compiled on CUDA only
         (``"auto"``); worker/compiling.py."""
         kwargs.setdefault("train_dataset", _Steps(len(planned)))
