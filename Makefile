@@ -44,12 +44,14 @@ bench: $(STAMP)
 	$(BIN)/python bench/auto_scale.py
 	$(BIN)/python bench/true_gap.py --quick
 	$(BIN)/python bench/execute.py
+	$(BIN)/python bench/planner_overhead.py
+	$(BIN)/python bench/calibration.py
 	$(BIN)/python bench/service.py
 	$(BIN)/python bench/store.py
 
 # Every integration (HF Trainer, TRL, own loop with DDP and FSDP2) x layout (DP1xCP4, DP2xCP2, DP4xCP1) x
 # architecture (tests/conformance/models) under torchrun with 4 gloo processes: each first step against the
-# plain step (<= 1e-4) or refused before it. 72 runs; about an hour on 2 CPU cores. `make test` runs a subset.
+# plain step (<= 1e-4) or refused before it. 72 runs, about a minute each on 2 CPU cores. `make test` runs 4.
 conformance: $(STAMP)
 	$(BIN)/python tests/conformance/matrix.py --out conformance-matrix.md
 

@@ -174,7 +174,11 @@ def run_claimed(store: JobStore, job: ClaimedJob, config: WorkerConfig, events: 
 
 def worker_main(config: WorkerConfig, wake: Any, events: Any, stop: Any) -> None:
     """Entry point of a solver process."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the server decides
+    # Ctrl-C, or a SIGTERM sent to the whole process group (a service manager's stop), reaches the solver
+    # processes too: the server decides (it lets them finish, then ends them); dying of it first made a
+    # normal shutdown log "solver process ... was killed by signal SIGTERM"
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     import_plugins(config.plugins)
     preload_cp_sat()  # its first import (~0.4 s) would otherwise fall inside a job's time budget
     store = open_store(config.db, sqlite_synchronous=config.synchronous, pool_size=3)

@@ -1,19 +1,24 @@
 """Where each context-parallel mode wins: all-gather CP against Ulysses, on fresh draws and derived profiles.
 
 For profiles derived for models and GPUs other than the bundled ones (bench/shapes.py: attention heads 8
-to 40 per TP rank), group sizes 2 to 64 and long-tailed length distributions (lengths up to
-``min(cp * bucket_tokens, 1M)``), each request is planned three ways on the reference cost model:
+to 64 per TP rank, Llama-2-70B at TP 1 for 64), group sizes 2 to 64 and long-tailed length distributions
+(lengths up to ``min(cp * bucket_tokens, 1M)``; from CP 32 a synthetic long tail, ``longtail-1m``: a
+bundled long-tailed distribution's lengths with 10% log-uniform between 64K and 1M tokens, so requests
+reach 1M wherever the group holds it), each request is planned three ways on the reference cost model:
 
 * ``auto`` with ``cp_modes = [allgather, ulysses]`` (it picks per microbatch),
 * ``auto`` with all-gather only (the default),
 * ``xtuner`` (every pack Ulysses over the whole group; "n/a" where the group does not divide the heads).
 
 Cells are modelled iteration times (ms); "ulysses share" is the share of sharded microbatches the
-both-modes plan runs as Ulysses. Fresh requests each run (seed from the clock unless ``--seed``).
+both-modes plan runs as Ulysses. ``auto`` runs on the wall clock (as users run it: two runs of the same
+request differ by what the machine's load let each search do) and, for the "work clock" column, with
+``deterministic`` (the same search work for both, on any machine): that column is the modes' effect
+without the load's noise. Fresh requests each run (seed from the clock unless ``--seed``).
 
     python bench/cp_modes.py [--seed N] [--per-rank 16] [--budget 0.1]
 
-Prints Markdown (seed, machine, date, commit); asserts nothing.
+Prints Markdown (seed, machine, date, commit, load average); asserts nothing.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import math
 import os
 import platform
 import random
@@ -31,16 +37,35 @@ from shapes import derived
 
 from skrull.solver.datasets import synthesize_request
 from skrull.solver.errors import RequestError
+from skrull.solver.planners.minmax_ilp import preload_cp_sat
 from skrull.solver.planning import solve
 from skrull.solver.types import Parallel, Plan, Request
 
 #: (model, gpu, tp): heads per TP rank 8 (Llama-2-70B at TP 8), 28 (Qwen2.5-7B), 32 (Llama-2-7B at TP 1),
-#: 40 (Llama-2-13B at TP 1)
+#: 40 (Llama-2-13B at TP 1), 64 (Llama-2-70B at TP 1, 8 K/V)
 SHAPES = (("llama2-70b", "h100-80g", 8), ("qwen2.5-7b", "a100-80g", 1), ("llama2-7b", "h200-141g", 1),
-          ("llama2-13b", "b200-180g", 1))  # fmt: skip
+          ("llama2-13b", "b200-180g", 1), ("llama2-70b", "b200-180g", 1))  # fmt: skip
+#: ZeRO-3 ranks a shape's profile assumes (Llama-2-70B at TP 1 needs 64 for a bucket of 5,861 tokens)
+ZERO_DP = {("llama2-70b", 1): 64}
 GROUPS = (2, 4, 8, 16, 32, 64)
 DATASETS = ("chatqa2-long-sft", "arxiv", "commoncrawl")
 MAX_TOKENS = 1 << 20
+LONG_TAIL = "longtail-1m"
+#: from this group size on, requests draw from LONG_TAIL
+LONG_TAIL_FROM_CP = 32
+
+
+def long_tail_request(request: Request, rng: random.Random, limit: int) -> Request:
+    """``request``'s lengths with 10% replaced by long outliers: one at ``limit`` (the most a plan holds,
+    1M at most), the others log-uniform between 64K and 1M tokens (capped at ``limit``)."""
+    batches = []
+    for batch in request.batches:
+        lengths = list(batch)
+        for n, k in enumerate(rng.sample(range(len(lengths)), max(1, len(lengths) // 10))):
+            drawn = round(math.exp(rng.uniform(math.log(1 << 16), math.log(MAX_TOKENS))))
+            lengths[k] = limit if n == 0 else min(limit, drawn)  # one at the most the group holds (1M at most)
+        batches.append(tuple(lengths))
+    return dataclasses.replace(request, batches=tuple(batches))
 
 
 def ulysses_share(plan: Plan) -> float:
@@ -63,33 +88,43 @@ def main() -> None:
     args = parser.parse_args()
     seed = args.seed if args.seed is not None else int(time.time()) % 1_000_000
     rng = random.Random(seed)
+    preload_cp_sat()  # as a service's solver process does (auto's hydraulis start needs CP-SAT)
     print(
         f"seed {seed}; commit {git_commit()}, {platform.machine()} ({os.cpu_count()} cores), python "
-        f"{platform.python_version()}, {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC; auto at "
-        f"{args.budget:g} s per request, DP 2, {2 * args.per_rank} sequences per batch\n"
+        f"{platform.python_version()}, {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC, load average "
+        f"{os.getloadavg()[0]:.2f}; auto at {args.budget:g} s per request, DP 2, {2 * args.per_rank} sequences "
+        "per batch\n"
     )
-    print("| profile | heads | CP | dataset | longest | auto both ms | auto allgather ms | xtuner ms | both vs allgather "
-          "| ulysses share |")  # fmt: skip
-    print("|---|---:|---:|---|---:|---:|---:|---:|---:|---:|")
+    print("| profile | heads | CP | dataset | longest | auto both ms | auto allgather ms | xtuner ms "
+          "| both vs allgather | both vs allgather, work clock | ulysses share |")  # fmt: skip
+    print("|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|")
     for model, gpu, tp in SHAPES:
-        profile = derived(model, gpu, tp=tp)
+        profile = derived(model, gpu, tp=tp, zero_dp=ZERO_DP.get((model, tp), 8))
         assert profile.heads is not None
         for cp in GROUPS:
             parallel = Parallel(dp=2, cp=cp)
-            dataset = rng.choice(DATASETS)
+            base = rng.choice(DATASETS)
+            limit = min(cp * profile.bucket_tokens, MAX_TOKENS)
             request = synthesize_request(
-                dataset=dataset, parallel=parallel, profile=profile, sequences_per_rank=args.per_rank,
-                seed=rng.randrange(2**31), max_tokens=min(cp * profile.bucket_tokens, MAX_TOKENS),
+                dataset=base, parallel=parallel, profile=profile, sequences_per_rank=args.per_rank,
+                seed=rng.randrange(2**31), max_tokens=limit,
             )  # fmt: skip
+            dataset = base
+            if cp >= LONG_TAIL_FROM_CP:
+                request, dataset = long_tail_request(request, rng, limit), f"{base}+{LONG_TAIL}"
             both = run(request, solver="auto", time_budget_s=args.budget, cp_modes=("allgather", "ulysses"))
             allgather = run(request, solver="auto", time_budget_s=args.budget)
             xtuner = run(request, solver="xtuner", cp_modes=("ulysses",))
-            assert both is not None and allgather is not None
+            fixed = dict(solver="auto", time_budget_s=args.budget, deterministic=True)
+            both_work = run(request, cp_modes=("allgather", "ulysses"), **fixed)
+            allgather_work = run(request, **fixed)
+            assert both is not None and allgather is not None and both_work is not None and allgather_work is not None
             x = f"{xtuner.estimated_ms:.1f}" if xtuner is not None else "n/a"
             print(
                 f"| {profile.name} | {profile.heads.attention} | {cp} | {dataset} | {max(request.batches[0])} "
                 f"| {both.estimated_ms:.1f} | {allgather.estimated_ms:.1f} | {x} "
-                f"| {both.estimated_ms / allgather.estimated_ms - 1:+.2%} | {ulysses_share(both):.0%} |"
+                f"| {both.estimated_ms / allgather.estimated_ms - 1:+.2%} "
+                f"| {both_work.estimated_ms / allgather_work.estimated_ms - 1:+.2%} | {ulysses_share(both):.0%} |"
             )
 
 

@@ -1,6 +1,6 @@
 """Profiles derived for models and GPUs beyond the bundled ones, shared by bench/cp_modes.py and
-bench/never_behind.py: Llama-2-7B, Llama-2-13B and Llama-2-70B (8 K/V heads) at TP 8, plus Qwen2.5-7B
-(28 heads, 4 K/V) at TP 1 and 4, on A100, H100, H200 and B200 shapes (solver/gpus.py figures)."""
+bench/never_behind.py: Llama-2-7B, Llama-2-13B and Llama-2-70B (64 heads, 8 K/V) at TP 8 and TP 1, plus
+Qwen2.5-7B (28 heads, 4 K/V), on A100, H100, H200 and B200 shapes (solver/gpus.py figures)."""
 
 from __future__ import annotations
 
@@ -25,9 +25,11 @@ LLAMA2_70B = model_from_hf_config(
 GPU_NAMES = ("a100-80g", "h100-80g", "h200-141g", "b200-180g")
 
 
-def derived(model_name: str, gpu: str, *, tp: int = 1) -> Profile:
+def derived(model_name: str, gpu: str, *, tp: int = 1, zero_dp: int = 8) -> Profile:
+    """``model_name`` on ``gpu``'s shape at TP ``tp``; the Llama-2 models with ZeRO-3 over ``zero_dp`` ranks
+    (Llama-2-70B at TP 1 needs 64 to leave a bucket of some thousand tokens: 64 heads, 8 K/V)."""
     model = LLAMA2_70B if model_name == "llama2-70b" else MODELS[model_name]
-    setup = TrainingSetup(tp=tp, dp=8, zero_stage=3) if model_name != "qwen2.5-7b" else TrainingSetup(tp=tp)
+    setup = TrainingSetup(tp=tp, dp=zero_dp, zero_stage=3) if model_name != "qwen2.5-7b" else TrainingSetup(tp=tp)
     return derive_profile(model, GPUS[gpu], setup)
 
 

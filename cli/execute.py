@@ -34,10 +34,10 @@ def add_parser(sub: Any) -> None:
         default="zigzag",
         help=f"cut of microbatches the plan leaves at the default: {', '.join(SHARDING_MODES)} (default zigzag)",
     )
-    p.add_argument("--hidden-size", type=int, default=64)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--kv-heads", type=int, default=2)
-    p.add_argument("--head-dim", type=int, default=16)
+    p.add_argument("--hidden-size", type=int, default=64, help="the attention layer's model width (default 64)")
+    p.add_argument("--heads", type=int, default=4, help="attention heads (default 4)")
+    p.add_argument("--kv-heads", type=int, default=2, help="key/value heads, dividing --heads (default 2)")
+    p.add_argument("--head-dim", type=int, default=16, help="size of each head (default 16)")
     p.add_argument("--warmup", type=int, default=1, help="untimed passes over the plan first (default 1)")
     p.add_argument(
         "--tolerance",

@@ -15,12 +15,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+from pathlib import Path
 from typing import Any
 
 from skrull.cli.flags import add_progress_flag, progress_enabled, say_progress
 from skrull.cli.processes import TOLERANCE_16_BIT, TOLERANCE_FLOAT32, add_process_arguments, request_for_processes
 from skrull.solver.errors import RequestError, SkrullError
-from skrull.solver.io import plan_from_dict, read_json
+from skrull.solver.io import dumps, plan_from_dict, read_json, request_to_dict
 from skrull.solver.planning import solve
 from skrull.solver.types import Plan, Problem, Request
 from skrull.solver.validate import validate_plan
@@ -53,6 +54,15 @@ def add_parser(sub: Any) -> None:
         default="allreduce",
         help="how gradients are summed: allreduce (default), ddp (DistributedDataParallel, no_sync) or fsdp "
         "(FSDP2 fully_shard); ddp and fsdp plan with equal_microbatches",
+    )
+    p.add_argument(
+        "--calibrate",
+        action="store_true",
+        help="time every microbatch, refit the profile after each step and plan the next steps with it; ends "
+        "with one 'calibration: ...' line (docs/profiles.md)",
+    )
+    p.add_argument(
+        "--calibrated-profile-out", default=None, metavar="PATH", help="with --calibrate: write the calibrated profile"
     )
     add_progress_flag(p)
     p.set_defaults(func=cmd_finetune)
@@ -113,6 +123,25 @@ def _print_run(
         print(f"| {r.step:4d} | {r.iteration:9d} | {r.num_targets:13d} | {r.loss:.6f} | {r.seconds * 1e3:22.1f} |")
 
 
+def _print_calibration(calibration: dict[str, Any], args: argparse.Namespace) -> None:
+    """Per step: the profile its plan was made with, estimated vs measured, then the one summary line."""
+    print()
+    print("| step | plan's profile | estimated ms | measured ms | median microbatch error |")
+    print("|------|----------------|--------------|-------------|-------------------------|")
+    for r in calibration["reports"]:
+        print(
+            f"| {r['iteration']:4d} | {r['profile']} | {r['estimated_ms']:.1f} | {r['measured_ms']:.1f} "
+            f"| {r['median_microbatch_error']:.1%} |"
+        )
+    if args.calibrated_profile_out:
+        if calibration["profile"] is None:
+            print(f"no calibrated profile written: too few microbatches measured (--steps {args.steps})")
+        else:
+            Path(args.calibrated_profile_out).write_text(dumps(calibration["profile"]) + "\n", encoding="utf-8")
+            print(f"wrote {args.calibrated_profile_out}: {calibration['profile']['name']}")
+    print(calibration["summary"])
+
+
 def _print_check(checks: Any, tolerance: float) -> int:
     """The check table; the exit status (``EXIT_CHECK_FAILED`` beyond ``tolerance``, or NaN)."""
     print()
@@ -154,6 +183,8 @@ def cmd_finetune(args: argparse.Namespace) -> int:
         raise SkrullError(
             f"skrull finetune needs torch and transformers ({exc.name} missing): pip install 'skrull[worker,hf]'"
         ) from None
+    if args.calibrated_profile_out and not args.calibrate:
+        raise RequestError("--calibrated-profile-out", args.calibrated_profile_out, "needs --calibrate")
     model_config = read_model_config(args.model_config)
     request, world_size = request_for_processes(args)
     _check_options(args)
@@ -181,6 +212,7 @@ def cmd_finetune(args: argparse.Namespace) -> int:
         warmup_steps=args.warmup,
         progress=args.progress,
         grad_sync=args.grad_sync,
+        calibrate_request=request_to_dict(request, inline_profile=True) if args.calibrate else None,
         compile=args.compile,
     )
     if progress_enabled(args.progress):  # the bar starts once the processes have imported torch
@@ -190,6 +222,7 @@ def cmd_finetune(args: argparse.Namespace) -> int:
     except LaunchError as exc:
         raise SkrullError(f"worker process failed: {exc}") from None
     _print_run(plan, result, model_config, args, world_size)
-    if not args.check:
-        return 0
-    return _print_check(check_steps(plan, lengths, result, config=config), tolerance)
+    status = _print_check(check_steps(plan, lengths, result, config=config), tolerance) if args.check else 0
+    if args.calibrate and result.calibration is not None:  # its summary line is the last line
+        _print_calibration(result.calibration, args)
+    return status

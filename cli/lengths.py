@@ -25,7 +25,16 @@ from skrull.corpus.readers import FORMATS
 from skrull.corpus.source import open_text_source
 from skrull.corpus.text import TEMPLATES
 from skrull.solver.errors import RequestError
-from skrull.solver.io import DEFAULT_PROFILE, dumps, parse_profile, read_json, request_from_dict
+from skrull.solver.io import (
+    DEFAULT_CP,
+    DEFAULT_DP,
+    DEFAULT_PROFILE,
+    DEFAULT_SOLVER,
+    dumps,
+    parse_profile,
+    read_json,
+    request_from_dict,
+)
 
 
 def add_parser(sub: Any) -> None:
@@ -60,13 +69,13 @@ def add_parser(sub: Any) -> None:
     loader.add_argument("--keep-last", action="store_true", help="keep the last incomplete batch")
     loader.add_argument("--max-batches", type=int, help="plan only the first N global batches")
     req = p.add_argument_group("the request")
-    req.add_argument("--dp", type=int, default=1, help="data-parallel degree (default 1)")
-    req.add_argument("--cp", type=int, default=1, help="context-parallel degree (default 1)")
+    req.add_argument("--dp", type=int, default=DEFAULT_DP, help=f"data-parallel degree (default {DEFAULT_DP})")
+    req.add_argument("--cp", type=int, default=DEFAULT_CP, help=f"context-parallel degree (default {DEFAULT_CP})")
     req.add_argument(
         "--profile", default=DEFAULT_PROFILE, help=f"bundled profile or JSON file (default {DEFAULT_PROFILE})"
     )
     req.add_argument("--bucket-tokens", type=int, help="override the profile's memory bucket")
-    req.add_argument("--solver", "-s", default="skrull", help="planner (default skrull)")
+    req.add_argument("--solver", "-s", default=DEFAULT_SOLVER, help=f"planner (default {DEFAULT_SOLVER})")
     out = p.add_argument_group("output")
     out.add_argument("--output", "-o", metavar="FILE", help="write the request here (default: stdout)")
     out.add_argument("--submit", metavar="URL", help="submit the request to a planning service; print the plan id")

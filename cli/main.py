@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import os
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,10 +28,13 @@ from skrull.cli import show as show_cli
 from skrull.solver.compare import compare, format_table, parse_solver_spec
 from skrull.solver.cp_modes import read_cp_modes
 from skrull.solver.datasets import distribution_names, synthesize_request
-from skrull.solver.errors import PlannerBugError, RequestError, SkrullError
+from skrull.solver.errors import MISSING, PlannerBugError, RequestError, SkrullError
 from skrull.solver.io import (
     BACKENDS,
+    DEFAULT_CP,
+    DEFAULT_DP,
     DEFAULT_PROFILE,
+    DEFAULT_SOLVER,
     check_cp_modes_profile,
     dumps,
     parse_profile,
@@ -56,8 +61,12 @@ def _add_source(p: argparse.ArgumentParser) -> None:
     src = p.add_argument_group("input: a request file, or a request synthesized from a bundled dataset")
     src.add_argument("--request", "-r", metavar="FILE", help="request JSON (docs/formats.md format)")
     src.add_argument("--dataset", metavar="NAME", help=f"length distribution: {', '.join(distribution_names())}")
-    src.add_argument("--dp", type=int, default=None, help="data-parallel degree (with --dataset; default 4)")
-    src.add_argument("--cp", type=int, default=None, help="context-parallel degree (with --dataset; default 8)")
+    src.add_argument(
+        "--dp", type=int, default=None, help=f"data-parallel degree (with --dataset; default {DEFAULT_DP})"
+    )
+    src.add_argument(
+        "--cp", type=int, default=None, help=f"context-parallel degree (with --dataset; default {DEFAULT_CP})"
+    )
     src.add_argument("--per-rank", type=int, default=None, help="sequences per DP rank per batch (default 64)")
     src.add_argument("--batches", type=int, default=None, help="global batches (iterations) to plan (default 1)")
     src.add_argument("--seed", type=int, default=None, help="sampling seed, and the request's seed (default 0)")
@@ -65,7 +74,13 @@ def _add_source(p: argparse.ArgumentParser) -> None:
         "--profile", default=None, help=f"bundled profile name or profile JSON file (default {DEFAULT_PROFILE})"
     )
     src.add_argument("--bucket-tokens", type=int, default=None, help="override the profile's memory bucket")
-    src.add_argument("--time-budget-s", type=float, default=None, help="wall-clock budget of ilp/auto solves")
+    src.add_argument(
+        "--time-budget-s",
+        type=float,
+        default=None,
+        help="wall-clock budget of the solve (default: the request's, else 1 s; 60 s for ilp and ilp-flex; "
+        "raised to what the request's size needs)",
+    )
     src.add_argument("--backend", default=None, help=f"exact solver backend: {', '.join(BACKENDS)} (ilp, auto)")
     src.add_argument("--deterministic", action="store_true", help="same plan for the same request (ilp, auto)")
     src.add_argument(
@@ -78,7 +93,7 @@ def _add_source(p: argparse.ArgumentParser) -> None:
 
 
 #: Flags that shape a synthesized request (--dataset) and their defaults; a request file sets these itself.
-DATASET_DEFAULTS = {"dp": 4, "cp": 8, "per_rank": 64, "batches": 1}
+DATASET_DEFAULTS = {"dp": DEFAULT_DP, "cp": DEFAULT_CP, "per_rank": 64, "batches": 1}
 
 
 def _load_request(args: argparse.Namespace, *, solver: str | None) -> Request:
@@ -130,7 +145,7 @@ def _read_request(args: argparse.Namespace, *, solver: str | None) -> Request:
                 doc["cp_modes"] = args.cp_modes.split(",")
         return request_from_dict(doc)
     if not args.dataset:
-        raise RequestError("--request", None, "give a request file (--request FILE) or a dataset (--dataset NAME)")
+        raise RequestError("--request", MISSING, "give a request file (--request FILE) or a dataset (--dataset NAME)")
     for name, default in DATASET_DEFAULTS.items():
         if getattr(args, name) is None:
             setattr(args, name, default)
@@ -212,7 +227,8 @@ def _note_if_stopped(request: Request, plan: Plan) -> None:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     request = _load_request(args, solver=None)
-    solvers = args.solvers.split(",") if args.solvers else None
+    # "skrull, wlb" as typed after a comma in prose: spaces around the names are not part of them
+    solvers = [s.strip() for s in args.solvers.split(",") if s.strip()] if args.solvers else None
     for spec in solvers or ():
         name, backend = parse_solver_spec(spec)
         get_planner(name)
@@ -228,7 +244,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     n = request.num_sequences
     par = request.parallel
     title = (
-        f"{n} sequences in {len(request.batches)} batch(es), DP{par.dp} x CP{par.cp}, profile {request.profile.name}, "
+        f"{n} sequences in {plural(len(request.batches), 'batch', 'batches')}, DP{par.dp} x CP{par.cp}, "
+        f"profile {request.profile.name}, "
         f"bucket {request.bucket_tokens} tokens"
     )
     _write(title + "\n\n" + format_table(rows), args.output)
@@ -237,7 +254,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def cmd_request(args: argparse.Namespace) -> int:
     if not args.dataset:
-        raise RequestError("--dataset", None, f"required; one of {', '.join(distribution_names())}")
+        raise RequestError("--dataset", MISSING, f"required; one of {', '.join(distribution_names())}")
     request = _load_request(args, solver=args.solver)
     limit = request.parallel.cp * request.bucket_tokens
     cut = sum(1 for batch in request.batches for n in batch if n == limit)
@@ -293,11 +310,43 @@ def cmd_profiles(args: argparse.Namespace) -> int:
     return 0
 
 
+def plural(count: int, singular: str, plural_form: str) -> str:
+    """``1 batch``, ``4 batches``."""
+    return f"{count} {singular if count == 1 else plural_form}"
+
+
 class _Parser(argparse.ArgumentParser):
-    """Usage mistakes end like every other failure: one line on stderr, exit status 2."""
+    """Usage mistakes end like every other failure: one line on stderr, exit status 2; a mistyped
+    subcommand or flag gets the closest known one (argparse's own ``suggest_on_error`` is Python 3.14's)."""
 
     def error(self, message: str) -> NoReturn:
+        choice = re.match(r"argument (\w+): invalid choice: '([^']*)' \(choose from (.*)\)$", message)
+        if choice:
+            known = re.findall(r"'?([\w-]+)'?", choice.group(3))
+            message += _did_you_mean(choice.group(2), known)
         self.exit(EXIT_USER_ERROR, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+    def parse_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> Any:  # type: ignore[override]
+        """``parse_known_args``, then unknown flags refused with the closest flag of the subcommand."""
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            command = self._subcommand(parsed)
+            options = [o for a in command._actions for o in a.option_strings] if command else []
+            hint = "".join(_did_you_mean(e.split("=", 1)[0], options) for e in extras if e.startswith("-"))
+            (command or self).error(f"unrecognized arguments: {' '.join(extras)}{hint}")
+        return parsed
+
+    def _subcommand(self, parsed: argparse.Namespace) -> argparse.ArgumentParser | None:
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                chosen = action.choices.get(getattr(parsed, "command", None) or "")
+                return chosen if isinstance(chosen, argparse.ArgumentParser) else None
+        return None
+
+
+def _did_you_mean(typed: str, known: Sequence[str]) -> str:
+    close = difflib.get_close_matches(typed, list(known), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]}?)" if close else ""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -310,7 +359,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--solver", "-s", default=None, help=f"planner: {', '.join(planner_names())} (default: the request's)"
     )
-    p.add_argument("--output", "-o", metavar="FILE")
+    p.add_argument("--output", "-o", metavar="FILE", help="write the plan here (default: stdout)")
     p.add_argument("--compact", action="store_true", help="one-line JSON")
     p.set_defaults(func=cmd_plan)
 
@@ -319,22 +368,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--solvers", default=None, help="comma-separated planners (default: all)")
     p.add_argument("--json", action="store_true", help="rows as JSON")
     p.add_argument("--plot", metavar="FILE", help="also draw the planners' first iteration side by side (.svg/.png)")
-    p.add_argument("--output", "-o", metavar="FILE")
+    p.add_argument("--output", "-o", metavar="FILE", help="write the table here (default: stdout)")
     p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("request", help="write a request sampled from a bundled length distribution")
     _add_source(p)
-    p.add_argument("--solver", "-s", default=None)
-    p.add_argument("--output", "-o", metavar="FILE")
+    p.add_argument(
+        "--solver",
+        "-s",
+        default=None,
+        help=f"planner the request names: {', '.join(planner_names())} (default {DEFAULT_SOLVER})",
+    )
+    p.add_argument("--output", "-o", metavar="FILE", help="write the request here (default: stdout)")
     p.set_defaults(func=cmd_request)
 
     p = sub.add_parser("validate", help="check a plan against its request and docs/formats.md")
-    p.add_argument("--request", "-r", required=True, metavar="FILE")
-    p.add_argument("--plan", "-p", required=True, metavar="FILE")
+    p.add_argument("--request", "-r", required=True, metavar="FILE", help="the request the plan was made for")
+    p.add_argument("--plan", "-p", required=True, metavar="FILE", help="the plan JSON (what skrull plan prints)")
     p.set_defaults(func=cmd_validate)
 
     p = sub.add_parser("profiles", help="list bundled profiles, or print one")
-    p.add_argument("name", nargs="?")
+    p.add_argument("name", nargs="?", help="print this profile's JSON: a bundled name or a JSON file")
     p.add_argument("--long", action="store_true", help="a table: derived or measured, bucket, coefficients, check")
     p.set_defaults(func=cmd_profiles)
 

@@ -29,7 +29,7 @@ def add_process_arguments(p: Any) -> None:
     p.add_argument("--cp-mode", default="allgather", help="allgather (Llama 3) or ulysses (all-to-all)")
     p.add_argument("--kernel", default=None, help="flash-attn, torch-varlen, sdpa or reference (default: best)")
     p.add_argument("--dtype", default="float32", help="float32 (default), bfloat16 or float16 (nccl only)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the random weights and inputs (default 0)")
 
 
 def request_for_processes(args: argparse.Namespace) -> tuple[Request, int]:

@@ -50,11 +50,11 @@ def add_parser(sub: Any) -> None:
     chk = p.add_argument_group("--check")
     chk.add_argument("--dataset", default="chatqa2-long-sft,llama3-sft-mix", help="comma-separated distributions")
     chk.add_argument("--solvers", default="skrull,deepspeed", help="comma-separated planners")
-    chk.add_argument("--dp", type=int, default=1)
-    chk.add_argument("--cp", type=int, default=8)
+    chk.add_argument("--dp", type=int, default=1, help="data-parallel degree of the checked plans (default 1)")
+    chk.add_argument("--cp", type=int, default=8, help="context-parallel degree of the checked plans (default 8)")
     chk.add_argument("--per-rank", type=int, default=16, help="sequences per DP rank")
     chk.add_argument("--bucket-tokens", type=int, default=None, help="override the profile's bucket")
-    chk.add_argument("--seed", type=int, default=0)
+    chk.add_argument("--seed", type=int, default=0, help="sampling seed of the checked batches (default 0)")
     chk.add_argument(
         "--max-median-error",
         type=float,

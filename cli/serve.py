@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from skrull.solver.errors import RequestError
@@ -97,6 +98,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return _serve(args)
 
 
+def check_db_folder(db: str) -> None:
+    """A SQLite file's folder must exist: creating a mistyped path's folders would hide the mistake (the jobs
+    land where nobody looks); a PostgreSQL URL is checked by connecting."""
+    if "://" in db:
+        return
+    folder = Path(db).expanduser().parent
+    if not folder.is_dir():
+        raise RequestError("--db", db, f"the folder {str(folder)!r} does not exist; create it first, or fix the path")
+
+
 def _serve(args: argparse.Namespace) -> int:
     try:
         import uvicorn
@@ -108,6 +119,7 @@ def _serve(args: argparse.Namespace) -> int:
     from skrull.api.store.open import StoreUnusableError, open_store
 
     settings = settings_from_args(args, _FLAGS)
+    check_db_folder(settings.db)
     try:  # open (and migrate) the store now: a wrong URL or a damaged file is one clear line, not a traceback
         open_store(settings.db, pool_size=1).close()
     except StoreUnusableError as exc:

@@ -15,7 +15,7 @@ import signal
 import threading
 from typing import Any
 
-from skrull.cli.serve import settings_from_args
+from skrull.cli.serve import check_db_folder, settings_from_args
 from skrull.solver.errors import RequestError
 
 SHUTDOWN_GRACE_S = 5.0
@@ -54,6 +54,7 @@ def cmd_solver_worker(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     log = logging.getLogger("skrull.solver_worker")
     import_plugins(settings.plugin_modules)
+    check_db_folder(settings.db)
     try:
         store = open_store(settings.db, sqlite_synchronous=settings.sqlite_synchronous, pool_size=2)
     except (ConnectionError, OSError) as exc:

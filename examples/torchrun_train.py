@@ -76,6 +76,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--grad-sync", choices=grad_sync.GRAD_SYNCS, default="ddp")
     p.add_argument("--compile", choices=("auto", "on", "off"), default="auto", help="decoder layers compiled")
     p.add_argument("--check", action="store_true", help="first step against the plain step; 'check passed'")
+    p.add_argument("--calibrate", action="store_true", help="refit the profile from the run's microbatch times")
+    p.add_argument("--calibrated-profile-out", default=None, help="with --calibrate: write the calibrated profile")
     return p.parse_args(argv)
 
 
@@ -92,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         rows, [len(r["input_ids"]) for r in rows], mesh=mesh, global_batch_size=args.global_batch_size,
         profile=args.profile, bucket_tokens=args.bucket_tokens, seed=args.seed, num_iterations=args.steps,
         equal_microbatches=args.grad_sync != "allreduce", device=device, label_convention="hf",
+        calibrate=args.calibrate,
     )  # fmt: skip
     if len(planned) < args.steps:
         raise SystemExit(
@@ -108,9 +111,12 @@ def main(argv: list[str] | None = None) -> int:
     losses = []
     for ready in planned:  # skrull: one plan iteration per optimizer step
         optimizer.zero_grad()
+        timings: list[float] | None = [] if args.calibrate else None
         result = scheduled_step(  # skrull: this rank's microbatches, forward and backward, synced on the last
-            model, ready.microbatches, registry=groups(ready), kernel=kernel, device=device
+            model, ready.microbatches, registry=groups(ready), kernel=kernel, device=device, microbatch_ms=timings
         )
+        if timings is not None:  # skrull: gathered over the job; the planner refits and plans with it
+            planned.record_timings(ready, timings)
         if args.check and not first_grads:
             first_grads = grad_sync.full_gradients(model)  # a collective under FSDP: every rank
         optimizer.step()
@@ -118,6 +124,12 @@ def main(argv: list[str] | None = None) -> int:
     rank = dist.get_rank()
     if rank == 0:
         print("losses: " + " ".join(f"{x:.6f}" for x in losses))
+    if planned.calibration is not None and rank == 0:
+        fitted = planned.calibration.fitted_profile()
+        if args.calibrated_profile_out and fitted is not None:
+            Path(args.calibrated_profile_out).write_text(json.dumps(fitted, indent=2) + "\n")
+        print(planned.calibration.summary_line())
+    planned.close()
     code = check(args, planned, rows, losses[0], first_grads) if args.check and rank == 0 else 0
     dist.destroy_process_group()
     return code

@@ -23,9 +23,10 @@ class RequestError(SkrullError):
 
     def __init__(self, field: str, value: Any, reason: str) -> None:
         self.field = field
-        self.value = value
+        self.value = None if value is MISSING else value
         self.reason = reason
-        super().__init__(f"{field}: {_short(value)}: {reason}")
+        # a field that was not given has no value to quote; JSON's null is spelled as JSON spells it
+        super().__init__(f"{field}: {reason}" if value is MISSING else f"{field}: {_short(value)}: {reason}")
 
 
 class SequenceTooLongError(RequestError):
@@ -91,6 +92,16 @@ def _summary(problems: list[str]) -> str:
     return head + (f" (and {extra} more)" if extra > 0 else "")
 
 
+class _Missing:
+    """The value of a field that was not given at all (``RequestError`` then quotes no value)."""
+
+    def __repr__(self) -> str:
+        return "MISSING"
+
+
+MISSING: Any = _Missing()
+
+
 def _short(value: Any, limit: int = 80) -> str:
-    text = repr(value)
+    text = "null" if value is None else repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."

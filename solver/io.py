@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from skrull.solver.cp_modes import DEFAULT_CP_MODE, DEFAULT_CP_MODES, ULYSSES, read_cp_modes, read_mode
-from skrull.solver.errors import RequestError, SequenceTooLongError, UnknownSolverError
+from skrull.solver.errors import MISSING, RequestError, SequenceTooLongError, UnknownSolverError
 from skrull.solver.jsonsafe import check_bounded, join_path, loads_json, read_int, read_ints
 from skrull.solver.profile import Profile, load_profile, profile_from_dict
 from skrull.solver.search import budget as budget_defaults
@@ -39,6 +39,10 @@ DEFAULT_PROFILE = "h100-80g/qwen2.5-0.5b"
 DEFAULT_TIME_BUDGET_S = budget_defaults.DEFAULT_TIME_BUDGET_S
 #: The planner a request gets when it names none: the best plan within the budget (docs/auto.md).
 DEFAULT_SOLVER = "auto"
+#: The layout the command line assumes when none is given (``skrull plan/compare/request --dataset``,
+#: ``skrull lengths``): DP4 x CP8, 32 GPUs, as in Skrull's evaluation.
+DEFAULT_DP = 4
+DEFAULT_CP = 8
 BACKENDS = ("scip", "cpsat")
 
 #: Every field of a request; anything else is refused (``deterministic``: same plan for the same request;
@@ -404,6 +408,8 @@ def plan_from_dict(doc: Any) -> Plan:
     elsewhere. Checks shape and JSON types and names the field of any mistake; content is the
     validator's (``solver.validate``)."""
     plan = _object(doc, "plan")
+    if "schema" not in plan and "batches" in plan:
+        raise RequestError("schema", MISSING, "this is a request (it has batches and no schema), not a plan")
     if plan.get("schema") != PLAN_SCHEMA:
         raise RequestError("schema", plan.get("schema"), f"must be {PLAN_SCHEMA!r}")
     solver = plan.get("solver")

@@ -170,9 +170,10 @@ def with_modes(output: PlannerOutput, problem: Problem, modes: tuple[str, ...]) 
     """Every microbatch that shards over two or more GPUs gets the cheapest of ``modes`` its group can run
     (``CostModel.cheapest_mode``): the per-microbatch choice between all-gather CP and Ulysses.
 
-    A planner's bound was proved for all-gather pricing; when a microbatch runs cheaper in Ulysses it no
-    longer bounds the plan, so it is dropped (status ``heuristic``, or ``feasible`` kept only where nothing
-    changed). A microbatch no allowed mode fits (a group that does not divide the heads under ``ulysses``
+    An exact planner's own bound (``model_bound_ms``) and its ``optimal`` were proved for all-gather pricing;
+    when a microbatch runs cheaper in Ulysses they no longer hold, so the model bound is dropped and
+    ``optimal`` becomes ``feasible`` (or ``heuristic`` without a ``bound_ms``); ``bound_ms``, a floor over
+    every mode the request allows, stays. A microbatch no allowed mode fits (a group that does not divide the heads under ``ulysses``
     alone) is refused naming ``cp_modes``."""
     if modes == DEFAULT_CP_MODES:
         return output
@@ -197,8 +198,14 @@ def with_modes(output: PlannerOutput, problem: Problem, modes: tuple[str, ...]) 
                 spec = dataclasses.replace(spec, mode=mode)
             out.append(spec)
         iterations.append(tuple(out))
-    if changed and output.bound_ms is not None:
-        return dataclasses.replace(output, iterations=tuple(iterations), status="heuristic", bound_ms=None)
+    if changed:
+        # The planner's own model priced every microbatch in all-gather: its proof (``model_bound_ms``, an
+        # "optimal" status) no longer covers the plan. ``bound_ms`` is a floor over the request's modes
+        # (solver/search/bound.py) and stays.
+        status = output.status
+        if status == "optimal":
+            status = "feasible" if output.bound_ms is not None else "heuristic"
+        return dataclasses.replace(output, iterations=tuple(iterations), status=status, model_bound_ms=None)
     return dataclasses.replace(output, iterations=tuple(iterations))
 
 

@@ -90,7 +90,7 @@ class Request:
         """The budget in force: the request's own, else its planner's default for its size."""
         if self.time_budget_s is not None:
             return self.time_budget_s
-        from skrull.solver.search.budget import default_budget_s  # the budget module imports this one
+        from skrull.solver.search.budget import default_budget_s  # lazily: solver.types stays import-light
 
         return default_budget_s(self.solver, [len(b) for b in self.batches], self.parallel)
 

@@ -6,14 +6,18 @@ loss need. Behind it:
 
 1. The loader's order (corpus/order.py, the same function ``skrull lengths`` uses): global batch ``b``
    is a fixed set of dataset indices from ``seed`` and ``epoch``.
-2. Global batches are planned ``batches_per_plan`` at a time, ahead of use: in this process by default
-   (``LocalPlans``: the library on a background thread, no service), or by a planning service
-   (``client=PlanningClient(url)``). Every rank plans (or submits) the same request, named by its
-   content, and requests are ``deterministic`` by default, so the ranks share one plan without talking
-   to each other (worker/plan_sources.py).
+2. Global batches are planned ``batches_per_plan`` at a time, ``plan_ahead`` iterations ahead of use: by
+   default in a planner process of the node that the loader starts and owns (``ProcessPlans``,
+   worker/planner_process.py: one process per node, never in the training interpreter), or by a
+   planning service (``client=PlanningClient(url)``), or in this process (``plans=LocalPlans()``). Every
+   rank submits the same request, named by its content, and requests are ``deterministic`` by default,
+   so the ranks share one plan without sending plans to each other (worker/plan_sources.py). Unless
+   ``time_budget_s`` is given, each request's budget follows the measured step time
+   (``PlanningBudget``: ``planning_share`` of a step per iteration, agreed over the job's store).
 3. This rank's view of iteration ``i`` (the rank view document; from a service
-   ``GET /v1/plans/{id}/ranks/{rank}?iteration=j``) is read in a background thread ``prefetch`` iterations
-   ahead, while the loop trains on iteration ``i - prefetch``. The rank comes from a ``DeviceMesh`` with
+   ``GET /v1/plans/{id}/ranks/{rank}?iteration=j``) is read, and its microbatches packed (4. below), in a
+   background thread ``prefetch`` iterations ahead, while the loop trains on iteration ``i - prefetch``.
+   The rank comes from a ``DeviceMesh`` with
    "dp" and "cp" dims, from ``torch.distributed`` under ``torchrun``, or is given (``resolve_rank``).
 4. Sequences are read from the map-style dataset and packed (worker/inputs.py): local sequences whole,
    shard pieces sliced; position ids restart per local sequence and stay global in pieces.
@@ -24,8 +28,8 @@ With ``defer_max_sequences=k`` (``auto`` only) a plan may leave up to k sequence
 indices, and plans the last chunk of the data with no deferral, so every index is yielded exactly once
 over the epoch. ``sample_indices`` of an iteration are then the indices it really runs.
 
-``blocked_s`` of each yielded iteration is the time ``next()`` waited for the planner: with prefetching
-one iteration ahead it is ~0 when planning an iteration takes less than training one. ``state_dict()`` /
+``blocked_s`` of each yielded iteration is the whole time the loop spent in ``next()``: waiting for the
+plan and its view, and packing the microbatches. It is ~0 when planning keeps up. ``state_dict()`` /
 ``load_state_dict()`` resume at the next iteration (an optimizer step) with the plans the uninterrupted
 run had.
 
@@ -48,12 +52,17 @@ Epochs, as torch's ``DataLoader`` with a ``DistributedSampler``: ``set_epoch(e)`
 order (reshuffled deterministically from ``seed`` and ``e``); iterating the loader again after a whole
 pass starts the next epoch. ``drop_last`` (default False, as torch's) drops the last global batch when it
 is partial; kept, it is planned like any other (a smaller global batch, the same loss rule).
+
+Evaluation sets: ``for_evaluation(dataset, lengths)`` is a loader over them with this one's mesh, profile,
+bucket, solver and plan source, in dataset order with nothing dropped (worker/hf/evaluation.py scores it).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import numbers
 import os
+import re
 import threading
 import time
 from collections import deque
@@ -69,10 +78,13 @@ from skrull.corpus.order import global_batches
 from skrull.solver.errors import RequestError
 from skrull.solver.io import DEFER_SOLVERS
 from skrull.solver.profile import load_profile, profile_from_dict
+from skrull.solver.types import Parallel
+from skrull.worker.calibration import CalibrationReport, LoaderCalibration
 from skrull.worker.inputs import pack
 from skrull.worker.layout import MicrobatchLayout, layouts_from_view_dict
 from skrull.worker.loss import IGNORE_INDEX
-from skrull.worker.plan_sources import LocalPlans, PlanSource, ServicePlans
+from skrull.worker.plan_sources import PlanSource, ServicePlans, plan_key
+from skrull.worker.planner_process import PlanningBudget, ProcessPlans
 
 if TYPE_CHECKING:  # the client (httpx, the api extra) is the caller's: a [worker] install imports this module
     from torch.distributed.device_mesh import DeviceMesh
@@ -81,6 +93,11 @@ if TYPE_CHECKING:  # the client (httpx, the api extra) is the caller's: a [worke
 
 #: Plan submissions in flight: the chunk being trained on and the next one (submitted ahead).
 PLANS_IN_FLIGHT = 2
+#: Iterations ahead of the loop that requests are submitted by default (1 with ``calibrate``).
+PLAN_AHEAD = 4
+#: Loaders created in this process per job key (budget keys: the n-th loader of a job on every rank agree).
+_INSTANCES: dict[str, int] = {}
+_INSTANCES_LOCK = threading.Lock()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -241,6 +258,9 @@ class PlannedBatches:
         label_convention: str = "next_token",
         drop_last: bool = False,
         vocab_size: int | None = None,
+        plan_ahead: int | None = None,
+        planning_share: float = 0.5,
+        calibrate: bool = False,
     ) -> None:
         rank, dp, cp = resolve_rank(rank=rank, dp=dp, cp=cp, mesh=mesh)
         if len(dataset) == 0:
@@ -255,6 +275,10 @@ class PlannedBatches:
             raise RequestError("batches_per_plan", batches_per_plan, "must be an integer >= 1")
         if prefetch < 0:
             raise RequestError("prefetch", prefetch, "must be an integer >= 0")
+        if plan_ahead is None:  # calibrating: plan close to use, so the latest fit reaches the plans soon
+            plan_ahead = 1 if calibrate else PLAN_AHEAD
+        if isinstance(plan_ahead, bool) or not isinstance(plan_ahead, int) or plan_ahead < 0:
+            raise RequestError("plan_ahead", plan_ahead, "must be an integer >= 0 (iterations)")
         if isinstance(defer_max_sequences, bool) or not isinstance(defer_max_sequences, int) or defer_max_sequences < 0:
             raise RequestError("defer_max_sequences", defer_max_sequences, "must be an integer >= 0")
         if defer_max_sequences and solver not in DEFER_SOLVERS:
@@ -270,9 +294,21 @@ class PlannedBatches:
         self.dataset = dataset
         self.lengths = list(lengths)
         self._check_lengths(self.lengths, cp=cp, bucket_tokens=bucket_tokens or profile_bucket_tokens(profile))
-        #: where plans come from: the service behind ``client``, else this process (worker/plan_sources.py)
-        self.plans: PlanSource = plans if plans is not None else ServicePlans(client) if client else LocalPlans()
+        #: what every rank's loader shares: names the node's planner process and the job's budget keys
+        self.job_key = plan_key(
+            {"lengths": self.lengths, "batch": global_batch_size, "seed": seed, "epoch": epoch, "shuffle": shuffle,
+             "dp": dp, "cp": cp, "profile": profile, "solver": solver, "per_plan": batches_per_plan,
+             "iterations": num_iterations}
+        )  # fmt: skip
+        #: where plans come from: the service behind ``client``, else the node's planner process
+        #: (worker/planner_process.py), or the source given (``LocalPlans()``: a thread of this process)
+        self.plans: PlanSource = (
+            plans if plans is not None else ServicePlans(client) if client else ProcessPlans(job_key=self.job_key)
+        )
         self._owns_plans = plans is None and client is None
+        #: how many iterations ahead of the loop requests are submitted
+        self.plan_ahead = plan_ahead
+        self.budget = PlanningBudget(share=planning_share)
         self.rank = rank
         self.dp, self.cp = dp, cp
         self.profile = profile
@@ -316,6 +352,47 @@ class PlannedBatches:
                 f"leaves no global batch of the {len(lengths)} rows (drop_last={drop_last}, num_iterations="
                 f"{num_iterations})",
             )
+        with _INSTANCES_LOCK:  # the n-th loader of a job in every process: the keys its ranks agree under
+            self.instance = _INSTANCES.get(self.job_key, 0)
+            _INSTANCES[self.job_key] = self.instance + 1
+        self._budget_store, self._budget_key = self._agreement()
+        #: calibration from the run (``record_timings``; worker/calibration.py): None when off
+        self.calibration: LoaderCalibration | None = None
+        if calibrate:
+            self.calibration = LoaderCalibration(self, store=self._calibration_store())
+
+    def _agreement(self) -> tuple[Any, str | None]:
+        """Where the ranks agree on each request's budget: the job's ``torch.distributed`` store (None: this
+        process alone). The key is None when no budget is derived (given, or nothing to agree with)."""
+        if self.time_budget_s is not None:
+            return None, None
+        if dist.is_available() and dist.is_initialized():
+            from torch.distributed.distributed_c10d import _get_default_store
+
+            return _get_default_store(), f"skrull/plan-budget/{self.job_key}/{self.instance}"
+        if self.dp * self.cp == 1:
+            return None, "local"
+        return None, None
+
+    def _calibration_store(self) -> Any:
+        """The job's store, where the ranks agree on the profile of each request (None: this process alone)."""
+        if dist.is_available() and dist.is_initialized():
+            from torch.distributed.distributed_c10d import _get_default_store
+
+            return _get_default_store()
+        if self.dp * self.cp > 1:
+            raise RequestError(
+                "calibrate", True, "needs torch.distributed (initialized) to gather timings and agree on profiles"
+            )
+        return None
+
+    def record_timings(self, ready: ReadyIteration, microbatch_ms: Sequence[float]) -> CalibrationReport:
+        """After a step: this rank's microbatch times of ``ready`` (``scheduled_step(microbatch_ms=...)``).
+        Collective: every rank calls it once per iteration. Returns the iteration's report (estimated vs
+        measured, median per-microbatch error) and feeds the planner's refit (worker/calibration.py)."""
+        if self.calibration is None:
+            raise RequestError("calibrate", False, "record_timings needs PlannedBatches(calibrate=True)")
+        return self.calibration.record(ready, microbatch_ms)
 
     @staticmethod
     def _check_lengths(lengths: Sequence[int], *, cp: int, bucket_tokens: int) -> None:
@@ -332,6 +409,39 @@ class PlannedBatches:
                     f"bucket_tokens >= {-(-n // cp)} at cp={cp}, or cp >= {-(-n // bucket_tokens)} at this bucket, "
                     "or drop / truncate the row",
                 )
+
+    def for_evaluation(
+        self, dataset: Any, lengths: Sequence[int], *, label_convention: str | None = None
+    ) -> PlannedBatches:
+        """A loader over an evaluation set with this one's mesh, profile, bucket, solver and plan source:
+        every row exactly once, in dataset order (no shuffling, nothing dropped), each global batch planned
+        alone (``batches_per_plan=1``, so a microbatch's sequence id ``k`` is the iteration's
+        ``sample_indices[k]``) and every rank running the same number of microbatches, which a sharded
+        model's forwards need. Rows that no layout holds are refused here, naming their index."""
+        return PlannedBatches(
+            dataset,
+            lengths,
+            global_batch_size=self.global_batch_size,
+            profile=self.profile,
+            plans=self.plans,  # the same plans and cache: IterationGroups reads the whole plan from it
+            rank=self.rank,
+            dp=self.dp,
+            cp=self.cp,
+            seed=self.seed,
+            shuffle=False,
+            solver=self.solver,
+            batches_per_plan=1,
+            prefetch=self.prefetch,
+            bucket_tokens=self.bucket_tokens,
+            time_budget_s=self.time_budget_s,
+            timeout_s=self.timeout_s,
+            device=self.device,
+            equal_microbatches=True,
+            deterministic=self.deterministic,
+            label_convention=self.label_convention if label_convention is None else label_convention,
+            drop_last=False,
+            vocab_size=self.vocab_size,
+        )
 
     # -- epochs --------------------------------------------------------------------------------------
 
@@ -384,6 +494,7 @@ class PlannedBatches:
             "cp": self.cp,
             "defer_max_sequences": self.defer_max_sequences,
             "carried": list(carried),
+            "budgets": self.budget.state_dict(epoch=self.epoch, from_chunk=chunk),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -392,7 +503,10 @@ class PlannedBatches:
         mine = self.state_dict()
         defaults = {"defer_max_sequences": 0}  # saved before the loader deferred: it did not
         for key, value in mine.items():
-            if key not in ("next_iteration", "carried", "epoch") and state.get(key, defaults.get(key)) != value:
+            if (
+                key not in ("next_iteration", "carried", "epoch", "budgets")
+                and state.get(key, defaults.get(key)) != value
+            ):
                 raise RequestError(
                     f"state_dict.{key}", state.get(key), f"was saved by a loader with {key}={value!r} here"
                 )
@@ -408,6 +522,12 @@ class PlannedBatches:
         carried = self._read_carried(state.get("carried", []), chunk)
         with self._lock:
             self._carried[chunk] = carried
+        budgets = state.get("budgets", {})
+        if not isinstance(budgets, Mapping) or not all(
+            re.fullmatch(r"\d+/\d+", str(k)) and isinstance(v, int | float) and v > 0 for k, v in budgets.items()
+        ):
+            raise RequestError("state_dict.budgets", budgets, 'must map requests ("epoch/chunk") to budgets in seconds')
+        self.budget.load_state_dict(budgets)
         self.next_iteration = start
 
     def _read_carried(self, value: Any, chunk: int) -> tuple[int, ...]:
@@ -468,8 +588,19 @@ class PlannedBatches:
         }
         if self.bucket_tokens is not None:
             doc["bucket_tokens"] = self.bucket_tokens
+        if self.calibration is not None:
+            doc["profile"] = self.calibration.profile_for(f"{self.epoch}/{chunk}")
         if self.time_budget_s is not None:
             doc["time_budget_s"] = self.time_budget_s
+        elif self._budget_key is not None:
+            doc["time_budget_s"] = self.budget.decide(
+                f"{self.epoch}/{chunk}",
+                solver=self.solver,
+                batch_sizes=[len(b) for b in batches],
+                parallel=Parallel(dp=self.dp, cp=self.cp),
+                store=self._budget_store,
+                key=self._budget_key,
+            )
         if self.equal_microbatches:
             doc["equal_microbatches"] = True
         if self.deterministic:
@@ -495,7 +626,10 @@ class PlannedBatches:
         with self._lock:
             future = self._plans.get(chunk)
             if future is None:
-                future = self._pool.submit(self.plans.submit, doc)
+                if isinstance(self.plans, ProcessPlans):  # solved in request order, however submissions race
+                    future = self._pool.submit(self.plans.submit, doc, order=chunk)
+                else:
+                    future = self._pool.submit(self.plans.submit, doc)
                 self._plans[chunk] = future
         return future
 
@@ -503,9 +637,18 @@ class PlannedBatches:
         chunk, offset = divmod(iteration, self.batches_per_plan)
         plan_id = self._plan_id(chunk)
         following = offset == 0 and chunk + 1 < self._num_chunks
-        if following and not self.defer_max_sequences:
-            self._plan_id_async(chunk + 1)  # submit the next plan while this one's views are read
-        view = self.plans.rank_view(plan_id, self.rank, offset, timeout_s=self.timeout_s)
+        if not self.defer_max_sequences:  # submit the plans up to ``plan_ahead`` iterations ahead
+            last = min(self._num_chunks - 1, (iteration + max(self.plan_ahead, 1)) // self.batches_per_plan)
+            for ahead in range(chunk + 1, last + 1):
+                self._plan_id_async(ahead)
+        if isinstance(self.plans, ProcessPlans):
+            asked = time.perf_counter()
+            view, solved = self.plans.rank_view_and_solve(plan_id, self.rank, offset, timeout_s=self.timeout_s)
+            if offset == 0:
+                self.budget.record_solve(solved)
+                self.budget.record_wait(time.perf_counter() - asked)
+        else:
+            view = self.plans.rank_view(plan_id, self.rank, offset, timeout_s=self.timeout_s)
         if following and self.defer_max_sequences:
             self._plan_id_async(chunk + 1)  # its request needs this plan's pending: solved now
         return plan_id, view
@@ -605,25 +748,33 @@ class PlannedBatches:
 
     # -- iteration -----------------------------------------------------------------------------------
 
+    def _prepared(self, iteration: int) -> ReadyIteration:
+        """``iteration`` with its view read and its microbatches packed (on a prefetch thread: ``next()``
+        then only hands it over)."""
+        plan_id, view = self._view(iteration)
+        return self._ready(iteration, plan_id, view, 0.0)
+
     def __iter__(self) -> Iterator[ReadyIteration]:
         if self._finished_pass:  # the last pass ran to the epoch's end: this one is the next epoch
             self._start_epoch(self.epoch + 1)
         todo = deque(range(self.next_iteration, len(self.batches)))
         pool = ThreadPoolExecutor(max_workers=self.prefetch + 1, thread_name_prefix="skrull-views")
-        in_flight: deque[tuple[int, Future[tuple[str, dict[str, Any]]]]] = deque()
+        in_flight: deque[tuple[int, Future[ReadyIteration]]] = deque()
+        returned: float | None = None
         try:
             while todo or in_flight:
                 while todo and len(in_flight) < self.prefetch + 1:
                     i = todo.popleft()
-                    in_flight.append((i, pool.submit(self._view, i)))
+                    in_flight.append((i, pool.submit(self._prepared, i)))
                 i, future = in_flight.popleft()
                 start = time.perf_counter()
-                plan_id, view = future.result()
-                blocked = time.perf_counter() - start
-                ready = self._ready(i, plan_id, view, blocked)
+                if returned is not None:  # the loop's step: from the last ``next()``'s return to this call
+                    self.budget.record_step(start - returned)
+                ready = future.result()
                 self.next_iteration = i + 1
                 self._finished_pass = self.next_iteration >= len(self.batches)
-                yield ready
+                returned = time.perf_counter()
+                yield dataclasses.replace(ready, blocked_s=returned - start)
         finally:
             pool.shutdown(wait=False, cancel_futures=True)
 

@@ -3,8 +3,9 @@
 DACP runs a sharded sequence's attention over the microbatch's group of ranks, so every group of ranks
 that shares a sharded sequence needs a ``torch.distributed`` process group. ``dist.new_group`` is a
 collective over the whole world: every process must create every group, members or not, in the same
-order. With in-process deterministic plans (``worker.plan_sources.LocalPlans``, the loader's default)
-every rank holds the whole plan, so each creates the groups of an iteration in one sorted order
+order. With the node's planner process (``worker.planner_process.ProcessPlans``, the loader's default)
+or in-process plans (``worker.plan_sources.LocalPlans``) every rank can read the whole plan, so each
+creates the groups of an iteration in one sorted order
 (``GroupRegistry.rank_sets_of``) the first time it meets them; a group is never created twice.
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 from skrull.worker.collectives import GroupRegistry
 from skrull.worker.dataloader import PlannedBatches, ReadyIteration
 from skrull.worker.plan_sources import LocalPlans
+from skrull.worker.planner_process import ProcessPlans
 
 
 class IterationGroups:
@@ -25,12 +27,12 @@ class IterationGroups:
 
     def __call__(self, ready: ReadyIteration) -> GroupRegistry:
         plans = self.planned.plans
-        if not isinstance(plans, LocalPlans):
+        if not isinstance(plans, LocalPlans | ProcessPlans):
             raise ValueError(
                 f"planned.plans={type(plans).__name__}: process groups are created from the whole plan, which "
-                "every rank holds only with in-process plans (LocalPlans, the loader's default)"
+                "every rank reads only from the node's planner process (the loader's default) or LocalPlans"
             )
-        plan = plans.plan(ready.plan_id)
+        plan = plans.plan(ready.plan_id, timeout_s=self.planned.timeout_s)
         iteration = plan.iterations[ready.iteration % self.planned.batches_per_plan]
         missing = [s for s in GroupRegistry.rank_sets_of(iteration) if s not in self.registry.groups]
         if missing:

@@ -1,4 +1,5 @@
 """Where the planned loader gets its plans: in this process (the library alone), or a planning service.
+(Its default is a third source, the node's planner process: worker/planner_process.py.)
 
 Both answer the same three calls, so ``PlannedBatches`` does not know which it has:
 

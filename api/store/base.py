@@ -32,6 +32,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
+
+def is_postgres_url(db: str) -> bool:
+    """Whether a ``--db`` / ``SKRULL_DB`` value names a PostgreSQL database (else a SQLite file). Here, not in
+    ``store.open``, so the PostgreSQL store can use it without importing the module that imports it."""
+    return db.startswith(("postgresql://", "postgres://"))
+
+
 JobStatus = Literal["queued", "solving", "solved", "failed"]
 JOB_STATUSES: tuple[str, ...] = ("queued", "solving", "solved", "failed")
 

@@ -10,16 +10,12 @@ from __future__ import annotations
 
 import sqlite3
 
-from skrull.api.store.base import JobStore
+from skrull.api.store.base import JobStore, is_postgres_url
 from skrull.api.store.migrations import SchemaTooNewError
 
 
 class StoreUnusableError(RuntimeError):
     """The store cannot be opened; the message says which and what to do."""
-
-
-def is_postgres_url(db: str) -> bool:
-    return db.startswith(("postgresql://", "postgres://"))
 
 
 def sqlite_recovery(path: str) -> str:

@@ -47,10 +47,10 @@ from skrull.api.store.base import (
     TenantQuota,
     check_quota,
     fair_next_sql,
+    is_postgres_url,
     tenant_sql,
 )
 from skrull.api.store.migrations import Migration, check_ordered, pending
-from skrull.api.store.open import is_postgres_url
 from skrull.api.store.rows import ITERATION_COLUMNS, JOB_COLUMNS, iteration_from_row, job_from_row
 
 log = logging.getLogger("skrull.store")

@@ -64,38 +64,48 @@ def run_with_deadline(work: Work, *, deadline: float, grace_s: float | None = No
 
 @dataclass(slots=True)
 class Child:
-    """A forked ``work`` running while the parent does something else; ``collect`` waits for it."""
+    """A forked ``work`` running while the parent does something else; ``collect`` waits for it (and
+    ``read`` takes what it has sent so far, leaving it running)."""
 
     pid: int
     receiver: multiprocessing.connection.Connection
+    #: the last incumbent read, and the outcome once the child has answered (``read``)
+    last: Any = None
+    outcome: RunOutcome | None = None
+
+    def read(self, *, until: float, on_report: Callable[[Any], None] | None = None) -> RunOutcome | None:
+        """Read reports until ``until`` or the child's answer, without killing it; the outcome once it
+        has answered, else None (it is still running). Every report is passed to ``on_report`` as it
+        arrives; past ``until``, what the child already sent is still read (a caller that comes late,
+        having worked meanwhile, gets every report made in time)."""
+        receiver = self.receiver
+        while self.outcome is None:
+            if not receiver.poll(max(0.0, until - time.monotonic())):
+                return None
+            try:
+                kind, value = receiver.recv()
+            except EOFError:
+                ended = "solver process ended without an answer"
+                self.outcome = RunOutcome(payload=self.last, killed=False, error=ended)
+                break
+            if kind == "incumbent":
+                self.last = value
+                if on_report is not None:
+                    on_report(value)
+            elif kind == "final":
+                self.outcome = RunOutcome(payload=value, killed=False)
+            else:
+                self.outcome = RunOutcome(payload=self.last, killed=False, error=str(value))
+        return self.outcome
 
     def collect(self, *, deadline: float, grace_s: float, on_report: Callable[[Any], None] | None = None) -> RunOutcome:
-        """Wait until ``deadline + grace_s`` for the answer, then kill the child (always). Every report
-        is passed to ``on_report`` as it arrives, those already sent when the deadline has passed too; the
-        last one is the payload of a killed child."""
-        payload: Any = None
-        receiver = self.receiver
+        """Wait until ``deadline + grace_s`` for the answer (``read``), then kill the child (always); the
+        last report is the payload of a killed child."""
         try:
-            while True:
-                remaining = deadline + grace_s - time.monotonic()
-                # past the deadline, what the child already sent is still read (a caller that comes to
-                # collect late, having worked meanwhile, gets every report made in time)
-                if not receiver.poll(max(0.0, remaining)):
-                    return RunOutcome(payload=payload, killed=True)
-                try:
-                    kind, value = receiver.recv()
-                except EOFError:
-                    return RunOutcome(payload=payload, killed=False, error="solver process ended without an answer")
-                if kind == "incumbent":
-                    payload = value
-                    if on_report is not None:
-                        on_report(value)
-                elif kind == "final":
-                    return RunOutcome(payload=value, killed=False)
-                else:
-                    return RunOutcome(payload=payload, killed=False, error=str(value))
+            outcome = self.read(until=deadline + grace_s, on_report=on_report)
+            return outcome if outcome is not None else RunOutcome(payload=self.last, killed=True)
         finally:
-            receiver.close()
+            self.receiver.close()
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, signal.SIGKILL)
             os.waitpid(self.pid, 0)

@@ -10,7 +10,12 @@ streaming fashion, each chunk with its share of the budget):
    keep every batch in its iteration, and (only with ``allow_pending``, off by default: a loader that
    trains each global batch in its iteration would leave deferred sequences untrained) a deferring
    start's whole plan when it is close; each is searched with a share of the time and the better per
-   unit of work is kept.
+   unit of work is kept. The peers' child goes on while this process searches (``hydraulis`` on a
+   loaded machine, or ``dynamic-cp`` after ``hydraulis`` and ``wlb-keep``, does not fit a 0.1 s budget's
+   start phase): it may begin a peer until ``LATE_SHARE`` of the search time is left, and the plans that
+   arrived by then are pooled with the best found and searched with it (before, such plans were dropped
+   and ``auto`` at 0.1 s per batch could end behind ``hydraulis`` or ``dynamic-cp`` run alone in less
+   wall time).
 3. Local search (``solver.search.improve``: move / merge / swap / regroup, re-placing every changed
    microbatch) from each alternative start of an iteration, best first, then iterated local search,
    iteration by iteration, each with an equal share of the time left.
@@ -38,13 +43,23 @@ from skrull.solver.search.bound import microbatch_floor_ms
 from skrull.solver.search.budget import FINISH_RESERVE_PER_SEQUENCE_S
 from skrull.solver.search.clock import Clock, clock_for
 from skrull.solver.search.improve import iteration_ms, search_iteration
-from skrull.solver.search.starts import STARTS, launch_starts, run_starts
+from skrull.solver.search.starts import (
+    EVALUATION_PER_SEQUENCE_S,
+    STARTS,
+    PendingPeers,
+    launch_starts,
+    run_starts,
+)
 from skrull.solver.types import MicrobatchSpec, Problem
 
 #: Batches are planned together up to this many sequences per chunk (whole batches; one at least).
 CHUNK_SEQUENCES = 4096
 #: Share of a chunk's time the starts leave to the local search.
 SEARCH_SHARE = 0.2
+#: Share of the search time kept for a peer's plan that arrives after the start phase (module doc, step 2).
+LATE_SHARE = 0.25
+#: Seconds of pricing a late plan may take past the search's deadline (within the finishing margin's order).
+LATE_PRICING_S = 0.005
 #: Share of an iteration's time the local search gets before the exact model, when that runs.
 EXACT_SEARCH_SHARE = 0.3
 #: Seconds per iteration from which the exact model is worth starting (forking, building, solving).
@@ -117,32 +132,62 @@ class AutoPlanner:
             time_budget_s=max(0.0, deadline - clock()),
         )
         span = deadline - clock()
+        late: PendingPeers | None = None
         if problem.deterministic:  # every start, in process: the same starts on any machine
             starts = run_starts(sub, deadline=float("inf"), keep_s=0.0, isolate=False)
         else:
             # without deferral no time goes to starts that defer (``wlb-keep`` is WLB-LLM without its queues)
             names = None if self.allow_pending else [s.name for s in STARTS if not s.defers]
-            starts, peers = launch_starts(sub, deadline=deadline, keep_s=SEARCH_SHARE * span, names=names)
+            # the peers' child may begin a peer until the time kept for late plans (module doc, step 2)
+            late_s = (1 - LATE_SHARE) * SEARCH_SHARE * span
+            starts, peers = launch_starts(
+                sub, deadline=deadline, keep_s=SEARCH_SHARE * span, names=names, late_s=late_s
+            )
             if peers is not None:  # search the best start so far while the peers run, then pool them all
                 found = choose_starts(sub, [o for _, o in starts if self.allow_pending or _keeps_batches(o, sub)])[0]
                 searched = self._improve(sub, found[1], peers.end, clock, exact_model=False)
                 interim = PlannerOutput(iterations=tuple(searched), pending=tuple(found[2]))
-                starts = [*starts, ("searched", interim), *peers.collect()]
+                keep_until = deadline - LATE_SHARE * (deadline - clock())
+                starts = [*starts, ("searched", interim), *peers.collect(keep_until=keep_until)]
+                late = peers if peers.busy else None
         # without allow_pending every batch runs in its own iteration: a start that moved a sequence to a later
         # iteration of the request (WLB-LLM's queues, even with nothing left pending) is not a plan to return
         outputs = [o for _, o in starts if self.allow_pending or _keeps_batches(o, sub)]
-        candidates = choose_starts(sub, outputs)
+        # a peer still running at the phase's end (``hydraulis`` on a loaded machine) may finish while this
+        # process searches: its plan is pooled with the best found, searched with the time kept for it
+        search_end = deadline if late is None else deadline - LATE_SHARE * (deadline - clock())
+        best = self._search(sub, choose_starts(sub, outputs), search_end, clock)
+        if late is not None:
+            arrived = [o for _, o in late.collect(until=clock()) if self.allow_pending or _keeps_batches(o, sub)]
+            # pricing each plan is O(sequences), and so is setting a search up: a search only when the time left
+            # holds it, the pricing when it does or is within LATE_PRICING_S (a plan that arrives at the deadline
+            # on a loaded machine is still weighed; one on 65,536 sequences is not, or it would break the budget)
+            evaluation_s = EVALUATION_PER_SEQUENCE_S * len(sub.lengths) * (1 + len(arrived))
+            if arrived and (deadline - clock() > evaluation_s or evaluation_s <= LATE_PRICING_S):
+                kept = PlannerOutput(iterations=tuple(best[1]), pending=tuple(best[2]))
+                pooled = choose_starts(sub, [kept, *arrived])
+                if deadline - clock() > evaluation_s:  # search them; else the best of each iteration as it is
+                    again = self._search(sub, pooled, deadline, clock)
+                else:
+                    again = (pooled[0][0], [alts[0] for alts in pooled[0][1]], pooled[0][2])
+                best = again if again[0] < best[0] - 1e-12 else best
+        shift = [tuple(_shift(s, offset) for s in specs) for specs in best[1]]
+        return shift, [i + offset for i in best[2]]
+
+    def _search(
+        self, problem: Problem, candidates: Sequence[Candidate], deadline: float, clock: Clock
+    ) -> tuple[float, list[Specs], list[int]]:
+        """Each candidate searched with an equal share of the time left; the best per unit of work."""
         cost = CostModel(problem.profile, bucket_tokens=problem.bucket_tokens, choose_modes=problem.cp_modes)
         best: tuple[float, list[Specs], list[int]] | None = None
         for k, (_, alternatives, pending) in enumerate(candidates):
             share = (deadline - clock()) / (len(candidates) - k)
-            iterations = self._improve(sub, alternatives, clock() + share, clock)
-            ratio = _per_work(iterations, sub.lengths, cost, sub.parallel.num_gpus)
+            iterations = self._improve(problem, alternatives, clock() + share, clock)
+            ratio = _per_work(iterations, problem.lengths, cost, problem.parallel.num_gpus)
             if best is None or ratio < best[0] - 1e-12:
                 best = (ratio, iterations, pending)
         assert best is not None
-        shift = [tuple(_shift(s, offset) for s in specs) for specs in best[1]]
-        return shift, [i + offset for i in best[2]]
+        return best
 
     def _improve(
         self,

@@ -82,6 +82,9 @@ ILP_TIME_LIMIT_S = 0.5
 MICROBATCH_SWEEP = 3
 #: The strategy DP keeps the first of two layouts whose slowest range differs by less than this (ms).
 DP_TIE_MS = 1e-12
+#: Most elements of the strategy DP's one array per bucket (``choose_degrees``); beyond (hundreds of GPUs,
+#: where most of it would be ranges wider than the GPUs left) it takes one row at a time.
+DP_ARRAY_ELEMENTS = 1_000_000
 #: Stage 2 stops once its microbatch max is proven within this fraction of optimal.
 RELATIVE_GAP = 0.005
 
@@ -143,6 +146,11 @@ def choose_degrees(
     ``f[i][g]``: the least possible time of the slowest range when the first i buckets are served by
     replicas on g GPUs. A range of buckets ``j..i-1`` on r replicas of degree d costs
     ``max(T / r, t_d(longest)) + c_d``: its work split evenly, but never below its longest sequence.
+
+    Each ``f[i]`` is computed in one array over every ``(j, d, r)`` (a numpy call per ``(j, d, r)`` took
+    30-70 ms per call on 32 GPUs, most of ``hydraulis``'s time: 7 calls for 6 batches); the choice kept for
+    ``(i, g)`` is the first ``(j, d, r)``, in that order, within ``DP_TIE_MS`` of the least. Past
+    ``DP_ARRAY_ELEMENTS`` (hundreds of GPUs) each ``(j, d, r)`` extends ``f[i]`` in turn, as the paper's DP.
     """
     hist = length_histogram(lengths)
     num_bins = len(hist)
@@ -151,33 +159,67 @@ def choose_degrees(
     g_count = num_gpus + 1
     f = np.full((num_bins + 1, g_count), math.inf)
     f[0, 0] = 0.0
+    # prefix sums of S, S^2 and the count over the buckets: a range j..i-1 sums to prefix[i] - prefix[j]
+    prefix1 = np.concatenate(([0.0], np.cumsum([h[1] for h in hist])))
+    prefix2 = np.concatenate(([0.0], np.cumsum([h[2] for h in hist])))
+    prefix_n = np.concatenate(([0], np.cumsum([h[0] for h in hist])))
+    terms = {d: (*costs.coefficients(d), d * costs.bucket_tokens, costs.cap(d)) for d in degrees}  # a, b, c, d*B, cap
+    # one row per (d, r), in the loop order, when a bucket's rows fit DP_ARRAY_ELEMENTS (not on 65,536 GPUs)
+    per_j = sum(num_gpus // d for d in degrees)
+    rows_fit = per_j * g_count <= DP_ARRAY_ELEMENTS
+    if rows_fit:
+        labels = [(d, r) for d in degrees for r in range(1, num_gpus // d + 1)]
+        row_a, row_b, row_c, row_db, row_cap = (
+            np.array([terms[d][k] for d, _ in labels], dtype=np.float64) for k in range(5)
+        )
+        row_r = np.array([r for _, r in labels], dtype=np.float64)
+        source = np.arange(g_count)[None, :] - np.array([d * r for d, r in labels])[:, None]  # (row, g)
+        outside = source < 0
+        source = np.clip(source, 0, None)
     choice: dict[tuple[int, int], tuple[int, int, int]] = {}
     for i in range(1, num_bins + 1):
         longest = hist[i - 1][3]
-        for j in range(i):
-            if not np.isfinite(f[j]).any():
-                continue
-            sum1 = sum(h[1] for h in hist[j:i])
-            sum2 = sum(h[2] for h in hist[j:i])
-            # a replica serves whole sequences: more replicas than the range has sequences only sit idle, so
-            # they are never counted (this also keeps the DP at O(bins^2 * degrees * sequences) vector steps
-            # instead of O(bins^2 * GPUs): 65,536 GPUs took minutes)
-            count = sum(h[0] for h in hist[j:i])
-            for d in degrees:
-                if longest > costs.cap(d):
+        sum1 = prefix1[i] - prefix1[:i]  # per range start j
+        sum2 = prefix2[i] - prefix2[:i]
+        # a replica serves whole sequences: more replicas than the range has sequences only sit idle, so they
+        # are never counted (this also keeps the DP at O(bins^2 * degrees * sequences) vector steps instead of
+        # O(bins^2 * GPUs) range by range: 65,536 GPUs took minutes)
+        count = prefix_n[i] - prefix_n[:i]
+        if not rows_fit or per_j * g_count * i > DP_ARRAY_ELEMENTS:  # one array per (j, d, r)
+            for j in range(i):
+                if not np.isfinite(f[j]).any():
                     continue
-                a, b, c = costs.coefficients(d)
-                total = a * sum2 + b * sum1 + c * sum1 / (d * costs.bucket_tokens)
-                floor = a * longest * longest + b * longest
-                for r in range(1, min(num_gpus // d, count) + 1):
-                    used = r * d
-                    cand = np.maximum(f[j, : g_count - used], max(total / r, floor) + c)
-                    target = f[i, used:]
-                    better = np.nonzero(cand < target - DP_TIE_MS)[0]
-                    if better.size:
-                        target[better] = cand[better]
-                        for g in (better + used).tolist():
-                            choice[(i, g)] = (j, d, r)
+                s1, s2 = float(sum1[j]), float(sum2[j])
+                for d in degrees:
+                    a, b, c, db, cap = terms[d]
+                    if longest > cap:
+                        continue
+                    total = a * s2 + b * s1 + c * s1 / db
+                    floor = a * longest * longest + b * longest
+                    for r in range(1, min(num_gpus // d, int(count[j])) + 1):
+                        used = r * d
+                        cand = np.maximum(f[j, : g_count - used], max(total / r, floor) + c)
+                        target = f[i, used:]
+                        better = np.nonzero(cand < target - DP_TIE_MS)[0]
+                        if better.size:
+                            target[better] = cand[better]
+                            for g in (better + used).tolist():
+                                choice[(i, g)] = (j, d, r)
+            continue
+        floor_row = row_a * longest * longest + row_b * longest
+        total_row = row_a * sum2[:, None] + row_b * sum1[:, None] + row_c * sum1[:, None] / row_db  # (j, row)
+        value = np.maximum(total_row / row_r, floor_row) + row_c
+        value[:, row_cap < longest] = math.inf  # that degree cannot hold the range's longest
+        value[row_r[None, :] > count[:, None]] = math.inf  # more replicas than the range has sequences
+        shifted = f[:i][:, source]  # (j, row, g): f before the range's replicas
+        shifted[:, outside] = math.inf
+        rows = np.maximum(shifted, value[:, :, None]).reshape(i * per_j, g_count)  # rows in (j, d, r) order
+        least = rows.min(axis=0)
+        first = np.argmax(rows <= least + DP_TIE_MS, axis=0)
+        f[i] = least
+        for g in np.nonzero(np.isfinite(least))[0].tolist():
+            j, k = divmod(int(first[g]), per_j)
+            choice[(i, g)] = (j, *labels[k])
     best_g = int(np.argmin(f[num_bins]))
     if not math.isfinite(f[num_bins, best_g]):
         raise InfeasibleError(f"no replica of at most {num_gpus} GPUs holds {hist[-1][3]} tokens")

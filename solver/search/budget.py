@@ -31,9 +31,12 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from skrull.solver.errors import RequestError
-from skrull.solver.types import Parallel
+
+if TYPE_CHECKING:  # solver.types reads its default budget from here: no import back at run time
+    from skrull.solver.types import Parallel
 
 #: Estimating and validating a plan, per sequence (measured 1.2 us on one core).
 FINISH_PER_SEQUENCE_S = 1.2e-6
@@ -169,7 +172,8 @@ def check_budget(
             "time_budget_s",
             time_budget_s,
             f"{solver!r} needs at least {_round_up(need)} s for {sum(batch_sizes)} sequences "
-            f"in {len(batch_sizes)} batches; ask for time_budget_s >= {_round_up(need)}",
+            f"in {len(batch_sizes)} batch{'' if len(batch_sizes) == 1 else 'es'}; ask for time_budget_s >= "
+            f"{_round_up(need)}",
         )
 
 

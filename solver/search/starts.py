@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from skrull.solver.cp_modes import DEFAULT_CP_MODES
 from skrull.solver.errors import SkrullError
 from skrull.solver.ilp.runner import Child, Report, run_with_deadline, start_child
 from skrull.solver.planners.base import Planner, PlannerOutput
@@ -41,6 +42,7 @@ from skrull.solver.planners.minmax_ilp import COLD_IMPORT_S, CP_SAT_MODULE
 from skrull.solver.planners.skrull import RoundRobinPlanner, SkrullPlanner
 from skrull.solver.planners.verl_kk import VerlKkPlanner
 from skrull.solver.planners.wlb import WlbPlanner
+from skrull.solver.planners.xtuner import XtunerPlanner
 from skrull.solver.search.construct import SpreadStart
 from skrull.solver.types import Problem
 
@@ -49,6 +51,10 @@ SCALE_SMOOTHING = 0.5
 #: A start predicted to take longer than this runs in a killable child even if it is cheap per sequence
 #: (a wrong prediction on a large batch must not break the budget).
 ISOLATE_ABOVE_S = 0.05
+#: Most a start run in this process is predicted over its prior (``predicted_s``).
+IN_PROCESS_SCALE_CAP = 4.0
+#: Factor a start's time scale moves toward 1 by each time it is passed over (``_passed_over``).
+SKIP_DECAY = 0.5
 #: How far past its prediction an isolated start may run (unless half the time left is more).
 OVERRUN_FACTOR = 3.0
 #: Time ``auto`` spends costing each start's plan (iteration times, work), per sequence.
@@ -105,6 +111,8 @@ STARTS: tuple[Start, ...] = (
     Start(name="skrull", make=SkrullPlanner, per_sequence_s=8e-6, always=True),
     Start(name="round-robin", make=RoundRobinPlanner, per_sequence_s=8e-6),
     Start(name="verl-kk", make=VerlKkPlanner, per_sequence_s=4e-6, per_square_s=3e-8),
+    # XTuner's packs, every one Ulysses over the group: only where the request allows Ulysses
+    Start(name="xtuner", make=XtunerPlanner, per_sequence_s=2e-6),
     Start(
         name="hydraulis",
         isolated=True,
@@ -135,9 +143,16 @@ _scale: dict[str, float] = {}
 
 def predicted_s(start: Start, batch_sizes: Sequence[int], *, gpus: int = 1) -> float:
     """Its learnt time, plus ``IMPORT_S`` while its solver module is not imported here (a forked child
-    would import it again: a kill, and a learnt time that keeps it out of every later start phase)."""
+    would import it again: a kill, and a learnt time that keeps it out of every later start phase). A start
+    run in this process is predicted at most ``IN_PROCESS_SCALE_CAP`` times its prior: one measured in a
+    load spike would otherwise be kept out of 0.1 s start phases though it takes a few ms (``skrull`` at a
+    scale of 32 on a shared 2-core machine: ``auto`` then planned 2% behind ``skrull`` run alone); one
+    predicted over ``ISOLATE_ABOVE_S`` runs in a killable child anyway."""
     cold = start.imports is not None and start.imports not in sys.modules
-    return _scale.get(start.name, 1.0) * start.unit_s(batch_sizes, gpus=gpus) + (IMPORT_S if cold else 0.0)
+    scale = _scale.get(start.name, 1.0)
+    if not start.isolated:
+        scale = min(scale, IN_PROCESS_SCALE_CAP)
+    return scale * start.unit_s(batch_sizes, gpus=gpus) + (IMPORT_S if cold else 0.0)
 
 
 def _learn(start: Start, batch_sizes: Sequence[int], measured_s: float, *, gpus: int) -> None:
@@ -146,20 +161,88 @@ def _learn(start: Start, batch_sizes: Sequence[int], measured_s: float, *, gpus:
     _scale[start.name] = (1 - SCALE_SMOOTHING) * old + SCALE_SMOOTHING * ratio
 
 
+def _passed_over(start: Start) -> None:
+    """A start not run for its predicted time: its scale moves back toward 1 by ``SKIP_DECAY``. A start is
+    only measured when it runs, so one load spike (a scale of 10-40 for a start of a few ms, on a shared
+    2-core machine) would otherwise keep it out of every later 0.1 s start phase."""
+    old = _scale.get(start.name, 1.0)
+    if old > 1.0:
+        _scale[start.name] = max(1.0, old * SKIP_DECAY)
+
+
 @dataclass(slots=True, kw_only=True)
 class PendingPeers:
     """The peers' child, still running after the cheap starts; ``collect`` takes the plans that arrive by
-    ``end`` (the end of the start phase; then the child is killed)."""
+    ``end`` (the end of the start phase) and kills the child, or leaves a peer still running to finish
+    (``keep_running``): a later ``collect`` takes its plan."""
 
     child: Child
     peers: list[Start]
     sizes: list[int]
     end: float
     gpus: int
+    #: peers begun and not finished: (name, when it began, on the system-wide ``time.monotonic``)
+    running: list[tuple[str, float]] = dataclasses.field(default_factory=list)
+    got: dict[str, PlannerOutput] = dataclasses.field(default_factory=dict)
+    taken: set[str] = dataclasses.field(default_factory=set)
+    #: peers that reported (or ran until killed): the others were passed over by the child
+    heard: set[str] = dataclasses.field(default_factory=set)
+    closed: bool = False
 
-    def collect(self) -> list[tuple[str, PlannerOutput]]:
-        got = _collect_peers(self.child, self.peers, self.sizes, self.end, gpus=self.gpus)
-        return [(s.name, got[s.name]) for s in STARTS if s.name in got]
+    @property
+    def busy(self) -> bool:
+        """Whether the child is still running peers (their plans may come later)."""
+        return not self.closed
+
+    def collect(
+        self, *, until: float | None = None, keep_until: float | None = None
+    ) -> list[tuple[str, PlannerOutput]]:
+        """The plans that arrived by ``until`` (default ``end``) and were not returned before, in ``STARTS``
+        order. With ``keep_until`` the child is left running (it begins peers until ``launch_starts``'s
+        ``late_s`` after the phase) unless the peer it runs is predicted to finish after ``keep_until`` (it
+        holds a core meanwhile: one that cannot finish is not left running); a killed peer
+        learns the time it had (a peer that just missed a phase is tried again in the next one of that
+        length: on a loaded machine ``wlb`` needs 50-70 ms of a 0.1 s budget's 75 ms phase). While it
+        waits, this process imports a peer's solver module when the wait holds twice ``IMPORT_S``."""
+        if not self.closed:
+            until = self.end if until is None else until
+            for start in self.peers:  # idle until the peers answer: import a module for the later calls' children
+                if (
+                    start.imports is not None
+                    and start.imports not in sys.modules
+                    and until - time.monotonic() > 2 * IMPORT_S
+                ):
+                    importlib.import_module(start.imports)
+            finished = self.child.read(until=until, on_report=self._receive) is not None
+            by_name = {s.name: s for s in self.peers}
+            finishing = keep_until is not None and all(
+                began + predicted_s(by_name[name], self.sizes, gpus=self.gpus) <= keep_until
+                for name, began in self.running
+            )
+            if finished or not finishing:
+                self.child.collect(deadline=time.monotonic(), grace_s=0.0, on_report=self._receive)
+                self.closed = True
+                for name, began in self.running:  # it ran at least this long (twice would keep it out for good)
+                    _learn(by_name[name], self.sizes, time.monotonic() - began, gpus=self.gpus)
+                    self.heard.add(name)
+                self.running.clear()
+                for start in self.peers:  # never begun: the child passed it over
+                    if start.name not in self.heard:
+                        _passed_over(start)
+        new = [s.name for s in STARTS if s.name in self.got and s.name not in self.taken]
+        self.taken.update(new)
+        return [(name, self.got[name]) for name in new]
+
+    def _receive(self, report: tuple[str, object, float]) -> None:
+        name, output, seconds = report
+        if name == "began":  # ``seconds`` is when it began: reports are read only here, long after
+            self.running.append((str(output), seconds))
+            return
+        self.heard.add(name)
+        self.running.clear()
+        _learn(next(s for s in self.peers if s.name == name), self.sizes, seconds, gpus=self.gpus)
+        if isinstance(output, PlannerOutput):
+            self.got[name] = output
 
 
 def launch_starts(
@@ -169,6 +252,7 @@ def launch_starts(
     keep_s: float,
     names: Sequence[str] | None = None,
     isolate: bool = True,
+    late_s: float = 0.0,
 ) -> tuple[list[tuple[str, PlannerOutput]], PendingPeers | None]:
     """The cheap starts' outputs (in ``STARTS`` order), run in this process, and the peers' child still
     running (``None`` when no peer fits): the caller may search while the peers run, then ``collect``.
@@ -176,10 +260,11 @@ def launch_starts(
     Starts run when their predicted time fits before ``deadline - keep_s``; the ``always`` ones (the
     cheapest first) run whatever the time left, in process.
     A start that fails (``SkrullError``) is skipped. ``isolate=False`` runs every start in process, in
-    order (with an infinite deadline: every start, deterministically)."""
+    order (with an infinite deadline: every start, deterministically). The peers' child may begin a peer
+    up to ``late_s`` after the start phase (a caller that searches meanwhile collects it late: ``PendingPeers``)."""
     sizes = [len(ids) for ids in problem.batch_ids]
     gpus = problem.parallel.num_gpus
-    chosen = [s for s in STARTS if names is None or s.name in names]
+    chosen = [s for s in STARTS if (names is None or s.name in names) and plans_modes(s, problem)]
     end = deadline - keep_s
     evaluation_s = EVALUATION_PER_SEQUENCE_S * sum(sizes)
     out: dict[str, PlannerOutput] = {}
@@ -190,7 +275,7 @@ def launch_starts(
             peers = [s for s in chosen[1:] if s.isolated]
             peers_end = end - evaluation_s * len(peers)
             if any(predicted_s(s, sizes, gpus=gpus) <= OVERRUN_FACTOR * (peers_end - time.monotonic()) for s in peers):
-                child = _start_peers(peers, problem, sizes, peers_end)
+                child = _start_peers(peers, problem, sizes, peers_end + late_s)
             else:  # none fits: no fork, and no time kept for costing their plans
                 peers = []
         if k > 0 and start in peers:
@@ -198,6 +283,7 @@ def launch_starts(
         left = end - time.monotonic() - evaluation_s * (len(out) + 1 + len(peers))
         predicted = predicted_s(start, sizes, gpus=gpus)
         if out and predicted > left and not start.always:
+            _passed_over(start)
             continue
         began = time.monotonic()
         isolated = isolate and bool(out) and not start.always and (start.isolated or predicted > ISOLATE_ABOVE_S)
@@ -214,6 +300,11 @@ def launch_starts(
     if child is None:
         return outputs, None
     return outputs, PendingPeers(child=child, peers=peers, sizes=sizes, end=end - evaluation_s * len(out), gpus=gpus)
+
+
+def plans_modes(start: Start, problem: Problem) -> bool:
+    """Whether ``start`` plans a CP mode the request allows (``xtuner`` plans Ulysses only)."""
+    return bool(set(getattr(start.make(), "cp_modes", DEFAULT_CP_MODES)) & set(problem.cp_modes))
 
 
 def run_starts(
@@ -236,8 +327,8 @@ def _start_peers(peers: Sequence[Start], problem: Problem, sizes: Sequence[int],
     """A child that runs ``peers`` in ``PEER_ORDER``, each when its prediction is
     within ``OVERRUN_FACTOR`` of the time left before ``end`` (their times vary with the lengths, 10-60 ms
     on 256 sequences and 32 GPUs), and told the time left. This process searches meanwhile
-    (``launch_starts``). It reports ``("began", name, 0)`` before each
-    and ``(name, output, seconds)`` after it."""
+    (``launch_starts``). It reports ``("began", name, t)`` before each (t: ``time.monotonic()``, one clock for
+    every process on Linux) and ``(name, output, seconds)`` after it."""
     order = peer_order(peers)
 
     def work(report: Report, _deadline: float) -> None:
@@ -250,7 +341,7 @@ def _start_peers(peers: Sequence[Start], problem: Problem, sizes: Sequence[int],
                 continue
             if start.imports is not None:  # not timed: the parent imports it for the later calls
                 importlib.import_module(start.imports)
-            report(("began", start.name, 0.0))
+            report(("began", start.name, time.monotonic()))  # the system-wide clock: the parent reads it
             began = time.monotonic()
             output = _run(start, dataclasses.replace(problem, time_budget_s=max(1e-3, end - began)))
             report((start.name, output, time.monotonic() - began))
@@ -262,37 +353,6 @@ def peer_order(peers: Sequence[Start]) -> list[Start]:
     """The peers in ``PEER_ORDER`` (others after them, in their given order)."""
     rank = {name: k for k, name in enumerate(PEER_ORDER)}
     return sorted(peers, key=lambda s: rank.get(s.name, len(rank)))
-
-
-def _collect_peers(
-    child: Child, peers: Sequence[Start], sizes: Sequence[int], end: float, *, gpus: int
-) -> dict[str, PlannerOutput]:
-    """The peers' plans that arrive before ``end`` (then the child is killed); their times are learnt,
-    and the one still running at ``end`` learns the time it had (a peer that just missed a phase is
-    tried again in the next one of that length: on a loaded machine ``wlb`` needs 50-70 ms of a 0.1 s
-    budget's 75 ms phase). While it waits, this process
-    imports a peer's solver module when the wait holds twice ``IMPORT_S``."""
-    by_name = {s.name: s for s in peers}
-    for start in peers:  # idle until the peers answer: import a solver module for the later calls' children
-        if start.imports is not None and start.imports not in sys.modules and end - time.monotonic() > 2 * IMPORT_S:
-            importlib.import_module(start.imports)
-    got: dict[str, PlannerOutput] = {}
-    running: list[tuple[str, float]] = []
-
-    def receive(report: tuple[str, object, float]) -> None:
-        name, output, seconds = report
-        if name == "began":
-            running.append((str(output), time.monotonic()))
-            return
-        running.clear()
-        _learn(by_name[name], sizes, seconds, gpus=gpus)
-        if isinstance(output, PlannerOutput):
-            got[name] = output
-
-    child.collect(deadline=end, grace_s=0.0, on_report=receive)
-    for name, began in running:  # it ran at least this long (twice would keep it out of this phase for good)
-        _learn(by_name[name], sizes, time.monotonic() - began, gpus=gpus)
-    return got
 
 
 def _run(start: Start, problem: Problem) -> PlannerOutput | None:

@@ -24,6 +24,9 @@ from skrull.solver.planners import registry
 
 ROOT = Path(__file__).resolve().parents[2]
 PLUGINS = "tests.api.plugin_planners"
+#: How long a server or worker may take to come up before the test calls it hung: a process importing the
+#: service took over 30 s with both cores busy (load 15), so this only tells a start from none.
+START_TIMEOUT_S = 120.0
 
 HAND_PROFILE: dict[str, Any] = {
     "name": "hand",
@@ -110,7 +113,7 @@ class LiveServer:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self, *, timeout_s: float = 30.0) -> LiveServer:
+    def start(self, *, timeout_s: float = START_TIMEOUT_S) -> LiveServer:
         self.port = free_port()
         env = {
             **os.environ,
@@ -187,7 +190,7 @@ class SolverWorker:
         self.log = log_dir / f"worker-{time.monotonic_ns()}.log"
         self.process: subprocess.Popen[bytes] | None = None
 
-    def start(self, *, timeout_s: float = 30.0) -> SolverWorker:
+    def start(self, *, timeout_s: float = START_TIMEOUT_S) -> SolverWorker:
         env = {
             **os.environ,
             "SKRULL_PLUGINS": PLUGINS,

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 
+from skrull.solver.profile import profile_from_dict
 from tests.cli.test_main import EXAMPLES, ROOT, skrull
 from tests.conftest import HAND_PROFILE
 
@@ -139,3 +141,38 @@ def test_grad_sync_mistakes_are_one_line() -> None:
     assert out.returncode == 2 and "--grad-sync: 'horovod': must be one of allreduce, ddp, fsdp" in out.stderr
     out = skrull(*base, "--grad-sync", "fsdp", "--loss-chunk-tokens", "64")
     assert out.returncode == 2 and "--loss-chunk-tokens: 64: runs outside the fsdp wrapper" in out.stderr
+
+
+def test_calibrate_replans_with_the_run_profile_passes_the_check_and_ends_with_the_calibration_line(
+    tmp_path: Path,
+) -> None:
+    request = tmp_path / "request.json"
+    batches = [[40, 5, 100, 3, 17, 120, 9, 33], [90, 12, 50, 7, 30, 6, 64, 21], [25, 80, 11, 44, 70, 2, 19, 56]]
+    doc = {"batches": batches, "parallel": {"dp": 2, "cp": 1}, "profile": "h100-80g/qwen2.5-0.5b", "solver": "auto",
+           "bucket_tokens": 128, "time_budget_s": 0.1, "deterministic": True}  # fmt: skip
+    request.write_text(json.dumps(doc))
+    out_profile = tmp_path / "calibrated.json"
+    out = skrull(
+        "finetune", "--model-config", str(MODELS / "qwen2-tiny.json"), "--request", str(request), "--world-size", "2",
+        "--steps", "6", "--check", "--calibrate", "--calibrated-profile-out", str(out_profile),
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.strip().splitlines()
+    assert re.fullmatch(
+        r"calibration: median microbatch error \d+\.\d% -> \d+\.\d% over \d+ microbatches; "
+        r"iteration estimate error \d+\.\d% -> \d+\.\d%",
+        lines[-1],
+    )
+    assert "check passed" in out.stdout  # re-planned steps train the same global batches exactly
+    assert "+calibrated" in out.stdout  # later steps ran plans made with the calibrated profile
+    profile = json.loads(out_profile.read_text())
+    assert profile["calibrated"]["from"] == "h100-80g/qwen2.5-0.5b" and profile["calibrated"]["microbatches"] >= 6
+    assert profile_from_dict(profile).microbatch_ms >= 0  # an ordinary profile the planners read
+
+
+def test_calibrated_profile_out_needs_calibrate(tmp_path: Path) -> None:
+    out = skrull(
+        "finetune", "--model-config", str(MODELS / "qwen2-tiny.json"), "--request",
+        str(EXAMPLES / "tiny-cpu-dp2-cp2.json"), "--calibrated-profile-out", str(tmp_path / "p.json"),
+    )  # fmt: skip
+    assert out.returncode != 0 and "--calibrated-profile-out" in out.stderr and "needs --calibrate" in out.stderr

@@ -109,7 +109,7 @@ def test_rejects_a_missing_field_naming_row_and_field(tmp_path: Path, bpe_tokeni
     data = write_jsonl(tmp_path / "sft.jsonl", [{"text": "a"}])
     out = skrull("lengths", str(data), "-t", str(bpe_tokenizer_json), "-b", "1", "--field", "prompt")
     assert out.returncode == 2
-    assert out.stderr.startswith("skrull: error: row 0.prompt: None: must be a string (row fields: text)")
+    assert out.stderr.startswith("skrull: error: row 0.prompt: null: must be a string (row fields: text)")
 
 
 def test_chat_rows_are_counted_with_the_tokenizers_own_template(tmp_path: Path) -> None:

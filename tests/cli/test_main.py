@@ -228,3 +228,92 @@ def test_an_exact_plan_stopped_by_its_budget_says_its_gap_and_what_to_raise(
     expected = "skrull: note: ilp stopped at a 29.8% gap to its model's proven bound when its 1 s budget ran out"
     assert (expected in said and "raise --time-budget-s" in said) is noted
     assert bool(said) is noted
+
+
+def _run_main(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    from skrull.cli.main import main
+
+    try:
+        code = main(list(args))
+    except SystemExit as exc:  # argparse's usage errors
+        code = int(exc.code or 0)
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_plan_without_input_names_the_flag_and_no_value(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = _run_main(capsys, "plan")
+    assert code == 2
+    assert err == "skrull: error: --request: give a request file (--request FILE) or a dataset (--dataset NAME)\n"
+
+
+def test_a_request_given_as_the_plan_is_called_a_request(capsys: pytest.CaptureFixture[str]) -> None:
+    example = str(EXAMPLES / "contract-example.json")
+    code, _, err = _run_main(capsys, "validate", "--request", example, "--plan", example)
+    assert code == 2 and "this is a request" in err and "None" not in err
+
+
+def test_mistyped_subcommands_and_flags_get_the_closest_known_one(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = _run_main(capsys, "plna")
+    assert code == 2 and "(did you mean plan?)" in err and err.count("\n") == 1
+    code, _, err = _run_main(capsys, "plan", "--requets", "x.json")
+    assert code == 2 and "unrecognized arguments: --requets" in err and "(did you mean --request?)" in err
+
+
+def test_compare_takes_solver_lists_with_spaces_and_counts_one_batch_in_the_singular(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, out, err = _run_main(
+        capsys,
+        "compare",
+        "--dataset",
+        "sharegpt",
+        "--dp",
+        "1",
+        "--cp",
+        "2",
+        "--per-rank",
+        "4",
+        "--solvers",
+        "skrull, packed",
+    )
+    assert code == 0, err
+    assert out.startswith("4 sequences in 1 batch, DP1 x CP2")
+    assert [line.split("|")[1].strip() for line in out.splitlines()[4:]] == ["skrull", "packed"]
+
+
+def test_serve_refuses_a_db_in_a_missing_folder_naming_the_flag(tmp_path: Path) -> None:
+    missing = tmp_path / "no" / "such" / "jobs.db"
+    out = skrull("serve", "--db", str(missing), "--port", "0")
+    assert out.returncode == 2
+    assert out.stderr.startswith("skrull: error: --db: ") and "does not exist" in out.stderr
+    assert not missing.parent.exists()
+
+
+def test_every_option_of_every_subcommand_says_what_it_is() -> None:
+    import argparse
+
+    from skrull.cli.main import build_parser
+
+    parser = build_parser()
+    (commands,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    silent = [
+        f"{name} {a.option_strings[0] if a.option_strings else a.dest}"
+        for name, sub in commands.choices.items()
+        for a in sub._actions
+        if not isinstance(a, argparse._HelpAction) and not a.help
+    ]
+    assert silent == []
+
+
+def test_lengths_plan_and_request_share_their_defaults() -> None:
+    import argparse
+
+    from skrull.cli.main import DATASET_DEFAULTS, build_parser
+
+    parser = build_parser()
+    (commands,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    lengths = commands.choices["lengths"]
+    defaults = {a.dest: a.default for a in lengths._actions}
+    assert (defaults["dp"], defaults["cp"]) == (DATASET_DEFAULTS["dp"], DATASET_DEFAULTS["cp"]) == (4, 8)
+    assert defaults["solver"] == "auto"

@@ -77,19 +77,30 @@ def command(arch: str, dp: int, cp: int, integration: str, tmp: Path) -> list[st
 def run_cell(arch: str, dp: int, cp: int, integration: str, *, timeout_s: float = 600) -> Cell:
     with tempfile.TemporaryDirectory(prefix="skrull-conformance-") as name:
         tmp = Path(name)
+        command_line = command(arch, dp, cp, integration, tmp)
         try:
-            out = subprocess.run(
-                command(arch, dp, cp, integration, tmp), capture_output=True, text=True, timeout=timeout_s, cwd=tmp
-            )
+            out = subprocess.run(command_line, capture_output=True, text=True, timeout=timeout_s, cwd=tmp)
         except subprocess.TimeoutExpired:
             return Cell(arch, dp, cp, integration, "fail", f"no result in {timeout_s:.0f} s (a hang?)")
-    match = re.search(r"largest relative error: (\S+)", out.stdout)
-    if match and out.returncode == 0 and float(match.group(1)) <= TOLERANCE:
+    cell = judge(arch, dp, cp, integration, out.returncode, out.stdout, out.stderr)
+    if cell.outcome == "fail":  # the whole output stays for a look: a failed cell is never only a last line
+        log = Path(tempfile.gettempdir()) / f"skrull-conformance-{arch}-DP{dp}xCP{cp}-{integration}.log"
+        log.write_text(f"$ {' '.join(command_line)}\nexit {out.returncode}\n{out.stdout}\n{out.stderr}")
+        cell = Cell(arch, dp, cp, integration, "fail", f"{cell.detail} (output: {log})")
+    return cell
+
+
+def judge(arch: str, dp: int, cp: int, integration: str, returncode: int, stdout: str, stderr: str) -> Cell:
+    """A cell's outcome from its run's exit status and output: the check's figure, a refusal (the one line a
+    ``ValueError`` or ``RequestError`` printed before the first step), or a fail
+    with the last line of output."""
+    match = re.search(r"largest relative error: (\S+)", stdout)
+    if match and returncode == 0 and float(match.group(1)) <= TOLERANCE:
         return Cell(arch, dp, cp, integration, "pass", match.group(1))
-    refused = re.findall(r"(?:ValueError|RequestError|SystemExit): (.+)", out.stderr)
-    if refused and not match:
+    refused = re.findall(r"(?:ValueError|RequestError): (.+)", stderr)
+    if refused and not match and returncode != 0:
         return Cell(arch, dp, cp, integration, "refused", refused[-1][:200])
-    tail = (out.stdout + out.stderr).strip().splitlines()[-1:] or ["no output"]
+    tail = (stdout + stderr).strip().splitlines()[-1:] or ["no output"]
     return Cell(arch, dp, cp, integration, "fail", (match.group(1) if match else tail[0])[:200])
 
 
@@ -100,21 +111,37 @@ def table(cells: list[Cell]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def parse_cell(text: str) -> tuple[str, int, int, str]:
+    """``ARCH:DPxCP:INTEGRATION`` as (arch, dp, cp, integration), each checked."""
+    arch, layout, integration = text.split(":")
+    dp, cp = (int(x) for x in layout.upper().removeprefix("DP").split("XCP" if "XCP" in layout.upper() else "X"))
+    if arch not in ARCHS or integration not in INTEGRATIONS or (dp, cp) not in LAYOUTS:
+        raise SystemExit(f"--cell {text}: one of {ARCHS} : DPxCP of {LAYOUTS} : one of {INTEGRATIONS}")
+    return arch, dp, cp, integration
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--arch", action="append", choices=ARCHS)
     p.add_argument("--layout", action="append", help="DPxCP, e.g. 2x2")
     p.add_argument("--integration", action="append", choices=INTEGRATIONS)
+    p.add_argument("--cell", action="append", help="one cell, ARCH:DPxCP:INTEGRATION (instead of the product)")
     p.add_argument("--out", default=None, help="write the markdown table here too")
     args = p.parse_args(argv)
     layouts = [tuple(int(x) for x in s.split("x")) for s in args.layout] if args.layout else list(LAYOUTS)
+    todo = [
+        (arch, dp, cp, integration)
+        for arch in args.arch or ARCHS
+        for dp, cp in layouts
+        for integration in args.integration or INTEGRATIONS
+    ]
+    if args.cell:
+        todo = [parse_cell(text) for text in args.cell]
     cells = []
-    for arch in args.arch or ARCHS:
-        for dp, cp in layouts:
-            for integration in args.integration or INTEGRATIONS:
-                cell = run_cell(arch, dp, cp, integration)
-                print(f"{arch} DP{dp}xCP{cp} {integration}: {cell.outcome} {cell.detail}", flush=True)
-                cells.append(cell)
+    for arch, dp, cp, integration in todo:
+        cell = run_cell(arch, dp, cp, integration)
+        print(f"{arch} DP{dp}xCP{cp} {integration}: {cell.outcome} {cell.detail}", flush=True)
+        cells.append(cell)
     text = table(cells)
     print(text)
     if args.out:

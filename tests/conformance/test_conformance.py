@@ -1,8 +1,9 @@
 """A representative subset of the conformance matrix (tests/conformance/matrix.py) in ``make test``: the
 cells that exercise what went silently wrong before (Gemma 2's soft-capping and sliding window over
-sharded sequences, Llama's single K/V head with tied embeddings under FSDP2, Mistral's sliding window
-under DDP across DP and CP). The whole matrix runs in ``make conformance``
-(docs/integrations/conformance.md gives every cell's figure)."""
+sharded sequences, Llama's single K/V head with tied embeddings under FSDP2 and under TRL with
+assistant-only targets, Mistral's sliding window under DDP across DP and CP): one cell per integration,
+about a minute each on the shared 2-core machine under a load of about 10 (less idle). The whole matrix
+runs in ``make conformance`` (docs/integrations/conformance.md gives every cell's figure)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from tests.conformance.matrix import TOLERANCE, run_cell
         ("gemma2-softcap", 1, 4, "trainer"),
         ("llama-1kv-tied", 2, 2, "fsdp"),
         ("mistral-window", 2, 2, "ddp"),
+        ("llama-1kv-tied", 2, 2, "trl"),
     ],
 )
 def test_the_first_step_equals_the_plain_step(arch: str, dp: int, cp: int, integration: str) -> None:

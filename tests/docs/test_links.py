@@ -81,3 +81,16 @@ def test_slugs_follow_github() -> None:
     assert slug("Exact model: gap by size and backend") == "exact-model-gap-by-size-and-backend"
     assert slug("`make demo`") == "make-demo"
     assert slug("`auto` against skrull and the peers") == "auto-against-skrull-and-the-peers"
+
+
+def test_the_endpoint_table_lists_every_operation_of_the_service() -> None:
+    import re as _re
+
+    from skrull.api.app import create_app
+    from skrull.api.settings import Settings
+
+    spec = create_app(Settings(db=":memory:", solver_processes=0)).openapi()
+    operations = {op["operationId"] for path in spec["paths"].values() for op in path.values() if "operationId" in op}
+    table = (ROOT / "docs" / "service.md").read_text(encoding="utf-8")
+    listed = set(_re.findall(r"`(\w+)`", table))
+    assert operations and operations - listed == set()

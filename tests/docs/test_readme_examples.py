@@ -6,6 +6,7 @@ import dataclasses
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 from skrull.solver.io import read_json, request_from_dict
 from skrull.solver.planning import solve
@@ -37,3 +38,27 @@ def test_every_python_example_compiles_and_imports_only_the_skrull_namespace() -
         compile(block, "README.md", "exec")
         modules = re.findall(r"^(?:from|import) ([\w.]+)", block, re.M)
         assert modules and all(m.split(".")[0] == "skrull" for m in modules), modules
+
+
+def quick_start() -> list[str]:
+    """The command lines of the README's CLI quick start, as printed."""
+    section = README.read_text(encoding="utf-8").split("## Quick start: the CLI", 1)[1]
+    (body,) = re.findall(r"^```sh\n(.*?)^```", section, re.S | re.M)[:1]
+    return [line.split("  #", 1)[0].strip() for line in body.splitlines() if line.strip()]
+
+
+def test_the_quick_start_activates_the_environment_and_reads_files_that_ship(tmp_path: Path) -> None:
+    import shlex
+
+    from skrull.cli.main import main
+
+    lines = quick_start()
+    assert lines[0] == ". .venv/bin/activate"  # `skrull` is not on PATH otherwise
+    for prefix in ("skrull lengths ", "skrull derive-profile "):
+        (line,) = [ln for ln in lines if ln.startswith(prefix)]
+        argv = [str(ROOT / w) if w.startswith("examples/") else w for w in shlex.split(line)[1:]]
+        argv = [str(tmp_path / "out.json") if w == "req.json" else w for w in argv]
+        assert main(argv) == 0, line
+    doc = read_json(tmp_path / "out.json")
+    assert len(doc["batches"]) == 3 and all(len(b) == 32 for b in doc["batches"])
+    assert doc["parallel"] == {"dp": 4, "cp": 8} and doc["solver"] == "auto"

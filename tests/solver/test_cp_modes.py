@@ -258,6 +258,40 @@ def test_plans_with_either_mode_are_valid(
     assert plan_problems(plan, req) == []
 
 
+@pytest.mark.parametrize(
+    ("model", "gpu", "cp", "dataset", "seed"),
+    [
+        ("llama2-7b", "h200-141g", 16, "chatqa2-long-sft", 1),  # MHA, 32 heads: Ulysses wins here
+        ("llama2-7b", "h200-141g", 32, "commoncrawl", 2),
+        ("llama2-13b", "b200-180g", 8, "commoncrawl", 3),  # 40 heads
+        ("qwen2.5-7b", "h100-80g", 4, "arxiv", 4),  # GQA, 4 K/V heads: all-gather stays cheaper
+    ],
+)
+def test_auto_with_both_modes_is_never_worse_than_with_all_gather_only_or_xtuner(
+    model: str, gpu: str, cp: int, dataset: str, seed: int
+) -> None:
+    # deterministic (the same search work for both): allowing Ulysses prices every plan no higher, and the
+    # search from the same starts must not end worse on these seeded requests on derived profiles
+    from skrull.solver.datasets import synthesize_request
+    from skrull.solver.derive import TrainingSetup
+    from skrull.solver.types import Parallel
+
+    setup = TrainingSetup(dp=8, zero_stage=3) if model.startswith("llama2") else TrainingSetup()
+    profile = derive_profile(MODELS[model], GPUS[gpu], setup)
+    req = synthesize_request(
+        dataset=dataset, parallel=Parallel(dp=2, cp=cp), profile=profile, sequences_per_rank=16, seed=seed
+    )
+    req = dataclasses.replace(req, solver="auto", time_budget_s=0.1, deterministic=True)
+    allgather = solve(req)
+    both_req = dataclasses.replace(req, cp_modes=("allgather", "ulysses"))
+    both = solve(both_req)
+    assert plan_problems(both, both_req) == []
+    assert both.estimated_ms <= allgather.estimated_ms * (1 + 1e-9)
+    if profile.heads is not None and profile.heads.attention % cp == 0:  # xtuner's packs are one of auto's starts
+        xtuner = solve(dataclasses.replace(both_req, solver="xtuner"))
+        assert both.estimated_ms <= xtuner.estimated_ms * (1 + 1e-9)
+
+
 # -- derive-profile -----------------------------------------------------------------------------------------
 
 

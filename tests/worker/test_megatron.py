@@ -243,7 +243,7 @@ def test_a_group_of_one_and_an_empty_microbatch() -> None:
 
 def test_user_mistakes_are_named() -> None:
     layout = next(lay for lay in rank_layouts(PLAN, LENGTHS, iteration=0, rank=2) if lay.step == 0)
-    with pytest.raises(RequestError, match=r"cp_groups: None: microbatch step 0 shards sequences over ranks"):
+    with pytest.raises(RequestError, match=r"cp_groups: null: microbatch step 0 shards sequences over ranks"):
         megatron_microbatches(layout, fetch)
     with pytest.raises(RequestError, match=r"cp_groups: \[0, 1, 2, 3\]: has no process group"):
         megatron_microbatches(layout, fetch, cp_groups={})

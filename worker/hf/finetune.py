@@ -16,6 +16,7 @@ reference gradient compares absolutely).
 
 from __future__ import annotations
 
+import dataclasses
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -59,6 +60,10 @@ class FinetuneConfig:
     progress: bool | None = None
     #: How gradients are summed over the world: "allreduce", "ddp" or "fsdp" (worker/grad_sync.py).
     grad_sync: str = "allreduce"
+    #: Calibration from the run (worker/calibration.py): the request document the plan was made from. Each
+    #: step's microbatches are timed on every rank and gathered; the profile is refitted after every step
+    #: and each later step's iteration is re-planned with the latest fit (rank 0 plans, every rank gets it).
+    calibrate_request: dict[str, Any] | None = None
     #: Decoder layers compiled: "on", "off", or "auto" (on CUDA only; worker/compiling.py).
     compile: str = "auto"
 
@@ -82,6 +87,10 @@ class FinetuneResult:
     kernel: str
     #: Per rank: (microbatches, tokens) summed over the steps.
     work: tuple[tuple[int, int], ...]
+    #: With calibration: per step reports, the summary line and the calibrated profile (None when too few).
+    calibration: dict[str, Any] | None = None
+    #: The plan each step ran (with calibration: re-planned iterations), for ``check_steps``.
+    step_plans: tuple[Plan, ...] = ()
     #: The attention kernel chosen and why (``KernelChoice.describe()``), rank 0's.
     kernel_line: str = ""
     #: Whether the decoder layers ran compiled.
@@ -126,16 +135,19 @@ def run_finetune_rank(
     data = SyntheticData(seed=config.seed, lengths=lengths)
     records = []
     microbatches = tokens = 0
+    calibrating = _StepCalibration(plan, config.calibrate_request, registry) if config.calibrate_request else None
     for step in range(-config.warmup_steps, config.steps):
         # warm-up step w runs iteration w: warming up over every iteration compiles every shape range first
         iteration = iteration_of(plan, step if step >= 0 else step + config.warmup_steps)
+        step_plan = calibrating.plan_for(iteration) if calibrating is not None and step >= 0 else plan
         # inputs and DACP index tensors are ready before the step starts (a loader builds them ahead)
         ready = [
             ready_microbatch(layout, lambda i: data.lm_tokens(i, vocab), loss_normalizer=0, device=device)
-            for layout in rank_layouts(plan, lengths, iteration=iteration, rank=rank)
+            for layout in rank_layouts(step_plan, lengths, iteration=iteration, rank=rank)
         ]
         plans = dacp_plans(ready, registry=registry, kernel=kernel, device=device, cp_mode=config.cp_mode)
         optimizer.zero_grad(set_to_none=False)
+        timings: list[float] | None = [] if calibrating is not None and step >= 0 else None
         compiles_before = compile_count()
         result = scheduled_step(
             model,
@@ -146,7 +158,10 @@ def run_finetune_rank(
             cp_mode=config.cp_mode,
             loss_chunk_tokens=config.loss_chunk_tokens,
             plans=plans,
+            microbatch_ms=timings,
         )
+        if calibrating is not None and timings is not None:
+            calibrating.record(iteration, ready, timings)
         slowest = torch.tensor([result.seconds], dtype=torch.float64, device=device)
         dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
         bar.set_postfix_str(f"{'warm-up' if step < 0 else 'step'} {step}: loss {result.loss:.4f}", refresh=False)
@@ -173,13 +188,104 @@ def run_finetune_rank(
         tokens += result.tokens
         optimizer.step()
     bar.close()
-    return {
+    out: dict[str, Any] = {
         "records": records,
         "kernel": kernel.name,
         "work": (microbatches, tokens),
         "kernel_line": choice.describe(),
         "compiled": compiled,
     }
+    if calibrating is not None:
+        out["calibration"] = calibrating.result()
+        out["step_plans"] = [plan_to_dict(p) for p in calibrating.step_plans]
+    return out
+
+
+class _StepCalibration:
+    """``skrull finetune --calibrate`` inside every rank: gather each step's microbatch times, refit, and
+    re-plan the next steps' iterations with the fit (worker/calibration.py). Every rank holds the same
+    gathered timings; rank 0 fits and plans, and broadcasts the plan, so all ranks run one plan."""
+
+    def __init__(self, plan: Plan, request_doc: dict[str, Any], registry: GroupRegistry) -> None:
+        from skrull.solver.io import request_from_dict
+        from skrull.worker.calibration import Calibration
+
+        self.plan = plan
+        self.request_doc = request_doc
+        self.request = request_from_dict(dict(request_doc))
+        self.start = request_doc.get("profile", self.request.profile.name)
+        self.registry = registry
+        self.calibration = Calibration(self.start, provenance={"by": "skrull finetune --calibrate"})
+        self.measured: list[Any] = []
+        self.reports: list[Any] = []
+        self.step_plans: list[Plan] = []
+        self._current: tuple[Plan, Any] = (plan, self.start)
+
+    def plan_for(self, iteration: int) -> Plan:
+        """This step's plan: ``iteration`` re-planned with the latest fit (the starting plan until one exists)."""
+        import dataclasses as dc
+
+        from skrull.solver.planning import solve_batch
+
+        fitted = self.calibration.fitted
+        if fitted is None:
+            self._current = (self.plan, self.start)
+        else:
+            box: list[Any] = [None]
+            if dist.get_rank() == 0:
+                request = dc.replace(self.request, profile=_profile(fitted.profile))
+                replanned = solve_batch(request, iteration).iteration
+                iterations = list(self.plan.iterations)
+                iterations[iteration] = replanned
+                box[0] = plan_to_dict(dc.replace(self.plan, iterations=tuple(iterations)))
+            dist.broadcast_object_list(box, src=0)
+            plan = plan_from_dict(box[0])
+            missing = [
+                s for s in GroupRegistry.rank_sets_of(plan.iterations[iteration]) if s not in self.registry.groups
+            ]
+            if missing:  # every rank creates them, in one order
+                self.registry.groups.update(GroupRegistry.create(missing).groups)
+            self._current = (plan, fitted.profile)
+        self.step_plans.append(self._current[0])
+        return self._current[0]
+
+    def record(self, iteration: int, ready: Sequence[Any], timings: Sequence[float]) -> None:
+        from skrull.solver.cost import CostModel
+        from skrull.worker.calibration import (
+            RankTiming,
+            iteration_report,
+            measured_microbatches,
+            rank_timings,
+            starting_profile,
+        )
+
+        step = len(self.step_plans) - 1
+        mine = [t.to_list() for t in rank_timings(step, ready, timings)]  # keyed by step: iterations repeat
+        gathered: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, mine)
+        rows = [RankTiming.from_list(r) for part in gathered for r in part]
+        self.calibration.add(rows)
+        self.calibration.refit()
+        mbs = measured_microbatches(rows)
+        profile = self._current[1]
+        self.measured.extend((mb, profile) for mb in mbs)
+        self.reports.append(iteration_report(step, mbs, profile, CostModel(starting_profile(profile))))
+
+    def result(self) -> dict[str, Any]:
+        from skrull.worker.calibration import summary_line
+
+        fitted = self.calibration.fitted
+        return {
+            "reports": [dataclasses.asdict(r) for r in self.reports],
+            "summary": summary_line(self.start, self.measured, self.reports, fitted.profile if fitted else None),
+            "profile": fitted.profile if fitted else None,
+        }
+
+
+def _profile(doc: dict[str, Any]) -> Any:
+    from skrull.solver.profile import profile_from_dict
+
+    return profile_from_dict(doc)
 
 
 def finetune_rank(
@@ -203,6 +309,8 @@ def result_from_parts(parts: Sequence[dict[str, Any]]) -> FinetuneResult:
         steps=tuple(parts[0]["records"]),
         kernel=parts[0]["kernel"],
         work=tuple(p["work"] for p in parts),
+        calibration=parts[0].get("calibration"),
+        step_plans=tuple(plan_from_dict(p) for p in parts[0].get("step_plans", ())),
         kernel_line=parts[0].get("kernel_line", ""),
         compiled=bool(parts[0].get("compiled", False)),
     )

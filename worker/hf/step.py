@@ -117,13 +117,17 @@ def scheduled_step(
     cp_mode: str = "allgather",
     loss_chunk_tokens: int | None = None,
     plans: Sequence[DACPPlan] | None = None,
+    microbatch_ms: list[float] | None = None,
 ) -> StepResult:
     """This rank's microbatches in step order, then gradients and loss summed over the world (through
     DDP or FSDP2 when ``model`` is wrapped so, else one all-reduce per parameter: worker/grad_sync.py).
 
     Collective over the whole world (every rank calls it once per step, idle or not). Gradients
     accumulate into ``.grad``: zero them before, step the optimizer after. ``plans`` are the
-    microbatches' ``DACPPlan`` when built ahead (``dacp_plans``, e.g. while the previous step runs).
+    microbatches' ``DACPPlan`` when built ahead (``dacp_plans``, e.g. while the previous step runs). With
+    ``microbatch_ms`` each microbatch's forward and backward time is appended to it (``MicrobatchTimer``:
+    CUDA events on a GPU, read once after the step; the host clock on a CPU), for calibration
+    (worker/calibration.py).
     """
     if device.type == "cuda":  # the step's time starts when the previous work on the device is done
         torch.cuda.synchronize(device)
@@ -137,13 +141,20 @@ def scheduled_step(
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     tokens = 0
     last = len(microbatches) - 1
+    timer = MicrobatchTimer(device) if microbatch_ms is not None else None
     for k, (mb, plan) in enumerate(zip(microbatches, plans, strict=True)):
+        if timer is not None:
+            timer.start()
         with grad_sync.microbatch(model, last=k == last):  # DDP / FSDP2 sync with the last backward only
             kwargs, labels = model_inputs(mb, plan)
             loss = causal_lm_loss(model, kwargs, labels, num_targets=num_targets, loss_chunk_tokens=loss_chunk_tokens)
             loss.backward()  # type: ignore[no-untyped-call]
+        if timer is not None:
+            timer.stop()
         loss_sum += loss.detach().double()
         tokens += mb.num_tokens
+    if timer is not None and microbatch_ms is not None:
+        microbatch_ms.extend(timer.read_ms())
     grad_sync.finish(model, microbatches=len(microbatches))
     dist.all_reduce(loss_sum)
     if device.type == "cuda":
@@ -155,6 +166,37 @@ def scheduled_step(
         tokens=tokens,
         seconds=time.perf_counter() - start,
     )
+
+
+class MicrobatchTimer:
+    """Each microbatch's milliseconds on ``device``: CUDA events recorded on the stream (no synchronisation
+    between microbatches; read after the step), or the host clock on a CPU, where work is synchronous."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._events: list[tuple[Any, Any]] = []
+        self._open: Any = None
+
+    def start(self) -> None:
+        if self.device.type == "cuda":
+            self._open = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+            self._open.record()
+        else:
+            self._open = time.perf_counter()
+
+    def stop(self) -> None:
+        if self.device.type == "cuda":
+            end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+            end.record()
+            self._events.append((self._open, end))
+        else:
+            self._events.append((self._open, time.perf_counter()))
+
+    def read_ms(self) -> list[float]:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            return [float(a.elapsed_time(b)) for a, b in self._events]
+        return [(b - a) * 1e3 for a, b in self._events]
 
 
 def plain_step(model: Any, sequences: Sequence[torch.Tensor], *, labels: Sequence[torch.Tensor] | None = None) -> float:

@@ -27,19 +27,21 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 from transformers import Trainer, TrainerCallback, TrainingArguments
+from transformers.trainer_utils import EvalLoopOutput
 
 from skrull.worker.dataloader import PlannedBatches, ReadyIteration
 from skrull.worker.groups import IterationGroups
 from skrull.worker.hf.attention import ATTN_IMPLEMENTATION, refuse_unsupported_attention
+from skrull.worker.hf.evaluation import plain_eval_loss, reduce_rows, row_losses
 from skrull.worker.hf.fast import compile_model
 from skrull.worker.hf.inputs import model_inputs
-from skrull.worker.hf.step import dacp_plans, global_target_count
+from skrull.worker.hf.step import MicrobatchTimer, dacp_plans, global_target_count
 from skrull.worker.kernels import kernel_choice, select_kernel
 
 if TYPE_CHECKING:  # the mixin is typed as the Trainer it is mixed into
@@ -138,8 +140,8 @@ class SkrullTrainerMixin(_TrainerBase):
             )
         refuse_unsupported_attention(model.config)  # softcapping and sliding windows are computed; the rest refused
         self._refuse_batch_size(planned)
-        self._refuse_evaluation()
         self._refuse_other_world(planned)
+        self._check_sharding()
         # a resumed run starts at the checkpoint's step (``_Iterations``), not by replaying batches
         self.args.ignore_data_skip = True
         self.add_callback(_EpochFromSteps(len(planned)))
@@ -156,6 +158,7 @@ class SkrullTrainerMixin(_TrainerBase):
                 file=sys.stderr,
             )
         self.step_losses = []
+        self._prepare_evaluation(planned)
 
     def _refuse_other_world(self, planned: PlannedBatches) -> None:
         """The processes the Trainer syncs over, torch.distributed's world and the plan's mesh are one set:
@@ -186,6 +189,32 @@ class SkrullTrainerMixin(_TrainerBase):
             f"{planned.dp} x {planned.cp} = {mesh}: they must be equal{fix}"
         )
 
+    def _check_sharding(self) -> None:
+        """FSDP through the Trainer's own settings (``TrainingArguments(fsdp=..., fsdp_config=...)``, accelerate's
+        FSDP plugin) trains under plans only where accelerate really applies FSDP2, whose reduce-scatter averages
+        over the world as DDP does (``microbatch_loss`` multiplies by the process count), whose ``no_sync`` holds
+        the reduction to the last microbatch (``set_requires_gradient_sync``), and whose per-forward all-gathers
+        the equal microbatch counts keep in step. Refused, naming the setting:
+
+        - FSDP asked for where accelerate does not apply it: on CPUs accelerate's state is MULTI_CPU, it drops
+          the plugin and wraps the model in DDP, so nothing is sharded (found: ``fsdp='full_shard'`` on CPUs
+          trained unsharded, without a word);
+        - FSDP1 (``fsdp_config`` version 1): its flat-parameter wrapper has not been checked under plans."""
+        asked = bool(self.args.fsdp) or self.args.fsdp_plugin_args is not None
+        plugin = getattr(self.accelerator.state, "fsdp_plugin", None)
+        if asked and (not self.is_fsdp_enabled or plugin is None):
+            raise ValueError(
+                f"fsdp={self.args.fsdp!r}: accelerate applies FSDP only on accelerators; here its state is "
+                f"{self.accelerator.distributed_type.value} and it would wrap the model in DDP, sharding nothing. "
+                "Leave fsdp/fsdp_config unset on CPUs (DDP trains the same step), or shard with the own loop "
+                "(skrull.worker.grad_sync.wrap)"
+            )
+        if plugin is not None and int(getattr(plugin, "fsdp_version", 1)) != 2:
+            raise ValueError(
+                f"fsdp_config version {plugin.fsdp_version}: under plans the Trainer's FSDP must be FSDP2; set "
+                "fsdp_config={'version': 2}"
+            )
+
     def _refuse_batch_size(self, planned: PlannedBatches) -> None:
         """``per_device_train_batch_size``: the plan, not the Trainer, decides what a rank trains, so a value
         is honoured only as what the loader already does (one global batch of ``global_batch_size`` rows over
@@ -200,16 +229,91 @@ class SkrullTrainerMixin(_TrainerBase):
             f"global_batch_size={size * planned.dp})"
         )
 
-    def _refuse_evaluation(self) -> None:
-        """Evaluation would go through the Trainer's collator and the model's DACP attention without a plan
-        (found: a crash at the first evaluation); it is refused before training, not half way."""
-        strategy = getattr(self.args.eval_strategy, "value", self.args.eval_strategy)
-        if self.eval_dataset is not None or strategy != "no":
+    def _prepare_evaluation(self, planned: PlannedBatches) -> None:
+        """Evaluation runs under plans (worker/hf/evaluation.py): the eval sets' loaders are built now, so a
+        row that no layout holds is refused before the first step, not at the first evaluation. What needs
+        every row's logits (``compute_metrics``) is refused: the logits of a sharded row are spread over its
+        CP group."""
+        self._eval_loaders: dict[int, tuple[Any, PlannedBatches]] = {}
+        if self.compute_metrics is not None:
             raise ValueError(
-                f"eval_dataset / eval_strategy={strategy!r}: evaluation does not run under plans; set "
-                "eval_strategy='no' and evaluate the saved model with the plain Trainer (attn_implementation "
-                "'sdpa' or 'eager')"
+                "compute_metrics is given: under plans evaluation reports eval_loss only (a sharded row's logits "
+                "are spread over its CP group); leave compute_metrics=None, or evaluate the saved model with the "
+                "plain Trainer"
             )
+        datasets = self.eval_dataset.values() if isinstance(self.eval_dataset, dict) else [self.eval_dataset]
+        for dataset in datasets:
+            if dataset is not None:
+                self._eval_loader(dataset, planned)
+
+    def _evaluation_rows(self, dataset: Any) -> tuple[Any, list[int], str | None]:
+        """``(rows, lengths, label_convention)`` of an eval set for the planned loader: the rows as given, in
+        the training loader's convention (None: the same)."""
+        lengths = []
+        for index in range(len(dataset)):
+            item = dataset[index]
+            ids = item["input_ids"] if isinstance(item, Mapping) else item
+            lengths.append(len(ids))
+        return dataset, lengths, None
+
+    def _eval_loader(self, dataset: Any, planned: PlannedBatches | None = None) -> PlannedBatches:
+        """The planned loader over ``dataset`` (built once per eval set)."""
+        known = self._eval_loaders.get(id(dataset))
+        if known is not None and known[0] is dataset:
+            return known[1]
+        rows, lengths, convention = self._evaluation_rows(dataset)
+        loader = (planned or self.planned).for_evaluation(rows, lengths, label_convention=convention)
+        self._eval_loaders[id(dataset)] = (dataset, loader)
+        return loader
+
+    def get_eval_dataloader(self, eval_dataset: Any = None) -> Any:
+        if isinstance(eval_dataset, str):
+            assert isinstance(self.eval_dataset, dict)
+            eval_dataset = self.eval_dataset[eval_dataset]
+        dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
+        if dataset is None:
+            raise ValueError("evaluate() needs an eval_dataset (none was given to the trainer)")
+        return self._eval_loader(dataset)
+
+    def get_test_dataloader(self, test_dataset: Any) -> Any:
+        raise ValueError(
+            "predict(): under plans a sharded row's logits are spread over its CP group; run predict with the "
+            "plain Trainer on the saved model"
+        )
+
+    def evaluation_loop(
+        self,
+        dataloader: Any,
+        description: str,
+        prediction_loss_only: bool | None = None,
+        ignore_keys: list[str] | None = None,
+        metric_key_prefix: str = "eval",
+    ) -> EvalLoopOutput:
+        """Every row of the eval set forward under its plan; ``eval_loss`` as the plain single-process Trainer
+        reports it at this ``per_device_eval_batch_size`` (worker/hf/evaluation.py)."""
+        loader: PlannedBatches = dataloader
+        model: Any = self.model
+        was_training = model.training
+        model.eval()
+        device = self.args.device
+        groups = IterationGroups(loader)
+        groups.registry = self.groups.registry  # a group is created once, on every rank, whoever needs it
+        n = len(loader.lengths)
+        sums = torch.zeros(n, dtype=torch.float64, device=device)
+        counts = torch.zeros(n, dtype=torch.int64, device=device)
+        loader.set_epoch(0)
+        loader.next_iteration = 0  # every evaluation is the whole set, from its first batch
+        try:
+            for ready in loader:
+                plans = dacp_plans(ready.microbatches, registry=groups(ready), kernel=self.kernel, device=device)
+                row_losses(model, ready, plans, sums=sums, counts=counts)
+                self.control = self.callback_handler.on_prediction_step(self.args, self.state, self.control)
+        finally:
+            model.train(was_training)
+        reduce_rows(sums, counts)
+        loss = plain_eval_loss(sums.tolist(), counts.tolist(), batch_size=self.args.eval_batch_size)
+        metrics = {f"{metric_key_prefix}_loss": loss}
+        return EvalLoopOutput(predictions=None, label_ids=None, metrics=metrics, num_samples=n)  # type: ignore[arg-type]
 
     def _track_num_input_tokens(self, inputs: Any) -> None:
         """``include_num_input_tokens_seen``: the iteration's real tokens over the world (no padding rows; the
@@ -243,13 +347,21 @@ class SkrullTrainerMixin(_TrainerBase):
         world = self.accelerator.num_processes
         total = torch.zeros((), dtype=torch.float64, device=device)
         last = len(ready.microbatches) - 1
+        # calibration from the run (PlannedBatches(calibrate=True)): each microbatch timed, gathered after
+        timer = MicrobatchTimer(torch.device(device)) if self.planned.calibration is not None else None
         for k, (mb, plan) in enumerate(zip(ready.microbatches, plans, strict=True)):
             sync = contextlib.nullcontext() if k == last else self.accelerator.no_sync(model)
+            if timer is not None:
+                timer.start()
             with sync:
                 kwargs, labels = model_inputs(mb, plan)
                 loss = self.microbatch_loss(model, kwargs, labels, num_items_in_batch)
                 self.accelerator.backward(loss)
+            if timer is not None:
+                timer.stop()
             total += loss.detach().double()
+        if timer is not None:
+            self.planned.record_timings(ready, timer.read_ms())
         world_loss = total / world
         if dist.is_available() and dist.is_initialized():
             dist.all_reduce(world_loss)
@@ -272,9 +384,7 @@ class SkrullTrainerMixin(_TrainerBase):
 class SkrullTrainer(SkrullTrainerMixin, Trainer):
     """``Trainer`` whose every optimizer step is one plan iteration of ``planned`` (module doc)."""
 
-    def __init__(
-        self, *args: Any, planned: PlannedBatches, compile: str | bool | None = "auto", **kwargs: Any
-    ) -> None:
+    def __init__(self, *args: Any, planned: PlannedBatches, compile: str | bool | None = "auto", **kwargs: Any) -> None:
         """``compile``: the decoder layers compiled (``"on"``), eager (``"off"``), or compiled on CUDA only
         (``"auto"``); worker/compiling.py."""
         kwargs.setdefault("train_dataset", _Steps(len(planned)))

@@ -54,12 +54,12 @@ class NextTokenRows:
     shard piece holds its own targets. A row without ``labels`` trains on every token.
     """
 
-    def __init__(self, dataset: Any) -> None:
+    def __init__(self, dataset: Any, *, name: str = "train_dataset") -> None:
         columns = list(getattr(dataset, "column_names", None) or [])
+        self.name = name
         if "input_ids" not in columns:
             raise ValueError(
-                f"train_dataset columns {columns}: need 'input_ids' (a dataset SFTTrainer prepared, or one tokenized "
-                "already)"
+                f"{name} columns {columns}: need 'input_ids' (a dataset SFTTrainer prepared, or one tokenized already)"
             )
         self.dataset = dataset
         #: tokens of each row: what the plans are made for
@@ -73,7 +73,7 @@ class NextTokenRows:
         ids = [int(t) for t in row["input_ids"]]
         labels = [int(t) for t in row["labels"]] if row.get("labels") is not None else ids
         if len(labels) != len(ids):
-            raise ValueError(f"train_dataset[{index}]: {len(labels)} labels for {len(ids)} input_ids")
+            raise ValueError(f"{self.name}[{index}]: {len(labels)} labels for {len(ids)} input_ids")
         return {"input_ids": ids, "labels": [*labels[1:], IGNORE_INDEX]}
 
 
@@ -138,6 +138,12 @@ class SkrullSFTTrainer(SkrullTrainerMixin, SFTTrainer):
             )
         # activation checkpointing with cp > 1 (TRL's default is on) is refused by ``_use_plans``
         self._use_plans(loader)
+
+    def _evaluation_rows(self, dataset: Any) -> tuple[Any, list[int], str | None]:
+        """An eval set as TRL prepared it (chat template, assistant/completion masks, truncation), read as the
+        training rows are: next-token targets."""
+        rows = NextTokenRows(dataset, name="eval_dataset")
+        return rows, rows.lengths, "next_token"
 
     def training_step(self, model: Any, inputs: Any, num_items_in_batch: Any = None) -> torch.Tensor:
         with self.maybe_activation_offload_context:  # as SFTTrainer.training_step does

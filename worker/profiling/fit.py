@@ -127,12 +127,42 @@ class ComputeTerms:
         return self.ms_per_token * sum(lengths) + self.ms_per_token_sq * sum(s * s for s in lengths) + self.fixed_ms
 
 
-def fit_compute_terms(samples: Sequence[ComputeSample]) -> ComputeTerms:
-    """Relative least squares of ``ms`` on ``[sum(S), sum(S^2), 1]`` with every coefficient >= 0.
+def fit_nonnegative(
+    columns: np.ndarray, ms: np.ndarray, *, what: str, weights: np.ndarray | None = None
+) -> tuple[np.ndarray, float]:
+    """Relative least squares of ``ms`` on ``columns`` (one row per measurement) with every coefficient >= 0:
+    ``(coefficients, weighted residual)``.
 
-    The non-negative solution is the best of the plain least-squares fits over the column subsets
-    that keep the token column (three columns: at most four small solves, no iterative solver).
+    The non-negative solution is the best of the plain least-squares fits over the column subsets that
+    keep the first column (the work term every timing grows with): no iterative solver, at most
+    ``2^(k-1)`` small solves for ``k`` columns. Weights ``1/ms``: timings span orders of magnitude;
+    ``weights`` multiply them (iteratively reweighted fits: worker/calibration.py).
     """
+    ys = np.asarray(ms, dtype=np.float64)
+    cols = np.asarray(columns, dtype=np.float64)
+    w = 1.0 / ys if weights is None else np.asarray(weights, dtype=np.float64) / ys
+    k = cols.shape[1]
+    best: tuple[float, np.ndarray] | None = None
+    for mask in range(1 << (k - 1)):
+        keep = [0, *(j + 1 for j in range(k - 1) if mask >> j & 1)]
+        a = cols[:, keep] * w[:, None]
+        coef, *_ = np.linalg.lstsq(a, ys * w, rcond=None)
+        if np.any(coef < 0.0):
+            continue
+        full = np.zeros(k)
+        full[keep] = coef
+        r = ((cols @ full) - ys) * w
+        residual = float(r @ r)
+        if best is None or residual < best[0]:
+            best = (residual, full)
+    if best is None or best[1][0] <= 0.0:
+        raise FitError(f"{what}: time does not grow with tokens")
+    return best[1], best[0]
+
+
+def fit_compute_terms(samples: Sequence[ComputeSample]) -> ComputeTerms:
+    """Relative least squares of ``ms`` on ``[sum(S), sum(S^2), 1]`` with every coefficient >= 0
+    (``fit_nonnegative``)."""
     if len(samples) < 3:
         raise FitError(f"compute: need at least 3 measurements, got {len(samples)}")
     ys = np.asarray([s.ms for s in samples], dtype=np.float64)
@@ -143,21 +173,7 @@ def fit_compute_terms(samples: Sequence[ComputeSample]) -> ComputeTerms:
     )
     if np.ptp(cols[:, 0]) == 0.0:
         raise FitError("compute: measurements must span more than one size")
-    w = 1.0 / ys
-    best: tuple[float, np.ndarray] | None = None
-    for keep in ((0, 1, 2), (0, 1), (0, 2), (0,)):
-        a = cols[:, keep] * w[:, None]
-        coef, *_ = np.linalg.lstsq(a, ys * w, rcond=None)
-        if np.any(coef < 0.0):
-            continue
-        full = np.zeros(3)
-        full[list(keep)] = coef
-        residual = float((((cols @ full) - ys) * w) @ (((cols @ full) - ys) * w))
-        if best is None or residual < best[0]:
-            best = (residual, full)
-    if best is None or best[1][0] <= 0.0:
-        raise FitError("compute: time does not grow with tokens")
-    coef = best[1]
+    coef, _ = fit_nonnegative(cols, ys, what="compute")
     predicted = cols @ coef
     return ComputeTerms(
         ms_per_token=float(coef[0]),

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import random
 import time
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -12,11 +14,13 @@ from hypothesis import strategies as st
 from skrull.solver import planning
 from skrull.solver.cost import CostModel
 from skrull.solver.datasets import synthesize_request
+from skrull.solver.derive import MODELS, TrainingSetup, derive_profile
 from skrull.solver.errors import RequestError
+from skrull.solver.gpus import GPUS
 from skrull.solver.metrics import work_ms
 from skrull.solver.planners.auto import AutoPlanner, _keeps_batches
 from skrull.solver.planning import assemble_plan, solve
-from skrull.solver.profile import load_profile
+from skrull.solver.profile import Profile, load_profile
 from skrull.solver.search import starts as starts_module
 from skrull.solver.search.budget import smallest_budget_s
 from skrull.solver.types import Parallel, Plan, Problem, Request
@@ -50,7 +54,9 @@ def test_plans_are_valid_and_never_worse_than_any_start(request: Request) -> Non
     assert plan.solve.bound_ms is not None and plan.solve.bound_ms <= plan.estimated_ms + 1e-6
     problem = Problem.from_request(request)
     outputs = starts_module.run_starts(problem, deadline=time.monotonic() + 60.0, keep_s=0.0)
-    assert [name for name, _ in outputs] == [s.name for s in starts_module.STARTS]
+    assert [name for name, _ in outputs] == [
+        s.name for s in starts_module.STARTS if starts_module.plans_modes(s, problem)
+    ]
     mine = per_work(plan, request)
     assert plan.pending == ()  # auto keeps every batch in its iteration by default
     runs = [sorted(i for mb in it.microbatches for i in mb.seq_ids) for it in plan.iterations]
@@ -61,6 +67,54 @@ def test_plans_are_valid_and_never_worse_than_any_start(request: Request) -> Non
         if not _keeps_batches(output, problem):  # a deferring start (even one that leaves nothing pending,
             continue  # only moving a sequence to a later iteration) is not a plan auto may return by default
         assert mine <= per_work(theirs, request) * (1 + 1e-9), name
+
+
+def bimodal_request(profile: Profile, parallel: Parallel, num_batches: int, size: int, *, seed: int) -> Request:
+    """Short (sharegpt) lengths with a seeded 10-40% of long-tailed (arxiv) ones in every batch."""
+    rng = random.Random(seed)
+    batches = []
+    for _ in range(num_batches):
+        num_long = round(rng.uniform(0.1, 0.4) * size)
+        short, long = (
+            synthesize_request(dataset=d, parallel=parallel, profile=profile, sequences_per_rank=size // parallel.dp,
+                               seed=rng.randrange(2**31)).batches[0]
+            for d in ("sharegpt", "arxiv")
+        )  # fmt: skip
+        batch = list(short[: size - num_long]) + list(long[:num_long])
+        rng.shuffle(batch)
+        batches.append(tuple(batch))
+    return Request(batches=tuple(batches), parallel=parallel, profile=profile)
+
+
+def derived_7b(*, tp: int) -> Profile:
+    """Llama-2-7B on an H100 shape: a profile derived here, not bundled."""
+    return derive_profile(MODELS["llama2-7b"], GPUS["h100-80g"], TrainingSetup(tp=tp, dp=8, zero_stage=3))
+
+
+#: (name, request maker): seeded requests of the shapes users send
+REALISTIC: list[tuple[str, Any]] = [
+    ("bimodal 7B, DP2 x CP16, 6 x 80", lambda: bimodal_request(derived_7b(tp=1), Parallel(dp=2, cp=16), 6, 80, seed=3)),
+    (
+        "bimodal 7B TP8, DP4 x CP8, 2 x 128",
+        lambda: bimodal_request(derived_7b(tp=8), Parallel(dp=4, cp=8), 2, 128, seed=4),
+    ),
+    ("github 0.5B, DP4 x CP8, 2 x 64", lambda: qwen_request(2, 16)),
+]
+
+
+@pytest.mark.parametrize(("name", "make"), REALISTIC)
+def test_auto_is_never_worse_than_any_of_its_starts_on_realistic_requests(name: str, make: Any) -> None:
+    # deterministic: every start runs in process, so the starts below are exactly those auto searched from
+    request = dataclasses.replace(make(), solver="auto", time_budget_s=0.5, deterministic=True)
+    problem = Problem.from_request(request)
+    plan = solve(request)
+    assert plan_problems(plan, request) == []
+    outputs = starts_module.run_starts(problem, deadline=float("inf"), keep_s=0.0, isolate=False)
+    kept = [(n, o) for n, o in outputs if _keeps_batches(o, problem)]
+    assert {"hydraulis", "skrull", "packed"} <= {n for n, _ in kept}, name
+    mine = per_work(plan, request)
+    for start, output in kept:
+        assert mine <= per_work(assemble_plan(problem, output, solver=start, wall_ms=0.0), request) * (1 + 1e-9), start
 
 
 def qwen_request(num_batches: int, per_rank: int, dataset: str = "github") -> Request:

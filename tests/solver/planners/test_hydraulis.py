@@ -132,6 +132,29 @@ def test_a_cold_cp_sat_import_counts_against_the_time_left(monkeypatch: Any) -> 
     assert not import_fits(COLD_IMPORT_S - 0.01) and import_fits(COLD_IMPORT_S)
 
 
+def test_the_strategy_dp_in_one_array_chooses_as_the_dp_range_by_range(monkeypatch: Any) -> None:
+    # choose_degrees computes each bucket's row in one array up to DP_ARRAY_ELEMENTS, range by range beyond:
+    # both must pick the same degrees (ties: the first (j, d, r)), on lengths spread over many buckets
+    import skrull.solver.planners.hydraulis as hydraulis
+
+    rng = random.Random(5)
+    costs = StrategyCosts.from_problem(Problem.from_request(make_request([[10]], dp=1, cp=64, bucket=100)))
+    cases = []
+    for _ in range(30):
+        num_gpus = rng.choice([4, 8, 16, 32, 64])
+        # mostly shorter than a bucket, a few long ones up to the whole group's
+        exponents = [
+            rng.uniform(-6, 1) if rng.random() < 0.9 else rng.uniform(1, 6) for _ in range(rng.randint(1, 120))
+        ]
+        lengths = [max(1, min(num_gpus * 100, int(100 * 2**e))) for e in exponents]
+        cases.append((lengths, num_gpus, candidate_degrees(num_gpus, rng.choice([1, 2, 4]))))
+    one_array = [choose_degrees(ls, num_gpus=g, degrees=d, costs=costs) for ls, g, d in cases]
+    monkeypatch.setattr(hydraulis, "DP_ARRAY_ELEMENTS", 0)
+    by_range = [choose_degrees(ls, num_gpus=g, degrees=d, costs=costs) for ls, g, d in cases]
+    assert one_array == by_range
+    assert len({len(set(c)) for c in one_array}) > 1  # homogeneous and heterogeneous choices both occur
+
+
 def test_the_degree_search_never_counts_more_replicas_than_sequences(monkeypatch: pytest.MonkeyPatch) -> None:
     """12 sequences on DP1 x CP65,536: the histogram DP tries at most as many replicas per range as the range
     has sequences (a replica serves whole sequences), so it takes thousands of vector steps, not millions

@@ -89,9 +89,11 @@ def test_a_per_device_batch_size_the_plan_would_ignore_is_refused(tmp_path: Path
     assert make(tmp_path, per_device_train_batch_size=4).planned.global_batch_size == 4  # what the loader does
 
 
-def test_evaluation_is_refused_before_training(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match=r"eval_strategy='steps': evaluation does not run under plans"):
-        make(tmp_path, eval_strategy="steps", eval_steps=1, eval_dataset=ROWS)
+def test_evaluation_builds_its_loader_before_training(tmp_path: Path) -> None:
+    # it crashed at the first evaluation; it now runs under plans (tests/worker/hf/test_evaluation.py)
+    trainer = make(tmp_path, eval_strategy="steps", eval_steps=1, eval_dataset=ROWS)
+    (loader,) = [loader for _, loader in trainer._eval_loaders.values()]
+    assert [i for b in loader.batches for i in b] == list(range(len(ROWS)))  # every row once, in order
 
 
 def test_epochs_reshuffle_count_real_tokens_and_size_the_schedule(tmp_path: Path) -> None:

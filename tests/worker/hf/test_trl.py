@@ -97,3 +97,39 @@ def test_activation_checkpointing_is_refused_with_context_parallelism(tmp_path: 
     with pytest.raises(ValueError, match=r"activation_checkpointing=True .* cp=2"):
         make_trainer(tmp_path, cp=2, activation_checkpointing=True)
     assert make_trainer(tmp_path, cp=1, activation_checkpointing=True).planned.cp == 1
+
+
+@pytest.mark.parametrize("batch_size", [3, 64])
+def test_evaluation_reports_the_plain_sft_trainers_eval_loss(tmp_path: Any, batch_size: int) -> None:
+    from trl import SFTTrainer
+
+    chats = [row["messages"] for row in trl_sft.demo_chats(10, seed=5)]
+    evaluation = Dataset.from_list([{"messages": c} for c in chats])
+    tokenizer = trl_sft.build_tokenizer([*CHATS, *chats])
+    config = read_model_config(ROOT / "examples" / "models" / "qwen2-tiny.json")
+    fields: dict[str, Any] = {
+        "max_steps": 1, "use_cpu": True, "bf16": False, "report_to": [], "assistant_only_loss": True,
+        "activation_checkpointing": False, "per_device_eval_batch_size": batch_size,
+    }  # fmt: skip
+    planned = functools.partial(
+        PlannedBatches, rank=0, dp=1, cp=1, global_batch_size=2, profile="h100-80g/qwen2.5-0.5b",
+        equal_microbatches=True, bucket_tokens=256,
+    )  # fmt: skip
+    trainer = SkrullSFTTrainer(
+        model=build_model(config, seed=0),
+        args=SFTConfig(output_dir=str(tmp_path / "a"), eval_strategy="steps", eval_steps=1, **fields),
+        train_dataset=Dataset.from_list([{"messages": c} for c in CHATS]),
+        eval_dataset=evaluation,
+        processing_class=tokenizer,
+        planned=planned,
+    )
+    got = trainer.evaluate()["eval_loss"]
+    plain = SFTTrainer(
+        model=build_model(config, seed=0, attn_implementation="eager"),
+        args=SFTConfig(output_dir=str(tmp_path / "b"), **fields),
+        train_dataset=Dataset.from_list([{"messages": c} for c in CHATS]),
+        eval_dataset=evaluation,
+        processing_class=tokenizer,
+    )
+    want = plain.evaluate()["eval_loss"]
+    assert 0 < want < float("inf") and abs(got - want) <= 1e-4 * abs(want), (got, want)

@@ -1,0 +1,44 @@
+"""A normal shutdown: SIGTERM sent to the server and its solver processes together (what a service
+manager's stop does to the process group) ends the service quietly, with no solver process reported dead."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from tests.api.conftest import LiveServer
+
+
+def _ignores_sigterm(pid: int) -> bool:
+    """Whether the process has set SIGTERM to be ignored (``SigIgn`` in /proc: bit 15 - 1)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigIgn:"):
+            return bool(int(line.split()[1], 16) & (1 << (signal.SIGTERM - 1)))
+    return False
+
+
+def test_sigterm_to_the_whole_group_is_a_quiet_shutdown(
+    live_server_factory: Callable[..., LiveServer], tmp_path: Path
+) -> None:
+    server = live_server_factory(tmp_path / "s.db", solver_processes=2).start()
+    assert server.process is not None
+    solvers = server.solver_pids()
+    assert solvers
+    deadline = time.monotonic() + 120  # a hang detector: the processes import the planners first
+    while not all(_ignores_sigterm(pid) for pid in solvers):
+        assert time.monotonic() < deadline, "the solver processes never started"
+        time.sleep(0.05)
+    for pid in solvers:  # the solver processes first: the order in which a group signal may land
+        os.kill(pid, signal.SIGTERM)
+    time.sleep(0.5)  # time for the supervisor to see a death, had there been one
+    server.stop()  # uvicorn ends by re-raising the signal it handled: the exit status says SIGTERM
+    log = server.log.read_text()
+    assert "killed by signal" not in log and "solver-died" not in log, log
+    for pid in solvers:  # the server ended them on its way out
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
+        assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text()

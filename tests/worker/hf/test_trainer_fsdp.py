@@ -1,0 +1,46 @@
+"""FSDP through the Trainer's own settings (``TrainingArguments(fsdp=..., fsdp_config=...)``) under plans:
+refused on CPUs, where accelerate would silently wrap the model in DDP instead; accelerate's FSDP2 path
+(taken on CPUs as it runs on GPUs: tests/worker/hf/torchrun_trainer_fsdp.py) trains the plain step; FSDP1 is
+refused naming the version. Real ``torchrun``, 2 gloo processes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[2]
+
+
+def run(case: str, tmp_path: Path) -> list[str]:
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+        str(HERE / "torchrun_trainer_fsdp.py"), case,
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env, check=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = [line.split(" ", 1) for line in out.stdout.splitlines() if line.startswith(("0 ", "1 "))]
+    by_rank = [[text for r, text in lines if r == rank] for rank in ("0", "1")]
+    assert by_rank[0] == by_rank[1] and len(by_rank[0]) == 1, by_rank  # every rank, the same one line
+    return by_rank[0]
+
+
+def test_fsdp_on_cpus_is_refused_naming_the_setting(tmp_path: Path) -> None:
+    (line,) = run("cpu", tmp_path)
+    assert line.startswith("refused: fsdp=True: accelerate applies FSDP only on accelerators"), line
+    assert "MULTI_CPU" in line and "wrap the model in DDP" in line
+
+
+def test_accelerates_fsdp2_trains_the_plain_step(tmp_path: Path) -> None:
+    (line,) = run("forced-2", tmp_path)
+    words = line.split()
+    assert words[:2] == ["trained", "FSDPLlamaForCausalLM"], line  # accelerate's fully_shard, not DDP
+    assert float(words[2]) <= 1e-4, line
+
+
+def test_fsdp1_is_refused_naming_the_version(tmp_path: Path) -> None:
+    (line,) = run("forced-1", tmp_path)
+    assert line.startswith("refused: fsdp_config version 1"), line

@@ -1,0 +1,65 @@
+"""Run by tests/worker/test_planner_process.py under ``torchrun`` (one node or two): every process iterates
+the planned loader with its defaults (the node's planner process, budgets from the step time), and writes
+what it got, which planner process answered it, and its pids.
+
+``argv``: output folder, then ``run`` (iterate, write, exit) or ``hang`` (write the pids after the first
+iteration, then wait to be killed)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch.distributed as dist
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from examples.train_tiny import TINY_PROFILE, make_dataset  # noqa: E402
+from skrull.worker.dataloader import PlannedBatches  # noqa: E402
+
+
+def main() -> None:
+    out_dir, mode = Path(sys.argv[1]), sys.argv[2]
+    logging.basicConfig(level=logging.INFO)  # the planner's budget and why
+    dist.init_process_group("gloo")  # env:// from torchrun
+    world = dist.get_world_size()
+    dataset = make_dataset(64, max_tokens=world * 64, seed=4)
+    loader = PlannedBatches(
+        dataset, [len(s) for s in dataset], cp=world, global_batch_size=16, profile=TINY_PROFILE, seed=4,
+        num_iterations=4,
+    )  # fmt: skip
+    got = []
+    for ready in loader:
+        time.sleep(0.02)  # a step
+        for mb in ready.microbatches:
+            rows = [[ready.sample_indices[s], p] for s, p in mb.layout.row_tokens]
+            got.append({"iteration": ready.iteration, "plan": ready.plan_id, "rows": rows})
+        if mode == "hang":
+            stats = loader.plans.stats()  # type: ignore[attr-defined]
+            pids = {"rank": dist.get_rank(), "pid": os.getpid(), "planner": stats["pid"]}
+            (out_dir / f"pids{dist.get_rank()}.json").write_text(json.dumps(pids))
+            while True:
+                time.sleep(1)
+    stats = loader.plans.stats()  # type: ignore[attr-defined]
+    budgets = sorted({p["budget_s"] for p in stats["plans"]})
+    dist.barrier()
+    loader.close()
+    result = {
+        "rank": loader.rank,
+        "got": got,
+        "planner": stats["pid"],
+        "budgets": budgets,
+        "node": os.environ["GROUP_RANK"],
+    }
+    (out_dir / f"rank{dist.get_rank()}.json").write_text(json.dumps(result))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
