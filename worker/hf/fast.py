@@ -15,7 +15,16 @@ from typing import Any
 import torch
 from torch import nn
 
-from skrull.worker.compiling import compile_layers, resolve_compile
+from skrull.worker.attention_op import plan_token
+from skrull.worker.compiling import (
+    CUDAGRAPHS,
+    FULLGRAPH,
+    compile_layers,
+    compile_style,
+    compiled_style,
+    cudagraph_options,
+)
+from skrull.worker.hf.attention import PLAN_KWARG, TOKEN_KWARG
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -33,10 +42,34 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
     return list(layers)
 
 
+def plan_to_token(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The layer's keyword arguments with the microbatch's ``DACPPlan`` replaced by its token
+    (worker/attention_op.py): what a layer compiled as one graph takes."""
+    plan = kwargs.get(PLAN_KWARG)
+    if plan is None:
+        return kwargs
+    out = {k: v for k, v in kwargs.items() if k != PLAN_KWARG}
+    out[TOKEN_KWARG] = plan_token(plan)
+    return out
+
+
 def compile_model(model: Any, *, compile: str | bool | None, device: torch.device) -> bool:
-    """Compile ``model``'s decoder layers in place when ``compile`` says so (``"auto"``/None: on CUDA
-    only); returns whether they are compiled. Works on a bare, DDP-wrapped or FSDP2-sharded model."""
-    if not resolve_compile(compile, device):
+    """Compile ``model``'s decoder layers in place when ``compile`` says so; returns whether they are
+    compiled. ``"auto"``/None: regional, on CUDA only; ``"fullgraph"``: each layer one graph with the
+    attention as the registered operator ``skrull::dacp_attention``; ``"cudagraphs"``: that graph under CUDA
+    graphs (CUDA only). Works on a bare, DDP-wrapped or FSDP2-sharded model. A model's layers are compiled
+    one way: asking for another is refused."""
+    style = compile_style(compile, device)
+    if style is None:
         return False
-    compile_layers(decoder_layers(model))
+    layers = decoder_layers(model)
+    existing = {compiled_style(layer) for layer in layers} - {None}
+    if existing and existing != {style}:
+        raise ValueError(f"compile={compile!r}: the decoder layers are already compiled {existing.pop()}")
+    if style == FULLGRAPH:
+        compile_layers(layers, fullgraph=True, prepare_kwargs=plan_to_token)
+    elif style == CUDAGRAPHS:  # CUDA only (compile_style refuses it elsewhere); off unless asked for
+        compile_layers(layers, fullgraph=True, prepare_kwargs=plan_to_token, **cudagraph_options())
+    else:
+        compile_layers(layers)
     return True

@@ -1,0 +1,73 @@
+"""Decoder layers compiled as one graph each (``compile="fullgraph"``: the attention is the registered
+operator ``skrull::dacp_attention``, worker/attention_op.py) on 2 gloo processes: no graph break, loss and
+every gradient equal the eager step's within float32 tolerance on planned microbatches with shard pieces
+(both CP schemes, the collectives inside the operator), and nothing recompiles after the warm-up step
+although every step brings other token counts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from skrull.worker.hf.finetune import check_steps, result_from_parts, run_finetune_rank
+from skrull.worker.launch import launch
+from tests.worker.hf.test_fast import TOLERANCE_VS_EAGER, TOLERANCE_VS_PLAIN, config, sharded_plan
+
+WORLD = 2
+CASES = (
+    ("eager", "off", "allgather"),
+    ("fullgraph", "fullgraph", "allgather"),
+    ("fullgraph-ulysses", "fullgraph", "ulysses"),
+)
+
+
+def run_cases(rank: int, world_size: int, backend: str, out_dir: str) -> None:
+    from torch._dynamo.utils import counters
+
+    plan, lengths = sharded_plan()
+    for name, compile, cp_mode in CASES:
+        breaks = sum(counters["graph_break"].values())
+        part = run_finetune_rank(plan, lengths, config=config(compile, cp_mode), rank=rank, device=torch.device("cpu"))
+        part["graph_breaks"] = sum(counters["graph_break"].values()) - breaks
+        torch.save(part, Path(out_dir) / f"{name}-rank{rank}.pt")
+    (Path(out_dir) / f"breaks-rank{rank}.json").write_text(json.dumps(dict(counters["graph_break"])))
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("one-graph")
+    launch(run_cases, world_size=WORLD, args=(str(out),))
+    return out
+
+
+def parts(runs: Path, name: str) -> list[dict]:
+    return [torch.load(runs / f"{name}-rank{r}.pt", weights_only=False) for r in range(WORLD)]
+
+
+@pytest.mark.parametrize("name", ["fullgraph", "fullgraph-ulysses"])
+def test_one_graph_layers_equal_the_eager_step_and_the_plain_step(runs: Path, name: str) -> None:
+    eager = result_from_parts(parts(runs, "eager"))
+    fast = result_from_parts(parts(runs, name))
+    assert fast.compiled and not eager.compiled
+    for a, b in zip(eager.steps, fast.steps, strict=True):
+        assert abs(a.loss - b.loss) <= TOLERANCE_VS_EAGER * abs(a.loss)
+        assert set(b.grads) == set(a.grads)
+        for param, want in a.grads.items():
+            err = float((b.grads[param] - want).abs().max()) / float(want.abs().max())
+            assert err <= TOLERANCE_VS_EAGER, (param, err)
+    plan, lengths = sharded_plan()
+    for check in check_steps(
+        plan, lengths, fast, config=config("fullgraph", "ulysses" if "ulysses" in name else "allgather")
+    ):
+        assert check.max_rel_error <= TOLERANCE_VS_PLAIN, check
+
+
+@pytest.mark.parametrize("name", ["fullgraph", "fullgraph-ulysses"])
+def test_one_graph_layers_have_no_graph_break_and_do_not_recompile_after_warm_up(runs: Path, name: str) -> None:
+    for part in parts(runs, name):
+        assert part["graph_breaks"] == 0, json.loads((runs / "breaks-rank0.json").read_text())
+    fast = result_from_parts(parts(runs, name))
+    assert [r.compiles for r in fast.steps] == [0, 0, 0]
