@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -43,7 +44,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def parts(runs: Path, name: str) -> list[dict]:
+def parts(runs: Path, name: str) -> list[dict[str, Any]]:
     return [torch.load(runs / f"{name}-rank{r}.pt", weights_only=False) for r in range(WORLD)]
 
 
