@@ -73,3 +73,14 @@ def compile_model(model: Any, *, compile: str | bool | None, device: torch.devic
     else:
         compile_layers(layers)
     return True
+
+
+def compiled_how(model: Any) -> str:
+    """``"compiled"`` (regional), ``"compiled, one graph per layer"`` or ``"compiled, one graph per layer,
+    CUDA graphs"``, for the log line that says how the layers run; ``"eager"`` when they are not compiled."""
+    styles = {compiled_style(layer) for layer in decoder_layers(model)}
+    if styles == {FULLGRAPH}:
+        return "compiled, one graph per layer"
+    if styles == {CUDAGRAPHS}:
+        return "compiled, one graph per layer, CUDA graphs"
+    return "eager" if styles == {None} else "compiled"
