@@ -5,8 +5,10 @@ when the count is smaller) runs as the fast step runs it: DACP attention with th
 LM head's fused chunked cross-entropy (worker/fused_ce.py), backward. First with the decoder layers
 eager, then compiled regionally (worker/compiling.py: two graphs per layer around the eager attention),
 then each layer as one graph (``fullgraph``: the attention a registered operator, worker/attention_op.py),
-each mode on a fresh model with the same weights. ``--warmup`` untimed runs
-(the compiled one's first run compiles), then the median of ``--repeats`` timed runs (CUDA events).
+then the whole decoder as one graph (``stack``), each mode on a fresh model with the same weights
+(``--modes``; ``cudagraphs``, CUDA only and not in the default, replays the one-graph layers as CUDA graphs).
+``--warmup`` untimed runs (the compiled one's first run compiles), then the median of ``--repeats`` timed
+runs (CUDA events).
 
 MFU (PaLM, Chowdhery et al. 2022, appendix B): model FLOPs over the device's peak, with
 ``6 N + 12 L q S`` FLOPs per token of a sequence of ``S`` tokens (``N``: the layers' and the head's
@@ -52,7 +54,14 @@ from skrull.worker.layout import MicrobatchLayout  # noqa: E402
 #: ``--modes``: eager layers, the regional compile (two graphs per layer around the eager attention), and
 #: one graph per layer with the attention as the registered operator (worker/attention_op.py).
 #: ``cudagraphs`` (CUDA only) replays those graphs as CUDA graphs (worker/compiling.py, ``cudagraph_options``).
-MODES: dict[str, str | None] = {"eager": None, "compiled": "on", "fullgraph": "fullgraph", "cudagraphs": "cudagraphs"}
+#: ``stack`` compiles the whole decoder (embedding, every layer, final norm) as one graph.
+MODES: dict[str, str | None] = {
+    "eager": None,
+    "compiled": "on",
+    "fullgraph": "fullgraph",
+    "stack": "stack",
+    "cudagraphs": "cudagraphs",
+}
 
 
 def matmul_params(config: dict[str, Any]) -> tuple[int, int, int]:
@@ -109,7 +118,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--loss-chunk-tokens", type=int, default=4096)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--modes", default="eager,compiled,fullgraph", help=f"comma-separated, of {', '.join(MODES)}")
+    p.add_argument("--modes", default="eager,compiled,fullgraph,stack", help=f"comma-separated, of {', '.join(MODES)}")
     p.add_argument("--peak-tflops", type=float, default=GPUS["h100-80g"].peak_bf16_tflops)
     p.add_argument("--name", default=None, help="the shape's name in the report (default: the config's file name)")
     p.add_argument("--out", default=None, help="write the Markdown table here")

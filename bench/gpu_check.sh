@@ -14,7 +14,7 @@
 # default 400 s: the whole script stays within 7 minutes); a step that fails or runs out of time is
 # logged and the next one runs; the exit status is the first failure's:
 #   device         OUT_DIR/device.txt: device, date, driver, versions, attention backend and why, launch rate
-#   fast-step      eager vs compiled step (regional, and one graph per layer), tokens/s and MFU at 1,024,
+#   fast-step      eager vs compiled step (regional, one graph per layer, the stack one graph), tokens/s, MFU at 1,024,
 #                  4,096, 16,384 tokens per microbatch
 #                  (OUT_DIR/fast-step-MODEL.md; qwen2.5-7b: its first 4 layers at 7B dimensions)
 #   profile/check  the profile measured on the fast step and its check (OUT_DIR/MODEL.profile.json, .check.md)
@@ -135,9 +135,9 @@ EOF
 
 for model in "${models[@]}"; do
     # measured on one H100 (docs/gpu-check/2026-11-26/summary.md): 45 s for the 0.5B shape, eager and regional;
-    # the one-graph mode (a third model, a third compile) adds about half of that
-    cap=100
-    case $model in *7b*) cap=110 ;; esac
+    # each one-graph mode (fullgraph, stack: a model and a compile each) adds about half of that
+    cap=110
+    case $model in *7b*) cap=120 ;; esac
     step "fast-step-$model" "$cap" "$py" bench/fast_step.py --model-config "$(config_of "$model")" --name "$model" \
         --layers "$(layers_of "$model")" --device "$device" --tokens "$tokens" --seq-tokens "$seq_tokens" \
         --loss-chunk-tokens "$chunk" --warmup 2 --repeats 3 --out "$out/fast-step-$model.md"

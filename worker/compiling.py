@@ -45,11 +45,12 @@ from torch import nn
 COMPILED_ATTR = "_skrull_compiled"
 #: ``compile`` values: on (regional), off, the device's default (regional on CUDA, off elsewhere),
 #: ``fullgraph`` (each layer one graph, the attention a registered operator: worker/attention_op.py), or
+#: ``stack`` (the whole decoder stack one graph: embedding, every layer, final norm; not under FSDP2), or
 #: ``cudagraphs`` (``fullgraph`` under CUDA graphs, CUDA only, off unless asked: see ``cudagraph_options``).
-COMPILE_CHOICES = ("auto", "on", "off", "fullgraph", "cudagraphs")
-#: How compiled layers are cut: two graphs around the eager attention, one graph per layer, or one graph
-#: per layer replayed as CUDA graphs.
-REGIONAL, FULLGRAPH, CUDAGRAPHS = "regional", "fullgraph", "cudagraphs"
+COMPILE_CHOICES = ("auto", "on", "off", "fullgraph", "stack", "cudagraphs")
+#: How compiled layers are cut: two graphs around the eager attention, one graph per layer, one graph for
+#: the whole stack, or one graph per layer replayed as CUDA graphs.
+REGIONAL, FULLGRAPH, STACK, CUDAGRAPHS = "regional", "fullgraph", "stack", "cudagraphs"
 
 
 def compile_default(device: torch.device) -> bool:
@@ -63,7 +64,8 @@ def resolve_compile(choice: str | bool | None, device: torch.device) -> bool:
 
 
 def compile_style(choice: str | bool | None, device: torch.device) -> str | None:
-    """``REGIONAL`` (``True``, ``"on"``, ``"auto"`` on CUDA), ``FULLGRAPH`` (``"fullgraph"``), or None (eager)."""
+    """``REGIONAL`` (``True``, ``"on"``, ``"auto"`` on CUDA), ``FULLGRAPH``, ``STACK``, ``CUDAGRAPHS`` (CUDA
+    only), or None (eager)."""
     if isinstance(choice, bool):
         return REGIONAL if choice else None
     if choice is None or choice == "auto":
@@ -72,6 +74,8 @@ def compile_style(choice: str | bool | None, device: torch.device) -> str | None
         return REGIONAL
     if choice == "fullgraph":
         return FULLGRAPH
+    if choice == "stack":
+        return STACK
     if choice == "cudagraphs":
         if device.type != "cuda":
             raise ValueError(f"compile: {choice!r} needs CUDA, the device is {device.type}")
@@ -107,11 +111,13 @@ def compile_layers(
     mode: str | None = None,
     fullgraph: bool = False,
     prepare_kwargs: KwargsHook | None = None,
+    style: str | None = None,
 ) -> int:
     """Compile each layer's ``forward`` in place (module docstring); returns how many were compiled now.
     Idempotent per layer; ``mode`` is ``torch.compile``'s (None: its default). ``prepare_kwargs`` rewrites
     the keyword arguments eagerly before the compiled forward sees them (worker/hf/fast.py replaces the
-    microbatch's plan, a Python object the graph must not guard on, by its token)."""
+    microbatch's plan, a Python object the graph must not guard on, by its token). ``style`` is recorded on
+    each module (``compiled_style``; by default derived from ``fullgraph`` and ``mode``)."""
     options: dict[str, Any] = {"dynamic": True, "fullgraph": fullgraph}
     if mode is not None:
         options["mode"] = mode
@@ -124,7 +130,8 @@ def compile_layers(
             layer.forward = types.MethodType(compiled, layer)
         else:
             layer.forward = types.MethodType(_with_kwargs_hook(compiled, prepare_kwargs), layer)
-        style = REGIONAL if not fullgraph else CUDAGRAPHS if mode == "reduce-overhead" else FULLGRAPH
+        if style is None:
+            style = REGIONAL if not fullgraph else CUDAGRAPHS if mode == "reduce-overhead" else FULLGRAPH
         setattr(layer, COMPILED_ATTR, style)
         count += 1
     return count
@@ -160,7 +167,7 @@ def is_compiled(layer: nn.Module) -> bool:
 
 
 def compiled_style(layer: nn.Module) -> str | None:
-    """``REGIONAL``, ``FULLGRAPH`` or ``CUDAGRAPHS`` for a layer compiled here, else None."""
+    """``REGIONAL``, ``FULLGRAPH``, ``STACK`` or ``CUDAGRAPHS`` for a module compiled here, else None."""
     style = getattr(layer, COMPILED_ATTR, None)
     return style if isinstance(style, str) else None
 

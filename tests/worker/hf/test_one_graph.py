@@ -2,7 +2,8 @@
 operator ``skrull::dacp_attention``, worker/attention_op.py) on 2 gloo processes: no graph break, loss and
 every gradient equal the eager step's within float32 tolerance on planned microbatches with shard pieces
 (both CP schemes, the collectives inside the operator; gradients summed by all-reduce and under FSDP2),
-and nothing recompiles after the warm-up step although every step brings other token counts."""
+and nothing recompiles after the warm-up step although every step brings other token counts. The same for
+the whole decoder as one graph (``compile="stack"``), which FSDP2 refuses."""
 
 from __future__ import annotations
 
@@ -26,6 +27,8 @@ CASES = (
     # FSDP2's per-layer hooks around the compiled forward; Hugging Face's own loss (the fused chunked loss calls
     # model.base_model, which passes by the root's unsharding hook)
     ("fullgraph-fsdp", "fullgraph", "allgather", "fsdp"),
+    ("stack", "stack", "allgather", "allreduce"),  # the whole decoder one graph
+    ("stack-ulysses", "stack", "ulysses", "allreduce"),
 )
 
 
@@ -42,6 +45,13 @@ def run_cases(rank: int, world_size: int, backend: str, out_dir: str) -> None:
         part["graph_breaks"] = sum(counters["graph_break"].values()) - breaks
         torch.save(part, Path(out_dir) / f"{name}-rank{rank}.pt")
     (Path(out_dir) / f"breaks-rank{rank}.json").write_text(json.dumps(dict(counters["graph_break"])))
+    try:  # the whole stack under FSDP2 is refused at the first forward, before any step
+        run = dataclasses.replace(config("stack", "allgather"), grad_sync="fsdp", loss_chunk_tokens=None)
+        run_finetune_rank(plan, lengths, config=run, rank=rank, device=torch.device("cpu"))
+        refusal = "not refused"
+    except ValueError as exc:
+        refusal = str(exc)
+    (Path(out_dir) / f"stack-fsdp-rank{rank}.txt").write_text(refusal)
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +65,7 @@ def parts(runs: Path, name: str) -> list[dict[str, Any]]:
     return [torch.load(runs / f"{name}-rank{r}.pt", weights_only=False) for r in range(WORLD)]
 
 
-@pytest.mark.parametrize("name", ["fullgraph", "fullgraph-ulysses", "fullgraph-fsdp"])
+@pytest.mark.parametrize("name", ["fullgraph", "fullgraph-ulysses", "fullgraph-fsdp", "stack", "stack-ulysses"])
 def test_one_graph_layers_equal_the_eager_step_and_the_plain_step(runs: Path, name: str) -> None:
     eager = result_from_parts(parts(runs, "eager"))
     fast = result_from_parts(parts(runs, name))
@@ -68,14 +78,20 @@ def test_one_graph_layers_equal_the_eager_step_and_the_plain_step(runs: Path, na
             assert err <= TOLERANCE_VS_EAGER, (param, err)
     plan, lengths = sharded_plan()
     for check in check_steps(
-        plan, lengths, fast, config=config("fullgraph", "ulysses" if "ulysses" in name else "allgather")
+        plan, lengths, fast, config=config(name.split("-")[0], "ulysses" if "ulysses" in name else "allgather")
     ):
         assert check.max_rel_error <= TOLERANCE_VS_PLAIN, check
 
 
-@pytest.mark.parametrize("name", ["fullgraph", "fullgraph-ulysses"])
+@pytest.mark.parametrize("name", ["fullgraph", "fullgraph-ulysses", "stack", "stack-ulysses"])
 def test_one_graph_layers_have_no_graph_break_and_do_not_recompile_after_warm_up(runs: Path, name: str) -> None:
     for part in parts(runs, name):
         assert part["graph_breaks"] == 0, json.loads((runs / "breaks-rank0.json").read_text())
     fast = result_from_parts(parts(runs, name))
     assert [r.compiles for r in fast.steps] == [0, 0, 0]
+
+
+def test_the_whole_stack_under_fsdp2_is_refused_naming_the_setting(runs: Path) -> None:
+    for rank in range(WORLD):
+        text = (runs / f"stack-fsdp-rank{rank}.txt").read_text()
+        assert "compile='stack' with FSDP2" in text and "compile='fullgraph'" in text, text
