@@ -210,11 +210,16 @@ def _has_cuda() -> bool:
     return bool(torch.cuda.is_available())
 
 
+#: a long command's progress on stderr when it is not a terminal (``skrull execute: [1/2] ...``): what a
+#: terminal shows as a bar instead, so the transcripts leave it out (tests/cli test it)
+PROGRESS_LINE = re.compile(r"^skrull [a-z-]+(?: --[a-z-]+)?: .*\n?", re.M)
+
+
 def _run(command: str, cwd: Path, env: dict[str, str]) -> str:
     out = subprocess.run(
         ["bash", "-c", command], cwd=cwd, env=env, capture_output=True, text=True, timeout=300, check=False
     )
-    return out.stdout + out.stderr
+    return out.stdout + PROGRESS_LINE.sub("", out.stderr)
 
 
 def _env() -> dict[str, str]:
