@@ -65,8 +65,11 @@ profiles: $(STAMP)
 # used when `flash_attn.cute` imports). Without a CUDA GPU: one line, exit 0, nothing written.
 GPU_CHECK := docs/gpu-check
 
-gpu-check: $(STAMP)
-	@PYTHON=$(BIN)/python bash bench/gpu_check.sh $(GPU_CHECK) qwen2.5-0.5b qwen2.5-7b
+# No setup first: the GPU machine may have no network; the venv's interpreter when there is one, else $(PYTHON)
+# with this checkout on PYTHONPATH.
+gpu-check:
+	@PYTHON=$(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON)) PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} \
+		bash bench/gpu_check.sh $(GPU_CHECK) qwen2.5-0.5b qwen2.5-7b
 
 # The image built and tried where no image registry is reachable (docker/image-check.sh): a bookworm base
 # made with debootstrap, `podman build --isolation chroot`, then `skrull serve` in it answering a plan and a

@@ -168,10 +168,11 @@ def main(argv: list[str] | None = None) -> int:
                 }
             )
             print(json.dumps(rows[-1]), flush=True)
-    text = report(rows, args=args, parallel=parallel, profile=profile, model_config=model_config, device=device)
-    print(text)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(text + "\n", encoding="utf-8")
+            # the table so far, after every row: a run cut short by a time cap keeps what it measured
+            text = report(rows, args=args, parallel=parallel, profile=profile, model_config=model_config, device=device)
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.out).write_text(text + "\n", encoding="utf-8")
+    print(text if rows else "no row measured")
     worst = max((abs(r["error"]) for r in rows), default=0.0)
     print(f"largest |estimate - measured| / measured: {100 * worst:.1f}% (target <= 10%)")
     return 0

@@ -140,6 +140,15 @@ def dacp_attention(
     and Ulysses' whole sequences (worker/kernels.py)."""
     if q.shape[0] != plan.layout.num_tokens:
         raise ValueError(f"buffer has {q.shape[0]} rows, the microbatch layout {plan.layout.num_tokens}")
+    if not plan.has_sharded and plan.group is None and q.shape[0] > 0:
+        # whole sequences only: the kernel's own autograd. The CP Functions' nested graph (leaf copies in
+        # forward, an autograd.grad in backward) exists to overlap collectives this microbatch does not have,
+        # and costs host time in every layer of a step that is host-bound (docs/gpu-check/2026-11-26).
+        cu, longest = plan.local_cu_seqlens, plan.local_max_seqlen
+        return plan.kernel(
+            q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=longest, max_seqlen_k=longest, causal=True,
+            softcap=softcap, window=window,
+        )  # fmt: skip
     features = Features(softcap=softcap or 0.0, window=window) if softcap or window is not None else NO_FEATURES
     fn = _AllGatherCP if plan.mode == "allgather" else _UlyssesCP
     out: torch.Tensor = fn.apply(q, k, v, plan, features)  # type: ignore[no-untyped-call]
