@@ -1,13 +1,14 @@
-"""DACP attention as a registered custom operator: one graph per decoder layer under ``torch.compile``.
+"""DACP attention as a registered custom operator: decoder layers compile as one graph each (or the
+whole stack as one) under ``torch.compile``.
 
-Why: the regional compile (worker/compiling.py, ``mode="regional"``) breaks each layer's graph at the
+Why: the regional compile (worker/compiling.py, ``compile="on"``) breaks each layer's graph at the
 attention (``torch.compiler.disable``), so every layer runs as two compiled pieces around an eager call;
 on one H100 (docs/gpu-check/2026-11-26) that step was no faster than eager at 1,024 and 4,096 tokens
 (host-bound, ~3 ms per layer). Registered as ``torch.ops.skrull.dacp_attention`` with a fake (shape)
 function and an autograd formula, the attention is one opaque node the compiler keeps in the graph: the
-layer compiles whole (``fullgraph=True``), and the node's eager body runs the existing DACP code
-unchanged, collectives included (worker/dacp.py: local sequences over ``cu_seqlens``, shard pieces with
-``allgather`` or ``ulysses``, any kernel of worker/kernels.py).
+layer compiles whole (``fullgraph=True``; ``compile="fullgraph"`` or ``"stack"``), and the node's eager
+body runs the existing DACP code unchanged, collectives included (worker/dacp.py: local sequences over
+``cu_seqlens``, shard pieces with ``allgather`` or ``ulysses``, any kernel of worker/kernels.py).
 
 How the microbatch's plan reaches the node: a graph must not take the ``DACPPlan`` (a Python object
 whose integers change every microbatch: dynamo would guard on them and recompile). The plan is
