@@ -15,7 +15,9 @@ from typing import Any
 import pytest
 import torch
 
+from skrull.worker.hf.fast import compile_model
 from skrull.worker.hf.finetune import check_steps, result_from_parts, run_finetune_rank
+from skrull.worker.hf.model import build_model
 from skrull.worker.launch import launch
 from tests.worker.hf.test_fast import TOLERANCE_VS_EAGER, TOLERANCE_VS_PLAIN, config, sharded_plan
 
@@ -95,3 +97,18 @@ def test_the_whole_stack_under_fsdp2_is_refused_naming_the_setting(runs: Path) -
     for rank in range(WORLD):
         text = (runs / f"stack-fsdp-rank{rank}.txt").read_text()
         assert "compile='stack' with FSDP2" in text and "compile='fullgraph'" in text, text
+
+
+@pytest.mark.parametrize("style", ["fullgraph", "stack"])
+def test_one_graph_layers_under_activation_checkpointing_equal_the_eager_step(style: str) -> None:
+    """Checkpointed layers run the attention operator again in backward: it keeps no state, so the
+    recomputation is exact (one process, whole sequences: the trainer allows checkpointing without CP)."""
+    from tests.worker.hf.test_padding import CONFIG, CPU, assert_same, inputs, loss_and_grads
+
+    eager = build_model(CONFIG, seed=0, device=CPU)
+    fast = build_model(CONFIG, seed=0, device=CPU)
+    fast.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    assert compile_model(fast, compile=style, device=CPU)
+    for lengths in ((7, 12), (20, 5, 9, 1)):
+        kwargs, labels = inputs(lengths)
+        assert_same(loss_and_grads(fast, kwargs, labels), loss_and_grads(eager, kwargs, labels))
