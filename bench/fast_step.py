@@ -3,8 +3,12 @@
 For each token count, one microbatch (packed sequences of ``--seq-tokens`` tokens each, or one sequence
 when the count is smaller) runs as the fast step runs it: DACP attention with the chosen kernel, the
 LM head's fused chunked cross-entropy (worker/fused_ce.py), backward. First with the decoder layers
-eager, then with them compiled (worker/compiling.py), on the same weights. ``--warmup`` untimed runs
-(the compiled one's first run compiles), then the median of ``--repeats`` timed runs (CUDA events).
+eager, then compiled regionally (worker/compiling.py: two graphs per layer around the eager attention),
+then each layer as one graph (``fullgraph``: the attention a registered operator, worker/attention_op.py),
+then the whole decoder as one graph (``stack``), each mode on a fresh model with the same weights
+(``--modes``; ``cudagraphs``, CUDA only and not in the default, replays the one-graph layers as CUDA graphs).
+``--warmup`` untimed runs (the compiled one's first run compiles), then the median of ``--repeats`` timed
+runs (CUDA events).
 
 MFU (PaLM, Chowdhery et al. 2022, appendix B): model FLOPs over the device's peak, with
 ``6 N + 12 L q S`` FLOPs per token of a sequence of ``S`` tokens (``N``: the layers' and the head's
@@ -46,6 +50,18 @@ from skrull.worker.hf.step import causal_lm_loss  # noqa: E402
 from skrull.worker.inputs import SyntheticData  # noqa: E402
 from skrull.worker.kernels import kernel_choice  # noqa: E402
 from skrull.worker.layout import MicrobatchLayout  # noqa: E402
+
+#: ``--modes``: eager layers, the regional compile (two graphs per layer around the eager attention), and
+#: one graph per layer with the attention as the registered operator (worker/attention_op.py).
+#: ``cudagraphs`` (CUDA only) replays those graphs as CUDA graphs (worker/compiling.py, ``cudagraph_options``).
+#: ``stack`` compiles the whole decoder (embedding, every layer, final norm) as one graph.
+MODES: dict[str, str | None] = {
+    "eager": None,
+    "compiled": "on",
+    "fullgraph": "fullgraph",
+    "stack": "stack",
+    "cudagraphs": "cudagraphs",
+}
 
 
 def matmul_params(config: dict[str, Any]) -> tuple[int, int, int]:
@@ -102,7 +118,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--loss-chunk-tokens", type=int, default=4096)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--modes", default="eager,compiled")
+    p.add_argument("--modes", default="eager,compiled,fullgraph,stack", help=f"comma-separated, of {', '.join(MODES)}")
     p.add_argument("--peak-tflops", type=float, default=GPUS["h100-80g"].peak_bf16_tflops)
     p.add_argument("--name", default=None, help="the shape's name in the report (default: the config's file name)")
     p.add_argument("--out", default=None, help="write the Markdown table here")
@@ -123,16 +139,25 @@ def main(argv: list[str] | None = None) -> int:
     name = args.name or Path(args.model_config).stem
     choice = kernel_choice(device, dtype)
     print(choice.describe(), flush=True)
-    model = build_model(config, seed=0, device=device, dtype=dtype)
     vocab = int(config["vocab_size"])
     rows: list[dict[str, Any]] = []
     token_counts = [int(t) for t in args.tokens.split(",") if t]
     modes = [m for m in args.modes.split(",") if m]
+    unknown = [m for m in modes if m not in MODES]
+    if unknown:
+        raise SystemExit(f"--modes: unknown mode {unknown[0]!r} ({', '.join(MODES)})")
+    model: Any = None
+    if device.type != "cuda" and "cudagraphs" in modes:
+        print("bench/fast_step.py: cudagraphs needs CUDA; that mode is skipped", file=sys.stderr)
+        modes.remove("cudagraphs")
     for mode in modes:
-        if mode == "compiled":
-            compile_model(model, compile=True, device=device)
-        elif mode != "eager":
-            raise SystemExit(f"--modes: unknown mode {mode!r} (eager, compiled)")
+        model = None  # each mode on a fresh model with the same weights (seed 0): a layer compiles one way
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        model = build_model(config, seed=0, device=device, dtype=dtype)
+        if MODES[mode] is not None:
+            compile_model(model, compile=MODES[mode], device=device)
+        graphs = mode == "cudagraphs"
         for tokens in token_counts:
             lengths = split(tokens, args.seq_tokens)
             data = SyntheticData(seed=tokens, lengths=tuple(lengths))
@@ -145,10 +170,18 @@ def main(argv: list[str] | None = None) -> int:
             kwargs, labels = model_inputs(mb, plan)
             num_targets = int((labels != -100).sum())
 
-            def step(kwargs: dict[str, Any] = kwargs, labels: torch.Tensor = labels, n: int = num_targets) -> None:
-                loss = causal_lm_loss(model, kwargs, labels, num_targets=n, loss_chunk_tokens=args.loss_chunk_tokens)
+            def step(
+                kwargs: dict[str, Any] = kwargs,
+                labels: torch.Tensor = labels,
+                n: int = num_targets,
+                m: Any = model,
+                graphs: bool = graphs,
+            ) -> None:
+                if graphs:  # a new step: the previous replay's outputs may be overwritten
+                    torch.compiler.cudagraph_mark_step_begin()  # type: ignore[no-untyped-call]
+                loss = causal_lm_loss(m, kwargs, labels, num_targets=n, loss_chunk_tokens=args.loss_chunk_tokens)
                 loss.backward()
-                for p in model.parameters():
+                for p in m.parameters():
                     p.grad = None
 
             if device.type == "cuda":

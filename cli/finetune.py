@@ -43,9 +43,11 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--loss-chunk-tokens", type=int, default=None, help="LM head + loss in chunks of this many rows")
     p.add_argument(
         "--compile",
-        choices=("auto", "on", "off"),
+        choices=("auto", "on", "off", "fullgraph", "stack"),
         default="auto",
-        help="decoder layers under torch.compile (dynamic token counts); auto: on CUDA only",
+        help="decoder layers under torch.compile (dynamic token counts); auto: on CUDA only; on: regional "
+        "(the attention eager between two graphs); fullgraph: one graph per layer, the attention a custom op; "
+        "stack: the whole decoder one graph (not with --grad-sync fsdp)",
     )
     p.add_argument("--warmup", type=int, default=0, help="untimed steps first, not applied (default 0)")
     p.add_argument("--tolerance", type=float, default=None, help="max relative error (default 1e-4; 5e-2 in 16 bits)")
@@ -115,7 +117,12 @@ def _print_run(
         f"{world_size} processes ({args.backend}), kernel {result.kernel}, cp {args.cp_mode}, {args.dtype}"
     )
     if result.kernel_line:
-        print(f"{result.kernel_line}; decoder layers {'compiled' if result.compiled else 'eager'}")
+        how = "eager"
+        if result.compiled:
+            how = {"fullgraph": "compiled, one graph per layer", "stack": "compiled, the decoder stack one graph"}.get(
+                args.compile, "compiled"
+            )
+        print(f"{result.kernel_line}; decoder layers {how}")
     print()
     print("| step | iteration | target tokens | loss | step ms (slowest rank) |")
     print("|------|-----------|---------------|------|------------------------|")

@@ -90,7 +90,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output-dir", default="hf-trainer-out")
     p.add_argument(
-        "--compile", choices=("auto", "on", "off"), default="auto",
+        "--compile", choices=("auto", "on", "off", "fullgraph", "stack"), default="auto",
         help="decoder layers under torch.compile (skrull's fast step); auto: on CUDA only",
     )  # fmt: skip
     p.add_argument("--check", action="store_true", help="first step against the plain step; 'check passed'")

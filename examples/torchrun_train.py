@@ -74,7 +74,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--grad-sync", choices=grad_sync.GRAD_SYNCS, default="ddp")
-    p.add_argument("--compile", choices=("auto", "on", "off"), default="auto", help="decoder layers compiled")
+    p.add_argument(
+        "--compile", choices=("auto", "on", "off", "fullgraph", "stack"), default="auto", help="decoder layers compiled"
+    )
     p.add_argument("--check", action="store_true", help="first step against the plain step; 'check passed'")
     p.add_argument("--calibrate", action="store_true", help="refit the profile from the run's microbatch times")
     p.add_argument("--calibrated-profile-out", default=None, help="with --calibrate: write the calibrated profile")

@@ -63,6 +63,26 @@ def test_the_trainer_script_with_compiled_layers_passes_its_check(tmp_path: Path
     assert out.stdout.rstrip().endswith("check passed")
 
 
+def test_the_trainer_script_with_one_graph_layers_passes_its_check(tmp_path: Path) -> None:
+    """``--compile fullgraph``: each layer one graph, the attention the registered operator with the
+    collectives inside, under the Trainer, DP1 x CP2 with shard pieces, two steps."""
+    data = write_rows(tmp_path / "train.jsonl", n=32, seed=6)
+    exe = shutil.which("torchrun", path=str(Path(sys.executable).parent))
+    assert exe is not None
+    cmd = [
+        exe, "--standalone", "--nproc-per-node", "2", str(ROOT / "examples" / "hf_trainer.py"),
+        "--model-config", str(ROOT / "examples" / "models" / "qwen2-tiny.json"), "--data", str(data),
+        "--dp", "1", "--cp", "2", "--global-batch-size", "8", "--bucket-tokens", "64", "--max-steps", "2",
+        "--compile", "fullgraph", "--check", "--output-dir", str(tmp_path / "out"),
+    ]  # fmt: skip
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=tmp_path, check=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "attention kernel: reference (best usable); decoder layers compiled, one graph per layer" in out.stderr
+    largest = [line for line in out.stdout.splitlines() if line.startswith("largest relative error: ")]
+    assert len(largest) == 1 and float(largest[0].split()[3]) <= 1e-4
+    assert out.stdout.rstrip().endswith("check passed")
+
+
 def test_a_run_resumed_from_a_trainer_checkpoint_in_new_processes_is_the_straight_run(tmp_path: Path) -> None:
     data = write_rows(tmp_path / "train.jsonl", n=64, seed=5)
     cmd = [

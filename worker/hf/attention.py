@@ -32,6 +32,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from skrull.worker import attention_op
 from skrull.worker.compiling import attention_graph_break
 from skrull.worker.dacp import DACPPlan, dacp_attention
 
@@ -39,6 +40,8 @@ from skrull.worker.dacp import DACPPlan, dacp_attention
 ATTN_IMPLEMENTATION = "skrull_dacp"
 #: The forward keyword argument carrying the microbatch's ``DACPPlan``.
 PLAN_KWARG = "skrull_dacp"
+#: What a layer compiled as one graph gets instead: the plan's token (worker/attention_op.py).
+TOKEN_KWARG = "skrull_dacp_token"
 
 
 def dacp_attention_forward(
@@ -51,13 +54,35 @@ def dacp_attention_forward(
     dropout: float = 0.0,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
-    """Causal DACP attention over one packed microbatch (see the module docstring)."""
-    plan = kwargs.get(PLAN_KWARG)
-    if not isinstance(plan, DACPPlan):
-        raise ValueError(
-            f"attn_implementation {ATTN_IMPLEMENTATION!r} needs the microbatch's plan: call the model with "
-            f"{PLAN_KWARG}=<DACPPlan> (skrull.worker.hf.inputs.model_inputs)"
+    """Causal DACP attention over one packed microbatch (see the module docstring).
+
+    With the plan's token (``TOKEN_KWARG``: a layer compiled as one graph, worker/compiling.py) the
+    attention is the registered operator ``torch.ops.skrull.dacp_attention``, traced into the graph;
+    with the plan itself (eager layers, or the regional compile) it is the eager DACP call, a graph break
+    under ``torch.compile``."""
+    token = kwargs.get(TOKEN_KWARG)
+    if token is None:
+        eager: tuple[torch.Tensor, None] = _eager_attention_forward(
+            module, query, key, value, attention_mask, scaling, dropout, **kwargs
         )
+        return eager
+    q, k, v, softcap, window = _packed_inputs(module, query, key, value, attention_mask, scaling, dropout, kwargs)
+    out = attention_op.attention(q, k, v, token, softcap=softcap, window=window)
+    return out.unsqueeze(0), None
+
+
+def _packed_inputs(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None,
+    dropout: float,
+    kwargs: dict[str, Any],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float | None, int | None]:
+    """``q``, ``k``, ``v`` as ``[T, H, D]`` (queries rescaled to the kernels' 1/sqrt(D)), softcap, window;
+    refuses what the DACP attention does not compute."""
     if query.shape[0] != 1:
         raise ValueError(f"a planned microbatch is one packed row; got a batch of {query.shape[0]}")
     if attention_mask is not None:
@@ -69,9 +94,33 @@ def dacp_attention_forward(
     if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
         raise ValueError(f"sliding_window={window!r}: must be an integer >= 1 (or None)")
     q, k, v = (t[0].transpose(0, 1).contiguous() for t in (query, key, value))  # [T, H, D]
-    head_dim = q.shape[-1]
-    if scaling is not None and not math.isclose(scaling, head_dim**-0.5, rel_tol=1e-12):
+    # the layer's own head_dim where it has one: a plain int, where the shape is symbolic in a compiled graph
+    head_dim = getattr(module, "head_dim", None)
+    if not isinstance(head_dim, int) or head_dim != query.shape[-1]:
+        head_dim = q.shape[-1]
+    if scaling is not None and abs(scaling - head_dim**-0.5) > 1e-12 * head_dim**-0.5:  # math.isclose, traceable
         q = q * (scaling * math.sqrt(head_dim))  # the kernels scale by 1/sqrt(D)
+    return q, k, v, softcap, window
+
+
+def _eager_dacp_attention_forward(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """The eager DACP call with the microbatch's plan (``PLAN_KWARG``)."""
+    plan = kwargs.get(PLAN_KWARG)
+    if not isinstance(plan, DACPPlan):
+        raise ValueError(
+            f"attn_implementation {ATTN_IMPLEMENTATION!r} needs the microbatch's plan: call the model with "
+            f"{PLAN_KWARG}=<DACPPlan> (skrull.worker.hf.inputs.model_inputs)"
+        )
+    q, k, v, softcap, window = _packed_inputs(module, query, key, value, attention_mask, scaling, dropout, kwargs)
     rows, num_tokens = q.shape[0], plan.layout.num_tokens
     if rows < num_tokens:
         raise ValueError(f"the buffer has {rows} rows, the microbatch layout {num_tokens}")
@@ -79,6 +128,11 @@ def dacp_attention_forward(
     if rows > num_tokens:
         out = torch.cat([out, out.new_zeros(rows - num_tokens, *out.shape[1:])])
     return out.unsqueeze(0), None
+
+
+# eager between the compiled halves of a regionally compiled layer (worker/compiling.py): the collectives and
+# the kernel's control flow depend on the plan; a no-op wrapper in an eager model
+_eager_attention_forward = attention_graph_break(_eager_dacp_attention_forward)
 
 
 #: Config fields of attention features the DACP attention computes (worker/kernels.py), for the docs.
@@ -121,7 +175,5 @@ def register() -> str:
     """Register the implementation with ``transformers`` (idempotent); returns its name."""
     from transformers import AttentionInterface
 
-    # eager between the compiled halves of a compiled layer (worker/compiling.py): the collectives and the
-    # kernel's control flow depend on the plan; a no-op wrapper in an eager model
-    AttentionInterface.register(ATTN_IMPLEMENTATION, attention_graph_break(dacp_attention_forward))
+    AttentionInterface.register(ATTN_IMPLEMENTATION, dacp_attention_forward)
     return ATTN_IMPLEMENTATION

@@ -65,7 +65,8 @@ class FinetuneConfig:
     #: step's microbatches are timed on every rank and gathered; the profile is refitted after every step
     #: and each later step's iteration is re-planned with the latest fit (rank 0 plans, every rank gets it).
     calibrate_request: dict[str, Any] | None = None
-    #: Decoder layers compiled: "on", "off", or "auto" (on CUDA only; worker/compiling.py).
+    #: Decoder layers compiled: "on" (regional), "off", "auto" (regional on CUDA only), "fullgraph" (one graph
+    #: per layer) or "stack" (the whole decoder one graph; not with grad_sync "fsdp"): worker/compiling.py.
     compile: str = "auto"
 
 
@@ -78,7 +79,7 @@ class StepRecord:
     #: Slowest rank's wall time of the step (forward, backward, gradient all-reduce).
     seconds: float
     grads: dict[str, torch.Tensor] = field(default_factory=dict)
-    #: Frames torch.compile compiled during the step on rank 0 (0 once warm: worker/compiling.py).
+    #: Graphs torch.compile compiled during the step on rank 0 (0 once warm: worker/compiling.py).
     compiles: int = 0
 
 

@@ -40,7 +40,7 @@ from skrull.worker.dataloader import PlannedBatches, ReadyIteration
 from skrull.worker.groups import IterationGroups
 from skrull.worker.hf.attention import ATTN_IMPLEMENTATION, refuse_unsupported_attention
 from skrull.worker.hf.evaluation import plain_eval_loss, reduce_rows, row_losses
-from skrull.worker.hf.fast import compile_model
+from skrull.worker.hf.fast import compile_model, compiled_how
 from skrull.worker.hf.inputs import model_inputs
 from skrull.worker.hf.step import MicrobatchTimer, dacp_plans, global_target_count
 from skrull.worker.kernels import kernel_choice, select_kernel
@@ -178,7 +178,7 @@ class SkrullTrainerMixin(_TrainerBase):
         if self.args.process_index == 0:
             print(
                 f"{kernel_choice(torch.device(self.args.device), dtype).describe()}; decoder layers "
-                f"{'compiled' if self.compiled else 'eager'}",
+                f"{compiled_how(model) if self.compiled else 'eager'}",
                 file=sys.stderr,
             )
         self.step_losses = []
@@ -409,8 +409,8 @@ class SkrullTrainer(SkrullTrainerMixin, Trainer):
     """``Trainer`` whose every optimizer step is one plan iteration of ``planned`` (module doc)."""
 
     def __init__(self, *args: Any, planned: PlannedBatches, compile: str | bool | None = "auto", **kwargs: Any) -> None:
-        """``compile``: the decoder layers compiled (``"on"``), eager (``"off"``), or compiled on CUDA only
-        (``"auto"``); worker/compiling.py."""
+        """``compile``: the decoder layers compiled (``"on"``), eager (``"off"``), compiled on CUDA only
+        (``"auto"``), or compiled one graph per layer (``"fullgraph"``); worker/compiling.py."""
         kwargs.setdefault("train_dataset", _Steps(len(planned)))
         super().__init__(*args, **kwargs)
         self._use_plans(planned, compile=compile)
