@@ -35,13 +35,18 @@ def loader(mesh: Any, **kw: Any) -> PlannedBatches:
 
 
 def report(fn: Any) -> None:
+    """One line per case in this rank's own file (``report-<rank>.txt`` in the working directory): two
+    ranks printing to torchrun's one pipe can interleave within a line on a loaded machine."""
     rank = dist.get_rank()
     try:
         fn()
     except ValueError as e:
-        print(f"{rank} refused: {e}", flush=True)
+        line = f"refused: {e}"
     else:
-        print(f"{rank} trained", flush=True)
+        line = "trained"
+    with open(f"report-{rank}.txt", "a", encoding="utf-8") as f:
+        f.write(line.replace("\n", " ") + "\n")
+    print(f"{rank} {line}", flush=True)
 
 
 def trainer(mesh: Any, *, use_cpu: bool, equal: bool) -> None:
