@@ -273,7 +273,7 @@ class HeadTimer:
         if chunk_tokens < 1:
             raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
         gen = torch.Generator().manual_seed(seed)
-        self._weight = (
+        self._weight: torch.Tensor = (
             (torch.randn(model.vocab_size, model.hidden_size, generator=gen) * model.hidden_size**-0.5)
             .to(device=timer.device, dtype=dtype)
             .requires_grad_(True)
