@@ -29,6 +29,14 @@ median excess time of the few that did communicate, if any, so a planner is not 
 it hardly measured is free. The model's ``max(T_comm, T_comp_local)`` is fitted as a sum: exact when a
 sharded microbatch has no local work (DACP's usual case), an upper bound otherwise.
 
+Recency: a microbatch measured ``k`` iterations before the latest weighs ``2^(-k / half_life_iterations)``
+in the fit (``HALF_LIFE_ITERATIONS``, 4: with the few microbatches of an iteration, a fit then rests on
+about 6 iterations' worth of them, several times its five coefficients). A machine's speed drifts over a
+run (other jobs, clocks, caches warming, a shared host's load: on the 2-core VM of docs/benchmarks.md the
+same plan's iterations took 97 ms, then 264 ms four iterations later); a fit weighing its whole history
+equally predicts the average machine, the next iteration runs on the current one. The estimate of a plan
+is for the iterations about to run, so the recent past is the better witness.
+
 Robustness: the first ``warmup_iterations`` iterations are left out (allocator, kernel selection, lazy
 initialisation). The fit minimises the absolute relative error rather than its square (iteratively
 reweighted: each squared residual weighed by ``1 / max(|r|, 1%)``, ``IRLS_ROUNDS`` rounds), so what it
@@ -64,6 +72,8 @@ MIN_MICROBATCHES = 6
 MIN_COMMUNICATING = 4
 #: Reweighting rounds of the least-absolute-error fit (each picks the critical GPU anew).
 IRLS_ROUNDS = 8
+#: Iterations over which a microbatch's weight in the fit halves: the fit follows the machine as it is now.
+HALF_LIFE_ITERATIONS = 4.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -205,25 +215,39 @@ def fit_profile(
     mbs: Sequence[MeasuredMicrobatch],
     *,
     warmup_iterations: int = WARMUP_ITERATIONS,
+    half_life_iterations: float | None = HALF_LIFE_ITERATIONS,
     provenance: Mapping[str, Any] | None = None,
 ) -> CalibrationFit:
-    """Refit ``start``'s time coefficients on measured microbatches (module doc); memory is kept."""
+    """Refit ``start``'s time coefficients on measured microbatches (module doc); memory is kept.
+
+    ``half_life_iterations``: the recency weighting (module doc); None weighs every iteration alike."""
+    if half_life_iterations is not None and not half_life_iterations > 0:
+        raise ValueError(f"half_life_iterations must be > 0 or None, got {half_life_iterations}")
     first = min((mb.iteration for mb in mbs), default=0)
     data = [mb for mb in mbs if mb.iteration >= first + warmup_iterations and mb.ms > 0]
     if len(data) < MIN_MICROBATCHES:
         raise FitError(f"calibration: need at least {MIN_MICROBATCHES} microbatches after warm-up, got {len(data)}")
     bpt = start.comm.bytes_per_token
     ys = np.asarray([mb.ms for mb in data])
+    latest = max(mb.iteration for mb in data)
+    # row factors: squared in the objective, so sqrt of the weight 2^(-age / half-life)
+    recency = (
+        np.ones(len(data))
+        if half_life_iterations is None
+        else np.asarray([2.0 ** (-(latest - mb.iteration) / (2.0 * half_life_iterations)) for mb in data])
+    )
     weights = (1.0, 0.0)
     keep = np.ones(len(data), dtype=bool)
     irls = np.ones(len(data))
     # communication is fitted only when the run showed it: else the starting profile's, scaled (below)
     communicating = sum(1 for mb in data if len(mb.ranks) > 1 and mb.sharded)
     active = [0, 1, 2, 3, 4] if communicating >= MIN_COMMUNICATING else [0, 1, 4]
+    fpt = start.compute.flops_per_token
     for _ in range(IRLS_ROUNDS):  # least absolute relative error, by iteratively reweighted least squares
         cols = _columns(data, bpt, weights)
         coef = np.zeros(cols.shape[1])
-        coef[active], _ = fit_nonnegative(cols[keep][:, active], ys[keep], what="calibration", weights=irls[keep])
+        row = irls * recency
+        coef[active], _ = fit_nonnegative(cols[keep][:, active], ys[keep], what="calibration", weights=row[keep])
         weights = (float(coef[0]), float(coef[1]))
         rel = np.abs(cols @ coef - ys) / ys
         irls = 1.0 / np.sqrt(np.maximum(rel, 0.01))  # row factor: squared, it weighs r^2 by 1/|r|
@@ -231,7 +255,6 @@ def fit_profile(
         if keep.sum() < MIN_MICROBATCHES:
             keep = np.ones(len(data), dtype=bool)
     a, b, m, f, c = (float(x) for x in coef)
-    fpt = start.compute.flops_per_token
     ms_per_tflop = a * 1e12 / fpt
     comm_source = "calibrated from the run: sharded K/V MiB and an indicator of communication per microbatch"
     if 2 not in active:  # not shown by the run: the machine is as much slower as its compute
@@ -272,6 +295,7 @@ def fit_profile(
         "microbatches": int(keep.sum()),
         "dropped_outliers": int((~keep).sum()),
         "warmup_iterations": warmup_iterations,
+        "half_life_iterations": half_life_iterations,
         "iterations": sorted({mb.iteration for mb in data}),
         "median_abs_rel_error": round(residual, 6),
         "samples": {

@@ -95,6 +95,23 @@ def test_communication_the_run_never_showed_is_scaled_from_the_starting_profile_
     )
 
 
+def test_the_fit_follows_a_machine_that_slowed_down_rather_than_its_average() -> None:
+    """Twenty iterations, the last ten on a machine twice as slow (another job arrived): the next iteration
+    runs on the slow one, and the recency-weighted fit predicts it; weighing every iteration alike predicts
+    the average machine, a third too fast."""
+    data = _microbatches(random.Random(9), 80)
+    slow = [dataclasses.replace(mb, ms=2.0 * mb.ms) for mb in _microbatches(random.Random(10), 80, first_iteration=20)]
+    history = data + slow
+    upcoming = [dataclasses.replace(mb, ms=2.0 * mb.ms) for mb in _microbatches(random.Random(11), 40)]
+    recent = CostModel(profile_from_dict(fit_profile(load_profile(START), history).profile))
+    flat = CostModel(profile_from_dict(fit_profile(load_profile(START), history, half_life_iterations=None).profile))
+    assert median_error(upcoming, recent) < 0.10
+    assert median_error(upcoming, flat) > 0.20
+    assert fit_profile(load_profile(START), history).profile["calibrated"]["half_life_iterations"] == 4.0
+    with pytest.raises(ValueError, match="half_life_iterations"):
+        fit_profile(load_profile(START), history, half_life_iterations=0.0)
+
+
 def test_too_few_microbatches_refuse_to_fit_and_keep_the_previous_profile() -> None:
     with pytest.raises(FitError, match="at least"):
         fit_profile(load_profile(START), _microbatches(random.Random(1), 6))
