@@ -32,10 +32,10 @@ sharded microbatch has no local work (DACP's usual case), an upper bound otherwi
 Recency: a microbatch measured ``k`` iterations before the latest weighs ``2^(-k / half_life_iterations)``
 in the fit (``HALF_LIFE_ITERATIONS``, 4: with the few microbatches of an iteration, a fit then rests on
 about 6 iterations' worth of them, several times its five coefficients). A machine's speed drifts over a
-run (other jobs, clocks, caches warming, a shared host's load: on the 2-core VM of docs/benchmarks.md the
-same plan's iterations took 97 ms, then 264 ms four iterations later); a fit weighing its whole history
-equally predicts the average machine, the next iteration runs on the current one. The estimate of a plan
-is for the iterations about to run, so the recent past is the better witness.
+run (other jobs, clocks, caches warming, a shared host's load: in bench/calibration.py on a shared 2-core
+VM, like iterations of four microbatches took 97 ms, then 264 ms four iterations later); a fit weighing
+its whole history equally predicts the average machine, the next iteration runs on the current one. The
+estimate of a plan is for the iterations about to run, so the recent past is the better witness.
 
 Robustness: the first ``warmup_iterations`` iterations are left out (allocator, kernel selection, lazy
 initialisation). The fit minimises the absolute relative error rather than its square (iteratively
