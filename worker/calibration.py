@@ -26,8 +26,15 @@ previous fit (each reweighting round). Terms the run did not show are not fitted
 ``MIN_COMMUNICATING`` microbatches sharded over a group, the communication coefficients are the starting
 profile's scaled by the compute's ratio (the machine is as much slower), the fixed cost taken from the
 median excess time of the few that did communicate, if any, so a planner is not told that communication
-it hardly measured is free. The model's ``max(T_comm, T_comp_local)`` is fitted as a sum: exact when a
-sharded microbatch has no local work (DACP's usual case), an upper bound otherwise.
+it hardly measured is free. From ``MIN_COMMUNICATING`` on, the communication terms are fitted and then
+shrunk towards that scaled start as a prior worth ``MIN_COMMUNICATING`` microbatches: with ``n``
+communicating microbatches, ``m = (n * m_fit + MIN_COMMUNICATING * m_start) / (n + MIN_COMMUNICATING)``,
+``f`` alike. A few noisy communicating microbatches otherwise let the non-negative fit call communication
+free (in bench/calibration.py on the shared 2-core VM it fitted ``m = f = 0`` from 4-7 of them in five runs
+of six, and the planner then sharded as if gathers cost nothing: up to twice slower per token); as they
+accumulate the run's own figures take over (40 of them weigh 91%). The model's ``max(T_comm,
+T_comp_local)`` is fitted as a sum: exact when a sharded microbatch has no local work (DACP's usual case),
+an upper bound otherwise.
 
 Recency: a microbatch measured ``k`` iterations before the latest weighs ``2^(-k / half_life_iterations)``
 in the fit (``HALF_LIFE_ITERATIONS``, 4: with the few microbatches of an iteration, a fit then rests on
@@ -257,8 +264,16 @@ def fit_profile(
     a, b, m, f, c = (float(x) for x in coef)
     ms_per_tflop = a * 1e12 / fpt
     comm_source = "calibrated from the run: sharded K/V MiB and an indicator of communication per microbatch"
-    if 2 not in active:  # not shown by the run: the machine is as much slower as its compute
-        ratio = ms_per_tflop / start.compute.ms_per_tflop
+    ratio = ms_per_tflop / start.compute.ms_per_tflop
+    if 2 in active:  # fitted, and shrunk towards the scaled start by as much as the few rows weigh (module doc)
+        share = communicating / (communicating + MIN_COMMUNICATING)
+        m = share * m + (1 - share) * start.comm.ms_per_mib * ratio
+        f = share * f + (1 - share) * start.comm.fixed_ms * ratio
+        comm_source += (
+            f", {communicating} microbatches weighing {share:.0%} against the starting profile's x {ratio:.4g} "
+            f"(the compute's ratio), worth {MIN_COMMUNICATING}"
+        )
+    else:  # not shown by the run: the machine is as much slower as its compute
         m, f = start.comm.ms_per_mib * ratio, start.comm.fixed_ms * ratio
         comm_source = (
             f"the starting profile's, x {ratio:.4g} (the compute's ratio): only {communicating} microbatch(es) "
