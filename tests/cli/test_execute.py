@@ -64,7 +64,7 @@ def test_check_beyond_tolerance_exits_1_with_one_line(small_request: Path) -> No
         (["--kv-heads", "3"], "--kv-heads: 3: must divide --heads (4)"),
         (["--dtype", "bfloat16"], "--dtype: 'bfloat16': gloo runs on CPU"),
         (["--solver", "magic"], "solver: 'magic': unknown solver"),
-        (["--kernel", "flash-attn"], "kernel: 'flash-attn': not usable for torch.float32 on cpu"),
+        (["--kernel", "flash-attn"], "kernel: 'flash-attn': not usable: needs CUDA, not cpu"),
     ],
 )
 def test_mistakes_end_with_one_line_naming_the_field(extra: list[str], message: str) -> None:
