@@ -16,9 +16,10 @@ summed over the iterations, over the tokens).
     python bench/calibration.py [--iterations 10] [--seed N]
 
 Phase 3 replays phase 1's own measurements offline: for each iteration from the third after warm-up,
-the profile is refitted on the iterations before it and predicts it, once with the recency weighting
-(``HALF_LIFE_ITERATIONS``) and once weighing every iteration alike. Both refits see the same data, so the
-difference is the refit's, not the machine's (a shared host's load changes between runs far more).
+the profile is refitted on the iterations before it and predicts it, with recency weightings of several
+half-lives (``HALF_LIFE_ITERATIONS`` the default) and weighing every iteration alike. All refits see the
+same data, so their differences are the refit's, not the machine's (a shared host's load changes between
+runs far more).
 
 Prints Markdown; asserts nothing. Lengths: a bundled distribution's draw scaled into 32..1024 tokens.
 """
@@ -162,8 +163,10 @@ def replay(measured: list[dict[str, Any]]) -> dict[str, tuple[float, float, int]
     ]  # fmt: skip
     iterations = sorted({mb.iteration for mb in mbs})
     out = {}
-    settings = ((f"recent iterations weigh more (half-life {HALF_LIFE_ITERATIONS:g})", HALF_LIFE_ITERATIONS),
-                ("every iteration alike", None))  # fmt: skip
+    halves = sorted({2.0, 4.0, 8.0, HALF_LIFE_ITERATIONS})
+    settings = [
+        (f"half-life {h:g} iterations{' (default)' if h == HALF_LIFE_ITERATIONS else ''}", h) for h in halves
+    ] + [("every iteration alike", None)]
     for name, half_life in settings:
         mb_err, it_err = [], []
         for k in iterations[WARMUP_ITERATIONS + 2 :]:

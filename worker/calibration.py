@@ -37,12 +37,14 @@ T_comp_local)`` is fitted as a sum: exact when a sharded microbatch has no local
 an upper bound otherwise.
 
 Recency: a microbatch measured ``k`` iterations before the latest weighs ``2^(-k / half_life_iterations)``
-in the fit (``HALF_LIFE_ITERATIONS``, 4: with the few microbatches of an iteration, a fit then rests on
-about 6 iterations' worth of them, several times its five coefficients). A machine's speed drifts over a
-run (other jobs, clocks, caches warming, a shared host's load: in bench/calibration.py on a shared 2-core
-VM, like iterations of four microbatches took 97 ms, then 264 ms four iterations later); a fit weighing
-its whole history equally predicts the average machine, the next iteration runs on the current one. The
-estimate of a plan is for the iterations about to run, so the recent past is the better witness.
+in the fit (``HALF_LIFE_ITERATIONS``, 8). A machine's speed drifts over a run (other jobs, clocks, caches
+warming, a shared host's load: in bench/calibration.py on a shared 2-core VM, like iterations of four
+microbatches took 97 ms, then 264 ms four iterations later); a fit weighing its whole history alike
+predicts the average machine, while the plan is for the iterations about to run. A short half-life costs
+variance instead (noise that is not drift is averaged over fewer microbatches): at 8 a fit rests on about
+12 iterations' worth, so a short run's fit is nearly the unweighted one and a long run's distant past
+fades. bench/calibration.py replays each run's measurements one iteration ahead at several half-lives; on
+the loaded 2-core VM no setting was consistently better (docs/benchmarks.md), so 8 is the cautious one.
 
 Robustness: the first ``warmup_iterations`` iterations are left out (allocator, kernel selection, lazy
 initialisation). The fit minimises the absolute relative error rather than its square (iteratively
@@ -80,7 +82,7 @@ MIN_COMMUNICATING = 4
 #: Reweighting rounds of the least-absolute-error fit (each picks the critical GPU anew).
 IRLS_ROUNDS = 8
 #: Iterations over which a microbatch's weight in the fit halves: the fit follows the machine as it is now.
-HALF_LIFE_ITERATIONS = 4.0
+HALF_LIFE_ITERATIONS = 8.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

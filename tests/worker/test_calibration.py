@@ -16,6 +16,7 @@ from examples.train_tiny import TINY_PROFILE, make_dataset
 from skrull.solver.cost import CostModel
 from skrull.solver.profile import load_profile, profile_from_dict
 from skrull.worker.calibration import (
+    HALF_LIFE_ITERATIONS,
     MIN_COMMUNICATING,
     Calibration,
     MeasuredMicrobatch,
@@ -109,7 +110,9 @@ def test_the_fit_follows_a_machine_that_slowed_down_rather_than_its_average() ->
     flat = CostModel(profile_from_dict(fit_profile(load_profile(START), history, half_life_iterations=None).profile))
     assert median_error(upcoming, recent) < 0.10
     assert median_error(upcoming, flat) > 0.20
-    assert fit_profile(load_profile(START), history).profile["calibrated"]["half_life_iterations"] == 4.0
+    assert (
+        fit_profile(load_profile(START), history).profile["calibrated"]["half_life_iterations"] == HALF_LIFE_ITERATIONS
+    )
     with pytest.raises(ValueError, match="half_life_iterations"):
         fit_profile(load_profile(START), history, half_life_iterations=0.0)
 
