@@ -30,8 +30,8 @@ it hardly measured is free. From ``MIN_COMMUNICATING`` on, the communication ter
 shrunk towards that scaled start as a prior worth ``MIN_COMMUNICATING`` microbatches: with ``n``
 communicating microbatches, ``m = (n * m_fit + MIN_COMMUNICATING * m_start) / (n + MIN_COMMUNICATING)``,
 ``f`` alike. A few noisy communicating microbatches otherwise let the non-negative fit call communication
-free (in bench/calibration.py on the shared 2-core VM it fitted ``m = f = 0`` from 4-7 of them in five runs
-of six, and the planner then sharded as if gathers cost nothing: up to twice slower per token); as they
+free (in bench/calibration.py on the shared 2-core VM, of nine runs fitted on 4-9 of them, all nine said
+``m = 0`` and seven ``m = f = 0``; the planner then shards as if gathers cost nothing); as they
 accumulate the run's own figures take over (40 of them weigh 91%). The model's ``max(T_comm,
 T_comp_local)`` is fitted as a sum: exact when a sharded microbatch has no local work (DACP's usual case),
 an upper bound otherwise.
