@@ -13,6 +13,7 @@ import argparse
 import sys
 from typing import Any
 
+from skrull.cli.flags import add_progress_flag, say_progress
 from skrull.cli.processes import TOLERANCE_16_BIT, TOLERANCE_FLOAT32, add_process_arguments, request_for_processes
 from skrull.solver.errors import RequestError, SkrullError
 from skrull.solver.planning import solve
@@ -45,6 +46,7 @@ def add_parser(sub: Any) -> None:
         default=None,
         help=f"max abs error (default {TOLERANCE_FLOAT32:g}; {TOLERANCE_16_BIT:g} in 16 bits)",
     )
+    add_progress_flag(p)
     p.set_defaults(func=cmd_execute)
 
 
@@ -138,9 +140,16 @@ def cmd_execute(args: argparse.Namespace) -> int:
         sharding=args.sharding,
         dtype=args.dtype,
         warmup_passes=args.warmup,
+        progress=args.progress,
     )
+    say_progress(f"skrull execute: planning {len(request.batches)} batch(es) with {request.solver}", flag=args.progress)
     plan = solve(request)
     lengths = Problem.from_request(request).lengths
+    say_progress(
+        f"skrull execute: starting {world_size} processes ({args.backend}): {args.warmup} warm-up pass(es), "
+        "then the timed one",
+        flag=args.progress,
+    )
     try:
         result = execute_plan(plan, lengths, world_size=world_size, backend=args.backend, config=config)
     except LaunchError as exc:
@@ -148,4 +157,7 @@ def cmd_execute(args: argparse.Namespace) -> int:
     _print_timings(plan, result, args, world_size)
     if not args.check:
         return 0
+    say_progress(
+        f"skrull execute: checking {len(result.outputs)} sequences, each alone in one process", flag=args.progress
+    )
     return _print_check(compare(result, lengths, config=config, tolerance=tolerance), len(result.outputs))

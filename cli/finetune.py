@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from skrull.cli.flags import add_progress_flag, progress_enabled, say_progress
+from skrull.cli.flags import add_progress_flag, say_progress
 from skrull.cli.processes import TOLERANCE_16_BIT, TOLERANCE_FLOAT32, add_process_arguments, request_for_processes
 from skrull.solver.errors import RequestError, SkrullError
 from skrull.solver.io import dumps, plan_from_dict, read_json, request_to_dict
@@ -195,6 +195,12 @@ def cmd_finetune(args: argparse.Namespace) -> int:
     tolerance = args.tolerance
     if tolerance is None:
         tolerance = TOLERANCE_FLOAT32 if args.dtype == "float32" else TOLERANCE_16_BIT
+    say_progress(
+        f"skrull finetune: planning {len(request.batches)} batch(es) with {request.solver}"
+        if args.plan is None
+        else f"skrull finetune: reading the plan {args.plan}",
+        flag=args.progress,
+    )
     plan = _load_plan(args, request)
     if not plan.iterations:
         raise RequestError("--request", args.request, "the plan has no iteration to train on")
@@ -215,14 +221,22 @@ def cmd_finetune(args: argparse.Namespace) -> int:
         calibrate_request=request_to_dict(request, inline_profile=True) if args.calibrate else None,
         compile=args.compile,
     )
-    if progress_enabled(args.progress):  # the bar starts once the processes have imported torch
-        say_progress(f"skrull finetune: starting {world_size} processes ({args.backend}), plan {plan.solver}")
+    # rank 0 reports each step once the processes have imported torch and built the model
+    say_progress(
+        f"skrull finetune: starting {world_size} processes ({args.backend}), plan {plan.solver}", flag=args.progress
+    )
     try:
         result = finetune_plan(plan, lengths, world_size=world_size, backend=args.backend, config=config)
     except LaunchError as exc:
         raise SkrullError(f"worker process failed: {exc}") from None
     _print_run(plan, result, model_config, args, world_size)
-    status = _print_check(check_steps(plan, lengths, result, config=config), tolerance) if args.check else 0
+    status = 0
+    if args.check:
+        say_progress(
+            f"skrull finetune: checking {len(result.steps)} step(s) against the plain step in one process",
+            flag=args.progress,
+        )
+        status = _print_check(check_steps(plan, lengths, result, config=config), tolerance)
     if args.calibrate and result.calibration is not None:  # its summary line is the last line
         _print_calibration(result.calibration, args)
     return status

@@ -73,10 +73,17 @@ def process_groups(dp: int, cp: int) -> GroupRegistry:
     return GroupRegistry.create(sorted((s for s in sets if len(s) > 1), key=lambda s: (len(s), s)))
 
 
+def say(line: str) -> None:
+    """One line of progress, flushed at once: the run is minutes long and its output is often a pipe."""
+    print(f"finetune_hf: {line}", flush=True)
+
+
 def train(rank: int, world_size: int, backend: str, args: argparse.Namespace) -> None:
     device = device_for(backend, rank)
     dtype = DTYPES[args.dtype]
     config = read_model_config(args.model_config)
+    if rank == 0:
+        say(f"building the model ({config['model_type']}, {config['num_hidden_layers']} layers) on every rank")
     model = build_model(config, seed=args.seed, device=device, dtype=dtype)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
     kernel = select_kernel(device, dtype)
@@ -86,6 +93,8 @@ def train(rank: int, world_size: int, backend: str, args: argparse.Namespace) ->
     max_tokens = args.cp * bucket if bucket else args.max_tokens
     dataset = make_dataset(args, vocab_size=int(config["vocab_size"]), max_tokens=max_tokens)
     rows = []
+    if rank == 0:
+        say(f"{len(dataset)} sequences ({args.dataset}); submitting {args.steps} global batch(es) to {args.url}")
     with PlanningClient(args.url) as client:
         loader = PlannedBatches(
             dataset,
@@ -128,15 +137,16 @@ def train(rank: int, world_size: int, backend: str, args: argparse.Namespace) ->
             }
             rows.append(row)
             if rank == 0:
-                print(
+                say(
                     f"step {ready.iteration}: loss {step.loss:.4f} over {step.num_targets} target tokens, "
                     f"{row['step_ms']:.0f} ms, blocked on the planner {row['blocked_ms']:.1f} ms, "
-                    f"{len(ready.microbatches)} microbatch(es) on rank 0",
-                    flush=True,
+                    f"{len(ready.microbatches)} microbatch(es) on rank 0"
                 )
         loader.close()
     if rank == 0 and args.out:
         Path(args.out).write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
+    if rank == 0:
+        say(f"done: {len(rows)} step(s)" + (f", rows in {args.out}" if args.out else ""))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -171,6 +181,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    say(f"starting {args.dp * args.cp} processes ({args.backend}), DP{args.dp} x CP{args.cp}, solver {args.solver}")
     launch(train, world_size=args.dp * args.cp, backend=args.backend, args=(args,))
 
 

@@ -42,6 +42,22 @@ TOLERANCE = 1e-4
 RESUME_TOLERANCE = 1e-6
 
 
+def say(line: str) -> None:
+    """One line of progress on rank 0, flushed at once: a run is minutes long and its output often a pipe."""
+    print(f"hf_trainer: {line}", flush=True)
+
+
+class StepLines(TrainerCallback):
+    """Rank 0 says each optimizer step as it ends, with the world's loss (``SkrullTrainer.step_losses``)."""
+
+    def __init__(self, losses: list[float]) -> None:
+        self.losses = losses
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if state.is_world_process_zero and self.losses:
+            say(f"step {state.global_step}/{state.max_steps}: loss {self.losses[-1]:.6f}")
+
+
 def read_rows(path: str) -> list[dict[str, list[int]]]:
     """Rows in Hugging Face's convention: ``labels`` aligned with ``input_ids`` (the model shifts them),
     ``input_ids`` themselves when a row has none; the loader is told so (``label_convention="hf"``)."""
@@ -104,20 +120,39 @@ def resume_check(args: argparse.Namespace, argv: list[str]) -> int:
     base = [a for a in argv if a not in ("--resume-check", "--check")]
     launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.dp * args.cp}"]
 
-    def run(*extra: str) -> list[float]:
-        done = subprocess.run([*launch, __file__, *base, *extra], capture_output=True, text=True, check=False)
-        if done.returncode != 0:
-            sys.stderr.write(done.stderr[-4000:])
-            raise SystemExit(f"a torchrun run failed ({done.returncode})")
-        (line,) = [x for x in done.stdout.splitlines() if x.startswith("losses: ")]
-        return [float(x) for x in line.split()[1:]]
+    def run(what: str, *extra: str) -> list[float]:
+        """One torchrun run; its progress lines are passed on as they come, the rest of its output kept."""
+        say(f"{what} (torchrun, {args.dp * args.cp} processes)")
+        with tempfile.TemporaryFile(mode="w+") as errors:  # a file: a full stderr pipe would stall the run
+            proc = subprocess.Popen(
+                [*launch, __file__, *base, *extra], stdout=subprocess.PIPE, stderr=errors, text=True
+            )
+            assert proc.stdout is not None
+            lines = []
+            for line in proc.stdout:
+                lines.append(line.rstrip("\n"))
+                if line.startswith("hf_trainer: "):
+                    say(f"  {line.removeprefix('hf_trainer: ').rstrip()}")
+            if proc.wait() != 0:
+                errors.seek(0)
+                sys.stderr.write(errors.read()[-4000:])
+                raise SystemExit(f"a torchrun run failed ({proc.returncode})")
+        (loss_line,) = [x for x in lines if x.startswith("losses: ")]
+        return [float(x) for x in loss_line.split()[1:]]
 
     with tempfile.TemporaryDirectory(prefix="skrull-resume-") as tmp:
-        straight = run("--output-dir", f"{tmp}/a", "--final-weights", f"{tmp}/a.pt")
-        first = run("--output-dir", f"{tmp}/b", "--max-steps", str(half), "--save-steps", str(half))
-        rest = run(
-            "--output-dir", f"{tmp}/b", "--resume-from", f"{tmp}/b/checkpoint-{half}", "--final-weights", f"{tmp}/b.pt"
+        straight = run(
+            f"run 1/3: {args.max_steps} steps straight", "--output-dir", f"{tmp}/a", "--final-weights", f"{tmp}/a.pt"
+        )
+        first = run(
+            f"run 2/3: the first {half} steps, a checkpoint after step {half}",
+            "--output-dir", f"{tmp}/b", "--max-steps", str(half), "--save-steps", str(half),
         )  # fmt: skip
+        rest = run(
+            f"run 3/3: steps {half + 1}-{args.max_steps} resumed from checkpoint-{half} in new processes",
+            "--output-dir", f"{tmp}/b", "--resume-from", f"{tmp}/b/checkpoint-{half}", "--final-weights", f"{tmp}/b.pt",
+        )  # fmt: skip
+        say("checking: losses and final weights of the resumed run against the straight one")
         weights_a, weights_b = torch.load(f"{tmp}/a.pt"), torch.load(f"{tmp}/b.pt")
     resumed = first + rest
     loss_error = (
@@ -172,7 +207,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     device = training.device  # skrull: initializes torch.distributed under torchrun, before the mesh
     mesh = init_device_mesh(device.type, (args.dp, args.cp), mesh_dim_names=("dp", "cp"))  # skrull
+    rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
     rows = read_rows(args.data)
+    if rank == 0:
+        say(
+            f"{len(rows)} rows from {args.data}; global batches of {args.global_batch_size} planned for "
+            f"DP{args.dp} x CP{args.cp}"
+        )
     planned = PlannedBatches(  # skrull
         rows, [len(r["input_ids"]) for r in rows], mesh=mesh, global_batch_size=args.global_batch_size,
         profile=args.profile, bucket_tokens=args.bucket_tokens, seed=args.seed, equal_microbatches=True,
@@ -183,6 +224,8 @@ def main(argv: list[str] | None = None) -> int:
             f"--max-steps {args.max_steps}: --data holds {len(rows)} rows, {len(planned)} global batches of "
             f"{args.global_batch_size}; give more rows or fewer steps"
         )
+    if rank == 0:
+        say(f"building the model from {args.model_config or args.model}")
     if args.model_config:
         config = read_model_config(args.model_config)
         model = build_model(config, seed=args.seed, device=device)  # skrull: DACP attention
@@ -206,8 +249,11 @@ def main(argv: list[str] | None = None) -> int:
         model=model, args=training, planned=planned, compile=args.compile,
         callbacks=[FirstStepGradients()] if args.check else None,
     )  # fmt: skip
+    trainer.add_callback(StepLines(trainer.step_losses))
+    if rank == 0:
+        start = f"resuming from {args.resume_from}" if args.resume_from else "training"
+        say(f"{start}: {args.max_steps} step(s) in all")
     trainer.train(resume_from_checkpoint=args.resume_from)
-    rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
     if rank == 0:
         print("losses: " + " ".join(f"{x:.6f}" for x in trainer.step_losses))
         if args.final_weights:
@@ -216,6 +262,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if rank != 0:
         return 0
+    say("checking the first step against the plain step in one process")
     reference = plain_model(args)
     batch = planned.batches[0]
     loss = plain_step(

@@ -24,7 +24,7 @@ import os
 import sys
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run from a checkout without installing
@@ -92,8 +92,36 @@ def forward_step(data_iterator: Any, model: Any) -> tuple[Any, Any]:
     return output, partial(loss_func, item.loss_mask)
 
 
+def refuse(message: str) -> NoReturn:
+    """Stop before any work, saying why once. Under torchrun every rank meets the same refusal: rank 0 says
+    it and every rank exits 0, since a failing exit would have torchrun print its failure report for every
+    rank around the one line; run with python, the exit status is 2."""
+    if os.environ.get("RANK", "0") == "0":
+        print(f"megatron_step.py: {message}", file=sys.stderr, flush=True)
+    sys.exit(0 if "RANK" in os.environ else 2)
+
+
+def preflight() -> None:
+    """What this machine lacks, checked before megatron-core is imported (its imports warn on every rank
+    about missing Apex/Transformer Engine before anything can be refused)."""
+    import importlib.util
+
+    import torch
+
+    if not torch.cuda.is_available():
+        refuse("needs CUDA GPUs (NCCL and Transformer Engine); this machine has none, nothing was run")
+    needs = {
+        "megatron.core": "megatron-core 0.16.x: pip install 'skrull[megatron]'",
+        "transformer_engine": "Transformer Engine (THD context parallelism runs in its attention)",
+    }
+    for module, what in needs.items():
+        if importlib.util.find_spec(module.split(".")[0]) is None or importlib.util.find_spec(module) is None:
+            refuse(f"needs {what}; not installed, nothing was run")
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    preflight()
     import torch
     import torch.distributed as dist
     from megatron.core import parallel_state
@@ -108,8 +136,6 @@ def main(argv: list[str] | None = None) -> None:
     from skrull.worker.dataloader import PlannedBatches
     from skrull.worker.megatron import megatron_iteration, padded_num_tokens
 
-    if not torch.cuda.is_available():
-        sys.exit("megatron_step.py: needs CUDA GPUs (and Transformer Engine); run it under torchrun")
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group("nccl")
     world, rank = dist.get_world_size(), dist.get_rank()

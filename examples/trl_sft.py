@@ -207,6 +207,11 @@ def load_model_and_tokenizer(args: argparse.Namespace, chats: list[list[dict[str
         return (model.to(device) if device is not None else model), tokenizer
     config = read_model_config(args.model_config)
     config["vocab_size"] = max(config["vocab_size"], len(tokenizer))  # the tokenizer's ids fit the embedding
+    # random weights: the model's end and start tokens are the tokenizer's (the Trainer would align them at
+    # train time, with a warning from every rank)
+    for name in ("eos_token_id", "bos_token_id"):
+        if getattr(tokenizer, name) is not None:
+            config[name] = getattr(tokenizer, name)
     return build_model(config, seed=args.seed, **model_kw), tokenizer
 
 

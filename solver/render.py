@@ -8,9 +8,14 @@ is split into three stacked segments
     overlap   = max(T_comm(sum sharded S), T_comp(sum_{local[j]} FLOPs(S)))      (eq. 2: comm || local)
     sharded   = T_comp(sum_{sharded} FLOPs(S) / N)                               (eq. 3)
 
-and the rest of the slot (the group waits for its slowest member, eq. 4) is drawn as idle. Under each
+and the rest of the slot (the group waits for its slowest member, eq. 4) is drawn as waiting. Under each
 slot a strip shows the GPU's bucket use (eq. 7): local tokens and its share of the sharded tokens, as a
 fraction of ``bucket_tokens`` over the slot's width.
+
+What a reader needs without tooltips (a PNG keeps none): the legend, in plain words, above the panels (and
+again below a tall picture); a dark bracket at the start of each slot joining the lanes of the GPUs that
+form its group; and, in every bar wide enough for it, a label naming the microbatch, its GPUs and the
+sequence ids it runs (sharded over the group, and whole on this GPU), shortened to what fits.
 
 Microbatches start when every GPU of their group is free (a replay in step order, as
 ``solver.metrics.synchronized_iteration_ms``); for static DP x CP plans that is exactly eq. 8.
@@ -41,14 +46,21 @@ COLOURS: dict[str, str] = {
     "local_tokens": "#59a14f",
     "sharded_tokens": "#b07aa1",
     "bucket_free": "#eeeeee",
+    "waiting": "#ffffff",
+    "group": "#333333",
 }
+#: The legend in plain words: what each colour of a bar and of the strip under it stands for.
 LEGEND: tuple[tuple[str, str], ...] = (
-    ("overhead", "per-microbatch overhead"),
-    ("overlap", "max(comm, local compute)"),
-    ("sharded", "sharded compute"),
-    ("local_tokens", "bucket: local tokens"),
-    ("sharded_tokens", "bucket: sharded share"),
+    ("overhead", "fixed cost of a microbatch"),
+    ("overlap", "whole sequences computed while shards are exchanged (the longer of the two)"),
+    ("sharded", "this GPU's share of the sharded sequences"),
+    ("waiting", "waiting for the slowest GPU of the group"),
+    ("group", "GPUs of one group (bracket)"),
+    ("local_tokens", "memory: whole sequences"),
+    ("sharded_tokens", "memory: share of sharded ones"),
 )
+#: How a bar's label reads (the last line of the legend).
+LABEL_KEY = "labels: #microbatch, its GPUs, sharded sequence ids, whole sequence ids on this GPU"
 
 AXIS_PX = 900.0
 LABEL_PX = 80.0
@@ -59,7 +71,12 @@ LANE_PX = BAR_PX + STRIP_PX + 7.0
 TITLE_PX = 40.0
 AXIS_LABEL_PX = 22.0
 PANEL_GAP_PX = 18.0
-LEGEND_PX = 30.0
+LEGEND_ROW_PX = 18.0
+#: Width of one character of the 9 px label font and of the 11 px legend font (sans-serif, generous).
+LABEL_CHAR_PX = 5.4
+LEGEND_CHAR_PX = 6.2
+#: Pictures taller than this repeat the legend below the last panel.
+TALL_PX = 900.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -79,6 +96,8 @@ class LaneBar:
     local_tokens: int | None
     sharded_share_tokens: float | None
     bucket_tokens: int
+    #: the GPUs of the microbatch's group, in plan position order
+    ranks: tuple[int, ...] = ()
 
     @property
     def busy_ms(self) -> float | None:
@@ -171,6 +190,7 @@ def iteration_timeline(
                     local_tokens=local_tokens,
                     sharded_share_tokens=share,
                     bucket_tokens=plan.bucket_tokens,
+                    ranks=mb.ranks,
                 )
             )
         for g in mb.ranks:
@@ -225,10 +245,60 @@ def _rect(x: float, y: float, w: float, h: float, fill: str, cls: str, **attrs: 
     )
 
 
+def runs(ranks: Sequence[int]) -> list[tuple[int, int]]:
+    """The GPUs of a group as runs of consecutive ids, ``(first, last)``: ``[0, 1, 2, 5]`` -> ``[(0, 2), (5, 5)]``."""
+    out: list[tuple[int, int]] = []
+    for g in sorted(ranks):
+        if out and g == out[-1][1] + 1:
+            out[-1] = (out[-1][0], g)
+        else:
+            out.append((g, g))
+    return out
+
+
+def group_name(ranks: Sequence[int]) -> str:
+    """``GPU 5``, ``GPUs 0-7``, ``GPUs 0-3, 8-11`` (at most three runs named), else ``12 GPUs``."""
+    if len(ranks) == 1:
+        return f"GPU {ranks[0]}"
+    parts = runs(ranks)
+    if len(parts) > 3:
+        return f"{len(ranks)} GPUs"
+    return "GPUs " + ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in parts)
+
+
+def _ids(ids: Sequence[int], limit: int) -> str:
+    """Sequence ids, the first ``limit`` of them and how many more."""
+    shown = ",".join(str(i) for i in ids[:limit])
+    return shown + (f",+{len(ids) - limit}" if len(ids) > limit else "")
+
+
+def bar_label(bar: LaneBar, width_px: float) -> str | None:
+    """The longest label of the bar that fits ``width_px``: the microbatch, its group, the sharded ids and
+    this GPU's whole ones; shorter forms list fewer ids; None when not even ``#k`` fits."""
+    room = int((width_px - 6) / LABEL_CHAR_PX)
+    group = group_name(bar.ranks) if bar.ranks else f"GPU {bar.gpu}"
+    candidates = []
+    for limit in (12, 6, 3, 1):
+        ids = []
+        if bar.sharded_ids:
+            ids.append(f"sharded {_ids(bar.sharded_ids, limit)}")
+        if bar.local_ids:
+            ids.append(f"whole {_ids(bar.local_ids, limit)}")
+        candidates.append(" · ".join([f"#{bar.index} {group}", *ids]))
+        candidates.append(" · ".join([f"#{bar.index}", *ids]))
+    candidates.append(f"#{bar.index}")
+    return next((c for c in candidates if len(c) <= room), None)
+
+
 def _tooltip(bar: LaneBar) -> str:
-    parts = [f"GPU {bar.gpu}, step {bar.step}: {bar.estimated_ms:.2f} ms (microbatch)"]
+    parts = [f"GPU {bar.gpu}, step {bar.step}: {bar.estimated_ms:.2f} ms (microbatch #{bar.index})"]
+    if bar.ranks:
+        parts.append(f"group: {group_name(bar.ranks)}")
     if bar.busy_ms is not None:
-        parts.append(f"overhead {bar.overhead_ms:.2f} + overlap {bar.overlap_ms:.2f} + sharded {bar.sharded_ms:.2f} ms")
+        parts.append(
+            f"fixed {bar.overhead_ms:.2f} + whole sequences while exchanging {bar.overlap_ms:.2f} + sharded share "
+            f"{bar.sharded_ms:.2f} ms"
+        )
     if bar.bucket_use is not None:
         parts.append(
             f"bucket {100 * bar.bucket_use:.0f}%: {bar.local_tokens} local"
@@ -266,7 +336,7 @@ def _panel(timeline: Timeline, *, top: float, px_per_ms: float, axis_ms: float) 
                 f'data-local="{len(bar.local_ids)}" data-sharded="{len(bar.sharded_ids)}">'
             )
             out.append(f"<title>{escape(_tooltip(bar))}</title>")
-            out.append(_rect(x, y, width, BAR_PX, "#ffffff", "slot", stroke="#999", stroke_width="0.6"))
+            out.append(_rect(x, y, width, BAR_PX, COLOURS["waiting"], "slot", stroke="#999", stroke_width="0.6"))
             if bar.busy_ms is None:
                 out.append(_rect(x, y, width, BAR_PX, COLOURS["estimated"], "segment estimated"))
             else:
@@ -288,8 +358,17 @@ def _panel(timeline: Timeline, *, top: float, px_per_ms: float, axis_ms: float) 
                     out.append(_rect(x, sy, lw, STRIP_PX, COLOURS["local_tokens"], "bucket-local"))
                 if sw > 0:
                     out.append(_rect(x + lw, sy, sw, STRIP_PX, COLOURS["sharded_tokens"], "bucket-sharded"))
+            label = bar_label(bar, width)
+            if label is not None:
+                lw = len(label) * LABEL_CHAR_PX + 4
+                out.append(_rect(x + 1, y + 3, lw, BAR_PX - 6, "#ffffff", "label-back", opacity="0.8"))
+                out.append(
+                    f'<text class="label" x="{_num(x + 3)}" y="{_num(y + BAR_PX / 2 + 3)}" font-size="9" '
+                    f'fill="#111">{escape(label)}</text>'
+                )
             out.append("</g>")
         out.append("</g>")
+    out.extend(_brackets(timeline, lanes_top=lanes_top, px_per_ms=px_per_ms))
     axis_y = lanes_top + timeline.num_gpus * LANE_PX
     out.append(f'<g class="axis" transform="translate(0,{_num(axis_y)})">')
     out.append(f'<line x1="{_num(LABEL_PX)}" x2="{_num(LABEL_PX + AXIS_PX)}" y1="0" y2="0" stroke="#333"/>')
@@ -300,6 +379,49 @@ def _panel(timeline: Timeline, *, top: float, px_per_ms: float, axis_ms: float) 
     out.append(f'<text x="{_num(LABEL_PX - 8)}" y="16" text-anchor="end" fill="#333">ms</text>')
     out.append("</g></g>")
     return out
+
+
+def _brackets(timeline: Timeline, *, lanes_top: float, px_per_ms: float) -> list[str]:
+    """A dark bracket at the start of each microbatch of more than one GPU, over the lanes of its group (one
+    stroke per run of consecutive GPUs), so the GPUs that work together read off the picture."""
+    out = []
+    seen: set[int] = set()
+    for bar in timeline.bars:
+        if bar.index in seen or len(bar.ranks) < 2:
+            continue
+        seen.add(bar.index)
+        x = LABEL_PX + bar.start_ms * px_per_ms + 1
+        for first, last in runs(bar.ranks):
+            y1 = lanes_top + first * LANE_PX + 1
+            y2 = lanes_top + last * LANE_PX + BAR_PX + STRIP_PX
+            # a "[" from the first bar's top to the last strip's bottom: ends ticked, so adjacent groups part
+            out.append(
+                f'<path class="group-bracket" data-index="{bar.index}" data-first="{first}" data-last="{last}" '
+                f'd="M{_num(x + 4)},{_num(y1)} H{_num(x)} V{_num(y2)} H{_num(x + 4)}" fill="none" '
+                f'stroke="{COLOURS["group"]}" stroke-width="2"/>'
+            )
+    return out
+
+
+def _legend(top: float, where: str) -> tuple[list[str], float]:
+    """The legend as rows that wrap at the picture's width, and its height."""
+    out = [f'<g class="legend" data-where="{where}" transform="translate({_num(LABEL_PX)},{_num(top)})">']
+    x = y = 0.0
+    for key, text in LEGEND:
+        w = 30 + LEGEND_CHAR_PX * len(text)
+        if x > 0 and x + w > AXIS_PX:
+            x, y = 0.0, y + LEGEND_ROW_PX
+        if key == "group":
+            out.append(f'<path class="legend-group" d="M{_num(x + 9)},{_num(y)} H{_num(x + 5)} V{_num(y + 12)} '
+                       f'H{_num(x + 9)}" fill="none" stroke="{COLOURS["group"]}" stroke-width="2"/>')  # fmt: skip
+        else:
+            out.append(_rect(x, y, 12, 12, COLOURS[key], f"legend-{key}", stroke="#999", stroke_width="0.6"))
+        out.append(f'<text x="{_num(x + 16)}" y="{_num(y + 10)}">{escape(text)}</text>')
+        x += w
+    y += LEGEND_ROW_PX
+    out.append(f'<text class="legend-labels" x="0" y="{_num(y + 10)}" fill="#555">{escape(LABEL_KEY)}</text>')
+    out.append("</g>")
+    return out, y + LEGEND_ROW_PX + 6
 
 
 def _panel_height(timeline: Timeline) -> float:
@@ -317,17 +439,17 @@ def render_svg(timelines: Sequence[Timeline], *, title: str | None = None) -> st
     body: list[str] = []
     if title:
         body.append(f'<text x="{_num(LABEL_PX)}" y="20" font-size="15" font-weight="bold">{escape(title)}</text>')
+    legend, legend_px = _legend(top, "top")
+    body.extend(legend)
+    top += legend_px
     for timeline in timelines:
         body.extend(_panel(timeline, top=top, px_per_ms=px_per_ms, axis_ms=axis_ms))
         top += _panel_height(timeline) + PANEL_GAP_PX
-    body.append(f'<g class="legend" transform="translate({_num(LABEL_PX)},{_num(top)})">')
-    x = 0.0
-    for key, text in LEGEND:
-        body.append(_rect(x, 0, 12, 12, COLOURS[key], f"legend-{key}"))
-        body.append(f'<text x="{_num(x + 16)}" y="10">{escape(text)}</text>')
-        x += 30 + 6.2 * len(text)
-    body.append("</g>")
-    height = top + LEGEND_PX
+    if top > TALL_PX:  # a tall picture: the legend again where the reader's eye ends
+        legend, legend_px = _legend(top, "bottom")
+        body.extend(legend)
+        top += legend_px
+    height = top + 4
     return "\n".join(
         [
             f'<svg xmlns="http://www.w3.org/2000/svg" width="{_num(width)}" height="{_num(height)}" '

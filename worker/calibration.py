@@ -419,12 +419,14 @@ class LoaderCalibration:
     """
 
     def __init__(self, loader: Any, *, store: Any) -> None:
-        from skrull.worker.planner_process import ProcessPlans
-
         self.loader = loader
         self.store = store
         self.start = loader.profile
-        self.remote = loader.plans if isinstance(loader.plans, ProcessPlans) else None
+        # a plan source that fits in its own process (worker/planner_process.ProcessPlans), recognised by
+        # what it does rather than imported: planner_process imports this module
+        plans = loader.plans
+        fits_remotely = hasattr(plans, "add_timings") and hasattr(plans, "calibrated_profile")
+        self.remote = plans if fits_remotely else None
         self.local = None if self.remote is not None else Calibration(loader.profile)
         self.key = f"skrull/plan-profile/{loader.job_key}/{loader.instance}"
         #: the profile each request ("epoch/chunk") was planned with

@@ -33,6 +33,7 @@ from skrull.worker.kernels import select_kernel
 from skrull.worker.launch import device_for, launch
 from skrull.worker.layout import rank_layouts
 from skrull.worker.model import AttentionLayer, sequence_attention
+from skrull.worker.progress import progress_bar
 
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -55,6 +56,9 @@ class ExecuteConfig:
     dtype: str = "float32"
     #: Untimed passes over the whole plan before the timed one (warm-up: allocator, kernels, sockets).
     warmup_passes: int = 0
+    #: Rank 0's progress over the passes on stderr (worker/progress.py): None: a bar on a terminal, one
+    #: line per pass elsewhere; True: the bar always; False: nothing.
+    progress: bool | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -138,7 +142,11 @@ def run_rank(
     records: list[tuple[int, int, torch.Tensor, torch.Tensor]] = []
     microbatches = local_tokens = piece_tokens = 0
     seconds = 0.0
-    for _ in range(config.warmup_passes + 1):
+    passes = config.warmup_passes + 1
+    bar = progress_bar(
+        total=passes, desc="skrull execute", unit="pass", enabled=config.progress if rank == 0 else False
+    )
+    for done in range(passes):
         layer.zero_grad(set_to_none=True)
         records.clear()
         microbatches = local_tokens = piece_tokens = 0
@@ -169,6 +177,12 @@ def run_rank(
                 grads = unpack(layout, x.grad.float().cpu())
                 for (seq_id, first, o), (_, _, gx) in zip(outs, grads, strict=True):
                     records.append((seq_id, first, o, gx))
+        timed = done == passes - 1
+        bar.set_postfix_str(
+            f"{'timed' if timed else 'warm-up'} pass over {len(plan.iterations)} iteration(s)", refresh=False
+        )
+        bar.update()
+    bar.close()
     weight_grads = {}
     for name, param in layer.named_parameters():
         grad = param.grad if param.grad is not None else torch.zeros_like(param)

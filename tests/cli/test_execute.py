@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli.piped import PHASE, run_piped, skrull_argv
 from tests.cli.test_main import EXAMPLES, skrull
 from tests.conftest import HAND_PROFILE
 
@@ -51,7 +52,33 @@ def test_check_beyond_tolerance_exits_1_with_one_line(small_request: Path) -> No
     )
     assert out.returncode == 1
     assert "NO" in out.stdout
-    assert out.stderr.strip().count("\n") == 0 and out.stderr.startswith("skrull: error: check failed")
+    # the last line of stderr is the one error; the lines before it are the run's progress
+    *progress, last = out.stderr.strip().splitlines()
+    assert last.startswith("skrull: error: check failed")
+    assert all(PHASE.match(line) for line in progress), progress
+
+
+def test_a_piped_run_says_each_phase_as_it_starts(small_request: Path) -> None:
+    run = run_piped(skrull_argv("execute", "-r", str(small_request), "--backend", "gloo", "--check", "--warmup", "2"))
+    assert run.returncode == 0, run.lines
+    assert run.running_after_first_line, run.lines
+    assert run.lines[0] == "skrull execute: planning 1 batch(es) with skrull"
+    assert run.phases() == [
+        "skrull execute: planning 1 batch(es) with skrull",
+        "skrull execute: starting 2 processes (gloo): 2 warm-up pass(es), then the timed one",
+        "skrull execute: [1/3] warm-up pass over 1 iteration(s)",
+        "skrull execute: [2/3] warm-up pass over 1 iteration(s)",
+        "skrull execute: [3/3] timed pass over 1 iteration(s)",
+        "skrull execute: checking 5 sequences, each alone in one process",
+    ]
+    # the phases come before what they announce: the check's line before the check's table
+    assert run.lines.index(run.phases()[-1]) < next(i for i, x in enumerate(run.lines) if x.startswith("check: "))
+    assert run.lines[-1] == "check passed: 6 tensors within tolerance"
+
+
+def test_no_progress_prints_only_the_report(small_request: Path) -> None:
+    out = skrull("execute", "-r", str(small_request), "--backend", "gloo", "--no-progress", "--warmup", "0")
+    assert out.returncode == 0 and out.stderr == "", out.stderr
 
 
 @pytest.mark.parametrize(

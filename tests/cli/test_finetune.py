@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from skrull.solver.profile import profile_from_dict
+from tests.cli.piped import PHASE, run_piped, skrull_argv
 from tests.cli.test_main import EXAMPLES, ROOT, skrull
 from tests.conftest import HAND_PROFILE
 
@@ -73,7 +74,49 @@ def test_check_beyond_tolerance_prints_check_failed_and_exits_1() -> None:
     )
     assert out.returncode == 1, out.stderr
     assert "check failed" in out.stdout
-    assert out.stderr.strip().count("\n") == 0 and out.stderr.startswith("skrull: error: check failed")
+    # the last line of stderr is the one error; the lines before it are the run's progress
+    *progress, last = out.stderr.strip().splitlines()
+    assert last.startswith("skrull: error: check failed")
+    assert all(PHASE.match(line) for line in progress) and len(progress) == 5, progress
+
+
+def test_a_piped_run_says_each_phase_as_it_starts() -> None:
+    run = run_piped(
+        skrull_argv(
+            "finetune",
+            "-m",
+            str(MODELS / "llama-tiny.json"),
+            "-r",
+            str(EXAMPLES / "tiny-cpu-dp2-cp2.json"),
+            "--solver",
+            "skrull",
+            "--steps",
+            "2",
+            "--warmup",
+            "1",
+            "--check",
+        )
+    )
+    assert run.returncode == 0, run.lines
+    assert run.running_after_first_line, run.lines
+    phases = run.phases()
+    assert run.lines[0] == phases[0] == "skrull finetune: planning 2 batch(es) with skrull"
+    assert phases[1:3] == [
+        "skrull finetune: starting 4 processes (gloo), plan skrull",
+        "skrull finetune: building the model",
+    ]
+    assert [re.sub(r"loss \d+\.\d+", "loss <F>", x) for x in phases[3:]] == [
+        "skrull finetune: [1/3] warm-up -1: loss <F>",
+        "skrull finetune: [2/3] step 0: loss <F>",
+        "skrull finetune: [3/3] step 1: loss <F>",
+        "skrull finetune: checking 2 step(s) against the plain step in one process",
+    ]
+    # each phase is announced before its report: the steps before the step table, the check before its table
+    assert run.lines.index(phases[-2]) < run.lines.index(
+        "| step | iteration | target tokens | loss | step ms (slowest rank) |"
+    )
+    assert run.lines.index(phases[-1]) < next(i for i, x in enumerate(run.lines) if x.startswith("check: "))
+    assert run.lines[-1] == "check passed"
 
 
 @pytest.mark.parametrize(

@@ -57,7 +57,12 @@ def test_cpu_dry_run_writes_a_contract_profile_and_checks_it(tmp_path: Path) -> 
         "--max-median-error", "1e-9",
     )  # fmt: skip
     assert strict.returncode == 1 and "overall: median abs error" in strict.stdout
-    assert strict.stderr.count("\n") == 1 and strict.stderr.startswith("skrull: error: check failed: median")
+    *progress, last = strict.stderr.strip().splitlines()  # piped: one line per rank measured, then the error
+    assert last.startswith("skrull: error: check failed: median")
+    assert progress == [
+        "skrull profile --check: [1/2] llama3-sft-mix, skrull",
+        "skrull profile --check: [2/2] llama3-sft-mix, skrull",
+    ]
 
     before = json.loads(target.read_text())
     recorded = skrull(

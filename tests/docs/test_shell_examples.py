@@ -178,6 +178,8 @@ ETAG = re.compile(r'"[0-9a-f]{20}\.\d+"')
 #: per-rank throughput of ``skrull execute``: the last cell of a table row with timings
 RATE_CELL = re.compile(r"(<F> \|) \d+ \|$", re.M)
 BUDGET_NOTE = re.compile(r'"status":"(?:feasible|optimal)"')
+#: whether the solve got its share of the CPU depends on the machine's load, not on the service
+STARVED = re.compile(r'"cpu_starved":(?:true|false)')
 
 
 #: response headers the walk-through leaves out (they change with the moment and the server's version)
@@ -189,6 +191,7 @@ def masked(text: str) -> str:
     text = ETAG.sub('"<etag>"', text)
     text = FLOAT.sub("<F>", text)
     text = BUDGET_NOTE.sub('"status":"<solve status>"', text)
+    text = STARVED.sub('"cpu_starved":<load>', text)
     text = re.sub(r"[ \t]+", " ", text)
     text = RATE_CELL.sub(r"\1 <N> |", text)
     text = re.sub(r"-{3,}", "---", text)
@@ -207,11 +210,16 @@ def _has_cuda() -> bool:
     return bool(torch.cuda.is_available())
 
 
+#: a long command's progress on stderr when it is not a terminal (``skrull execute: [1/2] ...``): what a
+#: terminal shows as a bar instead, so the transcripts leave it out (tests/cli test it)
+PROGRESS_LINE = re.compile(r"^skrull [a-z-]+(?: --[a-z-]+)?: .*\n?", re.M)
+
+
 def _run(command: str, cwd: Path, env: dict[str, str]) -> str:
     out = subprocess.run(
         ["bash", "-c", command], cwd=cwd, env=env, capture_output=True, text=True, timeout=300, check=False
     )
-    return out.stdout + out.stderr
+    return out.stdout + PROGRESS_LINE.sub("", out.stderr)
 
 
 def _env() -> dict[str, str]:
@@ -238,6 +246,21 @@ def test_a_cli_transcript_prints_what_the_docs_show(transcript: Transcript, tmp_
         (work / name).write_text(json.dumps(doc), encoding="utf-8")
     printed = _run(transcript.command, work, _env())
     assert masked(printed) == masked(transcript.expected), f"{transcript.page.name}:{transcript.line}\n{printed}"
+
+
+def test_the_curl_walkthrough_names_the_plan_id_the_example_request_gets() -> None:
+    # the id is the content address of the request with its profile inlined: a change to the bundled
+    # profile (or to the request's canonical form) changes it, and every URL of the walk-through with it
+    from skrull.api.schemas import canonical_request_json, job_id_for, request_from_document
+
+    request = request_from_document(json.loads((ROOT / "examples/requests/contract-example.json").read_text()))
+    plan_id = job_id_for(canonical_request_json(request))
+    (post,) = [t for t in CURL if "contract-example.json" in t.command]
+    shown = re.findall(r"/v1/plans/([0-9a-f]{32})", "".join(t.command + t.expected for t in CURL))
+    assert shown and set(shown) == {plan_id}, (
+        f"{post.page.name}:{post.line}: the walk-through shows {sorted(set(shown))}; the example request's id "
+        f"is now {plan_id} (replace it in docs/service.md, with the ETags of the rank view)"
+    )
 
 
 def test_the_curl_walkthrough_answers_what_the_docs_show(tmp_path: Path) -> None:

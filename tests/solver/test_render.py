@@ -14,7 +14,7 @@ from skrull.solver.cost import CostModel
 from skrull.solver.errors import RequestError
 from skrull.solver.io import parse_profile
 from skrull.solver.planning import solve
-from skrull.solver.render import AXIS_PX, iteration_timeline, plan_timelines, render_svg
+from skrull.solver.render import AXIS_PX, LABEL_CHAR_PX, iteration_timeline, plan_timelines, render_svg
 from skrull.solver.types import Parallel, Plan, Request
 
 SVG_NS = "{http://www.w3.org/2000/svg}"
@@ -145,3 +145,86 @@ def test_each_bound_drawn_says_which_it_is() -> None:
     svg = render_svg(plan_timelines(plan))
     assert f"lower bound {it.lower_bound_ms:.1f} ms (any layout)" in svg
     assert f"static-layout bound {it.static_bound_ms:.1f} ms" in svg
+
+
+# -- what a PNG keeps: legend, groups and sequence ids drawn, not only in tooltips -----------------------------
+
+
+def legends(root: ET.Element) -> dict[str, ET.Element]:
+    return {g.get("data-where", ""): g for g in groups(root, "legend")}
+
+
+def translate_y(elem: ET.Element) -> float:
+    return float(elem.get("transform", "translate(0,0)").rstrip(")").split(",")[1])
+
+
+def test_the_legend_names_every_colour_in_plain_words_above_the_panels() -> None:
+    request = make_request([[30000, 900, 4000, 12000]], dp=1, cp=2)
+    root = draw(solve(request), request)
+    found = legends(root)
+    assert set(found) == {"top"}  # a short picture: one legend, at the top
+    (first_panel, *_) = groups(root, "panel")
+    assert translate_y(found["top"]) < translate_y(first_panel)
+    text = " ".join(t.text or "" for t in found["top"].iter(f"{SVG_NS}text"))
+    assert "waiting for the slowest GPU of the group" in text and "max(" not in text
+    assert rects(found["top"], "legend-waiting") and rects(found["top"], "legend-overlap")
+    # every fill a bar uses has its legend entry
+    fills = {r.get("fill") for g in groups(root, "microbatch") for r in g.iter(f"{SVG_NS}rect")} - {"#ffffff"}
+    keyed = {r.get("fill") for r in found["top"].iter(f"{SVG_NS}rect")}
+    assert fills <= keyed | {"#eeeeee"}  # the free part of the bucket strip is the strip itself
+
+
+def test_a_tall_picture_repeats_the_legend_below_its_last_panel() -> None:
+    request = make_request([[30000, 900, 4000], [12000, 700, 2500]], dp=4, cp=8)
+    root = draw(solve(request), request)
+    found = legends(root)
+    assert set(found) == {"top", "bottom"}
+    assert translate_y(found["bottom"]) > max(translate_y(p) for p in groups(root, "panel"))
+
+
+def test_brackets_join_exactly_the_gpus_of_each_group() -> None:
+    request = make_request([[30000, 900, 4000, 12000, 700, 2500, 800, 1500, 60000, 300, 5000, 7000]], dp=2, cp=4)
+    plan = solve(request)
+    root = draw(plan, request)
+    brackets = [p for p in root.iter(f"{SVG_NS}path") if p.get("class") == "group-bracket"]
+    for k, mb in enumerate(plan.iterations[0].microbatches):
+        mine = [p for p in brackets if p.get("data-index") == str(k)]
+        covered = {g for p in mine for g in range(int(p.get("data-first", "0")), int(p.get("data-last", "-1")) + 1)}
+        assert covered == (set(mb.ranks) if len(mb.ranks) > 1 else set()), (k, mb.ranks)
+
+
+def test_wide_bars_name_their_microbatch_group_and_sequence_ids_in_text() -> None:
+    # one microbatch over the whole group: every bar is wide and its label lists every id it runs
+    request = make_request([[60000, 100, 3000]], dp=1, cp=4)
+    plan = solve(request)
+    (mb,) = plan.iterations[0].microbatches
+    root = draw(plan, request)
+    for g in groups(root, "microbatch"):
+        (label,) = [t.text or "" for t in g.iter(f"{SVG_NS}text") if t.get("class") == "label"]
+        position = mb.ranks.index(int(g.get("data-gpu", "-1")))
+        assert label.startswith(f"#0 GPUs {min(mb.ranks)}-{max(mb.ranks)}"), label
+        if mb.sharded:
+            assert f"sharded {','.join(map(str, mb.sharded))}" in label
+        if mb.local[position]:
+            assert f"whole {','.join(map(str, mb.local[position]))}" in label
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    lengths=st.lists(st.integers(min_value=1, max_value=40000), min_size=1, max_size=40),
+    cp=st.sampled_from([1, 2, 4]),
+    solver=st.sampled_from(["skrull", "deepspeed", "dynamic-cp"]),
+)
+def test_a_label_fits_its_bar_and_names_its_microbatch(lengths: list[int], cp: int, solver: str) -> None:
+    lengths = [min(n, cp * PROFILE.bucket_tokens) for n in lengths]
+    request = make_request([lengths], dp=2, cp=cp, solver=solver)
+    root = draw(solve(request), request)
+    for g in groups(root, "microbatch"):
+        labels = [t.text or "" for t in g.iter(f"{SVG_NS}text") if t.get("class") == "label"]
+        width = float(g.get("data-width", "0"))
+        assert len(labels) <= 1
+        for label in labels:
+            assert label.split()[0] == f"#{g.get('data-index')}"
+            assert len(label) * LABEL_CHAR_PX + 6 <= width + 1e-9
+        if width >= 6 + LABEL_CHAR_PX * len(f"#{g.get('data-index')}"):
+            assert labels  # a bar wide enough for its number shows it

@@ -349,3 +349,25 @@ def test_the_gpu_example_imports_and_answers_help_on_cpu() -> None:
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.startswith("usage: megatron_step.py") and "torchrun" in out.stdout
+
+
+def test_the_gpu_example_on_a_cpu_machine_refuses_in_one_line_under_torchrun() -> None:
+    # every rank meets the refusal; rank 0 says it once, before megatron-core's import warnings, and no rank
+    # fails, so torchrun adds no failure report of its own
+    if torch.cuda.is_available():
+        pytest.skip("the refusal of a machine without CUDA; this one has a GPU")
+    out = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         str(ROOT / "examples" / "megatron_step.py"), "--cp", "2"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},  # else torchrun prints its banner about the variable
+    )  # fmt: skip
+    printed = out.stdout + out.stderr
+    assert out.returncode == 0, printed[-3000:]
+    refusal = "megatron_step.py: needs CUDA GPUs (NCCL and Transformer Engine); this machine has none, nothing was run"
+    assert printed.splitlines() == [refusal], printed[-3000:]
+    alone = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "megatron_step.py")],
+        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert alone.returncode == 2 and alone.stdout == "" and alone.stderr == refusal + "\n"

@@ -56,7 +56,8 @@ class FinetuneConfig:
     loss_chunk_tokens: int | None = None
     #: Untimed steps first (their gradients are not applied; warm-up of allocator, kernels, sockets).
     warmup_steps: int = 0
-    #: Rank 0's tqdm bar over the steps on stderr: None on a terminal only, True always, False never.
+    #: Rank 0's progress over the steps on stderr (worker/progress.py): None: a bar on a terminal, one line
+    #: per step elsewhere; True: the bar always; False: nothing.
     progress: bool | None = None
     #: How gradients are summed over the world: "allreduce", "ddp" or "fsdp" (worker/grad_sync.py).
     grad_sync: str = "allreduce"

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import math
+import re
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,6 +18,7 @@ from skrull.corpus.order import global_batches
 from skrull.worker.hf.model import build_model, read_model_config
 from skrull.worker.hf.step import plain_step
 from tests.api.conftest import LiveServer
+from tests.cli.piped import ROOT, run_piped
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +32,26 @@ def test_example_trains_and_its_first_loss_is_the_plain_hf_loss(server: LiveServ
     out = tmp_path / "rows.json"
     argv = ["--url", server.url, "--steps", "2", "--samples", "48", "--global-batch-size", "8", "--seed", "3"]
     argv += ["--solver", "skrull", "--length-scale", "0.05", "--out", str(out)]
-    finetune_hf.main(argv)
+    # as a user runs it, its output a pipe: each phase says itself as it starts
+    run = run_piped([sys.executable, str(ROOT / "examples" / "finetune_hf.py"), *argv])
+    assert run.returncode == 0, run.lines
+    assert run.running_after_first_line, run.lines
+    said = [x for x in run.lines if x.startswith("finetune_hf: ")]
+    steps = [re.sub(r"\d+(\.\d+)?", "<N>", x) for x in said[3:-1]]
+    assert said[:3] == [
+        "finetune_hf: starting 4 processes (gloo), DP2 x CP2, solver skrull",
+        "finetune_hf: building the model (qwen2, 2 layers) on every rank",
+        f"finetune_hf: 48 sequences (llama3-sft-mix); submitting 2 global batch(es) to {server.url}",
+    ], run.lines
+    assert (
+        steps
+        == [
+            "finetune_hf: step <N>: loss <N> over <N> target tokens, <N> ms, blocked on the planner <N> ms, "
+            "<N> microbatch(es) on rank <N>"
+        ]
+        * 2
+    ), run.lines
+    assert said[-1] == f"finetune_hf: done: 2 step(s), rows in {out}"
     rows = json.loads(out.read_text())
     assert [r["iteration"] for r in rows] == [0, 1]
     assert all(math.isfinite(r["loss"]) and r["blocked_ms"] >= 0 for r in rows)
