@@ -85,8 +85,10 @@ def test_a_calibrated_profile_is_checked_on_whole_microbatches(tmp_path: Path) -
     doc = {**bare, "model": _model_doc(TINY), "microbatch_ms": 2.0, "calibrated": {"from": bare["name"]}}
     path = tmp_path / "calibrated.json"
     path.write_text(json.dumps(doc))
-    args = ("profile", "--check", str(path), "--device", "cpu", "--dp", "1", "--cp", "2", "--per-rank", "3",
-            "--bucket-tokens", "128", "--repeats", "1", "--dataset", "llama3-sft-mix", "--solvers", "skrull")  # fmt: skip
+    args = (
+        "profile", "--check", str(path), "--device", "cpu", "--dp", "1", "--cp", "2", "--per-rank", "3",
+        "--bucket-tokens", "128", "--repeats", "1", "--dataset", "llama3-sft-mix", "--solvers", "skrull",
+    )  # fmt: skip
     out = skrull(*args, "--record")
     assert out.returncode == 0, out.stderr
     assert "run whole (layers, head, backward; host time included)" in out.stdout
