@@ -15,12 +15,19 @@ summed over the iterations, over the tokens).
 
     python bench/calibration.py [--iterations 10] [--seed N]
 
+Phase 3 replays phase 1's own measurements offline: for each iteration from the third after warm-up,
+the profile is refitted on the iterations before it and predicts it, with recency weightings of several
+half-lives (``HALF_LIFE_ITERATIONS`` the default) and weighing every iteration alike. All refits see the
+same data, so their differences are the refit's, not the machine's (a shared host's load changes between
+runs far more).
+
 Prints Markdown; asserts nothing. Lengths: a bundled distribution's draw scaled into 32..1024 tokens.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import itertools
 import json
@@ -38,15 +45,25 @@ import torch
 import torch.distributed as dist
 from budget import git_commit  # bench/budget.py
 
+from skrull.solver.cost import CostModel
 from skrull.solver.datasets import synthesize_request
-from skrull.solver.profile import load_profile
+from skrull.solver.profile import load_profile, profile_from_dict
 from skrull.solver.types import Parallel
+from skrull.worker.calibration import (
+    HALF_LIFE_ITERATIONS,
+    WARMUP_ITERATIONS,
+    MeasuredMicrobatch,
+    fit_profile,
+    iteration_error,
+    median_error,
+)
 from skrull.worker.collectives import GroupRegistry
 from skrull.worker.dataloader import PlannedBatches
 from skrull.worker.hf.model import build_model, read_model_config
 from skrull.worker.hf.step import scheduled_step
 from skrull.worker.kernels import select_kernel
 from skrull.worker.launch import launch
+from skrull.worker.profiling.fit import FitError
 
 ROOT = Path(__file__).resolve().parents[1]
 START = "h100-80g/qwen2.5-0.5b"
@@ -120,6 +137,7 @@ def rank_main(rank: int, world: int, backend: str, args: argparse.Namespace, out
     assert loader.calibration is not None
     summary = loader.calibration.summary_line()
     calibrated = loader.calibration.fitted_profile()
+    measured = [dataclasses.asdict(mb) for mb, _ in loader.calibration.measured]
     loader.close()
     compare: dict[str, list[float]] = {"starting": [], "calibrated": []}
     for _ in range(args.rounds):
@@ -131,8 +149,42 @@ def rank_main(rank: int, world: int, backend: str, args: argparse.Namespace, out
             feed.close()
             compare[name].append(sum(s for s, _ in steps[1:]) / sum(t for _, t in steps[1:]) * 1e6)
     if rank == 0:
-        out = {"phase1": phase1, "summary": summary, "profile": calibrated, "compare": compare}
+        out = {"phase1": phase1, "summary": summary, "profile": calibrated, "compare": compare, "measured": measured}
         Path(out_dir, "result.json").write_text(json.dumps(out))
+
+
+def replay(measured: list[dict[str, Any]]) -> dict[str, tuple[float, float, int]]:
+    """Phase 3: one-iteration-ahead errors of the refit with and without recency, on the same measurements:
+    per setting the median over predicted iterations of (median microbatch error, iteration error)."""
+    mbs = [
+        MeasuredMicrobatch(**{**m, "ranks": tuple(m["ranks"]), "local": tuple(tuple(x) for x in m["local"]),
+                              "sharded": tuple(m["sharded"])})
+        for m in measured
+    ]  # fmt: skip
+    iterations = sorted({mb.iteration for mb in mbs})
+    out = {}
+    halves = sorted({2.0, 4.0, 8.0, HALF_LIFE_ITERATIONS})
+    settings = [
+        (f"half-life {h:g} iterations{' (default)' if h == HALF_LIFE_ITERATIONS else ''}", h) for h in halves
+    ] + [("every iteration alike", None)]
+    for name, half_life in settings:
+        mb_err, it_err = [], []
+        for k in iterations[WARMUP_ITERATIONS + 2 :]:
+            try:
+                fit = fit_profile(load_profile(START), [mb for mb in mbs if mb.iteration < k],
+                                  half_life_iterations=half_life)  # fmt: skip
+            except FitError:
+                continue
+            model = CostModel(profile_from_dict(fit.profile))
+            target = [mb for mb in mbs if mb.iteration == k]
+            mb_err.append(median_error(target, model))
+            it_err.append(iteration_error(target, model))
+        out[name] = (
+            statistics.median(mb_err) if mb_err else float("nan"),
+            statistics.median(it_err) if it_err else float("nan"),
+            len(mb_err),
+        )
+    return out
 
 
 def main() -> None:
@@ -173,6 +225,11 @@ def main() -> None:
     print(f"| starting profile ({START}) | {start:.2f} | {', '.join(f'{x:.2f}' for x in c['starting'])} |")
     print(f"| calibrated profile | {cal:.2f} | {', '.join(f'{x:.2f}' for x in c['calibrated'])} |")
     print(f"\ncalibrated vs starting: {(cal / start - 1) * 100:+.1f}% time per token")
+    print("\nReplay of these measurements: each iteration predicted by a refit on the iterations before it\n")
+    print("| refit | median microbatch error | iteration error | iterations predicted |")
+    print("|---|---|---|---|")
+    for name, (mb_err, it_err, n) in replay(out["measured"]).items():
+        print(f"| {name} | {mb_err:.1%} | {it_err:.1%} | {n} |")
     if args.profile_out:
         Path(args.profile_out).write_text(json.dumps(out["profile"], indent=2) + "\n")
     sys.stdout.flush()

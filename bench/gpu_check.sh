@@ -20,12 +20,15 @@
 #   profile/check  the profile measured on the fast step and its check (OUT_DIR/MODEL.profile.json, .check.md)
 #   finetune-step  whole planned steps of the first MODEL on the bundled mooncake distribution: estimate vs
 #                  measured for auto, skrull, packed, deepspeed, speedups over deepspeed (OUT_DIR/finetune-step.md)
+#   calibration    skrull finetune --calibrate of the first MODEL from the bundled H100 profile: the summary line
+#                  (OUT_DIR/calibration.txt) and the calibrated profile (OUT_DIR/MODEL.calibrated.json)
 #   hf-trainer     SkrullTrainer vs the plain Trainer with DataCollatorWithFlattening (OUT_DIR/hf-trainer.md)
 #   gpu-tests      pytest -m gpu (OUT_DIR/gpu-tests.txt)
 # OUT_DIR/summary.md lists every step with its exit status and seconds.
 #
 # GPU_CHECK_CPU_SMOKE=1 runs every step on the CPU with tiny shapes (the same scripts and code paths),
-# to check the script itself where there is no GPU.
+# to check the script itself where there is no GPU. GPU_CHECK_ONLY=NAME[,NAME...] runs only those steps
+# (names as in summary.md, e.g. calibration), under the same caps.
 set -u
 if [ $# -lt 1 ]; then
     echo "usage: bench/gpu_check.sh OUT_DIR [MODEL ...]  (from the repository root; PYTHON=... picks the interpreter)" >&2
@@ -37,6 +40,7 @@ models=("${@:-qwen2.5-0.5b}")
 py=${PYTHON:-python3}
 smoke=${GPU_CHECK_CPU_SMOKE:-0}
 budget=${GPU_CHECK_BUDGET_S:-400}
+only=${GPU_CHECK_ONLY:-}  # comma-separated step names: run those alone (e.g. calibration)
 if [ "${GPU_CHECK_CPU_SMOKE:-0}" = 1 ]; then budget=${GPU_CHECK_BUDGET_S:-3600}; fi
 status=0
 started=$SECONDS
@@ -54,6 +58,7 @@ printf '| step | exit | seconds | cap s |\n|---|---|---|---|\n' >"$out/summary.m
 step() {  # step NAME CAP_S CMD...: run under min(CAP_S, budget left), log to OUT_DIR/NAME.log
     local name=$1 cap=$2
     shift 2
+    if [ -n "$only" ] && [[ ",$only," != *",$name,"* ]]; then return; fi
     if [ "$smoke" = 1 ]; then cap=$((cap * 6)); fi  # a shared CPU compiles far slower than a GPU host
     local left=$((budget - (SECONDS - started)))
     if [ "$left" -lt "$cap" ]; then cap=$left; fi
@@ -87,12 +92,16 @@ if [ "$smoke" = 1 ]; then
     check_args=(--device cpu --repeats 1 --cp 2 --per-rank 4 --bucket-tokens 256 --compile on)
     ft_args=(--device cpu --per-rank 4 --batches 1 --max-tokens 200 --bucket-tokens 256 --loss-chunk-tokens 64)
     hf_args=(--device cpu --max-tokens 100 --global-batch-size 4 --steps 2 --warmup 1 --compile on --bucket-tokens 256)
+    calib_shape=(8 3 200 256)  # sequences per batch, global batches, longest sequence, bucket tokens
+    calib_args=(--backend gloo --dtype float32 --steps 6)
 else
     device=cuda tokens=1024,4096,16384 seq_tokens=1024 chunk=4096 prof_model=
     prof_args=(--device cuda --max-tokens 16384 --repeats 3)
     check_args=(--device cuda --repeats 2 --dataset chatqa2-long-sft --cp 4 --per-rank 8)
     ft_args=(--device cuda --per-rank 8 --batches 2)
     hf_args=(--device cuda --steps 4 --warmup 2)
+    calib_shape=(16 4 16384 16384)
+    calib_args=(--backend nccl --dtype bfloat16 --loss-chunk-tokens 4096 --steps 8)
 fi
 
 step device 30 "$py" - "$device" "$out/device.txt" <<'EOF'
@@ -162,7 +171,27 @@ step finetune-step 130 "$py" bench/finetune_step.py --model-config "$(config_of 
     --profile "$profile" --datasets mooncake --solvers auto,skrull,packed,deepspeed \
     "${ft_args[@]}" --out "$out/finetune-step.md"
 
-# --- calibration of the planner against measured microbatch times: its step goes here (own cap) ---
+# calibration of the planner against measured microbatch times: the first MODEL trained under plans from the
+# bundled H100 profile, refitted after every step (skrull finetune --calibrate); the one-line summary goes to
+# OUT_DIR/calibration.txt, the calibrated profile to OUT_DIR/MODEL.calibrated.json (docs/profiles.md)
+calib_request="$out/calibration-request.json"
+"$py" - "$calib_request" "h100-80g/$first" "${calib_shape[@]}" <<'EOF' || echo "== calibration: no request written"
+import json, sys
+from skrull.solver.datasets import synthesize_request
+from skrull.solver.io import request_to_dict
+from skrull.solver.profile import load_profile
+from skrull.solver.types import Parallel
+path, start, per_rank, batches, max_tokens, bucket = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:])
+request = synthesize_request(dataset="mooncake", parallel=Parallel(dp=1, cp=1), profile=load_profile(start),
+                             sequences_per_rank=per_rank, num_batches=batches, seed=0, solver="auto",
+                             bucket_tokens=bucket, max_tokens=max_tokens)
+doc = {**request_to_dict(request), "time_budget_s": 0.2, "deterministic": True}
+open(path, "w").write(json.dumps(doc) + "\n")
+print(f"calibration request: {batches} global batches of {per_rank} mooncake lengths <= {max_tokens} tokens, from {start}")
+EOF
+step calibration 60 "$py" -m skrull.cli.main finetune --model-config "$(config_of "$first")" --request "$calib_request" \
+    --world-size 1 "${calib_args[@]}" --calibrate --calibrated-profile-out "$out/$first.calibrated.json"
+[ -f "$out/calibration.log" ] && grep '^calibration: ' "$out/calibration.log" | tail -n 1 >"$out/calibration.txt"
 
 # the Hugging Face Trainer under plans against the plain Trainer with DataCollatorWithFlattening
 step hf-trainer 65 "$py" -m torch.distributed.run --standalone --nproc-per-node 1 bench/hf_trainer_step.py \

@@ -56,6 +56,13 @@ def add_parser(sub: Any) -> None:
     chk.add_argument("--bucket-tokens", type=int, default=None, help="override the profile's bucket")
     chk.add_argument("--seed", type=int, default=0, help="sampling seed of the checked batches (default 0)")
     chk.add_argument(
+        "--measure",
+        choices=("auto", "layers", "microbatches"),
+        default="auto",
+        help="what is measured per rank part: one layer's compute x layers (layers), or a whole microbatch "
+        "priced with microbatch_ms (microbatches); auto: microbatches for a calibrated profile (default)",
+    )
+    chk.add_argument(
         "--max-median-error",
         type=float,
         default=None,
@@ -152,6 +159,9 @@ def _check(args: argparse.Namespace, *, device: Any, dtype: Any, model_from_doc:
         model = model_from_doc(doc.get("model") if isinstance(doc, dict) else None)
     except ValueError as exc:
         raise RequestError("--check", args.check, f"{exc}; --check needs the model shape") from None
+    from skrull.worker.profiling.check import check_measure
+
+    measure = check_measure(doc, args.measure)
     datasets = [d for d in args.dataset.split(",") if d]
     solvers = [s for s in args.solvers.split(",") if s]
     rows = run_check(
@@ -169,13 +179,18 @@ def _check(args: argparse.Namespace, *, device: Any, dtype: Any, model_from_doc:
         bucket_tokens=args.bucket_tokens,
         progress=args.progress,
         compile=resolve_compile(args.compile, device),
+        measure=measure,
     )
     from skrull.worker.profiling.check import check_stats
 
-    print(
-        f"check of {profile.name} on {device}: DP{args.dp} x CP{args.cp}, {args.per_rank} sequences per DP rank, "
+    what = (
         "every rank's compute of the first iteration, measured in turn on this device"
+        if measure == "layers"
+        else "every rank's microbatches of the first iteration run whole (layers, head, backward; host time "
+        "included), in turn on this device, priced with microbatch_ms and without communication"
     )
+    head = f"check of {profile.name} on {device}: DP{args.dp} x CP{args.cp}, {args.per_rank} sequences per DP rank"
+    print(f"{head}, {what}")
     print()
     print("| dataset | solver | predicted max rank ms | measured max rank ms | median abs err | R^2 |")
     print("|---|---|---|---|---|---|")
@@ -210,7 +225,12 @@ def _check(args: argparse.Namespace, *, device: Any, dtype: Any, model_from_doc:
             median_abs_rel_error=median,
             limit=limit if limit is not None else RECORD_LIMIT,
             what=check_what(
-                datasets=datasets, solvers=solvers, dp=args.dp, cp=args.cp, sequences_per_rank=args.per_rank
+                datasets=datasets,
+                solvers=solvers,
+                dp=args.dp,
+                cp=args.cp,
+                sequences_per_rank=args.per_rank,
+                measure=measure,
             ),
         )
         Path(args.check).write_text(dumps(doc) + "\n", encoding="utf-8")  # as the profile was written

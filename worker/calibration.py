@@ -26,8 +26,25 @@ previous fit (each reweighting round). Terms the run did not show are not fitted
 ``MIN_COMMUNICATING`` microbatches sharded over a group, the communication coefficients are the starting
 profile's scaled by the compute's ratio (the machine is as much slower), the fixed cost taken from the
 median excess time of the few that did communicate, if any, so a planner is not told that communication
-it hardly measured is free. The model's ``max(T_comm, T_comp_local)`` is fitted as a sum: exact when a
-sharded microbatch has no local work (DACP's usual case), an upper bound otherwise.
+it hardly measured is free. From ``MIN_COMMUNICATING`` on, the communication terms are fitted and then
+shrunk towards that scaled start as a prior worth ``MIN_COMMUNICATING`` microbatches: with ``n``
+communicating microbatches, ``m = (n * m_fit + MIN_COMMUNICATING * m_start) / (n + MIN_COMMUNICATING)``,
+``f`` alike. A few noisy communicating microbatches otherwise let the non-negative fit call communication
+free (in bench/calibration.py on the shared 2-core VM, of nine runs fitted on 4-9 of them, all nine said
+``m = 0`` and seven ``m = f = 0``; the planner then shards as if gathers cost nothing); as they
+accumulate the run's own figures take over (40 of them weigh 91%). The model's ``max(T_comm,
+T_comp_local)`` is fitted as a sum: exact when a sharded microbatch has no local work (DACP's usual case),
+an upper bound otherwise.
+
+Recency: a microbatch measured ``k`` iterations before the latest weighs ``2^(-k / half_life_iterations)``
+in the fit (``HALF_LIFE_ITERATIONS``, 8). A machine's speed drifts over a run (other jobs, clocks, caches
+warming, a shared host's load: in bench/calibration.py on a shared 2-core VM, like iterations of four
+microbatches took 97 ms, then 264 ms four iterations later); a fit weighing its whole history alike
+predicts the average machine, while the plan is for the iterations about to run. A short half-life costs
+variance instead (noise that is not drift is averaged over fewer microbatches): at 8 a fit rests on about
+12 iterations' worth, so a short run's fit is nearly the unweighted one and a long run's distant past
+fades. bench/calibration.py replays each run's measurements one iteration ahead at several half-lives; on
+the loaded 2-core VM no setting was consistently better (docs/benchmarks.md), so 8 is the cautious one.
 
 Robustness: the first ``warmup_iterations`` iterations are left out (allocator, kernel selection, lazy
 initialisation). The fit minimises the absolute relative error rather than its square (iteratively
@@ -64,6 +81,8 @@ MIN_MICROBATCHES = 6
 MIN_COMMUNICATING = 4
 #: Reweighting rounds of the least-absolute-error fit (each picks the critical GPU anew).
 IRLS_ROUNDS = 8
+#: Iterations over which a microbatch's weight in the fit halves: the fit follows the machine as it is now.
+HALF_LIFE_ITERATIONS = 8.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -205,25 +224,39 @@ def fit_profile(
     mbs: Sequence[MeasuredMicrobatch],
     *,
     warmup_iterations: int = WARMUP_ITERATIONS,
+    half_life_iterations: float | None = HALF_LIFE_ITERATIONS,
     provenance: Mapping[str, Any] | None = None,
 ) -> CalibrationFit:
-    """Refit ``start``'s time coefficients on measured microbatches (module doc); memory is kept."""
+    """Refit ``start``'s time coefficients on measured microbatches (module doc); memory is kept.
+
+    ``half_life_iterations``: the recency weighting (module doc); None weighs every iteration alike."""
+    if half_life_iterations is not None and not half_life_iterations > 0:
+        raise ValueError(f"half_life_iterations must be > 0 or None, got {half_life_iterations}")
     first = min((mb.iteration for mb in mbs), default=0)
     data = [mb for mb in mbs if mb.iteration >= first + warmup_iterations and mb.ms > 0]
     if len(data) < MIN_MICROBATCHES:
         raise FitError(f"calibration: need at least {MIN_MICROBATCHES} microbatches after warm-up, got {len(data)}")
     bpt = start.comm.bytes_per_token
     ys = np.asarray([mb.ms for mb in data])
+    latest = max(mb.iteration for mb in data)
+    # row factors: squared in the objective, so sqrt of the weight 2^(-age / half-life)
+    recency = (
+        np.ones(len(data))
+        if half_life_iterations is None
+        else np.asarray([2.0 ** (-(latest - mb.iteration) / (2.0 * half_life_iterations)) for mb in data])
+    )
     weights = (1.0, 0.0)
     keep = np.ones(len(data), dtype=bool)
     irls = np.ones(len(data))
     # communication is fitted only when the run showed it: else the starting profile's, scaled (below)
     communicating = sum(1 for mb in data if len(mb.ranks) > 1 and mb.sharded)
     active = [0, 1, 2, 3, 4] if communicating >= MIN_COMMUNICATING else [0, 1, 4]
+    fpt = start.compute.flops_per_token
     for _ in range(IRLS_ROUNDS):  # least absolute relative error, by iteratively reweighted least squares
         cols = _columns(data, bpt, weights)
         coef = np.zeros(cols.shape[1])
-        coef[active], _ = fit_nonnegative(cols[keep][:, active], ys[keep], what="calibration", weights=irls[keep])
+        row = irls * recency
+        coef[active], _ = fit_nonnegative(cols[keep][:, active], ys[keep], what="calibration", weights=row[keep])
         weights = (float(coef[0]), float(coef[1]))
         rel = np.abs(cols @ coef - ys) / ys
         irls = 1.0 / np.sqrt(np.maximum(rel, 0.01))  # row factor: squared, it weighs r^2 by 1/|r|
@@ -231,11 +264,18 @@ def fit_profile(
         if keep.sum() < MIN_MICROBATCHES:
             keep = np.ones(len(data), dtype=bool)
     a, b, m, f, c = (float(x) for x in coef)
-    fpt = start.compute.flops_per_token
     ms_per_tflop = a * 1e12 / fpt
     comm_source = "calibrated from the run: sharded K/V MiB and an indicator of communication per microbatch"
-    if 2 not in active:  # not shown by the run: the machine is as much slower as its compute
-        ratio = ms_per_tflop / start.compute.ms_per_tflop
+    ratio = ms_per_tflop / start.compute.ms_per_tflop
+    if 2 in active:  # fitted, and shrunk towards the scaled start by as much as the few rows weigh (module doc)
+        share = communicating / (communicating + MIN_COMMUNICATING)
+        m = share * m + (1 - share) * start.comm.ms_per_mib * ratio
+        f = share * f + (1 - share) * start.comm.fixed_ms * ratio
+        comm_source += (
+            f", {communicating} microbatches weighing {share:.0%} against the starting profile's x {ratio:.4g} "
+            f"(the compute's ratio), worth {MIN_COMMUNICATING}"
+        )
+    else:  # not shown by the run: the machine is as much slower as its compute
         m, f = start.comm.ms_per_mib * ratio, start.comm.fixed_ms * ratio
         comm_source = (
             f"the starting profile's, x {ratio:.4g} (the compute's ratio): only {communicating} microbatch(es) "
@@ -272,6 +312,7 @@ def fit_profile(
         "microbatches": int(keep.sum()),
         "dropped_outliers": int((~keep).sum()),
         "warmup_iterations": warmup_iterations,
+        "half_life_iterations": half_life_iterations,
         "iterations": sorted({mb.iteration for mb in data}),
         "median_abs_rel_error": round(residual, 6),
         "samples": {

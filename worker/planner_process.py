@@ -441,7 +441,9 @@ class ProcessPlans:
         root = str(Path(skrull.__file__).resolve().parent.parent)
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
-        cmd = [sys.executable, "-m", "skrull.worker.planner_process", "--socket", self.socket_path]
+        # -P: ``-m`` would put the working directory first on the path, ahead of PYTHONPATH, so a skrull there
+        # (another checkout) would plan with other code than the loader's
+        cmd = [sys.executable, "-P", "-m", "skrull.worker.planner_process", "--socket", self.socket_path]
         for pid in watch:
             cmd += ["--watch-pid", str(pid)]
         main = threading.current_thread() is threading.main_thread() and sys.platform.startswith("linux")

@@ -73,10 +73,32 @@ def test_cpu_dry_run_writes_a_contract_profile_and_checks_it(tmp_path: Path) -> 
     after = json.loads(target.read_text())
     error = after["check"]["median_abs_rel_error"]
     assert f"overall: median abs error {error:.1%}" in recorded.stdout
-    what = check_what(
-        datasets=["llama3-sft-mix"], solvers=["skrull", "deepspeed"], dp=1, cp=2, sequences_per_rank=3
-    )
+    what = check_what(datasets=["llama3-sft-mix"], solvers=["skrull", "deepspeed"], dp=1, cp=2, sequences_per_rank=3)
     assert after == {**before, "check": check_block(median_abs_rel_error=error, limit=0.15, what=what)}
+
+
+def test_a_calibrated_profile_is_checked_on_whole_microbatches(tmp_path: Path) -> None:
+    from skrull.worker.profiling.document import _model_doc
+    from skrull.worker.profiling.measure import TINY
+
+    bare = json.loads((ROOT / "examples" / "requests" / "tiny-cpu-dp2-cp2.json").read_text())["profile"]
+    doc = {**bare, "model": _model_doc(TINY), "microbatch_ms": 2.0, "calibrated": {"from": bare["name"]}}
+    path = tmp_path / "calibrated.json"
+    path.write_text(json.dumps(doc))
+    args = (
+        "profile", "--check", str(path), "--device", "cpu", "--dp", "1", "--cp", "2", "--per-rank", "3",
+        "--bucket-tokens", "128", "--repeats", "1", "--dataset", "llama3-sft-mix", "--solvers", "skrull",
+    )  # fmt: skip
+    out = skrull(*args, "--record")
+    assert out.returncode == 0, out.stderr
+    assert "run whole (layers, head, backward; host time included)" in out.stdout
+    assert "priced with microbatch_ms" in out.stdout and "overall: median abs error" in out.stdout
+    recorded = json.loads(path.read_text())["check"]
+    assert recorded["what"] == check_what(
+        datasets=["llama3-sft-mix"], solvers=["skrull"], dp=1, cp=2, sequences_per_rank=3, measure="microbatches"
+    )
+    layers = skrull(*args, "--measure", "layers")  # asked for, the other measure
+    assert layers.returncode == 0 and "every rank's compute of the first iteration" in layers.stdout
 
 
 def test_check_refuses_a_profile_without_the_model_shape(tmp_path: Path) -> None:

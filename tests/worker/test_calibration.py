@@ -8,6 +8,7 @@ import dataclasses
 import random
 import re
 import time
+from typing import Any
 
 import pytest
 
@@ -15,6 +16,8 @@ from examples.train_tiny import TINY_PROFILE, make_dataset
 from skrull.solver.cost import CostModel
 from skrull.solver.profile import load_profile, profile_from_dict
 from skrull.worker.calibration import (
+    HALF_LIFE_ITERATIONS,
+    MIN_COMMUNICATING,
     Calibration,
     MeasuredMicrobatch,
     RankTiming,
@@ -93,6 +96,51 @@ def test_communication_the_run_never_showed_is_scaled_from_the_starting_profile_
     assert median_error(few, CostModel(profile_from_dict(with_few.profile))) < median_error(
         few, CostModel(profile_from_dict(fit.profile))
     )
+
+
+def test_the_fit_follows_a_machine_that_slowed_down_rather_than_its_average() -> None:
+    """Twenty iterations, the last ten on a machine twice as slow (another job arrived): the next iteration
+    runs on the slow one, and the recency-weighted fit predicts it; weighing every iteration alike predicts
+    the average machine, a third too fast."""
+    data = _microbatches(random.Random(9), 80)
+    slow = [dataclasses.replace(mb, ms=2.0 * mb.ms) for mb in _microbatches(random.Random(10), 80, first_iteration=20)]
+    history = data + slow
+    upcoming = [dataclasses.replace(mb, ms=2.0 * mb.ms) for mb in _microbatches(random.Random(11), 40)]
+    recent = CostModel(profile_from_dict(fit_profile(load_profile(START), history).profile))
+    flat = CostModel(profile_from_dict(fit_profile(load_profile(START), history, half_life_iterations=None).profile))
+    assert median_error(upcoming, recent) < 0.10
+    assert median_error(upcoming, flat) > 0.20
+    assert (
+        fit_profile(load_profile(START), history).profile["calibrated"]["half_life_iterations"] == HALF_LIFE_ITERATIONS
+    )
+    with pytest.raises(ValueError, match="half_life_iterations"):
+        fit_profile(load_profile(START), history, half_life_iterations=0.0)
+
+
+def test_a_few_communicating_microbatches_refit_communication_only_as_far_as_they_weigh() -> None:
+    """Communicating microbatches whose times show no communication at all (noise can hide it): four weigh
+    as much as the scaled starting communication, so it stays at least half of that, never free; a hundred
+    and twenty outweigh it and bring the fixed cost near zero."""
+    free = CostModel(profile_from_dict({**TRUTH, "comm": {**TRUTH["comm"], "ms_per_mib": 0.0, "fixed_ms": 0.0}}))
+    lone = [mb for mb in _microbatches(random.Random(13), 200) if not mb.sharded][:40]
+    rng = random.Random(12)
+
+    def comm(count: int) -> dict[str, Any]:
+        sharded = []
+        for k in range(count):
+            mb = MeasuredMicrobatch(iteration=1 + k // 4, step=10 + k % 4, ranks=(0, 1), local=((), ()),
+                                    sharded=(rng.randint(500, 3000),), ms=0.0)  # fmt: skip
+            sharded.append(dataclasses.replace(mb, ms=free.microbatch_time_ms(mb.local, mb.sharded)))
+        doc = fit_profile(load_profile(START), lone + sharded, half_life_iterations=None).profile
+        return dict(doc["comm"])
+
+    scaled = comm(0)  # none communicated: the starting communication, scaled by the compute's ratio
+    few, many = comm(MIN_COMMUNICATING), comm(30 * MIN_COMMUNICATING)
+    for term in ("ms_per_mib", "fixed_ms"):  # 0.45: the compute's ratio moves a little between the fits
+        assert few[term] >= 0.45 * scaled[term] and many[term] < few[term]
+    assert many["fixed_ms"] < 0.1 * scaled["fixed_ms"]
+    assert "4 microbatches weighing 50%" in few["source"] and "120 microbatches weighing 97%" in many["source"]
+    assert scaled["ms_per_mib"] > load_profile(START).comm.ms_per_mib  # the "CPU" is slower at all of it
 
 
 def test_too_few_microbatches_refuse_to_fit_and_keep_the_previous_profile() -> None:

@@ -227,3 +227,22 @@ def test_a_single_rank_loader_derives_its_budget_and_resumes_with_the_same_plans
     assert first.iteration == 3 and first.plan_id == next(iter(again)).plan_id  # decided budgets kept
     resumed.close()
     again.close()
+
+
+def test_the_planner_imports_the_loaders_skrull_not_one_in_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``python -m`` puts the working directory first on the path: started from another checkout (or a folder
+    named skrull), the planner process would run other code than the loader (another cost model, another
+    calibration). It must import the package the loader imported."""
+    decoy = tmp_path / "skrull"
+    decoy.mkdir()
+    (decoy / "__init__.py").write_text('raise ImportError("the skrull of the working directory")\n')
+    monkeypatch.chdir(tmp_path)
+    plans = ProcessPlans()
+    try:
+        doc = {"batches": [[10, 20, 30]], "parallel": {"dp": 1, "cp": 1}, "profile": TINY_PROFILE, "solver": "skrull"}
+        key = plans.submit(doc)
+        assert plans.rank_view(key, 0, 0, timeout_s=60)["plan_id"] == key
+    finally:
+        plans.close()

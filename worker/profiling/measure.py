@@ -186,9 +186,26 @@ def _cu(values: Sequence[int], device: torch.device) -> torch.Tensor:
 
 
 def part_step(
-    layer: DecoderLayer, part: Part, *, kernel: AttentionKernel, device: torch.device, dtype: torch.dtype, seed: int = 0
+    layer: DecoderLayer,
+    part: Part,
+    *,
+    kernel: AttentionKernel,
+    device: torch.device,
+    dtype: torch.dtype,
+    seed: int = 0,
+    depth: int = 1,
+    head_weight: torch.Tensor | None = None,
+    chunk_tokens: int = 4096,
 ) -> Callable[[], None]:
-    """A closure running the layer forward and backward over ``part`` (inputs built once, up front)."""
+    """A closure running the layer forward and backward over ``part`` (inputs built once, up front).
+
+    With ``depth`` the layer runs that many times in sequence (a model of ``depth`` layers: the same
+    kernels, launches and saved activations, one layer's weights); with ``head_weight`` the LM head and
+    its summed cross-entropy follow, fused in chunks as the step runs it, and one backward covers it all:
+    one whole training microbatch, what a calibrated profile is fitted on (worker/profiling/check.py).
+    """
+    if depth < 1:
+        raise ValueError(f"depth must be >= 1, got {depth}")
     hidden = layer.attn.q_proj.in_features
     kv_heads, head_dim = layer.attn.num_kv_heads, layer.attn.head_dim
     gen = torch.Generator().manual_seed(seed)
@@ -220,9 +237,21 @@ def part_step(
         prefix=(prefix_k, prefix_v),
     )
 
+    labels = (
+        torch.randint(0, head_weight.shape[0], (part.num_tokens,), generator=gen).to(device)
+        if head_weight is not None
+        else None
+    )
+
     def step() -> None:
-        out = layer(x, pos, attend)
-        torch.autograd.backward(out, grad_out)
+        out = x
+        for _ in range(depth):
+            out = layer(out, pos, attend)
+        if head_weight is None or labels is None:
+            torch.autograd.backward(out, grad_out)
+        else:
+            torch.autograd.backward(linear_cross_entropy_sum(out, head_weight, labels, chunk_tokens=chunk_tokens))
+            head_weight.grad = None
         x.grad = None
         prefix_k.grad = prefix_v.grad = None
         layer.zero_grad(set_to_none=True)
@@ -244,7 +273,7 @@ class HeadTimer:
         if chunk_tokens < 1:
             raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
         gen = torch.Generator().manual_seed(seed)
-        self._weight = (
+        self._weight: torch.Tensor = (
             (torch.randn(model.vocab_size, model.hidden_size, generator=gen) * model.hidden_size**-0.5)
             .to(device=timer.device, dtype=dtype)
             .requires_grad_(True)
@@ -270,6 +299,15 @@ class HeadTimer:
             weight.grad = None
 
         return step
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The head's weight (vocabulary x hidden), in the training dtype."""
+        return self._weight
+
+    @property
+    def chunk_tokens(self) -> int:
+        return self._chunk
 
     def __call__(self, tokens: int) -> float:
         if tokens <= 0:
@@ -300,6 +338,36 @@ def measure_parts(
         if part not in cache:
             step = part_step(layer, part, kernel=kernel, device=timer.device, dtype=dtype)
             cache[part] = num_layers * timer.ms(step) + (head(part.num_tokens) if head is not None else 0.0)
+        out.append(cache[part])
+    return out
+
+
+def measure_microbatches(
+    layer: DecoderLayer,
+    parts: Sequence[Part],
+    *,
+    num_layers: int,
+    kernel: AttentionKernel,
+    timer: Timer,
+    dtype: torch.dtype,
+    head: HeadTimer | None = None,
+) -> list[float]:
+    """Milliseconds of each part run as one training microbatch (``part_step`` with ``depth=num_layers``
+    and ``head``'s weight): host time between the layers' launches counts, as it does in a step, where
+    ``measure_parts`` sums separately timed layers; equal parts timed once."""
+    cache: dict[Part, float] = {}
+    out = []
+    for part in parts:
+        if part.num_tokens == 0:
+            out.append(0.0)
+            continue
+        if part not in cache:
+            step = part_step(
+                layer, part, kernel=kernel, device=timer.device, dtype=dtype, depth=num_layers,
+                head_weight=head.weight if head is not None else None,
+                chunk_tokens=head.chunk_tokens if head is not None else 4096,
+            )  # fmt: skip
+            cache[part] = timer.ms(step)
         out.append(cache[part])
     return out
 

@@ -6,9 +6,10 @@ terms both vary), attention alone per query length, activation bytes at four tok
 more than one GPU, all-gathers of 1 MiB to 256 MiB. worker/profiling/document.py fits and lays out.
 
 Check: requests synthesized from bundled length distributions are planned (skrull and deepspeed by
-default); every rank's compute of the first iteration (each microbatch part: local sequences and shard
-pieces) is measured on this one device in turn and compared with the specification's prediction
-(worker/profiling/check.py).
+default); every rank's part of the first iteration (each microbatch part: local sequences and shard
+pieces) is measured on this one device in turn and compared with the specification's prediction of the
+same quantity (worker/profiling/check.py): its compute for a profiled or derived profile, the whole
+microbatch, ``microbatch_ms`` included, for a calibrated one.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from skrull.solver.types import Parallel, Problem
 from skrull.worker.compiling import resolve_compile
 from skrull.worker.kernels import select_kernel
 from skrull.worker.layout import rank_layouts
-from skrull.worker.profiling.check import CheckStats, check_stats, rank_compute_ms
+from skrull.worker.profiling.check import MEASURES, CheckStats, check_stats, rank_predicted_ms
 from skrull.worker.profiling.comm import measure_comm
 from skrull.worker.profiling.document import profile_document
 from skrull.worker.profiling.measure import (
@@ -43,6 +44,7 @@ from skrull.worker.profiling.measure import (
     measure_attention,
     measure_compute,
     measure_memory,
+    measure_microbatches,
     measure_parts,
 )
 from skrull.worker.progress import progress_bar
@@ -194,8 +196,15 @@ def run_check(
     bucket_tokens: int | None = None,
     progress: bool | None = None,
     compile: bool | None = None,
+    measure: str = "layers",
 ) -> list[CheckRow]:
-    """Plan each dataset's request with each solver and measure every rank's compute (module docstring)."""
+    """Plan each dataset's request with each solver and measure every rank's part of the first iteration
+    (module docstring): ``measure="layers"`` its compute, one layer timed alone ``x num_layers`` plus the
+    head; ``"microbatches"`` each part run as a whole microbatch, priced with ``microbatch_ms``
+    (worker/profiling/check.py)."""
+    if measure not in MEASURES:
+        raise ValueError(f"measure must be one of {', '.join(MEASURES)}, got {measure!r}")
+    measure_fn = measure_microbatches if measure == "microbatches" else measure_parts
     bar = progress_bar(
         total=len(datasets) * len(solvers) * parallel.num_gpus,
         desc="skrull profile --check",
@@ -220,11 +229,11 @@ def run_check(
         cost = CostModel(profile, bucket_tokens=request.bucket_tokens)
         for solver in solvers:
             plan = solve(dataclasses.replace(request, solver=solver))
-            predicted = rank_compute_ms(plan, lengths, cost, iteration=0)
+            predicted = rank_predicted_ms(plan, lengths, cost, iteration=0, measure=measure)
             measured = []
             for rank in range(parallel.num_gpus):
                 parts = [Part.of(layout) for layout in rank_layouts(plan, lengths, iteration=0, rank=rank)]
-                times = measure_parts(
+                times = measure_fn(
                     layer, parts, num_layers=model.num_layers, kernel=attention, timer=timer, dtype=dtype, head=head
                 )
                 measured.append(sum(times))

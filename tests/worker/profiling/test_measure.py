@@ -9,10 +9,12 @@ from skrull.worker.kernels import select_kernel
 from skrull.worker.profiling.comm import measure_comm
 from skrull.worker.profiling.measure import (
     TINY,
+    HeadTimer,
     Part,
     Timer,
     build_layer,
     measure_attention,
+    measure_microbatches,
     measure_parts,
     part_step,
     saved_activation_bytes,
@@ -44,6 +46,38 @@ def test_equal_parts_are_timed_once_and_empty_parts_cost_nothing() -> None:
     parts = [Part(local_lengths=(8,)), Part(local_lengths=()), Part(local_lengths=(8,)), Part(local_lengths=(3, 5))]
     times = measure_parts(layer, parts, num_layers=4, kernel=KERNEL, timer=CountingTimer(CPU), dtype=torch.float32)
     assert times == [10.0, 0.0, 10.0, 10.0] and len(calls) == 2
+
+
+def test_a_whole_microbatch_runs_every_layer_then_the_head_with_one_backward() -> None:
+    layer = build_layer(TINY, device=CPU, dtype=torch.float32)
+    head = HeadTimer(TINY, timer=Timer(CPU), dtype=torch.float32)
+    forwards: list[int] = []
+    layer.register_forward_hook(lambda *_: forwards.append(1))
+    backwards: list[int] = []
+    head.weight.register_hook(lambda g: backwards.append(1))  # type: ignore[no-untyped-call]
+    step = part_step(layer, Part(local_lengths=(5, 9), pieces=((10, 14),)), kernel=KERNEL, device=CPU,
+                     dtype=torch.float32, depth=3, head_weight=head.weight)  # fmt: skip
+    step()
+    assert len(forwards) == 3 and len(backwards) == 1
+    assert all(p.grad is None for p in layer.parameters()) and head.weight.grad is None
+    with pytest.raises(ValueError, match="depth"):
+        part_step(layer, Part(local_lengths=(5,)), kernel=KERNEL, device=CPU, dtype=torch.float32, depth=0)
+
+
+def test_whole_microbatches_are_timed_once_each_not_layer_times_depth() -> None:
+    layer = build_layer(TINY, device=CPU, dtype=torch.float32)
+    calls = []
+
+    class CountingTimer(Timer):
+        def ms(self, fn):  # type: ignore[no-untyped-def]
+            calls.append(fn)
+            return 2.5
+
+    parts = [Part(local_lengths=(8,)), Part(local_lengths=()), Part(local_lengths=(8,)), Part(local_lengths=(3, 5))]
+    timer = CountingTimer(CPU)
+    head = HeadTimer(TINY, timer=timer, dtype=torch.float32)
+    times = measure_microbatches(layer, parts, num_layers=4, kernel=KERNEL, timer=timer, dtype=torch.float32, head=head)
+    assert times == [2.5, 0.0, 2.5, 2.5] and len(calls) == 2
 
 
 def test_saved_activations_grow_with_tokens_and_exclude_weights() -> None:
