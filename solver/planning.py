@@ -173,8 +173,8 @@ def with_modes(output: PlannerOutput, problem: Problem, modes: tuple[str, ...]) 
     An exact planner's own bound (``model_bound_ms``) and its ``optimal`` were proved for all-gather pricing;
     when a microbatch runs cheaper in Ulysses they no longer hold, so the model bound is dropped and
     ``optimal`` becomes ``feasible`` (or ``heuristic`` without a ``bound_ms``); ``bound_ms``, a floor over
-    every mode the request allows, stays. A microbatch no allowed mode fits (a group that does not divide the heads under ``ulysses``
-    alone) is refused naming ``cp_modes``."""
+    every mode the request allows, stays. A microbatch no allowed mode fits (a group that does not divide
+    the heads under ``ulysses`` alone) is refused naming ``cp_modes``."""
     if modes == DEFAULT_CP_MODES:
         return output
     model = CostModel(problem.profile, bucket_tokens=problem.bucket_tokens, cp_modes=problem.cp_modes)

@@ -444,7 +444,8 @@ class LoaderCalibration:
 
     def fitted_profile(self) -> dict[str, Any] | None:
         if self.remote is not None:
-            return self.remote.calibrated_profile()
+            fitted: dict[str, Any] | None = self.remote.calibrated_profile()
+            return fitted
         assert self.local is not None
         return self.local.fitted.profile if self.local.fitted is not None else None
 

@@ -83,8 +83,9 @@ def sharding_floor_ms(lengths: Sequence[int], cost: CostModel, parallel: Paralle
     """``microbatch_floor_ms``, raised by what sharding the long sequences costs: valid for every layout.
 
     With ``a = ms_per_tflop / 1e12``, ``f_k = a*FLOPs(S_k)``, ``A = sum_k f_k``, G GPUs,
-    ``c = microbatch_ms + compute.fixed_ms`` and ``e = min(compute.fixed_ms, comm.fixed_ms)`` (``comm_a2a.fixed_ms`` too where ``ulysses`` is allowed), take any
-    set F of sequences and any plan (any groups) with iteration time Z. Either
+    ``c = microbatch_ms + compute.fixed_ms`` and ``e = min(compute.fixed_ms, comm.fixed_ms)``
+    (``comm_a2a.fixed_ms`` too where ``ulysses`` is allowed), take any set F of sequences and any plan
+    (any groups) with iteration time Z. Either
 
     * some k in F runs whole on one GPU (in ``local``, or alone on a group of one): that GPU's
       microbatch costs at least ``microbatch_ms + T_comp(FLOPs(S_k)) >= c + f_k``, so
