@@ -204,7 +204,8 @@ def load_profile(name: str, *, path: str = "profile") -> Profile:
     """Load a bundled profile by name (``h100-80g/qwen2.5-0.5b``)."""
     names = bundled_profile_names()
     if name not in names:
-        raise UnknownProfileError(path, name, f"unknown profile; bundled: {', '.join(names) or 'none'}")
+        known = ", ".join(names) or "none"
+        raise UnknownProfileError(path, name, f"unknown profile; known (bundled and ${PROFILES_DIR_ENV}): {known}")
     found = find_file("profiles", PROFILES_DIR_ENV, profile_file_name(name))
     assert found is not None, name
     with open(found, encoding="utf-8") as fh:

@@ -105,7 +105,12 @@ def layout_problems(plan: Plan, request: Request) -> tuple[list[str], bool]:
     if plan.bucket_tokens != request.bucket_tokens:
         problems.append(f"bucket_tokens is {plan.bucket_tokens}, request has {request.bucket_tokens}")
     if [it.index for it in plan.iterations] != list(range(len(request.batches))):
-        problems.append(f"iterations must be numbered 0..{len(request.batches) - 1}, one per batch")
+        n_its, n_batches = len(plan.iterations), len(request.batches)
+        problems.append(
+            f"iterations must be numbered 0..{n_batches - 1}, one per batch: the plan has {n_its} "
+            f"iteration{'' if n_its == 1 else 's'}, the request {n_batches} batch{'' if n_batches == 1 else 'es'}"
+            " (was the plan made for another request?)"
+        )
         return problems, False
     return problems, True
 
