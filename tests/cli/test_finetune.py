@@ -158,7 +158,10 @@ def test_a_plan_file_is_validated_against_the_request(tmp_path: Path) -> None:
     out = skrull("finetune", "-m", str(MODELS / "qwen2-tiny.json"), "-r", str(EXAMPLES / "tiny-cpu-dp2-cp2.json"),
                  "--plan", str(path))  # fmt: skip
     assert out.returncode == 2
-    assert out.stderr.startswith("skrull: error: ") and out.stderr.strip().count("\n") == 0
+    # one error line, after the progress line that says the plan is being read (stderr is a pipe here)
+    *progress, last = out.stderr.strip().splitlines()
+    assert last.startswith("skrull: error: invalid plan: parallel is dp=4 cp=8, request has dp=2 cp=2"), last
+    assert progress == [f"skrull finetune: reading the plan {path}"], progress
 
 
 @pytest.mark.parametrize("grad_sync", ["ddp", "fsdp"])
