@@ -39,8 +39,6 @@ def test_the_trainer_script_under_torchrun_passes_its_check(tmp_path: Path) -> N
     assert len(losses) == 1 and len(losses[0].split()) == 3  # two steps, their world losses
     largest = [line for line in out.stdout.splitlines() if line.startswith("largest relative error: ")]
     assert len(largest) == 1 and float(largest[0].split()[3]) <= 1e-4
-    # DDP's search for unused parameters is off under plans (worker/hf/trainer.py), so no rank warns about it
-    assert "find_unused_parameters" not in out.stderr
     assert out.stdout.rstrip().endswith("check passed")
 
 

@@ -26,7 +26,6 @@ loss is taken (``microbatch_loss``).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import sys
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
@@ -115,29 +114,6 @@ class SkrullTrainerMixin(_TrainerBase):
     compiled: bool
     #: the world's loss of each step trained (the loss of the plain run)
     step_losses: list[float]
-
-    def _build_accelerator_args(self, **kwargs: Any) -> dict[str, Any]:
-        """The Trainer's accelerator arguments, with DDP's search for unused parameters off unless asked for.
-
-        The stock Trainer turns the search on for any ``PreTrainedModel`` without activation checkpointing.
-        Under plans every rank runs at least one whole forward in every step (``equal_microbatches``, required
-        with more than one process), so every parameter gets a gradient: the search only costs a traversal
-        of the graph per step, and DDP says so on every rank ("find_unused_parameters=True was specified ...
-        but did not find any unused parameters"). ``TrainingArguments(ddp_find_unused_parameters=...)``
-        still decides when given; a model with parameters no forward uses stops at its first step under DDP
-        with DDP's own error naming them.
-        """
-        from accelerate.utils import DistributedDataParallelKwargs  # type: ignore[import-untyped]
-
-        built: dict[str, Any] = super()._build_accelerator_args(**kwargs)
-        if self.args.ddp_find_unused_parameters is None:
-            built["kwargs_handlers"] = [
-                dataclasses.replace(h, find_unused_parameters=False)
-                if isinstance(h, DistributedDataParallelKwargs)
-                else h
-                for h in built.get("kwargs_handlers", [])
-            ]
-        return built
 
     def _use_plans(self, planned: PlannedBatches, *, compile: str | bool | None = "auto") -> None:
         if self.args.gradient_accumulation_steps != 1:
