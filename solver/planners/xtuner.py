@@ -30,21 +30,8 @@ from __future__ import annotations
 from skrull.solver.cp_modes import ULYSSES
 from skrull.solver.errors import RequestError
 from skrull.solver.planners.base import PlannerOutput, all_sharded, plan_each_iteration
+from skrull.solver.planners.fixed_length import original_packing
 from skrull.solver.types import MicrobatchSpec, Problem
-
-
-def pack_to_max_length(lengths: list[int], max_tokens: int) -> list[list[int]]:
-    """Positions of ``lengths`` packed in order, a new pack when the next sequence would overflow
-    ``max_tokens`` (a sequence longer than that alone in its pack)."""
-    packs: list[list[int]] = []
-    tokens = max_tokens + 1
-    for k, s in enumerate(lengths):
-        if tokens + s > max_tokens:
-            packs.append([])
-            tokens = 0
-        packs[-1].append(k)
-        tokens += s
-    return packs
 
 
 def xtuner_batch(problem: Problem, _index: int, ids: tuple[int, ...]) -> list[MicrobatchSpec]:
@@ -59,7 +46,8 @@ def xtuner_batch(problem: Problem, _index: int, ids: tuple[int, ...]) -> list[Mi
             "parallel.cp", par.cp, f"xtuner's sequence parallel size must divide heads.attention = {heads.attention}"
         )
     lengths = [problem.lengths[i] for i in ids]
-    packs = pack_to_max_length(lengths, problem.group_capacity_tokens)
+    # XTuner's packed dataset: loader order, a new pack when the next sequence would overflow
+    packs = original_packing(lengths, problem.group_capacity_tokens)
     specs: list[MicrobatchSpec] = []
     for k, pack in enumerate(packs):
         spec = all_sharded(step=k // par.dp, ranks=par.cp_group(k % par.dp), ids=[ids[p] for p in pack])
