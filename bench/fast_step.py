@@ -50,6 +50,7 @@ from skrull.worker.hf.step import causal_lm_loss  # noqa: E402
 from skrull.worker.inputs import SyntheticData  # noqa: E402
 from skrull.worker.kernels import kernel_choice  # noqa: E402
 from skrull.worker.layout import MicrobatchLayout  # noqa: E402
+from skrull.worker.profiling.measure import repeat_ms  # noqa: E402
 
 #: ``--modes``: eager layers, the regional compile (two graphs per layer around the eager attention), and
 #: one graph per layer with the attention as the registered operator (worker/attention_op.py).
@@ -90,21 +91,7 @@ def split(tokens: int, seq_tokens: int) -> list[int]:
 def timed_ms(fn: Any, device: torch.device, *, warmup: int, repeats: int) -> list[float]:
     for _ in range(warmup):
         fn()
-    times = []
-    for _ in range(repeats):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            torch.cuda.synchronize(device)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(float(start.elapsed_time(end)))
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append(1e3 * (time.perf_counter() - t0))
-    return times
+    return repeat_ms(fn, device, repeats=repeats)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

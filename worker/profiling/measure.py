@@ -55,6 +55,27 @@ TINY = ModelConfig(
 PROFILE_MODELS: dict[str, ModelConfig] = {**MODELS, TINY.name: TINY}
 
 
+
+def repeat_ms(fn: Callable[[], Any], device: torch.device, *, repeats: int) -> list[float]:
+    """Milliseconds of each of ``repeats`` calls of ``fn``: CUDA events on a GPU (each call's kernels, the
+    host free to run ahead before the call), the host clock on a CPU. Warm-up is the caller's."""
+    times = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+            end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+            torch.cuda.synchronize(device)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(float(start.elapsed_time(end)))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+    return times
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Part:
     """What one GPU computes in one microbatch: whole local sequences and shard pieces ``(start, end)``."""
@@ -88,20 +109,7 @@ class Timer:
         for _ in range(self.warmup):
             fn()
         self._sync()
-        times = []
-        for _ in range(self.repeats):
-            if self.device.type == "cuda":
-                start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-                end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-                start.record()
-                fn()
-                end.record()
-                end.synchronize()
-                times.append(float(start.elapsed_time(end)))
-            else:
-                t0 = time.perf_counter()
-                fn()
-                times.append((time.perf_counter() - t0) * 1e3)
+        times = repeat_ms(fn, self.device, repeats=self.repeats)
         return statistics.median(times) if self.device.type == "cuda" else min(times)
 
 
