@@ -23,7 +23,9 @@ Here the plans of a node are computed once, in a separate interpreter:
   included), and on Linux it also asks for ``PR_SET_PDEATHSIG`` (``prctl``) when started from the main
   thread. Under torchrun it watches the launcher (the rank's parent) too: torchrun starts ranks in
   sessions of their own, so a SIGKILLed torchrun leaves its ranks running; the planner then exits and
-  those ranks stop at their next plan with an error naming the launcher, instead of lingering.
+  those ranks stop at their next plan with an error naming the launcher, instead of lingering. When the
+  owner's loader is closed or dropped (its rank refused a configuration, say) while the process lives,
+  the planner serves the node's other ranks until each has come and closed, then exits.
 
 ``ProcessPlans`` is the client: the same ``PlanSource`` calls as ``LocalPlans`` (worker/plan_sources.py).
 """
@@ -134,9 +136,12 @@ class Planner:
         #: the run's measured microbatches and the profile refitted on them (worker/calibration.py)
         self.calibration: Calibration | None = None
         self._entries: dict[str, _Entry] = {}
-        #: open connections (ranks of the node); ``draining``: the owner closed, exit once none is left
+        #: open connections, and the local ranks that ever asked; ``draining``: the owner's loader closed
+        #: (or was dropped), exit once every local rank has come and gone (``_watch``)
         self.connections = 0
+        self.ranks_seen: set[int] = set()
         self.draining = False
+        self.draining_since = 0.0
         self._queue: deque[str] = deque()
         self._cv = threading.Condition()
         self._closed = False
@@ -264,6 +269,9 @@ def _serve_connection(planner: Planner, conn: socket.socket) -> None:
             except (ConnectionError, OSError, ValueError):
                 return
             op = msg.get("op")
+            if isinstance(msg.get("local_rank"), int):
+                with planner._cv:
+                    planner.ranks_seen.add(msg["local_rank"])
             try:
                 if op == "submit":
                     reply: dict[str, Any] = {
@@ -277,7 +285,8 @@ def _serve_connection(planner: Planner, conn: socket.socket) -> None:
                 elif op == "stats":
                     reply = planner.stats()
                 elif op == "drain":  # the owner's loader closed: exit once every rank has closed too
-                    planner.draining = True
+                    if not planner.draining:
+                        planner.draining, planner.draining_since = True, time.monotonic()
                     reply = {"ok": True}
                 elif op == "timings":  # a node's measured microbatches (the job's, gathered): refit
                     if planner.calibration is None:
@@ -325,9 +334,18 @@ def _leave(socket_path: str, why: str) -> None:
     os._exit(0)
 
 
-def _watch(planner: Planner, socket_path: str, watch_pids: Sequence[int]) -> None:
-    """Exit (removing the socket) when the parent's pipe closes, a watched process is gone, or the owner
-    closed and no rank is connected any more."""
+#: How long a drained process waits for a local rank that never connected (it failed before asking, or
+#: asks late): the process still dies with its owner whatever this says.
+DRAIN_GRACE_S = 60.0
+
+
+def _watch(planner: Planner, socket_path: str, watch_pids: Sequence[int], *, local_ranks: int = 1) -> None:
+    """Exit (removing the socket) when the parent's pipe closes, a watched process is gone, or the owner's
+    loader closed and every one of the node's ``local_ranks`` has connected and closed again (after
+    ``DRAIN_GRACE_S`` without a connection, whether or not all came: a rank that failed before asking never
+    will). The owner's loader may close first, for instance when its rank refuses a configuration the
+    others are still being served plans to refuse too: exiting then would fail them with a lost socket
+    instead of their own error."""
 
     def leave(why: str) -> None:
         _leave(socket_path, why)
@@ -351,10 +369,13 @@ def _watch(planner: Planner, socket_path: str, watch_pids: Sequence[int]) -> Non
             if not _alive(pid, start):
                 leave(f"the launcher (pid {pid}) is gone")
         if planner.draining and planner.connections == 0:
-            leave("its loader closed and every rank of the node has closed its connection")
+            if len(planner.ranks_seen) >= local_ranks:
+                leave("its loader closed and every rank of the node has closed its connection")
+            if time.monotonic() - planner.draining_since > DRAIN_GRACE_S:
+                leave(f"its loader closed and no rank connected for {DRAIN_GRACE_S:g} s")
 
 
-def serve(socket_path: str, *, watch_pids: Sequence[int] = ()) -> None:
+def serve(socket_path: str, *, watch_pids: Sequence[int] = (), local_ranks: int = 1) -> None:
     """The planner process's main: listen on ``socket_path``, solve, answer, die with the parent."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
     planner = Planner()
@@ -367,7 +388,11 @@ def serve(socket_path: str, *, watch_pids: Sequence[int] = ()) -> None:
     server.listen(256)
     threading.Thread(target=planner.solve_forever, daemon=True, name="skrull-planner-solve").start()
     threading.Thread(
-        target=_watch, args=(planner, socket_path, watch_pids), daemon=True, name="skrull-planner-watch"
+        target=_watch,
+        args=(planner, socket_path, watch_pids),
+        kwargs={"local_ranks": local_ranks},
+        daemon=True,
+        name="skrull-planner-watch",
     ).start()
     while True:
         conn, _ = server.accept()
@@ -394,6 +419,17 @@ def _socket_path(token: str) -> str:
 #: Loaders created in this process per loader key: the n-th loader of a key pairs with the n-th on every rank.
 _INSTANCES: dict[str, int] = {}
 _INSTANCES_LOCK = threading.Lock()
+#: The planner processes this process started for a node under torchrun. Held for the life of this process:
+#: the pipe to each (its stdin) must stay open while the node's other ranks are served, also after the
+#: owner's loader is closed or dropped; this process's exit closes it, and the planner exits with it.
+_NODE_PLANNERS: list[subprocess.Popen[bytes]] = []
+
+
+def _local_world_size() -> int:
+    try:
+        return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        return 1
 
 
 def _set_pdeathsig() -> None:  # runs in the child between fork and exec
@@ -425,6 +461,8 @@ class ProcessPlans:
             self.socket_path = _socket_path(json.dumps([env, job_key, instance], sort_keys=True))
             self.owner = os.environ.get("LOCAL_RANK") == "0"
             watch = [os.getppid()]  # the torchrun agent: its ranks run in sessions of their own
+        self.shared = env is not None
+        self.local_rank = int(os.environ.get("LOCAL_RANK", "0")) if self.shared else 0
         self.connect_timeout_s = connect_timeout_s
         self._local = threading.local()
         #: every connection this client opened (one per thread that asked): all closed by ``close``
@@ -446,11 +484,17 @@ class ProcessPlans:
         cmd = [sys.executable, "-P", "-m", "skrull.worker.planner_process", "--socket", self.socket_path]
         for pid in watch:
             cmd += ["--watch-pid", str(pid)]
+        if self.shared:
+            cmd += ["--local-ranks", str(_local_world_size())]
         main = threading.current_thread() is threading.main_thread() and sys.platform.startswith("linux")
         proc = subprocess.Popen(
             cmd, stdin=subprocess.PIPE, env=env, preexec_fn=_set_pdeathsig if main else None, close_fds=True
         )
         log.info("planner process %d started for this node (socket %s)", proc.pid, self.socket_path)
+        if self.shared:
+            with _INSTANCES_LOCK:
+                _NODE_PLANNERS[:] = [p for p in _NODE_PLANNERS if p.poll() is None]
+                _NODE_PLANNERS.append(proc)
         return proc
 
     @property
@@ -487,7 +531,7 @@ class ProcessPlans:
         sock = self._connection()
         sock.settimeout(None if timeout_s is None else timeout_s + 30.0)
         try:
-            _send(sock, msg)
+            _send(sock, {**msg, "local_rank": self.local_rank})
             reply = _recv(sock)
         except (ConnectionError, OSError) as exc:
             self._local.sock = None
@@ -554,9 +598,15 @@ class ProcessPlans:
         self._closed = True
 
     def __del__(self) -> None:
+        """A loader dropped without ``close``: a private planner is killed (nobody else uses it); a node's
+        planner drains as on ``close``, since the node's other ranks may still be asking it for plans."""
         proc = getattr(self, "_proc", None)
-        if proc is not None and proc.poll() is None and not getattr(self, "_closed", False):
-            with contextlib.suppress(Exception):
+        if proc is None or proc.poll() is not None or getattr(self, "_closed", False):
+            return
+        with contextlib.suppress(Exception):
+            if getattr(self, "shared", False):
+                self.close()
+            else:
                 proc.kill()
 
 
@@ -704,8 +754,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="the planned loader's planner process (worker/planner_process.py)")
     parser.add_argument("--socket", required=True)
     parser.add_argument("--watch-pid", type=int, action="append", default=[])
+    parser.add_argument("--local-ranks", type=int, default=1, help="the node's ranks that connect (torchrun)")
     args = parser.parse_args(argv)
-    serve(args.socket, watch_pids=args.watch_pid)
+    serve(args.socket, watch_pids=args.watch_pid, local_ranks=args.local_ranks)
 
 
 if __name__ == "__main__":

@@ -83,6 +83,19 @@ def test_one_planner_process_per_node_serves_every_rank_of_a_torchrun_job(tmp_pa
     assert not _alive(results[0]["planner"])  # closed with the loader
 
 
+def test_ranks_are_served_after_the_owners_loader_is_dropped_and_the_planner_exits_after_them(
+    tmp_path: Path,
+) -> None:
+    """Local rank 0 drops its loader early (a rank refusing a configuration does): the node's other ranks
+    still get every plan, not a lost socket, and the planner exits once they close."""
+    cmd = [_torchrun(), "--standalone", "--nproc-per-node", "2", str(SCRIPT), str(tmp_path), "owner-leaves"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads((tmp_path / "rank1.json").read_text())
+    assert len({g["iteration"] for g in result["got"]}) == 4
+    assert result["planner_gone"], "the planner outlived every rank's loader"
+
+
 def test_two_torchrun_nodes_plan_on_their_own_and_get_the_same_plans(tmp_path: Path) -> None:
     port = _free_port()
     procs = [

@@ -2,11 +2,13 @@
 the planned loader with its defaults (the node's planner process, budgets from the step time), and writes
 what it got, which planner process answered it, and its pids.
 
-``argv``: output folder, then ``run`` (iterate, write, exit) or ``hang`` (write the pids after the first
-iteration, then wait to be killed)."""
+``argv``: output folder, then ``run`` (iterate, write, exit), ``hang`` (write the pids after the first
+iteration, then wait to be killed) or ``owner-leaves`` (local rank 0 drops its loader after the first
+iteration without closing it, as a rank that raises does; the others iterate on after it has)."""
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
@@ -24,6 +26,14 @@ from examples.train_tiny import TINY_PROFILE, make_dataset  # noqa: E402
 from skrull.worker.dataloader import PlannedBatches  # noqa: E402
 
 
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (an exited planner stays one until its parent, rank 0, reaps it)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def main() -> None:
     out_dir, mode = Path(sys.argv[1]), sys.argv[2]
     logging.basicConfig(level=logging.INFO)  # the planner's budget and why
@@ -35,6 +45,16 @@ def main() -> None:
         num_iterations=4,
     )  # fmt: skip
     got = []
+    if mode == "owner-leaves":
+        if dist.get_rank() == 0:
+            next(iter(loader))
+            del loader
+            gc.collect()
+            dist.barrier()
+            dist.barrier()  # alive until rank 1 is done: the planner outlives the loader, not the process
+            dist.destroy_process_group()
+            return
+        dist.barrier()  # rank 0's loader, which started the node's planner, is gone
     for ready in loader:
         time.sleep(0.02)  # a step
         for mb in ready.microbatches:
@@ -48,7 +68,8 @@ def main() -> None:
                 time.sleep(1)
     stats = loader.plans.stats()  # type: ignore[attr-defined]
     budgets = sorted({p["budget_s"] for p in stats["plans"]})
-    dist.barrier()
+    if mode != "owner-leaves":
+        dist.barrier()
     loader.close()
     result = {
         "rank": loader.rank,
@@ -57,6 +78,12 @@ def main() -> None:
         "budgets": budgets,
         "node": os.environ["GROUP_RANK"],
     }
+    if mode == "owner-leaves":  # every rank of the node came and went: the planner exits, rank 0 still alive
+        deadline = time.monotonic() + 10.0
+        while _running(stats["pid"]) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        result["planner_gone"] = not _running(stats["pid"])
+        dist.barrier()
     (out_dir / f"rank{dist.get_rank()}.json").write_text(json.dumps(result))
     dist.destroy_process_group()
 
