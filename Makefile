@@ -26,9 +26,19 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
+# mypy reads imports from folders, not from setuptools' package-dir map: it checks the package through a
+# tree of links built here under build/ (never committed), and its messages name the repository's files.
+TYPECHECK := build/typecheck
+SUBPACKAGES := api cli corpus distributions profiles solver worker
+
 lint: $(STAMP)
-	$(BIN)/ruff check skrull solver cli worker api corpus tests bench examples
-	$(BIN)/mypy
+	$(BIN)/ruff check skrull solver cli worker api corpus profiles distributions tests bench examples
+	rm -rf $(TYPECHECK) && mkdir -p $(TYPECHECK)/skrull
+	for f in __init__.py py.typed; do ln -s ../../../skrull/$$f $(TYPECHECK)/skrull/$$f; done
+	for d in $(SUBPACKAGES); do ln -s ../../../$$d $(TYPECHECK)/skrull/$$d; done
+	MYPYPATH=$(TYPECHECK) $(BIN)/mypy > $(TYPECHECK)/mypy.log 2>&1; rc=$$?; \
+		sed -e 's#$(TYPECHECK)/skrull/\([a-z]*\)/#\1/#' -e 's#$(TYPECHECK)/skrull/__init__#skrull/__init__#' $(TYPECHECK)/mypy.log; \
+		exit $$rc
 
 bench: $(STAMP)
 	$(BIN)/python bench/planners.py

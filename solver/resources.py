@@ -17,8 +17,11 @@ DISTRIBUTIONS_DIR_ENV = "SKRULL_DISTRIBUTIONS_DIR"
 
 
 def bundled_dir(kind: str) -> Path:
-    """The bundled folder ``kind`` (``profiles`` or ``distributions``) inside the installed package."""
-    return Path(str(resources.files("skrull").joinpath(kind)))
+    """The bundled folder ``kind`` (``profiles`` or ``distributions``): the package ``skrull.<kind>``, in
+    an installed distribution or a source checkout alike (skrull/__init__.py)."""
+    if kind not in ("profiles", "distributions"):
+        raise ValueError(f"kind: {kind!r}: bundled data is 'profiles' or 'distributions'")
+    return Path(str(resources.files(f"skrull.{kind}")))
 
 
 def search_dirs(kind: str, env_var: str) -> tuple[Path, ...]:

@@ -124,11 +124,14 @@ def test_entrypoint_is_the_installed_console_script_serving(stages: list[Stage])
 
 
 def _package_files() -> list[str]:
-    """Every file the wheel is built from, as a path inside the repository (links under skrull/ resolved)."""
-    files = ["pyproject.toml", tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["readme"]]
-    for folder, dirs, names in os.walk(ROOT / "skrull", followlinks=True):
-        dirs[:] = [d for d in dirs if d != "__pycache__"]
-        files.extend((Path(folder) / n).resolve().relative_to(ROOT).as_posix() for n in names)
+    """Every file the wheel is built from, as a path inside the repository: skrull/ and the folders
+    pyproject.toml's ``package-dir`` maps into the package."""
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    files = ["pyproject.toml", pyproject["project"]["readme"]]
+    for top in sorted(set(pyproject["tool"]["setuptools"]["package-dir"].values())):
+        for folder, dirs, names in os.walk(ROOT / top):
+            dirs[:] = [d for d in dirs if d != "__pycache__"]
+            files.extend((Path(folder) / n).relative_to(ROOT).as_posix() for n in names)
     return files
 
 

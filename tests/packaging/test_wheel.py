@@ -116,7 +116,9 @@ def test_wheel_holds_only_the_skrull_package_with_its_profiles_and_distributions
         metadata = whl.read(f"{dist_info}/METADATA").decode()
     assert {n.split("/")[0] for n in names} == {"skrull", dist_info}
     for kind in ("profiles", "distributions"):
-        shipped = {n.removeprefix(f"skrull/{kind}/") for n in names if n.startswith(f"skrull/{kind}/")}
+        shipped = {
+            n.removeprefix(f"skrull/{kind}/") for n in names if n.startswith(f"skrull/{kind}/") and n.endswith(".json")
+        }
         assert shipped == {p.name for p in (ROOT / kind).glob("*.json")}, kind
     service_needs = {"fastapi", "uvicorn", "pydantic", "pydantic-settings", "httpx"}
     extra = {
@@ -125,8 +127,9 @@ def test_wheel_holds_only_the_skrull_package_with_its_profiles_and_distributions
         if line.startswith("Requires-Dist: ") and f'extra == "{IMAGE_EXTRAS}"' in line
     }
     assert service_needs <= extra, f"the image installs [{IMAGE_EXTRAS}]; `skrull serve` needs {service_needs}"
-    packages = {n.rsplit("/", 1)[0] for n in names if n.endswith("/__init__.py")}
-    assert {"skrull/solver", "skrull/api", "skrull/worker", "skrull/cli", "skrull/corpus"} <= packages
+    packages = {n.rsplit("/", 1)[0].replace("/", ".") for n in names if n.endswith("/__init__.py")}
+    assert packages == set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    assert not [n for n in names if n.endswith(".py") and "/tests/" in n]
 
 
 def test_import_skrull_resolves_to_the_installed_wheel(installed: Installed) -> None:
