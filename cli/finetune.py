@@ -92,12 +92,6 @@ def _check_options(args: argparse.Namespace) -> None:
 
     if args.grad_sync not in GRAD_SYNCS:
         raise RequestError("--grad-sync", args.grad_sync, f"must be one of {', '.join(GRAD_SYNCS)}")
-    if args.grad_sync != "allreduce" and args.loss_chunk_tokens is not None:
-        raise RequestError(
-            "--loss-chunk-tokens",
-            args.loss_chunk_tokens,
-            f"runs outside the {args.grad_sync} wrapper; use --grad-sync allreduce",
-        )
 
 
 def _print_run(

@@ -11,6 +11,9 @@ cross-entropy; Hsu et al. 2024, arXiv:2410.10989):
     dz_i   = softmax(z_i) - onehot(y_i)      (0 for ignored rows)
     dh     = dz W,    dW = dz^T h,    db = sum_i dz_i
 
+With a final logit softcap ``c`` (Gemma 2's ``final_logit_softcapping``) the loss is taken on
+``c tanh(z / c)`` and the chain rule multiplies ``dz`` by ``1 - tanh^2(z / c)``,
+
 so the peak is one chunk's ``[chunk, vocab]`` float32 logits (2.5 GB at 4,096 rows of Qwen2.5) and the
 head's matmuls run three times (``z``, ``dh``, ``dW``) instead of four under activation checkpointing.
 Backward only scales the stored ``dh``, ``dW``, ``db`` by the incoming scalar gradient (the loss is a
@@ -45,6 +48,7 @@ class _LinearCrossEntropySum(torch.autograd.Function):
         labels: torch.Tensor,
         chunk_tokens: int,
         ignore_index: int,
+        softcap: float | None,
     ) -> torch.Tensor:
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         need_b = bias is not None and ctx.needs_input_grad[2]
@@ -56,6 +60,10 @@ class _LinearCrossEntropySum(torch.autograd.Function):
             h = hidden[start : start + chunk_tokens]
             y = labels[start : start + chunk_tokens]
             logits = torch.nn.functional.linear(h, weight, bias).float()  # [c, V]
+            squash = None
+            if softcap is not None:  # z <- c tanh(z / c); keep tanh for the chain rule
+                squash = logits.div_(softcap).tanh_()
+                logits = squash * softcap
             valid = y != ignore_index
             target = torch.where(valid, y, torch.zeros_like(y))
             lse = torch.logsumexp(logits, dim=-1)
@@ -67,6 +75,8 @@ class _LinearCrossEntropySum(torch.autograd.Function):
             dz = logits.sub_(lse.unsqueeze(1)).exp_()
             dz.scatter_add_(1, target.unsqueeze(1), torch.full_like(lse, -1.0).unsqueeze(1))
             dz.mul_(valid.unsqueeze(1))
+            if squash is not None:  # d(c tanh(z/c))/dz = 1 - tanh^2(z/c)
+                dz.mul_(squash.square_().neg_().add_(1.0))
             dz_low = dz.to(hidden.dtype)
             if grad_hidden is not None:
                 grad_hidden[start : start + chunk_tokens] = dz_low @ weight
@@ -90,6 +100,7 @@ class _LinearCrossEntropySum(torch.autograd.Function):
             gh * grad.to(gh.dtype) if has_h else None,
             (gw * grad).to(w_dtype) if has_w else None,
             (gb * grad).to(b_dtype) if has_b else None,
+            None,
             None,
             None,
             None,
@@ -124,17 +135,21 @@ def linear_cross_entropy_sum(
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
     ignore_index: int = IGNORE_INDEX,
     backend: str = "auto",
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """``sum_i CE(hidden_i W^T + b, labels_i)`` over the rows whose label is not ``ignore_index``, in
-    float32, without the whole logits (module docstring). ``hidden`` ``[T, h]``, ``weight`` ``[V, h]``."""
+    float32, without the whole logits (module docstring). ``hidden`` ``[T, h]``, ``weight`` ``[V, h]``;
+    ``softcap`` takes the loss on ``softcap * tanh(z / softcap)`` (PyTorch path only)."""
+    if softcap is not None and not softcap > 0:
+        raise ValueError(f"softcap must be a number > 0 or None, got {softcap!r}")
     if chunk_tokens < 1:
         raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
     if hidden.dim() != 2 or labels.shape != hidden.shape[:1]:
         raise ValueError(f"hidden [T, h] and labels [T] expected; got {tuple(hidden.shape)} and {tuple(labels.shape)}")
-    if resolve_backend(backend, hidden.device) == "liger":
+    if softcap is None and resolve_backend(backend, hidden.device) == "liger":
         out: torch.Tensor = _liger()(hidden, weight, labels, bias=bias, ignore_index=ignore_index, reduction="sum")
         return out.float()
     total: torch.Tensor = _LinearCrossEntropySum.apply(  # type: ignore[no-untyped-call]
-        hidden, weight, bias, labels, chunk_tokens, ignore_index
+        hidden, weight, bias, labels, chunk_tokens, ignore_index, softcap
     )
     return total

@@ -185,8 +185,8 @@ def test_grad_sync_mistakes_are_one_line() -> None:
     base = ["finetune", "-m", str(MODELS / "qwen2-tiny.json"), "-r", str(EXAMPLES / "tiny-cpu-dp2-cp2.json")]
     out = skrull(*base, "--grad-sync", "horovod")
     assert out.returncode == 2 and "--grad-sync: 'horovod': must be one of allreduce, ddp, fsdp" in out.stderr
-    out = skrull(*base, "--grad-sync", "fsdp", "--loss-chunk-tokens", "64")
-    assert out.returncode == 2 and "--loss-chunk-tokens: 64: runs outside the fsdp wrapper" in out.stderr
+    out = skrull(*base, "--grad-sync", "ddp", "--loss-chunk-tokens", "0")
+    assert out.returncode == 2 and "--loss-chunk-tokens: 0: must be an integer >= 1" in out.stderr
 
 
 def test_calibrate_replans_with_the_run_profile_passes_the_check_and_ends_with_the_calibration_line(

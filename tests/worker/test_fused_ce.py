@@ -37,6 +37,29 @@ def test_chunked_fused_loss_and_gradients_equal_the_whole_logits(chunk: int, bia
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("chunk", [1, 8, 100])
+def test_a_final_logit_softcap_is_taken_as_gemma2_takes_it(chunk: int) -> None:
+    """Gemma 2's ``final_logit_softcapping``: the loss of ``c tanh(z / c)``, loss and every gradient."""
+    hidden, weight, b, labels = _inputs(True)
+    cap = 0.7  # small against the logits' spread: the tanh bends, so a missing chain-rule factor shows
+    logits = torch.nn.functional.linear(hidden, weight, b)
+    want = torch.nn.functional.cross_entropy(cap * torch.tanh(logits / cap), labels, reduction="sum")
+    want_grads = torch.autograd.grad(want, [hidden, weight, b])
+    got = linear_cross_entropy_sum(hidden, weight, labels, bias=b, chunk_tokens=chunk, backend="torch", softcap=cap)
+    got_grads = torch.autograd.grad(got, [hidden, weight, b])
+    assert float(got.detach()) == pytest.approx(float(want.detach()), rel=1e-6)
+    plain = linear_cross_entropy_sum(hidden, weight, labels, bias=b, chunk_tokens=chunk, backend="torch")
+    assert abs(float(plain.detach()) - float(want.detach())) > 1e-2 * abs(float(want.detach()))
+    for g, w in zip(got_grads, want_grads, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
+
+
+def test_a_softcap_that_is_not_positive_is_refused() -> None:
+    hidden, weight, _, labels = _inputs(False)
+    with pytest.raises(ValueError, match="softcap must be a number > 0"):
+        linear_cross_entropy_sum(hidden, weight, labels, softcap=0.0)
+
+
 def test_rows_all_ignored_give_zero_loss_and_zero_gradient() -> None:
     hidden, weight, _, labels = _inputs(False)
     labels[:] = -100

@@ -78,12 +78,51 @@ def causal_lm_loss(
         rows = labels.unsqueeze(0)
         loss: torch.Tensor = model(**kwargs, labels=rows, shift_labels=rows, num_items_in_batch=num_targets).loss
         return loss
-    hidden: torch.Tensor = model.base_model(**kwargs).last_hidden_state[0]
-    head = model.get_output_embeddings()
+    inner: Any = grad_sync.unwrapped(model)
+    softcap = fused_head_softcap(inner.config)
+    hidden = _final_hidden(model, inner, kwargs)
+    head = inner.get_output_embeddings()
     total = linear_cross_entropy_sum(
-        hidden, head.weight, labels.to(hidden.device), bias=head.bias, chunk_tokens=loss_chunk_tokens
+        hidden, head.weight, labels.to(hidden.device), bias=head.bias, chunk_tokens=loss_chunk_tokens, softcap=softcap
     )
     return total / num_targets
+
+
+def fused_head_softcap(config: Any) -> float | None:
+    """What the model does to its logits after the LM head, which the fused loss must do too: Gemma 2's
+    ``final_logit_softcapping`` (the fused loss takes it); a logit scale (Cohere's ``logit_scale``,
+    Granite's ``logits_scaling``) it does not take, so that is refused rather than trained wrong."""
+    for name in ("logit_scale", "logits_scaling"):
+        value = getattr(config, name, None)
+        if value is not None and value != 1:
+            raise ValueError(
+                f"loss_chunk_tokens: the model's {name}={value!r} scales its logits, which the fused loss does "
+                "not; leave loss_chunk_tokens unset (the model's own loss)"
+            )
+    cap = getattr(config, "final_logit_softcapping", None)
+    return float(cap) if cap else None
+
+
+def _final_hidden(model: Any, inner: Any, kwargs: dict[str, Any]) -> torch.Tensor:
+    """The decoder's last hidden states ``[T, h]``, from a forward through ``model`` itself: a DDP or
+    FSDP2 wrapper's hooks run as in any forward (FSDP2 unshards the root's parameters, the LM head's
+    included, and reduces their gradients after backward; calling the inner decoder directly skipped that:
+    "mixed torch.Tensor and DTensor"). The head projects no position (``logits_to_keep``: an empty index
+    tensor), so no ``[T, vocab]`` logits are made; the fused loss does the head."""
+    captured: list[torch.Tensor] = []
+
+    def keep(_module: Any, _args: Any, output: Any) -> None:
+        captured.append(output.last_hidden_state if hasattr(output, "last_hidden_state") else output[0])
+
+    handle = inner.base_model.register_forward_hook(keep)
+    try:
+        device = kwargs["input_ids"].device
+        model(**kwargs, logits_to_keep=torch.zeros(0, dtype=torch.long, device=device))
+    finally:
+        handle.remove()
+    if len(captured) != 1:
+        raise RuntimeError(f"the decoder ran {len(captured)} times in one forward; expected once")
+    return captured[0][0]
 
 
 def dacp_plans(

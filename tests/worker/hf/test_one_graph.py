@@ -26,8 +26,7 @@ CASES = (
     ("eager", "off", "allgather", "allreduce"),
     ("fullgraph", "fullgraph", "allgather", "allreduce"),
     ("fullgraph-ulysses", "fullgraph", "ulysses", "allreduce"),
-    # FSDP2's per-layer hooks around the compiled forward; Hugging Face's own loss (the fused chunked loss calls
-    # model.base_model, which passes by the root's unsharding hook)
+    # FSDP2's per-layer hooks around the compiled forward, with the chunked loss through the root's forward
     ("fullgraph-fsdp", "fullgraph", "allgather", "fsdp"),
     ("stack", "stack", "allgather", "allreduce"),  # the whole decoder one graph
     ("stack-ulysses", "stack", "ulysses", "allreduce"),
@@ -41,8 +40,6 @@ def run_cases(rank: int, world_size: int, backend: str, out_dir: str) -> None:
     for name, compile, cp_mode, grad_sync in CASES:
         breaks = sum(counters["graph_break"].values())
         run = dataclasses.replace(config(compile, cp_mode), grad_sync=grad_sync)
-        if grad_sync == "fsdp":
-            run = dataclasses.replace(run, loss_chunk_tokens=None)
         part = run_finetune_rank(plan, lengths, config=run, rank=rank, device=torch.device("cpu"))
         part["graph_breaks"] = sum(counters["graph_break"].values()) - breaks
         torch.save(part, Path(out_dir) / f"{name}-rank{rank}.pt")
