@@ -41,7 +41,7 @@ from skrull.worker.hf.attention import ATTN_IMPLEMENTATION, refuse_unsupported_a
 from skrull.worker.hf.evaluation import plain_eval_loss, reduce_rows, row_losses
 from skrull.worker.hf.fast import compile_model, compiled_how
 from skrull.worker.hf.inputs import model_inputs
-from skrull.worker.hf.step import MicrobatchTimer, dacp_plans, global_target_count
+from skrull.worker.hf.step import MicrobatchTimer, dacp_plans, global_target_count, recomputes_activations
 from skrull.worker.kernels import kernel_choice, select_kernel
 
 if TYPE_CHECKING:  # the mixin is typed as the Trainer it is mixed into
@@ -129,9 +129,12 @@ class SkrullTrainerMixin(_TrainerBase):
                 f"attn_implementation={implementation!r}: a model trained under plans runs the DACP attention; "
                 f"build it with attn_implementation={ATTN_IMPLEMENTATION!r} (skrull.worker.hf.attention.register())"
             )
-        # transformers 5 calls it activation_checkpointing (gradient_checkpointing, deprecated; TRL's default: on)
+        # transformers 5 calls it activation_checkpointing (gradient_checkpointing, deprecated; TRL's default: on),
+        # in the arguments or turned on on the model itself (model.gradient_checkpointing_enable(): found hanging)
         if (
-            getattr(self.args, "activation_checkpointing", None) or self.args.gradient_checkpointing
+            getattr(self.args, "activation_checkpointing", None)
+            or self.args.gradient_checkpointing
+            or recomputes_activations(model)
         ) and planned.cp > 1:
             raise ValueError(
                 f"activation_checkpointing=True (or gradient_checkpointing) with cp={planned.cp}: recomputing the "
@@ -139,6 +142,9 @@ class SkrullTrainerMixin(_TrainerBase):
                 "hangs; set activation_checkpointing=False, or plan with cp=1"
             )
         refuse_unsupported_attention(model.config)  # softcapping and sliding windows are computed; the rest refused
+        if planned.vocab_size is None and isinstance(getattr(model.config, "vocab_size", None), int):
+            # a token id out of the vocabulary is then refused naming its row, not an embedding IndexError
+            planned.vocab_size = model.config.vocab_size
         self._refuse_batch_size(planned)
         self._refuse_other_world(planned)
         self._check_sharding()
@@ -167,7 +173,11 @@ class SkrullTrainerMixin(_TrainerBase):
         mesh = planned.dp * planned.cp
         trainer_world = int(self.accelerator.num_processes)
         dist_world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-        if trainer_world == dist_world == mesh:
+        # the counts can agree while accelerate still syncs nothing: TrainingArguments(use_cpu=False,
+        # ddp_backend='gloo') made first on a CPU initialises the process group, accelerate then counts its
+        # processes but its state stays NO and it never wraps the model (found: relative error 3.2)
+        synced = mesh == 1 or str(self.accelerator.distributed_type.value) != "NO"  # accelerate's DistributedType
+        if trainer_world == dist_world == mesh and synced:
             if mesh > 1 and not planned.equal_microbatches:
                 # DDP syncs on each rank's last microbatch: a rank with none never joins (found: a hang at
                 # DP4 x CP1, global batch 2); TRL gathers metrics on every microbatch
@@ -182,6 +192,12 @@ class SkrullTrainerMixin(_TrainerBase):
             fix = (
                 "; on CPUs set TrainingArguments(use_cpu=True, ddp_backend='gloo'): without use_cpu the Trainer "
                 "sees one process on a machine without a GPU and never syncs gradients"
+            )
+        if trainer_world == dist_world == mesh:
+            raise ValueError(
+                f"the Trainer's accelerate state is {self.accelerator.distributed_type.value} with {mesh} processes "
+                f"(TrainingArguments parallel_mode {self.args.parallel_mode.value}): it would never sync "
+                f"gradients{fix}"
             )
         raise ValueError(
             f"the Trainer runs {trainer_world} process(es) (TrainingArguments parallel_mode "

@@ -41,10 +41,21 @@ def test_a_trainer_without_use_cpu_on_a_cpu_under_torchrun_is_refused(tmp_path: 
     assert "use_cpu=True, ddp_backend='gloo'" in lines[0]
 
 
+def test_gloo_without_use_cpu_made_before_the_mesh_and_checkpointing_in_a_loop_are_refused(tmp_path: Path) -> None:
+    """TrainingArguments(ddp_backend='gloo') made first initializes the process group: accelerate then counts
+    2 processes but syncs nothing (found: relative error 3.2, silently). Checkpointing turned on on the model
+    with CP > 1 hung the own loop (the step refuses it)."""
+    trainer, loop = torchrun("no-use-cpu-args-first", tmp_path)
+    assert "accelerate state is NO with 2 processes" in trainer and "it would never sync gradients" in trainer
+    assert "use_cpu=True, ddp_backend='gloo'" in trainer
+    assert "activation checkpointing is on" in loop and "gradient_checkpointing_disable()" in loop
+
+
 def test_unequal_counts_and_stock_fsdp_are_refused_and_the_wrapped_loop_trains(tmp_path: Path) -> None:
     lines = torchrun("loop", tmp_path)
-    trainer, stock, unequal, wrapped = lines
+    trainer, checkpointing, stock, unequal, wrapped = lines
     assert "equal_microbatches=False with 2 processes" in trainer
+    assert "activation_checkpointing=True (or gradient_checkpointing) with cp=2" in checkpointing
     assert "sharded with FSDP2 fully_shard not by skrull.worker.grad_sync.wrap" in stock
     assert "equal_microbatches: ranks run 0 to 1 microbatches" in unequal
     assert wrapped == "trained"

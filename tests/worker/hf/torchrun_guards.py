@@ -49,29 +49,45 @@ def report(fn: Any) -> None:
     print(f"{rank} {line}", flush=True)
 
 
-def trainer(mesh: Any, *, use_cpu: bool, equal: bool) -> None:
+def cp_mesh(mesh: Any, cp: int) -> Any:
+    return mesh if cp == 1 else init_device_mesh("cpu", (2 // cp, cp), mesh_dim_names=("dp", "cp"))
+
+
+def trainer(
+    mesh: Any, *, use_cpu: bool, equal: bool, checkpointing: bool = False, cp: int = 1, args: Any = None
+) -> None:
     from transformers import TrainingArguments
 
     from skrull.worker.hf.trainer import SkrullTrainer
 
-    args = TrainingArguments(
-        output_dir="out", use_cpu=use_cpu, report_to=[], max_steps=1, per_device_train_batch_size=1
-    )
+    if args is None:
+        args = TrainingArguments(
+            output_dir="out", use_cpu=use_cpu, report_to=[], max_steps=1, per_device_train_batch_size=1
+        )
     model = build_model(read_model_config(str(CONFIG)), seed=0)
-    SkrullTrainer(model=model, args=args, planned=loader(mesh, equal_microbatches=equal)).train()
+    if checkpointing:  # on the model, not in TrainingArguments
+        model.gradient_checkpointing_enable()
+    SkrullTrainer(model=model, args=args, planned=loader(cp_mesh(mesh, cp), equal_microbatches=equal)).train()
 
 
-def loop(mesh: Any, *, stock_fsdp: bool, equal: bool, global_batch_size: int = 4) -> None:
+def loop(
+    mesh: Any, *, stock_fsdp: bool, equal: bool, global_batch_size: int = 4, checkpointing: bool = False, cp: int = 1
+) -> None:
     from torch.distributed.fsdp import fully_shard
 
     model = build_model(read_model_config(str(CONFIG)), seed=0)
+    if checkpointing:
+        model.gradient_checkpointing_enable()
+    mesh = cp_mesh(mesh, cp)
     if stock_fsdp:
         for layer in model.model.layers:
             fully_shard(layer)
         fully_shard(model)
     else:
         model = grad_sync.wrap(model, "fsdp")
-    planned = loader(mesh, equal_microbatches=equal, global_batch_size=global_batch_size)
+    # at cp 2 a bucket of 24 tokens shards the rows longer than 24 (up to 46): groups communicate
+    sizes = {"bucket_tokens": 24} if cp > 1 else {}
+    planned = loader(mesh, equal_microbatches=equal, global_batch_size=global_batch_size, **sizes)
     groups = IterationGroups(planned)
     for ready in planned:
         scheduled_step(
@@ -86,10 +102,18 @@ def main() -> None:
         dist.init_process_group("gloo")
         mesh = init_device_mesh("cpu", (2, 1), mesh_dim_names=("dp", "cp"))
         report(lambda: trainer(mesh, use_cpu=False, equal=True))
+    elif case == "no-use-cpu-args-first":  # TrainingArguments(ddp_backend='gloo') first initializes the group
+        from transformers import TrainingArguments
+
+        args = TrainingArguments(output_dir="out", use_cpu=False, ddp_backend="gloo", report_to=[], max_steps=1)
+        mesh = init_device_mesh(args.device.type, (2, 1), mesh_dim_names=("dp", "cp"))
+        report(lambda: trainer(mesh, use_cpu=False, equal=True, args=args))
+        report(lambda: loop(mesh, stock_fsdp=False, equal=True, checkpointing=True, cp=2))
     else:
         dist.init_process_group("gloo")
         mesh = init_device_mesh("cpu", (2, 1), mesh_dim_names=("dp", "cp"))
         report(lambda: trainer(mesh, use_cpu=True, equal=False))
+        report(lambda: trainer(mesh, use_cpu=True, equal=True, checkpointing=True, cp=2))
         report(lambda: loop(mesh, stock_fsdp=True, equal=True))
         report(lambda: loop(mesh, stock_fsdp=False, equal=False, global_batch_size=1))
         report(lambda: loop(mesh, stock_fsdp=False, equal=True))
