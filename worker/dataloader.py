@@ -159,7 +159,7 @@ def ready_microbatch(
     )
 
 
-def _as_tensor(value: Any, field: str, index: int) -> torch.Tensor:
+def _as_tensor(value: Any, field: str, index: int, name: str = "dataset") -> torch.Tensor:
     """One row's ``input_ids`` or ``labels`` as int64, refusing what ``.long()`` would silently change:
     floats (3.7 would become 3), bools (True would become token 1) and anything not one-dimensional."""
     if isinstance(value, torch.Tensor):
@@ -168,12 +168,12 @@ def _as_tensor(value: Any, field: str, index: int) -> torch.Tensor:
         items = list(value) if isinstance(value, list | tuple) else None
         if items is not None and any(isinstance(x, bool) or not isinstance(x, numbers.Integral) for x in items):
             bad = next(x for x in items if isinstance(x, bool) or not isinstance(x, numbers.Integral))
-            raise RequestError(f"dataset[{index}].{field}", bad, "token ids and labels must be integers")
+            raise RequestError(f"{name}[{index}].{field}", bad, "token ids and labels must be integers")
         t = torch.as_tensor(value if items is None else items, dtype=torch.long if items is not None else None)
     if t.dim() != 1:
-        raise RequestError(f"dataset[{index}].{field}", list(t.shape), "must be one-dimensional")
+        raise RequestError(f"{name}[{index}].{field}", list(t.shape), "must be one-dimensional")
     if t.dtype == torch.bool or t.is_floating_point() or t.is_complex():
-        raise RequestError(f"dataset[{index}].{field}", str(t.dtype), "token ids and labels must be integers")
+        raise RequestError(f"{name}[{index}].{field}", str(t.dtype), "token ids and labels must be integers")
     return t.long()
 
 
@@ -261,10 +261,13 @@ class PlannedBatches:
         plan_ahead: int | None = None,
         planning_share: float = 0.5,
         calibrate: bool = False,
+        dataset_name: str = "dataset",
     ) -> None:
         rank, dp, cp = resolve_rank(rank=rank, dp=dp, cp=cp, mesh=mesh)
+        #: what errors call the dataset (``eval_dataset`` for ``for_evaluation``'s loader)
+        self.dataset_name = dataset_name
         if len(dataset) == 0:
-            raise RequestError("dataset", 0, "is empty: nothing to train on")
+            raise RequestError(dataset_name, 0, "is empty: nothing to train on")
         if not isinstance(drop_last, bool):
             raise RequestError("drop_last", drop_last, "must be True or False")
         if vocab_size is not None and (
@@ -293,7 +296,9 @@ class PlannedBatches:
             raise RequestError("plans", type(plans).__name__, "give a client (a service) or plans, not both")
         self.dataset = dataset
         self.lengths = list(lengths)
-        self._check_lengths(self.lengths, cp=cp, bucket_tokens=bucket_tokens or profile_bucket_tokens(profile))
+        self._check_lengths(
+            self.lengths, cp=cp, bucket_tokens=bucket_tokens or profile_bucket_tokens(profile), name=dataset_name
+        )
         #: what every rank's loader shares: names the node's planner process and the job's budget keys
         self.job_key = plan_key(
             {"lengths": self.lengths, "batch": global_batch_size, "seed": seed, "epoch": epoch, "shuffle": shuffle,
@@ -395,7 +400,7 @@ class PlannedBatches:
         return self.calibration.record(ready, microbatch_ms)
 
     @staticmethod
-    def _check_lengths(lengths: Sequence[int], *, cp: int, bucket_tokens: int) -> None:
+    def _check_lengths(lengths: Sequence[int], *, cp: int, bucket_tokens: int, name: str = "dataset") -> None:
         """Every row fits some layout: whole in one bucket, or sharded over at most ``cp`` GPUs' buckets."""
         limit = cp * bucket_tokens
         for index, n in enumerate(lengths):
@@ -403,7 +408,7 @@ class PlannedBatches:
                 raise RequestError(f"lengths[{index}]", n, "must be an integer >= 1 (the row's token count)")
             if n > limit:
                 raise RequestError(
-                    f"dataset[{index}]",
+                    f"{name}[{index}]",
                     n,
                     f"tokens: no layout holds it (cp={cp} x bucket_tokens={bucket_tokens} = {limit}); it needs "
                     f"bucket_tokens >= {-(-n // cp)} at cp={cp}, or cp >= {-(-n // bucket_tokens)} at this bucket, "
@@ -441,6 +446,7 @@ class PlannedBatches:
             label_convention=self.label_convention if label_convention is None else label_convention,
             drop_last=False,
             vocab_size=self.vocab_size,
+            dataset_name="eval_dataset",
         )
 
     # -- epochs --------------------------------------------------------------------------------------
@@ -659,35 +665,76 @@ class PlannedBatches:
     # -- packing -------------------------------------------------------------------------------------
 
     def _sample(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        name = self.dataset_name
         item = self.dataset[index]
         if isinstance(item, Mapping):
-            ids = _as_tensor(item["input_ids"], "input_ids", index)
-            labels = _as_tensor(item["labels"], "labels", index) if "labels" in item else None
+            ids = _as_tensor(item["input_ids"], "input_ids", index, name)
+            labels = _as_tensor(item["labels"], "labels", index, name) if "labels" in item else None
         else:
-            ids, labels = _as_tensor(item, "input_ids", index), None
+            ids, labels = _as_tensor(item, "input_ids", index, name), None
+        if ids.shape[0] != self.lengths[index]:
+            raise RequestError(
+                f"{name}[{index}].input_ids",
+                int(ids.shape[0]),
+                f"tokens: a length other than lengths[{index}] = {self.lengths[index]}, which the plan was made for",
+            )
+        if labels is not None and labels.shape[0] != ids.shape[0]:
+            raise RequestError(
+                f"{name}[{index}].labels", int(labels.shape[0]), f"labels for {ids.shape[0]} input_ids: one per token"
+            )
         if labels is None:
             labels = torch.cat([ids[1:], torch.tensor([IGNORE_INDEX], dtype=torch.long)])
-        elif self.label_convention == "hf":  # the label of position t + 1 is the target of position t
-            labels = torch.cat([labels[1:], torch.tensor([IGNORE_INDEX], dtype=torch.long, device=labels.device)])
+        else:
+            self._check_convention(ids, labels, index)
+            if self.label_convention == "hf":  # the label of position t + 1 is the target of position t
+                labels = torch.cat([labels[1:], torch.tensor([IGNORE_INDEX], dtype=torch.long, device=labels.device)])
         if ids.numel() and int(ids.min()) < 0:
-            raise RequestError(f"dataset[{index}].input_ids", int(ids.min()), "token ids must be >= 0")
+            raise RequestError(f"{name}[{index}].input_ids", int(ids.min()), "token ids must be >= 0")
         if self.vocab_size is not None and ids.numel() and int(ids.max()) >= self.vocab_size:
             raise RequestError(
-                f"dataset[{index}].input_ids",
+                f"{name}[{index}].input_ids",
                 int(ids.max()),
                 f"is out of the vocabulary (vocab_size={self.vocab_size})",
             )  # fmt: skip
         bad = (labels < 0) & (labels != IGNORE_INDEX)
         if bool(bad.any()):
             first_bad = int(labels[bad][0])
-            raise RequestError(f"dataset[{index}].labels", first_bad, f"labels are token ids or {IGNORE_INDEX}")
-        if ids.shape[0] != self.lengths[index] or labels.shape[0] != ids.shape[0]:
-            raise RequestError(
-                f"dataset[{index}]",
-                int(ids.shape[0]),
-                f"has a length other than lengths[{index}] = {self.lengths[index]}",
-            )
+            raise RequestError(f"{name}[{index}].labels", first_bad, f"labels are token ids or {IGNORE_INDEX}")
         return ids, labels
+
+    def _check_convention(self, ids: torch.Tensor, labels: torch.Tensor, index: int) -> None:
+        """Refuse labels written in the other convention than ``label_convention`` says, where the row tells:
+        every supervised label equal to its own position's token is Hugging Face's convention (as
+        ``"next_token"`` it would train each position to predict itself; found: relative error 9.3), every
+        one equal to the next position's token is the next-token convention (as ``"hf"`` it would be shifted
+        twice). A row only tells when those two readings differ somewhere it is supervised (a run of one
+        repeated token reads both ways), so such rows are let through."""
+        n = ids.shape[0]
+        if n < 2:
+            return
+        supervised = labels[:-1] != IGNORE_INDEX  # positions 0..n-2, each with a next token
+        differ = supervised & (ids[:-1] != ids[1:])
+        if not bool(differ.any()):
+            return
+        own = bool((labels[:-1][supervised] == ids[:-1][supervised]).all()) and (
+            labels[-1] == IGNORE_INDEX or labels[-1] == ids[-1]
+        )
+        nxt = bool((labels[:-1][supervised] == ids[1:][supervised]).all()) and labels[-1] == IGNORE_INDEX
+        if self.label_convention == "next_token" and own:
+            raise RequestError(
+                "label_convention",
+                self.label_convention,
+                f"{self.dataset_name}[{index}].labels equal its input_ids wherever they are supervised: Hugging "
+                "Face's convention (the model shifts); pass PlannedBatches(..., label_convention='hf'), or labels "
+                "that are each position's next token",
+            )
+        if self.label_convention == "hf" and nxt:
+            raise RequestError(
+                "label_convention",
+                self.label_convention,
+                f"{self.dataset_name}[{index}].labels are each position's next token (already shifted): "
+                "the 'next_token' convention; pass PlannedBatches(..., label_convention='next_token')",
+            )
 
     def _runs(self, iteration: int, plan_id: str) -> tuple[list[int], dict[int, int]]:
         """With deferral: the dataset indices ``iteration`` runs (request order), and the dataset index of

@@ -1,6 +1,6 @@
 """The loader reads labels in the convention it is told: Hugging Face's (the model shifts) is shifted once
 into next-token targets, giving exactly the microbatches of rows that carry those targets already; an
-unknown convention is refused, naming the field."""
+unknown convention, labels in the other convention and labels of another length are refused, naming the field."""
 
 from __future__ import annotations
 
@@ -41,8 +41,34 @@ def test_hugging_face_labels_are_shifted_once_into_the_loaders_targets() -> None
     got = microbatches(hf, "hf")
     assert got == microbatches(targets, "next_token")
     assert any(-100 in labels for _, labels in got) and any(ids for ids, _ in got)
-    # read as if they were targets already, the same rows would train each position on itself
-    assert microbatches(hf, "next_token") != got
+
+
+
+def test_labels_in_the_other_convention_are_refused_naming_label_convention() -> None:
+    """Hugging Face's labels read as next-token targets would train each position on itself (found: relative
+    error 9.3, silently); next-token targets read as Hugging Face's would be shifted twice. The rows tell
+    which they are, so both are refused, naming the setting and the row."""
+    hf, targets = rows_both_ways(24, seed=4)
+    with pytest.raises(RequestError, match=r"label_convention: 'next_token': dataset\[\d+\]\.labels equal its "
+                       r"input_ids.*label_convention='hf'"):  # fmt: skip
+        microbatches(hf, "next_token")
+    with pytest.raises(RequestError, match=r"label_convention: 'hf': .*already shifted.*label_convention='next_token'"):
+        microbatches(targets, "hf")
+    # a row of one repeated token reads both ways: nothing to tell, it is let through
+    same = [{"input_ids": [7] * 6, "labels": [-100, 7, 7, 7, 7, 7]}]
+    assert microbatches(same * 8, "next_token")
+
+
+def test_labels_of_another_length_and_rows_of_an_eval_set_are_named_so() -> None:
+    rows = [{"input_ids": [1, 2, 3], "labels": [2, 3]}] * 8
+    with pytest.raises(RequestError, match=r"dataset\[\d\]\.labels: 2: labels for 3 input_ids: one per token"):
+        microbatches(rows, "next_token")
+    train, _ = rows_both_ways(8, seed=2)
+    loader = PlannedBatches(train, [len(r["input_ids"]) for r in train], rank=0, dp=1, cp=1, global_batch_size=8,
+                            profile=PROFILE, bucket_tokens=128, prefetch=0, label_convention="hf")  # fmt: skip
+    with pytest.raises(RequestError, match=r"eval_dataset\[1\]: 500: tokens: no layout holds it"):
+        loader.for_evaluation([[1] * 5, [1] * 500], [5, 500])
+    loader.close()
 
 
 def test_an_unknown_label_convention_is_refused_naming_the_field() -> None:
