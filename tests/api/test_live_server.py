@@ -127,7 +127,8 @@ def test_a_restart_mid_queue_loses_nothing(store_location: str, live_server_fact
 
 def test_a_server_killed_while_solving_loses_nothing(store_location: str, live_server_factory: Any) -> None:
     db = store_location
-    env = {"SKRULL_LEASE_S": "1", "SKRULL_TEST_SLEEP_S": "0.2"}
+    # 3 jobs of 4 iterations at 0.5 s each: 6 s of solving, of which the kill leaves at least 5.5 s undone
+    env = {"SKRULL_LEASE_S": "1", "SKRULL_TEST_SLEEP_S": "0.5"}
     first = live_server_factory(db, solver_processes=1, env=env).start()
     docs = [plan_request([[k], [k + 1], [k + 2], [k + 3]], solver="test-slow") for k in range(1, 4)]
     ids = [httpx.post(f"{first.url}/v1/plans", json=doc).json()["id"] for doc in docs]
@@ -140,8 +141,12 @@ def test_a_server_killed_while_solving_loses_nothing(store_location: str, live_s
     second = live_server_factory(db, solver_processes=1, env=env).start()
     with PlanningClient(second.url) as client:
         envelopes = [client.wait(i, timeout_s=60) for i in ids]
-    assert envelopes[0]["attempts"] == 2  # taken back from the dead server's expired lease, resumed
-    assert envelopes[0]["last_error"]["type"] == "urn:skrull:problem:lease-expired"
+    # the job being solved when the server died is taken back from its expired lease and resumed. Which job
+    # that was depends on how fast the first server got on (a loaded machine may let the first job finish
+    # between the poll and the kill): at least one was, and every one taken back says why
+    taken_back = [e for e in envelopes if e["attempts"] == 2]
+    assert taken_back and all(e["attempts"] in (1, 2) for e in envelopes), [e["attempts"] for e in envelopes]
+    assert all(e["last_error"]["type"] == "urn:skrull:problem:lease-expired" for e in taken_back)
     for doc, envelope in zip(docs, envelopes, strict=True):
         request = request_from_dict(json.loads(json.dumps(doc)))
         assert plan_problems(plan_from_dict(envelope["plan"]), request) == []
