@@ -114,6 +114,9 @@ class ReadyMicrobatch:
     #: The iteration's input tokens (or ``supervised_tokens``); the Hugging Face step counts target
     #: labels over the world instead (worker/hf/step.py, docs/finetune.md).
     loss_normalizer: int
+    #: False when the iteration was planned without equal microbatch counts per rank (the loader's
+    #: ``equal_microbatches=False``): DDP and FSDP2 refuse such a plan at the first step (worker/grad_sync.py)
+    equal_counts: bool = True
 
     @property
     def num_tokens(self) -> int:
@@ -136,6 +139,7 @@ def ready_microbatch(
     *,
     loss_normalizer: int,
     device: torch.device,
+    equal_counts: bool = True,
 ) -> ReadyMicrobatch:
     """Pack one microbatch: ``fetch(seq_id)`` gives a whole sequence's ``(input_ids, labels)``, aligned.
 
@@ -156,6 +160,7 @@ def ready_microbatch(
         cu_seqlens=torch.tensor(layout.cu_seqlens, dtype=torch.int32, device=device),
         max_seqlen=layout.max_seqlen,
         loss_normalizer=loss_normalizer,
+        equal_counts=equal_counts,
     )
 
 
@@ -776,8 +781,10 @@ class PlannedBatches:
                 cache[seq_id] = self._sample(index_of[seq_id])
             return cache[seq_id]
 
+        equal_counts = self.equal_microbatches or self.dp == 1  # one DP rank: its CP group runs one count
         ready = tuple(
-            ready_microbatch(layout, fetch, loss_normalizer=normalizer, device=self.device) for layout in layouts
+            ready_microbatch(layout, fetch, loss_normalizer=normalizer, device=self.device, equal_counts=equal_counts)
+            for layout in layouts
         )
         return ReadyIteration(
             iteration=iteration,

@@ -77,17 +77,22 @@ def wrap(model: nn.Module, mode: str) -> nn.Module:
     return model
 
 
-def begin(model: nn.Module, *, microbatches: int) -> None:
+def begin(model: nn.Module, *, microbatches: int, equal_counts: bool = True) -> None:
     """Before an iteration's first forward (``scheduled_step``): refuse what would train a silently wrong
     gradient or hang, naming the fix.
 
     - A model wrapped in DDP or sharded with FSDP2 other than by ``wrap``: their reduction averages over the
       world, while a planned step's loss is already divided by the global target count, so every gradient
       would be 1/world of the true one (found: exactly 1/4 at 4 ranks, the printed loss right).
-    - Under DDP/FSDP2, ranks whose microbatch counts differ in this iteration: FSDP2's every forward
-      all-gathers over the world and DDP syncs on the last backward only, so the ranks would wait on each
-      other for ever (found: a hang at iteration 2). One all-reduce of two integers tells every rank, so all
-      of them stop together, before any forward.
+    - Under DDP/FSDP2, plans made without equal microbatch counts (``equal_counts`` False on any rank: the
+      loader's ``equal_microbatches=False`` with DP > 1): refused at the first step, not at the iteration
+      where the counts first differ, which may come hours into a run.
+    - Under DDP/FSDP2, ranks whose microbatch counts differ in this iteration (plans from elsewhere): FSDP2's
+      every forward all-gathers over the world and DDP syncs on the last backward only, so the ranks would
+      wait on each other for ever (found: a hang at iteration 2).
+
+    One all-reduce of three integers tells every rank, idle ones included, so all of them stop together,
+    before any forward.
     """
     wrapped = _wrapper_kind(model)
     if wrapped is None:
@@ -101,13 +106,22 @@ def begin(model: nn.Module, *, microbatches: int) -> None:
         )
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return
-    counts = torch.tensor([microbatches, -microbatches], dtype=torch.int64, device=_device_of(model))
+    counts = torch.tensor(
+        [microbatches, -microbatches, 0 if equal_counts else 1], dtype=torch.int64, device=_device_of(model)
+    )
     dist.all_reduce(counts, op=dist.ReduceOp.MAX)
-    most, fewest = int(counts[0]), -int(counts[1])
+    most, fewest, unequal_plans = int(counts[0]), -int(counts[1]), bool(counts[2])
+    sync = "FSDP2" if wrapped == "fsdp" else "DDP"
+    if unequal_plans:
+        raise ValueError(
+            f"equal_microbatches=False: the loader plans DP ranks with different microbatch counts, which {sync} "
+            "cannot run (it needs the same count on every rank, else it hangs); plan with "
+            "PlannedBatches(..., equal_microbatches=True), or sync with grad_sync.wrap(model, 'allreduce')"
+        )
     if most != fewest or fewest == 0:
         raise ValueError(
             f"equal_microbatches: ranks run {fewest} to {most} microbatches in this iteration under "
-            f"{'FSDP2' if wrapped == 'fsdp' else 'DDP'}, which needs the same count on every rank (else it hangs); "
+            f"{sync}, which needs the same count on every rank (else it hangs); "
             "plan with PlannedBatches(..., equal_microbatches=True)"
         )
 

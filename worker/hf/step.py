@@ -125,12 +125,6 @@ def _final_hidden(model: Any, inner: Any, kwargs: dict[str, Any]) -> torch.Tenso
     return captured[0][0]
 
 
-def recomputes_activations(model: Any) -> bool:
-    """Whether any module of ``model`` recomputes its forward in backward (Hugging Face's activation, or
-    gradient, checkpointing sets ``gradient_checkpointing`` on the layers it wraps, under both names)."""
-    return any(getattr(m, "gradient_checkpointing", False) is True for m in model.modules())
-
-
 def dacp_plans(
     microbatches: Sequence[ReadyMicrobatch],
     *,
@@ -181,14 +175,8 @@ def scheduled_step(
         plans = dacp_plans(microbatches, registry=registry, kernel=kernel, device=device, cp_mode=cp_mode)
     if len(plans) != len(microbatches):
         raise ValueError(f"{len(plans)} DACP plans for {len(microbatches)} microbatches")
-    if any(mb.layout.communicates for mb in microbatches) and recomputes_activations(grad_sync.unwrapped(model)):
-        raise ValueError(
-            "activation checkpointing is on (model.gradient_checkpointing_enable() / "
-            "activation_checkpointing_enable()) and this step shards sequences over CP groups: recomputing the "
-            "DACP attention in backward can order a group's collectives differently on its ranks, which hangs; "
-            "turn it off (model.gradient_checkpointing_disable()), or plan with cp=1"
-        )
-    grad_sync.begin(model, microbatches=len(microbatches))  # refuses a stock wrapper or unequal counts
+    # refuses a stock wrapper, or plans with unequal counts under DDP / FSDP2
+    grad_sync.begin(model, microbatches=len(microbatches), equal_counts=all(mb.equal_counts for mb in microbatches))
     num_targets = global_target_count(microbatches, device=device)
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     tokens = 0

@@ -3,6 +3,7 @@ user's script would and prints ``refused: <message>`` or ``trained``; nothing ma
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 from typing import Any
@@ -39,11 +40,11 @@ def report(fn: Any) -> None:
     ranks printing to torchrun's one pipe can interleave within a line on a loaded machine."""
     rank = dist.get_rank()
     try:
-        fn()
+        said = fn()
     except ValueError as e:
         line = f"refused: {e}"
     else:
-        line = "trained"
+        line = said if isinstance(said, str) else "trained"
     with open(f"report-{rank}.txt", "a", encoding="utf-8") as f:
         f.write(line.replace("\n", " ") + "\n")
     print(f"{rank} {line}", flush=True)
@@ -71,8 +72,20 @@ def trainer(
 
 
 def loop(
-    mesh: Any, *, stock_fsdp: bool, equal: bool, global_batch_size: int = 4, checkpointing: bool = False, cp: int = 1
-) -> None:
+    mesh: Any,
+    *,
+    stock_fsdp: bool,
+    equal: bool,
+    global_batch_size: int = 4,
+    checkpointing: bool = False,
+    cp: int = 1,
+    from_elsewhere: bool = False,
+) -> str | None:
+    """``from_elsewhere``: the microbatches claim equal counts (as plans made outside the loader would), so
+    only the step's count check can find that the ranks' counts differ. With ``checkpointing`` the CP
+    collectives are counted: each layer's forward once and its recomputation once gather K/V, its backward
+    reduce-scatters once, so all-gathers are twice the reduce-scatters exactly (more: a recomputation
+    inside the attention's backward, which is what hung)."""
     from torch.distributed.fsdp import fully_shard
 
     model = build_model(read_model_config(str(CONFIG)), seed=0)
@@ -89,11 +102,32 @@ def loop(
     sizes = {"bucket_tokens": 24} if cp > 1 else {}
     planned = loader(mesh, equal_microbatches=equal, global_batch_size=global_batch_size, **sizes)
     groups = IterationGroups(planned)
+    counts = {"all_gather_slots": 0, "reduce_scatter_slots": 0}
+    if checkpointing:
+        from skrull.worker import dacp
+
+        def counting(name: str) -> Any:
+            original = getattr(dacp, name)
+
+            def counted(*a: Any, **kw: Any) -> Any:
+                counts[name] += 1
+                return original(*a, **kw)
+
+            return counted
+
+        for name in counts:
+            setattr(dacp, name, counting(name))
     for ready in planned:
+        microbatches = ready.microbatches
+        if from_elsewhere:
+            microbatches = tuple(dataclasses.replace(mb, equal_counts=True) for mb in microbatches)
         scheduled_step(
-            model, ready.microbatches, registry=groups(ready), kernel=select_kernel(torch.device("cpu"), torch.float32),
+            model, microbatches, registry=groups(ready), kernel=select_kernel(torch.device("cpu"), torch.float32),
             device=torch.device("cpu"),
         )  # fmt: skip
+    if checkpointing:
+        return f"trained: {counts['all_gather_slots']} all-gathers, {counts['reduce_scatter_slots']} reduce-scatters"
+    return None
 
 
 def main() -> None:
@@ -115,7 +149,8 @@ def main() -> None:
         report(lambda: trainer(mesh, use_cpu=True, equal=False))
         report(lambda: trainer(mesh, use_cpu=True, equal=True, checkpointing=True, cp=2))
         report(lambda: loop(mesh, stock_fsdp=True, equal=True))
-        report(lambda: loop(mesh, stock_fsdp=False, equal=False, global_batch_size=1))
+        report(lambda: loop(mesh, stock_fsdp=False, equal=False))  # refused at the first step, counts equal or not
+        report(lambda: loop(mesh, stock_fsdp=False, equal=False, global_batch_size=1, from_elsewhere=True))
         report(lambda: loop(mesh, stock_fsdp=False, equal=True))
     dist.destroy_process_group()
 
