@@ -78,6 +78,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--compile", choices=("auto", "on", "off", "fullgraph", "stack"), default="auto", help="decoder layers compiled"
     )
     p.add_argument("--check", action="store_true", help="first step against the plain step; 'check passed'")
+    p.add_argument("--activation-checkpointing", action="store_true", help="recompute each layer in backward")
     p.add_argument("--calibrate", action="store_true", help="refit the profile from the run's microbatch times")
     p.add_argument("--calibrated-profile-out", default=None, help="with --calibrate: write the calibrated profile")
     return p.parse_args(argv)
@@ -104,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{args.global_batch_size}; give more rows or fewer steps"
         )
     model = build_model(read_model_config(args.model_config), seed=args.seed, device=device)  # skrull: DACP attention
+    if args.activation_checkpointing:  # any CP: every rank recomputes each layer at the same point
+        model.activation_checkpointing_enable()
     compile_model(model, compile=args.compile, device=device)  # skrull: the fast step (layers compiled; CUDA default)
     model = grad_sync.wrap(model, args.grad_sync)  # skrull: DDP / FSDP2 that sum over the world
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)

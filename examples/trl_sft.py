@@ -146,6 +146,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output-dir", default="trl-sft-out")
     p.add_argument("--check", action="store_true", help="first step against the plain SFTTrainer step")
+    p.add_argument(
+        "--activation-checkpointing", action="store_true", help="recompute each layer in backward (TRL's default)"
+    )
     p.add_argument("--write-demo-data", action="store_true", help="write demo chats to --data and exit")
     p.add_argument("--demo-rows", type=int, default=48, help="conversations --write-demo-data writes")
     # the plain single-process SFTTrainer step --check runs in a new process (not torchrun)
@@ -177,7 +180,7 @@ def sft_config(args: argparse.Namespace, **overrides: Any) -> SFTConfig:
         "use_cpu": not cuda,
         "ddp_backend": "nccl" if cuda else "gloo",
         "bf16": False,  # the model's own dtype: float32 here, as --check compares
-        "activation_checkpointing": False,  # TRL's default is on; with CP > 1 the trainer refuses it
+        "activation_checkpointing": args.activation_checkpointing,  # TRL's default is on; any CP runs it
         "assistant_only_loss": True,  # only the assistant turns are trained
         "max_length": args.max_length,
         "average_tokens_across_devices": True,
@@ -308,5 +311,16 @@ def main(argv: list[str] | None = None) -> int:
     return check(args, argv, trainer, grads)
 
 
+def run() -> int:
+    """``main`` on every rank, then the process group destroyed before the interpreter exits: the Trainer
+    never destroys it, and a rank leaving with it alive (ranks other than 0 finish before rank 0's check)
+    was seen to abort at exit ("terminate called without an active exception") after training well."""
+    try:
+        return main()
+    finally:
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run())

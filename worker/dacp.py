@@ -151,8 +151,22 @@ def dacp_attention(
         )  # fmt: skip
     features = Features(softcap=softcap or 0.0, window=window) if softcap or window is not None else NO_FEATURES
     fn = _AllGatherCP if plan.mode == "allgather" else _UlyssesCP
-    out: torch.Tensor = fn.apply(q, k, v, plan, features)  # type: ignore[no-untyped-call]
+    # The CP Functions keep a nested graph of their own (leaf copies in forward, torch.autograd.grad in
+    # backward). Under activation checkpointing, the checkpoint's saved-tensor hooks would pack that graph's
+    # tensors too, and unpacking them in the nested autograd.grad (a graph task of its own) recomputes the
+    # whole layer a second time, CP collectives included, inside this Function's backward, on the ranks that
+    # hold shard pieces only: the group's collectives then pair up wrongly and hang (found: DP1 x CP4, a
+    # rank waiting in the recomputed all-gather while its peers reduce-scatter). Kept out of the hooks, the
+    # nested graph is held by the Function until backward, and the checkpoint recomputes each layer once,
+    # at the same point of the backward on every rank.
+    with torch.autograd.graph.saved_tensors_hooks(_kept, _kept):
+        out: torch.Tensor = fn.apply(q, k, v, plan, features)  # type: ignore[no-untyped-call]
     return out
+
+
+def _kept(t: torch.Tensor) -> torch.Tensor:
+    """A saved-tensor hook that keeps the tensor as it is (see ``dacp_attention``)."""
+    return t
 
 
 def _kernel_features(features: Features) -> dict[str, Any]:

@@ -14,6 +14,7 @@ tests/conformance/test_conformance.py runs a representative subset in ``make tes
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import random
 import re
@@ -41,6 +42,8 @@ class Cell:
     integration: str
     outcome: str  # "pass", "refused", "fail"
     detail: str
+    #: run with activation checkpointing (``--activation-checkpointing`` of the scripts: every layer recomputed)
+    checkpointing: bool = False
 
 
 def write_rows(path: Path, *, n: int = 32, seed: int = 3, vocab: int = 128) -> Path:
@@ -50,11 +53,12 @@ def write_rows(path: Path, *, n: int = 32, seed: int = 3, vocab: int = 128) -> P
     return path
 
 
-def command(arch: str, dp: int, cp: int, integration: str, tmp: Path) -> list[str]:
+def command(arch: str, dp: int, cp: int, integration: str, tmp: Path, *, checkpointing: bool = False) -> list[str]:
     launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={dp * cp}"]
     common = [
         "--model-config", str(MODELS / f"{arch}.json"), "--dp", str(dp), "--cp", str(cp),
         "--bucket-tokens", str(BUCKET_TIMES_CP // cp), "--check",
+        *(["--activation-checkpointing"] if checkpointing else []),
     ]  # fmt: skip
     if integration == "trainer":
         data = write_rows(tmp / "train.jsonl")
@@ -74,19 +78,24 @@ def command(arch: str, dp: int, cp: int, integration: str, tmp: Path) -> list[st
             "--global-batch-size", "8", "--steps", "1", "--grad-sync", integration]  # fmt: skip
 
 
-def run_cell(arch: str, dp: int, cp: int, integration: str, *, timeout_s: float = 600) -> Cell:
+def run_cell(
+    arch: str, dp: int, cp: int, integration: str, *, timeout_s: float = 600, checkpointing: bool = False
+) -> Cell:
     with tempfile.TemporaryDirectory(prefix="skrull-conformance-") as name:
         tmp = Path(name)
-        command_line = command(arch, dp, cp, integration, tmp)
+        command_line = command(arch, dp, cp, integration, tmp, checkpointing=checkpointing)
         try:
             out = subprocess.run(command_line, capture_output=True, text=True, timeout=timeout_s, cwd=tmp)
         except subprocess.TimeoutExpired:
             return Cell(arch, dp, cp, integration, "fail", f"no result in {timeout_s:.0f} s (a hang?)")
-    cell = judge(arch, dp, cp, integration, out.returncode, out.stdout, out.stderr)
+    cell = dataclasses.replace(
+        judge(arch, dp, cp, integration, out.returncode, out.stdout, out.stderr), checkpointing=checkpointing
+    )
     if cell.outcome == "fail":  # the whole output stays for a look: a failed cell is never only a last line
-        log = Path(tempfile.gettempdir()) / f"skrull-conformance-{arch}-DP{dp}xCP{cp}-{integration}.log"
+        suffix = "-checkpointing" if checkpointing else ""
+        log = Path(tempfile.gettempdir()) / f"skrull-conformance-{arch}-DP{dp}xCP{cp}-{integration}{suffix}.log"
         log.write_text(f"$ {' '.join(command_line)}\nexit {out.returncode}\n{out.stdout}\n{out.stderr}")
-        cell = Cell(arch, dp, cp, integration, "fail", f"{cell.detail} (output: {log})")
+        cell = dataclasses.replace(cell, detail=f"{cell.detail} (output: {log})")
     return cell
 
 
@@ -107,7 +116,8 @@ def judge(arch: str, dp: int, cp: int, integration: str, returncode: int, stdout
 def table(cells: list[Cell]) -> str:
     lines = ["| architecture | layout | integration | outcome | figure / refusal |", "|---|---|---|---|---|"]
     for c in cells:
-        lines.append(f"| {c.arch} | DP{c.dp}xCP{c.cp} | {c.integration} | {c.outcome} | {c.detail} |")
+        integration = f"{c.integration} + checkpointing" if c.checkpointing else c.integration
+        lines.append(f"| {c.arch} | DP{c.dp}xCP{c.cp} | {integration} | {c.outcome} | {c.detail} |")
     return "\n".join(lines) + "\n"
 
 
@@ -127,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--integration", action="append", choices=INTEGRATIONS)
     p.add_argument("--cell", action="append", help="one cell, ARCH:DPxCP:INTEGRATION (instead of the product)")
     p.add_argument("--out", default=None, help="write the markdown table here too")
+    p.add_argument("--checkpointing", action="store_true", help="every cell with activation checkpointing on")
     args = p.parse_args(argv)
     layouts = [tuple(int(x) for x in s.split("x")) for s in args.layout] if args.layout else list(LAYOUTS)
     todo = [
@@ -139,8 +150,9 @@ def main(argv: list[str] | None = None) -> int:
         todo = [parse_cell(text) for text in args.cell]
     cells = []
     for arch, dp, cp, integration in todo:
-        cell = run_cell(arch, dp, cp, integration)
-        print(f"{arch} DP{dp}xCP{cp} {integration}: {cell.outcome} {cell.detail}", flush=True)
+        cell = run_cell(arch, dp, cp, integration, checkpointing=args.checkpointing)
+        with_ = " + checkpointing" if args.checkpointing else ""
+        print(f"{arch} DP{dp}xCP{cp} {integration}{with_}: {cell.outcome} {cell.detail}", flush=True)
         cells.append(cell)
     text = table(cells)
     print(text)

@@ -41,7 +41,7 @@ from skrull.worker.hf.attention import ATTN_IMPLEMENTATION, refuse_unsupported_a
 from skrull.worker.hf.evaluation import plain_eval_loss, reduce_rows, row_losses
 from skrull.worker.hf.fast import compile_model, compiled_how
 from skrull.worker.hf.inputs import model_inputs
-from skrull.worker.hf.step import MicrobatchTimer, dacp_plans, global_target_count, recomputes_activations
+from skrull.worker.hf.step import MicrobatchTimer, dacp_plans, global_target_count
 from skrull.worker.kernels import kernel_choice, select_kernel
 
 if TYPE_CHECKING:  # the mixin is typed as the Trainer it is mixed into
@@ -129,18 +129,9 @@ class SkrullTrainerMixin(_TrainerBase):
                 f"attn_implementation={implementation!r}: a model trained under plans runs the DACP attention; "
                 f"build it with attn_implementation={ATTN_IMPLEMENTATION!r} (skrull.worker.hf.attention.register())"
             )
-        # transformers 5 calls it activation_checkpointing (gradient_checkpointing, deprecated; TRL's default: on),
-        # in the arguments or turned on on the model itself (model.gradient_checkpointing_enable(): found hanging)
-        if (
-            getattr(self.args, "activation_checkpointing", None)
-            or self.args.gradient_checkpointing
-            or recomputes_activations(model)
-        ) and planned.cp > 1:
-            raise ValueError(
-                f"activation_checkpointing=True (or gradient_checkpointing) with cp={planned.cp}: recomputing the "
-                "DACP attention in backward can order a CP group's collectives differently on its ranks, which "
-                "hangs; set activation_checkpointing=False, or plan with cp=1"
-            )
+        # activation checkpointing (TrainingArguments' activation_checkpointing / gradient_checkpointing, or
+        # turned on on the model) runs with any CP: the DACP attention keeps its nested graph out of the
+        # checkpoint's hooks, so every rank recomputes each layer once, at the same point (worker/dacp.py)
         refuse_unsupported_attention(model.config)  # softcapping and sliding windows are computed; the rest refused
         if planned.vocab_size is None and isinstance(getattr(model.config, "vocab_size", None), int):
             # a token id out of the vocabulary is then refused naming its row, not an embedding IndexError

@@ -20,8 +20,8 @@ plan replaces is what TRL would do between the prepared rows and the model:
 So ``packing=True``, ``padding_free=True`` and a ``data_collator`` are refused (ValueError), as are the
 losses that read unshifted ``labels`` (``compute_loss_func``, ``label_smoothing_factor``): the loader's
 targets are the next tokens already, passed as ``shift_labels``, which only TRL's fused LM head reads as
-such. TRL turns activation checkpointing on by default; with CP > 1 it is refused too (its recomputation
-in backward was found to hang the DACP collectives of a CP group).
+such. TRL turns activation checkpointing on by default: it runs with any CP (worker/dacp.py keeps the
+DACP attention's collectives in one order on every rank under recomputation).
 
 The loop is ``SkrullTrainerMixin``'s (worker/hf/trainer.py): one plan iteration per optimizer step,
 ``num_items_in_batch`` the global batch's target count over every rank, the loss times the process count.
@@ -136,7 +136,6 @@ class SkrullSFTTrainer(SkrullTrainerMixin, SFTTrainer):
                 "planned: equal_microbatches=False; TRL gathers metrics over the world on every microbatch, so "
                 "every rank needs the same count: plan with equal_microbatches=True"
             )
-        # activation checkpointing with cp > 1 (TRL's default is on) is refused by ``_use_plans``
         self._use_plans(loader)
 
     def _evaluation_rows(self, dataset: Any) -> tuple[Any, list[int], str | None]:

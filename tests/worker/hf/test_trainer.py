@@ -1,6 +1,6 @@
-"""``SkrullTrainer`` refuses, before any step, what would train silently wrong or hang: a model whose
-attention is not DACP (shard pieces would meet a stock attention) and activation checkpointing with
-context parallelism (recomputation orders a CP group's collectives differently on its ranks)."""
+"""``SkrullTrainer`` refuses, before any step, what would train silently wrong: a model whose attention is
+not DACP (shard pieces would meet a stock attention). Activation checkpointing is accepted with context
+parallelism (its gradients under torchrun: tests/conformance, tests/worker/hf/test_guards.py)."""
 
 from __future__ import annotations
 
@@ -32,9 +32,3 @@ def test_a_model_with_a_stock_attention_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"attn_implementation='sdpa'.*'skrull_dacp'"):
         trainer(tmp_path, cp=1, attention="sdpa")
     assert trainer(tmp_path, cp=1).planned.cp == 1  # the DACP attention is accepted
-
-
-def test_activation_checkpointing_is_refused_with_context_parallelism(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match=r"activation_checkpointing=True \(or gradient_checkpointing\) with cp=2"):
-        trainer(tmp_path, cp=2, activation_checkpointing=True)
-    assert trainer(tmp_path, cp=1, activation_checkpointing=True).planned.cp == 1

@@ -93,12 +93,6 @@ def test_what_the_plan_replaces_is_refused(tmp_path: Any, config: dict[str, Any]
         make_trainer(tmp_path, **config)
 
 
-def test_activation_checkpointing_is_refused_with_context_parallelism(tmp_path: Any) -> None:
-    with pytest.raises(ValueError, match=r"activation_checkpointing=True .* cp=2"):
-        make_trainer(tmp_path, cp=2, activation_checkpointing=True)
-    assert make_trainer(tmp_path, cp=1, activation_checkpointing=True).planned.cp == 1
-
-
 @pytest.mark.parametrize("batch_size", [3, 64])
 def test_evaluation_reports_the_plain_sft_trainers_eval_loss(tmp_path: Any, batch_size: int) -> None:
     from trl import SFTTrainer
