@@ -3,12 +3,22 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from skrull.solver.metrics import synchronized_makespan_ms
-from skrull.solver.planners.dynamic_cp import DynamicCpPlanner, allowed_sizes, block_start, cp_size_for
+from skrull.solver.planners.dynamic_cp import (
+    DynamicCpPlanner,
+    _fill_step,
+    _Group,
+    _widen,
+    allowed_sizes,
+    block_start,
+    cp_size_for,
+)
 from skrull.solver.planning import solve
 from skrull.solver.types import Problem, Request
 from tests.conftest import make_request
@@ -98,3 +108,72 @@ def test_a_wider_sweep_is_never_worse() -> None:
     one = planned(DynamicCpPlanner(sweep=1), request)
     three = planned(DynamicCpPlanner(sweep=3), request)
     assert three.estimated_ms <= one.estimated_ms + 1e-9
+
+
+def _fill_step_by_scanning(
+    pending: list[int],
+    *,
+    lengths: list[int],
+    need: dict[int, int],
+    work: Any,
+    num_gpus: int,
+    bucket_tokens: int,
+    quota: float | None,
+) -> tuple[list[Any], list[int]]:
+    """The placement as the public scheduler states it: for every sequence, scan every open group and
+    every aligned block from GPU 0 (the form ``_fill_step`` replaced; its spec here)."""
+    owner: list[Any] = [None] * num_gpus
+    opened: list[Any] = []
+    left: list[int] = []
+    for i in pending:
+        s, c = lengths[i], need[i]
+        best, best_load = None, float("inf")
+        for g in opened:
+            if g.size == c and g.tokens + s <= c * bucket_tokens and g.load < best_load:
+                best, best_load = g, g.load
+        fresh = None
+        if best_load > 0.0:
+            for start in range(0, num_gpus - c + 1, c if c != num_gpus else num_gpus):
+                if all(owner[x] is None for x in range(start, start + c)):
+                    fresh = start
+                    break
+        if fresh is not None:
+            best, best_load = _Group(start=fresh, size=c), 0.0
+        if best is None or (quota is not None and best_load > 0.0 and best_load + work(s) / c > quota):
+            left.append(i)
+            continue
+        if fresh is not None:
+            opened.append(best)
+            for x in range(best.start, best.start + c):
+                owner[x] = best
+        best.ids.append(i)
+        best.tokens += s
+        best.work += work(s)
+    _widen(opened, owner, num_gpus)
+    return opened, left
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.integers(1, 4000), min_size=1, max_size=60),
+    st.sampled_from([1, 2, 3, 4, 6, 8, 12, 16, 32]),
+    st.integers(64, 2048),
+    st.one_of(st.none(), st.floats(1.0, 5e7)),
+)
+def test_the_fast_step_filling_places_as_the_full_scan_does(
+    lengths: list[int], num_gpus: int, bucket_tokens: int, quota: float | None
+) -> None:
+    sizes = allowed_sizes(num_gpus)
+    fitting = [n for n in lengths if n <= num_gpus * bucket_tokens]
+    pending = sorted(range(len(fitting)), key=lambda i: -fitting[i])
+    need = {i: cp_size_for(fitting[i], bucket_tokens, sizes) for i in pending}
+    kw: dict[str, Any] = {
+        "lengths": fitting, "need": need, "work": lambda n: float(n * n), "num_gpus": num_gpus,
+        "bucket_tokens": bucket_tokens, "quota": quota,
+    }  # fmt: skip
+    fast_groups, fast_left = _fill_step(list(pending), **kw)
+    ref_groups, ref_left = _fill_step_by_scanning(list(pending), **kw)
+    assert fast_left == ref_left
+    assert [(g.start, g.size, g.ids, g.tokens) for g in fast_groups] == [
+        (g.start, g.size, g.ids, g.tokens) for g in ref_groups
+    ]
