@@ -125,15 +125,12 @@ STARTS: tuple[Start, ...] = (
     Start(name="wlb", isolated=True, make=WlbPlanner, per_sequence_s=1e-4, fixed_s=0.002, defers=True),
     # WLB-LLM's packing and adaptive sharding without the outlier delay: a start that keeps every batch
     Start(name="wlb-keep", isolated=True, make=lambda: WlbPlanner(num_queues=0), per_sequence_s=5e-5, fixed_s=0.002),
-    # 8-20 ms for 128-256 sequences on 32-128 GPUs, 0.1 s on 512; quadratic in a batch (each step scans
-    # what is left): 1.2 s for 4,096 sequences on 32 GPUs, 16 s for 16,384, 222 s for 65,536
     Start(
         name="dynamic-cp",
         isolated=True,
         make=DynamicCpPlanner,
-        per_sequence_s=3e-5,
-        per_square_s=6e-8,
-        per_sequence_gpu_s=7e-7,
+        per_sequence_s=1e-4,
+        per_sequence_gpu_s=2.2e-6,
         fixed_s=0.002,
     ),
     # the plain-CP baselines: never better than ``packed`` on the bundled distributions, run last
