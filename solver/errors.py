@@ -52,6 +52,10 @@ class UnknownProfileError(RequestError):
     """The profile name is not bundled."""
 
 
+class BackendMissingError(RequestError):
+    """A planner or backend the request names needs a Python package this environment cannot import."""
+
+
 class InfeasibleError(SkrullError):
     """A planner could not place a request that passed validation (a planner limitation, not a user error)."""
 

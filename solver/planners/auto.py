@@ -37,8 +37,16 @@ from collections.abc import Sequence
 
 from skrull.solver.cost import CostModel
 from skrull.solver.cp_modes import CP_MODES
+from skrull.solver.ilp.backends import backend_installed, require_backend
 from skrull.solver.planners.base import PlannerOutput
-from skrull.solver.planners.exact import groups_to_specs, is_static, kill_grace_s, optimize_iteration, specs_to_groups
+from skrull.solver.planners.exact import (
+    DEFAULT_BACKEND,
+    groups_to_specs,
+    is_static,
+    kill_grace_s,
+    optimize_iteration,
+    specs_to_groups,
+)
 from skrull.solver.search.bound import microbatch_floor_ms
 from skrull.solver.search.budget import FINISH_RESERVE_PER_SEQUENCE_S
 from skrull.solver.search.clock import Clock, clock_for
@@ -90,6 +98,8 @@ class AutoPlanner:
         self.allow_pending = allow_pending
 
     def plan(self, problem: Problem) -> PlannerOutput:
+        if problem.backend is not None:  # a backend the request names is refused if missing, never dropped
+            require_backend(problem.backend)
         clock = clock_for(problem.deterministic)
         begin = clock()
         per_sequence = FINISH_RESERVE_PER_SEQUENCE_S + BOUND_PER_SEQUENCE_S
@@ -208,7 +218,12 @@ class AutoPlanner:
             share = (deadline - clock()) / (len(alternatives) - k)
             it_deadline = clock() + max(0.0, share)
             exact_deadline = it_deadline
-            use_exact = exact_model and share >= EXACT_MIN_S and not problem.deterministic
+            use_exact = (
+                exact_model
+                and share >= EXACT_MIN_S
+                and not problem.deterministic
+                and backend_installed(problem.backend or self.backend or DEFAULT_BACKEND)
+            )
             if use_exact and is_static(alts[0], par):
                 it_deadline = clock() + EXACT_SEARCH_SHARE * share
             best = tuple(
@@ -229,7 +244,7 @@ class AutoPlanner:
                     problem,
                     ids,
                     specs_to_groups(best, par),
-                    backend=problem.backend or self.backend or "cpsat",
+                    backend=problem.backend or self.backend or DEFAULT_BACKEND,
                     deadline=exact_deadline - grace,
                     grace_s=grace,
                 )

@@ -19,6 +19,7 @@ from typing import Any
 
 from skrull.solver.cost import CostModel
 from skrull.solver.cp_modes import CP_MODES
+from skrull.solver.ilp.backends import require_backend
 from skrull.solver.ilp.builder import GroupMicrobatch, Layout
 from skrull.solver.ilp.runner import Report, Work, run_with_deadline
 from skrull.solver.ilp.search import EXACT_MAX_BINARIES, improve_lns, model_size, plan_time_ms, solve_exact
@@ -208,6 +209,7 @@ class IlpPlanner:
 
     def plan(self, problem: Problem) -> PlannerOutput:
         backend = problem.backend or self.backend or DEFAULT_BACKEND
+        require_backend(backend, solver=None if problem.backend else self.name)
 
         def solve_iteration(
             problem: Problem, ids: tuple[int, ...], _offset: int, deadline: float, grace: float

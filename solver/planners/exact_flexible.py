@@ -24,6 +24,7 @@ from collections.abc import Sequence
 
 from skrull.solver.cost import CostModel
 from skrull.solver.cp_modes import CP_MODES
+from skrull.solver.ilp.backends import require_backend
 from skrull.solver.ilp.builder import GroupMicrobatch, Layout
 from skrull.solver.ilp.runner import run_with_deadline
 from skrull.solver.ilp.search import EXACT_MAX_BINARIES, model_size
@@ -84,6 +85,8 @@ class FlexibleIlpPlanner:
         self.backend = backend
 
     def plan(self, problem: Problem) -> PlannerOutput:
+        backend = problem.backend or self.backend or DEFAULT_BACKEND
+        require_backend(backend, solver=None if problem.backend else self.name)
         return plan_within_budget(problem, self._iteration)
 
     def _iteration(

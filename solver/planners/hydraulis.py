@@ -65,8 +65,9 @@ import numpy as np
 
 from skrull.solver.cost import CostCoefficients, CostModel
 from skrull.solver.errors import InfeasibleError
+from skrull.solver.ilp.backends import require_module
 from skrull.solver.planners.base import TIE_MS, PlannerOutput, iteration_seed, make_spec
-from skrull.solver.planners.minmax_ilp import import_fits, solve_minmax_pack
+from skrull.solver.planners.minmax_ilp import CP_SAT_MODULE, import_fits, solve_minmax_pack
 from skrull.solver.types import MicrobatchSpec, Problem
 
 #: Stage-1 shuffles, as Hydraulis.
@@ -401,6 +402,7 @@ class HydraulisPlanner:
         # Wall-clock deadline for the ILPs (not in deterministic mode, whose limits are deterministic
         # time): the static shares below ignore what was already spent (the first CP-SAT import alone
         # takes ~0.1 s), so every call is also held to what is left of DEADLINE_FRACTION of the budget.
+        require_module(CP_SAT_MODULE, field="solver", value=self.name)  # stage 2's ILP (auto skips this start)
         deterministic = self.deterministic or problem.deterministic
         deadline = None if deterministic else time.monotonic() + DEADLINE_FRACTION * problem.time_budget_s
         costs = StrategyCosts.from_problem(problem)

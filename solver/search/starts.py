@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 from skrull.solver.cp_modes import DEFAULT_CP_MODES
 from skrull.solver.errors import SkrullError
+from skrull.solver.ilp.backends import module_installed
 from skrull.solver.ilp.runner import Child, Report, run_with_deadline, start_child
 from skrull.solver.planners.base import Planner, PlannerOutput
 from skrull.solver.planners.baselines import DeepSpeedPlanner, PackedPlanner, SortedPlanner
@@ -264,7 +265,7 @@ def launch_starts(
     up to ``late_s`` after the start phase (a caller that searches meanwhile collects it late: ``PendingPeers``)."""
     sizes = [len(ids) for ids in problem.batch_ids]
     gpus = problem.parallel.num_gpus
-    chosen = [s for s in STARTS if (names is None or s.name in names) and plans_modes(s, problem)]
+    chosen = [s for s in STARTS if (names is None or s.name in names) and plans_modes(s, problem) and importable(s)]
     end = deadline - keep_s
     evaluation_s = EVALUATION_PER_SEQUENCE_S * sum(sizes)
     out: dict[str, PlannerOutput] = {}
@@ -300,6 +301,12 @@ def launch_starts(
     if child is None:
         return outputs, None
     return outputs, PendingPeers(child=child, peers=peers, sizes=sizes, end=end - evaluation_s * len(out), gpus=gpus)
+
+
+def importable(start: Start) -> bool:
+    """Whether this environment has the solver module ``start`` imports (solver/ilp/backends.py: a start
+    whose package is missing is left out, never failed)."""
+    return start.imports is None or module_installed(start.imports)
 
 
 def plans_modes(start: Start, problem: Problem) -> bool:
