@@ -101,7 +101,7 @@ else
     ft_args=(--device cuda --per-rank 8 --batches 2)
     hf_args=(--device cuda --steps 4 --warmup 2)
     calib_shape=(16 4 16384 16384)
-    calib_args=(--backend nccl --dtype bfloat16 --loss-chunk-tokens 4096 --steps 8)
+    calib_args=(--backend nccl --dtype bfloat16 --loss-chunk-tokens 4096 --steps 8 --warmup 4)  # warm-up: one pass compiles every shape range
 fi
 
 step device 30 "$py" - "$device" "$out/device.txt" <<'EOF'
@@ -189,7 +189,7 @@ doc = {**request_to_dict(request), "time_budget_s": 0.2, "deterministic": True}
 open(path, "w").write(json.dumps(doc) + "\n")
 print(f"calibration request: {batches} global batches of {per_rank} mooncake lengths <= {max_tokens} tokens, from {start}")
 EOF
-step calibration 60 "$py" -m skrull.cli.main finetune --model-config "$(config_of "$first")" --request "$calib_request" \
+step calibration 150 "$py" -m skrull.cli.main finetune --model-config "$(config_of "$first")" --request "$calib_request" \
     --world-size 1 "${calib_args[@]}" --calibrate --calibrated-profile-out "$out/$first.calibrated.json"
 [ -f "$out/calibration.log" ] && grep '^calibration: ' "$out/calibration.log" | tail -n 1 >"$out/calibration.txt"
 
@@ -205,7 +205,7 @@ if [ "$smoke" != 1 ]; then
     gpu_tests=$(grep -rl --include='*.py' 'mark.gpu' tests | sort)
     # shellcheck disable=SC2086  # one path per word
     # -x --tb=short: a failure's reason is in the log even when the cap ends the run after it
-    step gpu-tests 45 "$py" -m pytest -q -x --tb=short -rf -p no:cacheprovider -m gpu $gpu_tests
+    step gpu-tests 60 "$py" -m pytest -q -x --tb=short -rf -p no:cacheprovider -m gpu $gpu_tests
     [ -f "$out/gpu-tests.log" ] && cp "$out/gpu-tests.log" "$out/gpu-tests.txt"
 fi
 echo "gpu-check: $((SECONDS - started)) s in all (budget $budget s); exit $status; $out/summary.md"

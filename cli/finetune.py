@@ -118,10 +118,14 @@ def _print_run(
             )
         print(f"{result.kernel_line}; decoder layers {how}")
     print()
-    print("| step | iteration | target tokens | loss | step ms (slowest rank) |")
-    print("|------|-----------|---------------|------|------------------------|")
+    # compiles: graphs compiled during the step on rank 0 (a new shape range; its time is in the step's)
+    print("| step | iteration | target tokens | loss | step ms (slowest rank) | compiles |")
+    print("|------|-----------|---------------|------|------------------------|----------|")
     for r in result.steps:
-        print(f"| {r.step:4d} | {r.iteration:9d} | {r.num_targets:13d} | {r.loss:.6f} | {r.seconds * 1e3:22.1f} |")
+        print(
+            f"| {r.step:4d} | {r.iteration:9d} | {r.num_targets:13d} | {r.loss:.6f} | {r.seconds * 1e3:22.1f} "
+            f"| {r.compiles:8d} |"
+        )
 
 
 def _print_calibration(calibration: dict[str, Any], args: argparse.Namespace) -> None:

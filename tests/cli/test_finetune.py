@@ -113,7 +113,7 @@ def test_a_piped_run_says_each_phase_as_it_starts() -> None:
     ]
     # each phase is announced before its report: the steps before the step table, the check before its table
     assert run.lines.index(phases[-2]) < run.lines.index(
-        "| step | iteration | target tokens | loss | step ms (slowest rank) |"
+        "| step | iteration | target tokens | loss | step ms (slowest rank) | compiles |"
     )
     assert run.lines.index(phases[-1]) < next(i for i, x in enumerate(run.lines) if x.startswith("check: "))
     assert run.lines[-1] == "check passed"
