@@ -21,7 +21,10 @@ work_ms``: a planner that defers sequences is charged per unit of the work it ru
 (``search.bound.microbatch_floor_ms``, valid for every layout). ``auto`` is *behind* when another planner
 that used no more wall time than ``auto`` has a ratio lower by more than a relative 1e-9; planners that took
 longer are not compared (their best is shown apart). Losses to ``wlb`` are counted apart too: it defers
-outliers to a later iteration, which ``auto`` does only when the request asks (``defer``).
+outliers to a later iteration, which ``auto`` does only when the request asks (``defer``). Where ``auto``
+is behind a deferring planner, it runs again with the same freedom and the same budget: ``defer =
+{max_sequences: k}``, k the most sequences that planner moved out of any one batch; the table says whether
+``auto`` is still behind then.
 
 ``--slow``: on ``--slow-requests`` of the requests (the ones ``auto`` is farthest from the floor on),
 ``auto`` and ``ilp-flex`` with ``--slow-budget`` seconds (60 by default): how loose the floor is there
@@ -55,7 +58,7 @@ from skrull.solver.planners.minmax_ilp import preload_cp_sat
 from skrull.solver.planners.registry import planner_names
 from skrull.solver.planning import solve
 from skrull.solver.profile import Profile
-from skrull.solver.types import Parallel, Request
+from skrull.solver.types import Defer, Parallel, Plan, Request
 
 EXACT = ("ilp", "ilp-flex")
 #: short-sequence and long-tailed distributions a mix draws from
@@ -122,12 +125,37 @@ def draw(profile: Profile, kind: str, pure: str, rng: random.Random) -> tuple[st
 
 def timed(request: Request, solver: str, budget_s: float | None) -> tuple[float, float] | None:
     """(time per unit of work over the floor, wall s), or None where the planner refuses the request."""
+    out = timed_plan(request, solver, budget_s)
+    return None if out is None else out[:2]
+
+
+def timed_plan(request: Request, solver: str, budget_s: float | None) -> tuple[float, float, Plan] | None:
     began = time.perf_counter()
     try:
         plan = solve(dataclasses.replace(request, solver=solver, time_budget_s=budget_s))
     except RequestError:
         return None
-    return plan_over_floor(plan, request), time.perf_counter() - began
+    return plan_over_floor(plan, request), time.perf_counter() - began, plan
+
+
+def most_deferred(plan: Plan, request: Request) -> int:
+    """The most sequences of one global batch that ``plan`` does not run in that batch's iteration."""
+    most, offset = 0, 0
+    for k, batch in enumerate(request.batches):
+        ran = {i for mb in plan.iterations[k].microbatches for i in mb.seq_ids} if k < len(plan.iterations) else set()
+        most = max(most, sum(i not in ran for i in range(offset, offset + len(batch))))
+        offset += len(batch)
+    return most
+
+
+def with_same_deferral(request: Request, theirs: Plan, budget_s: float) -> tuple[float, float, int] | None:
+    """``auto`` allowed what the deferring plan did (module doc): (ratio, wall s, k), None if it deferred none."""
+    k = most_deferred(theirs, request)
+    if k == 0:
+        return None
+    out = timed(dataclasses.replace(request, defer=Defer(max_sequences=k)), "auto", budget_s)
+    assert out is not None
+    return out[0], out[1], k
 
 
 def profiles() -> list[Profile]:
@@ -167,15 +195,19 @@ def main() -> None:
             jobs.append(Drawn(profile.name, kind, label, request))
             k += 1
     rows = []
+    same: dict[str, tuple[float, float, int] | None] = {}  # label -> auto with the deferring planner's freedom
     for job in tqdm(jobs, file=sys.stderr, leave=False, disable=None):
         budget = args.budget * len(job.request.batches)
         auto = timed(job.request, "auto", budget)
         assert auto is not None
-        theirs = {s: r for s in others if (r := timed(job.request, s, None)) is not None}
+        plans = {s: r for s in others if (r := timed_plan(job.request, s, None)) is not None}
+        theirs = {s: r[:2] for s, r in plans.items()}
         within = {s: r for s, r in theirs.items() if r[1] <= auto[1]}
         longer = {s: r for s, r in theirs.items() if r[1] > auto[1]}
         best = min(within, key=lambda s: within[s][0])
         slow_best = min(longer, key=lambda s: longer[s][0]) if longer else None
+        if best in DEFERRING and auto[0] > within[best][0] * (1 + TIE):
+            same[job.label] = with_same_deferral(job.request, plans[best][2], budget)
         rows.append((job, auto, best, within[best], slow_best, longer.get(slow_best) if slow_best else None))
     print(f"\nload average after {os.getloadavg()[0]:.2f}; {len(rows)} requests\n")
     print("| profile | requests | auto / floor, mean | worst | behind a planner with <= wall | by, most | of which "
@@ -213,6 +245,20 @@ def main() -> None:
             f"| {job.profile} | {job.label} | {auto[0]:.4f} | {1e3 * auto[1]:.0f} | {best} | {b_ratio:.4f} "
             f"| {1e3 * b_wall:.0f} | {auto[0] / b_ratio - 1:+.3%} | {slow_cell} |"
         )
+    if same:
+        print("\nBehind a deferring planner: `auto` again with the same deferral (`defer.max_sequences` = k, the most "
+              "that planner moved out of one batch) and the same budget:\n")  # fmt: skip
+        print("| request | deferring planner | its ratio / floor | k | auto with defer k / floor | its wall ms "
+              "| auto over it |")  # fmt: skip
+        print("|---|---|---:|---:|---:|---:|---:|")
+        for job, _auto, best, (b_ratio, _), *_ in rows:
+            if job.label in same:
+                got = same[job.label]
+                if got is None:
+                    print(f"| {job.label} | {best} | {b_ratio:.4f} | 0 | | | |")
+                else:
+                    print(f"| {job.label} | {best} | {b_ratio:.4f} | {got[2]} | {got[0]:.4f} | {1e3 * got[1]:.0f} "
+                          f"| {got[0] / b_ratio - 1:+.3%} |")  # fmt: skip
     if args.slow:
         slow_rows(rows, args)
 
