@@ -26,6 +26,19 @@ take. WLB-LLM defers outliers by design (``wlb``, docs/planners.md); here deferr
   below the option without deferral, so deferring never makes an iteration's time per unit of work worse than not
   deferring, and sequences are not reordered for noise.
 
+* WLB-LLM's own plan, as a whole: the per-batch rule above decides each batch by its own iteration, and
+  a deferral can lose there and win over two. WLB-LLM moves every outlier of a batch into the next
+  (docs/benchmarks-auto.md: two batches of 256 with four outliers each on 2 x 32 GPUs, eight outliers in
+  one iteration sharing the groups better, 0.7% less time for the same work), which leaves iteration
+  ``b`` short sequences alone, worse per unit of work than with its outliers. So ``wlb`` plans the whole
+  request too, in a child on the other core while the batches are planned here (``search.starts.
+  launch_peer``; with ``deterministic``, in process when its prior fits ``PEER_SHARE`` of the budget).
+  Its plan replaces the per-batch one when it keeps the request's ``defer`` (every sequence in its own
+  iteration or the next, at most ``max_sequences`` deferred per batch, carried ones in iteration 0,
+  ``pending`` only from the last batch: ``keeps_defer``) and is ``MIN_GAIN`` lower in time per unit of
+  work over the request. (Two lookaheads were tried instead, planning the next batch per option; at 0.1 s
+  per batch they lost more to the halved planning time than they won: docs/benchmarks-auto.md.)
+
 ``solve.stats`` reports ``deferred_sequences`` and ``ms_per_work`` / ``ms_per_work_without_defer``
 (summed times over summed work of the chosen plans and of the base plans). With ``deterministic`` every
 step runs on a work clock, so the same request gives the same plan on any machine.
@@ -37,12 +50,19 @@ import dataclasses
 from collections.abc import Sequence
 
 from skrull.solver.cost import CostModel
-from skrull.solver.planners.auto import BOUND_PER_SEQUENCE_S, FINISH_MARGIN_S, OPTIMAL_TOLERANCE, AutoPlanner
+from skrull.solver.planners.auto import (
+    BOUND_PER_SEQUENCE_S,
+    FINISH_MARGIN_S,
+    OPTIMAL_TOLERANCE,
+    AutoPlanner,
+    per_work_ms,
+)
 from skrull.solver.planners.base import PlannerOutput, make_spec
 from skrull.solver.search.bound import microbatch_floor_ms
 from skrull.solver.search.budget import FINISH_RESERVE_PER_SEQUENCE_S
 from skrull.solver.search.clock import Clock, clock_for
 from skrull.solver.search.improve import iteration_ms, search_iteration
+from skrull.solver.search.starts import STARTS, PendingPeers, launch_peer
 from skrull.solver.types import Defer, MicrobatchSpec, Problem
 
 #: Share of a batch's time for planning it whole (the plan without deferral); the removal sets share the rest.
@@ -51,6 +71,11 @@ BASE_SHARE = 0.5
 NO_DEFER_SHARE = 0.4
 #: Relative gain in time per unit of work a deferral must bring to be kept (0.1 %).
 MIN_GAIN = 1e-3
+#: With ``deterministic``: ``wlb``'s whole-request plan is made (in process) when its prior time fits this
+#: share of the budget (module doc).
+PEER_SHARE = 0.25
+#: The planner whose whole-request plan is weighed against the per-batch one.
+PEER = "wlb"
 
 Specs = tuple[MicrobatchSpec, ...]
 
@@ -205,6 +230,9 @@ def plan_with_deferral(problem: Problem, defer: Defer, *, backend: str | None = 
     iterations: list[Specs] = []
     choices: list[BatchChoice] = []
     num_batches = len(problem.batch_ids)
+    peer: PendingPeers | None = None
+    if not problem.deterministic:  # the whole request by WLB-LLM on the other core meanwhile (module doc)
+        peer = launch_peer(PEER, problem, deadline=end)
     for b, own in enumerate(problem.batch_ids):
         deferrable = [i for i in own if b > 0 or i >= defer.carried]
         ids = tuple(sorted(carried + tuple(own)))
@@ -222,6 +250,12 @@ def plan_with_deferral(problem: Problem, defer: Defer, *, backend: str | None = 
         iterations.append(tuple(_renumber(s, ids) for s in choice.specs))
         carried = tuple(ids[j] for j in choice.deferred)
     lengths = problem.lengths
+    whole = _peer_plan(problem, peer, end=end)
+    if whole is not None and keeps_defer(whole, problem, defer):
+        mine = per_work_ms(iterations, lengths, cost, gpus)
+        if per_work_ms(list(whole.iterations), lengths, cost, gpus) <= mine * (1 - MIN_GAIN):
+            iterations, carried = list(whole.iterations), tuple(whole.pending)
+            choices = [_as_choice(specs, b, problem, whole, cost) for b, specs in enumerate(iterations)]
     objective = sum(iteration_ms(specs, lengths, cost, gpus) for specs in iterations)
     bound = sum(
         microbatch_floor_ms([lengths[i] for s in specs for i in s.seq_ids], cost, problem.parallel)
@@ -244,6 +278,63 @@ def plan_with_deferral(problem: Problem, defer: Defer, *, backend: str | None = 
         bound_ms=bound,
         stats=stats,
     )
+
+
+def _peer_plan(problem: Problem, peer: PendingPeers | None, *, end: float) -> PlannerOutput | None:
+    """``PEER``'s plan of the whole request: from the child (``peer``), or in process with ``deterministic``."""
+    if peer is not None:
+        got = dict(peer.collect(until=end))
+        return got.get(PEER)
+    if not problem.deterministic:
+        return None
+    start = next(s for s in STARTS if s.name == PEER)
+    sizes = [len(ids) for ids in problem.batch_ids]
+    if start.unit_s(sizes, gpus=problem.parallel.num_gpus) > PEER_SHARE * problem.time_budget_s:
+        return None  # its prior, not its learnt time: the same decision on any machine
+    return start.make().plan(problem)
+
+
+def keeps_defer(output: PlannerOutput, problem: Problem, defer: Defer) -> bool:
+    """Whether ``output`` keeps ``defer`` (module doc; the rules ``solver.validate.defer_problems`` checks):
+    one iteration per batch, each sequence in its own batch's iteration or the next, carried ones in
+    iteration 0, at most ``max_sequences`` deferred per batch, ``pending`` only from the last batch."""
+    batches = problem.batch_ids
+    if len(output.iterations) != len(batches):
+        return False
+    batch_of = {i: b for b, ids in enumerate(batches) for i in ids}
+    carried = set(batches[0][: defer.carried])  # deferred by the previous request: they never wait again
+    deferred = [0] * len(batches)
+    seen: set[int] = set()
+    for k, specs in enumerate(output.iterations):
+        for i in (i for s in specs for i in s.seq_ids):
+            b = batch_of.get(i)
+            if b is None or i in seen or k not in (b, b + 1) or (k > b and i in carried):
+                return False
+            seen.add(i)
+            deferred[b] += k > b
+    last = len(batches) - 1
+    for i in output.pending:
+        b = batch_of.get(i)
+        if b != last or i in seen or i in carried:
+            return False
+        seen.add(i)
+        deferred[b] += 1
+    return len(seen) == len(batch_of) and all(n <= defer.max_sequences for n in deferred)
+
+
+def _as_choice(specs: Specs, b: int, problem: Problem, whole: PlannerOutput, cost: CostModel) -> BatchChoice:
+    """Batch ``b``'s part of a whole-request plan, for ``solve.stats``: what it defers is what of its own
+    runs later; the base (no deferral) figures are its own."""
+    own = set(problem.batch_ids[b])
+    later = [i for i in own if i not in {i for s in specs for i in s.seq_ids}]
+    gpus = problem.parallel.num_gpus
+    ran = [i for s in specs for i in s.seq_ids]
+    time_ms = iteration_ms(specs, problem.lengths, cost, gpus)
+    work = work_ms(ran, problem.lengths, cost, gpus)
+    return BatchChoice(
+        specs=specs, deferred=tuple(sorted(later)), time_ms=time_ms, work_ms=work, base_time_ms=time_ms,
+        base_work_ms=work,
+    )  # fmt: skip
 
 
 def _renumber(spec: MicrobatchSpec, ids: Sequence[int]) -> MicrobatchSpec:

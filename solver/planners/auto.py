@@ -193,7 +193,7 @@ class AutoPlanner:
         for k, (_, alternatives, pending) in enumerate(candidates):
             share = (deadline - clock()) / (len(candidates) - k)
             iterations = self._improve(problem, alternatives, clock() + share, clock)
-            ratio = _per_work(iterations, problem.lengths, cost, problem.parallel.num_gpus)
+            ratio = per_work_ms(iterations, problem.lengths, cost, problem.parallel.num_gpus)
             if best is None or ratio < best[0] - 1e-12:
                 best = (ratio, iterations, pending)
         assert best is not None
@@ -279,10 +279,10 @@ def choose_starts(problem: Problem, outputs: Sequence[PlannerOutput]) -> list[Ca
             )
             for k in range(len(problem.batch_ids))
         ]
-        candidates.append((_per_work([alts[0] for alts in pooled], lengths, cost, gpus), pooled, []))
+        candidates.append((per_work_ms([alts[0] for alts in pooled], lengths, cost, gpus), pooled, []))
     for o in outputs:
         if o not in in_place:
-            ratio = _per_work(list(o.iterations), lengths, cost, gpus)
+            ratio = per_work_ms(list(o.iterations), lengths, cost, gpus)
             candidates.append((ratio, [[specs] for specs in o.iterations], list(o.pending)))
     assert candidates, "the cheapest start always runs"
     candidates.sort(key=lambda c: c[0])
@@ -296,7 +296,7 @@ def _keeps_batches(output: PlannerOutput, problem: Problem) -> bool:
     )
 
 
-def _per_work(iterations: Sequence[Specs], lengths: Sequence[int], cost: CostModel, gpus: int) -> float:
+def per_work_ms(iterations: Sequence[Specs], lengths: Sequence[int], cost: CostModel, gpus: int) -> float:
     """Summed iteration time per unit of work run (``solver.metrics.work_ms``'s per-sequence work)."""
     ms_per_flop = cost.profile.compute.ms_per_tflop / 1e12
     per_token = cost.microbatch_overhead_ms / cost.bucket_tokens

@@ -356,6 +356,20 @@ def _start_peers(peers: Sequence[Start], problem: Problem, sizes: Sequence[int],
     return start_child(work, deadline=end)
 
 
+def launch_peer(name: str, problem: Problem, *, deadline: float) -> PendingPeers | None:
+    """The start ``name`` alone in a child killed at ``deadline`` while the caller plans (``collect`` takes its
+    plan); None where it cannot run here or its learnt time does not fit before ``deadline``."""
+    start = next(s for s in STARTS if s.name == name)
+    sizes = [len(ids) for ids in problem.batch_ids]
+    gpus = problem.parallel.num_gpus
+    if not (plans_modes(start, problem) and importable(start)):
+        return None
+    if predicted_s(start, sizes, gpus=gpus) > deadline - time.monotonic():
+        return None
+    child = _start_peers([start], problem, sizes, deadline)
+    return PendingPeers(child=child, peers=[start], sizes=sizes, end=deadline, gpus=gpus)
+
+
 def peer_order(peers: Sequence[Start]) -> list[Start]:
     """The peers in ``PEER_ORDER`` (others after them, in their given order)."""
     rank = {name: k for k, name in enumerate(PEER_ORDER)}
