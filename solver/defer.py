@@ -31,8 +31,10 @@ take. WLB-LLM defers outliers by design (``wlb``, docs/planners.md); here deferr
   (docs/benchmarks-auto.md: two batches of 256 with four outliers each on 2 x 32 GPUs, eight outliers in
   one iteration sharing the groups better, 0.7% less time for the same work), which leaves iteration
   ``b`` short sequences alone, worse per unit of work than with its outliers. So ``wlb`` plans the whole
-  request too, in a child on the other core while the batches are planned here (``search.starts.
-  launch_peer``; with ``deterministic``, in process when its prior fits ``PEER_SHARE`` of the budget).
+  request too: first, in process, when its time fits ``PEER_SHARE`` of the budget (with ``deterministic``
+  its prior decides), else in a child on the other core while the batches are planned here
+  (``search.starts.launch_peer``; a child of 46 ms of work did not finish within a 0.1 s budget beside
+  ``auto``'s own peers on two cores, so the child is for the requests too large to plan first).
   Its plan replaces the per-batch one when it keeps the request's ``defer`` (every sequence in its own
   iteration or the next, at most ``max_sequences`` deferred per batch, carried ones in iteration 0,
   ``pending`` only from the last batch: ``keeps_defer``) and is ``MIN_GAIN`` lower in time per unit of
@@ -50,6 +52,7 @@ import dataclasses
 from collections.abc import Sequence
 
 from skrull.solver.cost import CostModel
+from skrull.solver.errors import SkrullError
 from skrull.solver.planners.auto import (
     BOUND_PER_SEQUENCE_S,
     FINISH_MARGIN_S,
@@ -62,7 +65,7 @@ from skrull.solver.search.bound import microbatch_floor_ms
 from skrull.solver.search.budget import FINISH_RESERVE_PER_SEQUENCE_S
 from skrull.solver.search.clock import Clock, clock_for
 from skrull.solver.search.improve import iteration_ms, search_iteration
-from skrull.solver.search.starts import STARTS, PendingPeers, launch_peer
+from skrull.solver.search.starts import STARTS, PendingPeers, launch_peer, predicted_s
 from skrull.solver.types import Defer, MicrobatchSpec, Problem
 
 #: Share of a batch's time for planning it whole (the plan without deferral); the removal sets share the rest.
@@ -71,9 +74,9 @@ BASE_SHARE = 0.5
 NO_DEFER_SHARE = 0.4
 #: Relative gain in time per unit of work a deferral must bring to be kept (0.1 %).
 MIN_GAIN = 1e-3
-#: With ``deterministic``: ``wlb``'s whole-request plan is made (in process) when its prior time fits this
-#: share of the budget (module doc).
-PEER_SHARE = 0.25
+#: ``wlb``'s whole-request plan is made first, in process, when its time (with ``deterministic``: its prior)
+#: fits this share of the budget; else in a child beside the per-batch planning (module doc).
+PEER_SHARE = 0.5
 #: The planner whose whole-request plan is weighed against the per-batch one.
 PEER = "wlb"
 
@@ -230,9 +233,9 @@ def plan_with_deferral(problem: Problem, defer: Defer, *, backend: str | None = 
     iterations: list[Specs] = []
     choices: list[BatchChoice] = []
     num_batches = len(problem.batch_ids)
-    peer: PendingPeers | None = None
-    if not problem.deterministic:  # the whole request by WLB-LLM on the other core meanwhile (module doc)
-        peer = launch_peer(PEER, problem, deadline=end)
+    # the whole request by WLB-LLM (module doc): first, in process, where it fits PEER_SHARE of the time;
+    # else on the other core while the batches are planned here
+    whole, peer = _start_peer(problem, end=end, clock=clock)
     for b, own in enumerate(problem.batch_ids):
         deferrable = [i for i in own if b > 0 or i >= defer.carried]
         ids = tuple(sorted(carried + tuple(own)))
@@ -250,7 +253,8 @@ def plan_with_deferral(problem: Problem, defer: Defer, *, backend: str | None = 
         iterations.append(tuple(_renumber(s, ids) for s in choice.specs))
         carried = tuple(ids[j] for j in choice.deferred)
     lengths = problem.lengths
-    whole = _peer_plan(problem, peer, end=end)
+    if peer is not None:
+        whole = dict(peer.collect(until=end)).get(PEER)
     if whole is not None and keeps_defer(whole, problem, defer):
         mine = per_work_ms(iterations, lengths, cost, gpus)
         if per_work_ms(list(whole.iterations), lengths, cost, gpus) <= mine * (1 - MIN_GAIN):
@@ -280,18 +284,23 @@ def plan_with_deferral(problem: Problem, defer: Defer, *, backend: str | None = 
     )
 
 
-def _peer_plan(problem: Problem, peer: PendingPeers | None, *, end: float) -> PlannerOutput | None:
-    """``PEER``'s plan of the whole request: from the child (``peer``), or in process with ``deterministic``."""
-    if peer is not None:
-        got = dict(peer.collect(until=end))
-        return got.get(PEER)
-    if not problem.deterministic:
-        return None
+def _start_peer(problem: Problem, *, end: float, clock: Clock) -> tuple[PlannerOutput | None, PendingPeers | None]:
+    """``PEER``'s plan of the whole request made now, in process, when its time fits ``PEER_SHARE`` of the
+    time to ``end`` (with ``deterministic`` its prior decides, the same on any machine); else its child,
+    running while the batches are planned (never with ``deterministic``); or neither."""
     start = next(s for s in STARTS if s.name == PEER)
     sizes = [len(ids) for ids in problem.batch_ids]
-    if start.unit_s(sizes, gpus=problem.parallel.num_gpus) > PEER_SHARE * problem.time_budget_s:
-        return None  # its prior, not its learnt time: the same decision on any machine
-    return start.make().plan(problem)
+    gpus = problem.parallel.num_gpus
+    if problem.deterministic:
+        fits = start.unit_s(sizes, gpus=gpus) <= PEER_SHARE * problem.time_budget_s
+    else:
+        fits = predicted_s(start, sizes, gpus=gpus) <= PEER_SHARE * (end - clock())
+    if fits:
+        try:
+            return start.make().plan(problem), None
+        except SkrullError:  # a request it cannot plan: the per-batch plan stands
+            return None, None
+    return None, None if problem.deterministic else launch_peer(PEER, problem, deadline=end)
 
 
 def keeps_defer(output: PlannerOutput, problem: Problem, defer: Defer) -> bool:
