@@ -81,7 +81,9 @@ def _add_source(p: argparse.ArgumentParser) -> None:
         help="wall-clock budget of the solve (default: the request's, else 1 s; 60 s for ilp and ilp-flex; "
         "raised to what the request's size needs)",
     )
-    src.add_argument("--backend", default=None, help=f"exact solver backend: {', '.join(BACKENDS)} (ilp, auto)")
+    src.add_argument(
+        "--backend", default=None, help=f"exact solver backend: {', '.join(BACKENDS)} (ilp, ilp-flex, auto)"
+    )
     src.add_argument("--deterministic", action="store_true", help="same plan for the same request (ilp, auto)")
     src.add_argument(
         "--cp-modes",

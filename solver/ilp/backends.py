@@ -41,7 +41,11 @@ def backend_installed(backend: str) -> bool:
     return package is None or module_installed(package)
 
 
-def require_module(module: str, *, field: str, value: str) -> None:
+#: What a refusal suggests besides installing the package.
+CHOOSE_AUTO = "or choose solver 'auto', which plans without it"
+
+
+def require_module(module: str, *, field: str, value: str, advice: str = CHOOSE_AUTO) -> None:
     """Refuse ``field = value`` when ``module`` cannot be imported (``BackendMissingError``)."""
     if not module_installed(module):
         package = module.split(".")[0]
@@ -49,7 +53,7 @@ def require_module(module: str, *, field: str, value: str) -> None:
             field,
             value,
             f"needs the Python package {package!r}, which this environment cannot import (pip install {package}; "
-            "it is a dependency of skrull), or choose solver 'auto', which plans without it",
+            f"it is a dependency of skrull), {advice}",
         )
 
 
@@ -57,6 +61,11 @@ def require_backend(backend: str, *, solver: str | None = None) -> None:
     """Refuse an exact solve on ``backend`` when its package cannot be imported: the error names the
     request's ``backend``, or ``solver`` (the planner's name) when the backend is the planner's default."""
     package = PACKAGES.get(backend)
-    if package is not None:
-        field, value = ("backend", backend) if solver is None else ("solver", solver)
-        require_module(package, field=field, value=value)
+    if package is None:
+        return
+    if solver is None:  # the request named it: leaving it out is the way on
+        require_module(package, field="backend", value=backend, advice="or leave backend out")
+        return
+    others = [name for name in PACKAGES if name != backend and backend_installed(name)]
+    advice = f"set backend {others[0]!r}, " if others else ""
+    require_module(package, field="solver", value=solver, advice=f"{advice}{CHOOSE_AUTO}")

@@ -63,7 +63,7 @@ def test_auto_plans_without_ortools_and_named_solvers_are_refused_naming_the_pac
     field, value, message = out["ilp/None"]
     assert (field, value) == ("solver", "ilp") and "'ortools'" in message
     field, value, message = out["ilp/scip"]
-    assert (field, value) == ("backend", "scip") and "'pyscipopt'" in message
+    assert (field, value) == ("backend", "scip") and "'pyscipopt'" in message and "leave backend out" in message
     assert out["ilp-flex/None"][:2] == ["solver", "ilp-flex"]
     assert out["hydraulis/None"][:2] == ["solver", "hydraulis"] and "'ortools'" in out["hydraulis/None"][2]
     # a backend the request names is refused, not silently dropped, also by auto
