@@ -23,7 +23,7 @@ from typing import Any
 
 from skrull.solver.cost import CostModel
 from skrull.solver.errors import PlannerBugError, SkrullError
-from skrull.solver.metrics import imbalance_degree, peak_bucket_use, synchronized_makespan_ms, work_ms
+from skrull.solver.metrics import delay_iterations, imbalance_degree, peak_bucket_use, synchronized_makespan_ms, work_ms
 from skrull.solver.planners.registry import planner_names
 from skrull.solver.planning import solve
 from skrull.solver.search.budget import compare_budget_s
@@ -147,7 +147,7 @@ def compare(request: Request, solvers: Sequence[str] | None = None) -> tuple[lis
                 imbalance_degree=imbalance_degree(plan),
                 peak_bucket_use=peak_bucket_use(plan, lengths),
                 pending=len(plan.pending),
-                avg_delay_iterations=stats.get("avg_delay_iterations"),
+                avg_delay_iterations=stats.get("avg_delay_iterations", _delay(plan, request, lengths)),
                 makespan_ms=synchronized_makespan_ms(plan),
                 stats=stats or None,
                 layout=layout_of(plan),
@@ -156,6 +156,12 @@ def compare(request: Request, solvers: Sequence[str] | None = None) -> tuple[lis
             )
         )
     return rows, plans
+
+
+def _delay(plan: Plan, request: Request, lengths: Sequence[int]) -> float | None:
+    """``solver.metrics.delay_iterations`` for a plan that moves work later, None for one that does not."""
+    delay = delay_iterations(plan, [len(b) for b in request.batches], lengths)
+    return delay if delay > 0 else None
 
 
 def layout_of(plan: Plan) -> str:

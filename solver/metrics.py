@@ -11,6 +11,10 @@
   longer; this replays the plan in step order with that rule. It equals the specification's figure whenever
   groups never straddle (every static DP x CP plan).
 * Tokens run: tokens of the sequences placed in iterations (not ``pending``).
+* Delay (WLB-LLM sec. 7.5, "0.5 iterations per token"): iterations between a sequence's own batch and the
+  iteration that runs it, token-weighted; a pending sequence counts as run just after the last iteration
+  (a lower bound). The same figure for every planner that moves work later (``wlb``'s queues, ``auto``'s
+  ``defer``).
 * Work: the plan-independent cost of the sequences a plan runs, the average term of the specification's lower
   bound summed per sequence, ``sum_S [ms_per_tflop * FLOPs(S) / 1e12 + microbatch_ms * S / bucket] / (dp*cp)``
   (additive over sequences, unlike the bound's ``max`` with the longest sequence). Time per work compares
@@ -71,6 +75,15 @@ def synchronized_makespan_ms(plan: Plan) -> float:
 
 def tokens_run(plan: Plan, lengths: Sequence[int]) -> int:
     return sum(lengths[i] for it in plan.iterations for mb in it.microbatches for i in mb.seq_ids)
+
+
+def delay_iterations(plan: Plan, batch_sizes: Sequence[int], lengths: Sequence[int]) -> float:
+    """Token-weighted mean delay in iterations (module docstring); sequence ids run batch after batch."""
+    batch_of = [b for b, size in enumerate(batch_sizes) for _ in range(size)]
+    ran = {i: k for k, it in enumerate(plan.iterations) for mb in it.microbatches for i in mb.seq_ids}
+    ran.update((i, len(batch_sizes)) for i in plan.pending)
+    tokens = sum(lengths[i] for i in ran)
+    return sum((k - batch_of[i]) * lengths[i] for i, k in ran.items()) / tokens if tokens else 0.0
 
 
 def work_ms(plan: Plan, lengths: Sequence[int], model: CostModel) -> float:
