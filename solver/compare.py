@@ -147,7 +147,9 @@ def compare(request: Request, solvers: Sequence[str] | None = None) -> tuple[lis
                 imbalance_degree=imbalance_degree(plan),
                 peak_bucket_use=peak_bucket_use(plan, lengths),
                 pending=len(plan.pending),
-                avg_delay_iterations=stats.get("avg_delay_iterations", _delay(plan, request, lengths)),
+                avg_delay_iterations=(
+                    stats["avg_delay_iterations"] if "avg_delay_iterations" in stats else _delay(plan, request, lengths)
+                ),
                 makespan_ms=synchronized_makespan_ms(plan),
                 stats=stats or None,
                 layout=layout_of(plan),

@@ -259,7 +259,7 @@ def plan_with_deferral(problem: Problem, defer: Defer, *, backend: str | None = 
         mine = per_work_ms(iterations, lengths, cost, gpus)
         if per_work_ms(list(whole.iterations), lengths, cost, gpus) <= mine * (1 - MIN_GAIN):
             iterations, carried = list(whole.iterations), tuple(whole.pending)
-            choices = [_as_choice(specs, b, problem, whole, cost) for b, specs in enumerate(iterations)]
+            choices = [_as_choice(specs, b, problem, cost) for b, specs in enumerate(iterations)]
     objective = sum(iteration_ms(specs, lengths, cost, gpus) for specs in iterations)
     bound = sum(
         microbatch_floor_ms([lengths[i] for s in specs for i in s.seq_ids], cost, problem.parallel)
@@ -331,13 +331,13 @@ def keeps_defer(output: PlannerOutput, problem: Problem, defer: Defer) -> bool:
     return len(seen) == len(batch_of) and all(n <= defer.max_sequences for n in deferred)
 
 
-def _as_choice(specs: Specs, b: int, problem: Problem, whole: PlannerOutput, cost: CostModel) -> BatchChoice:
+def _as_choice(specs: Specs, b: int, problem: Problem, cost: CostModel) -> BatchChoice:
     """Batch ``b``'s part of a whole-request plan, for ``solve.stats``: what it defers is what of its own
     runs later; the base (no deferral) figures are its own."""
-    own = set(problem.batch_ids[b])
-    later = [i for i in own if i not in {i for s in specs for i in s.seq_ids}]
-    gpus = problem.parallel.num_gpus
     ran = [i for s in specs for i in s.seq_ids]
+    placed = set(ran)
+    later = [i for i in problem.batch_ids[b] if i not in placed]
+    gpus = problem.parallel.num_gpus
     time_ms = iteration_ms(specs, problem.lengths, cost, gpus)
     work = work_ms(ran, problem.lengths, cost, gpus)
     return BatchChoice(
