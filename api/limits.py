@@ -220,8 +220,9 @@ def check_request_limits(body: PlanRequestIn, settings: Settings) -> None:
         )
     parallel = Parallel(dp=body.parallel.dp, cp=body.parallel.cp)
     batch_sizes = [len(b) for b in body.batches]
+    deferring = body.defer is not None and body.defer.max_sequences > 0  # auto then plans batch by batch
     if body.time_budget_s is None:  # the planner's default for this size; more than the server allows is refused
-        need_s = smallest_budget_s(body.solver, batch_sizes, parallel)
+        need_s = smallest_budget_s(body.solver, batch_sizes, parallel, deferring=deferring)
         if need_s > settings.max_time_budget_s:
             raise invalid_field(
                 "time_budget_s",
@@ -240,7 +241,7 @@ def check_request_limits(body: PlanRequestIn, settings: Settings) -> None:
             slug="limit-exceeded",
         )
     try:  # a budget the planner cannot keep is refused now, not after a hard timeout
-        check_budget(body.solver, batch_sizes, float(body.time_budget_s), parallel)
+        check_budget(body.solver, batch_sizes, float(body.time_budget_s), parallel, deferring=deferring)
     except RequestError as exc:
         raise from_request_error(exc, slug="budget-too-small") from None
 

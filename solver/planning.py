@@ -223,7 +223,8 @@ def solve(request: Request) -> Plan:
     ``solve.wall_ms`` covers planning, estimation and validation (everything but reading and writing).
     A budget the solver cannot keep is refused first (``search.budget.check_budget``).
     """
-    check_budget(request.solver, [len(b) for b in request.batches], request.resolved_time_budget_s, request.parallel)
+    sizes = [len(b) for b in request.batches]
+    check_budget(request.solver, sizes, request.resolved_time_budget_s, request.parallel, deferring=request.deferring)
     start = time.perf_counter()
     problem = Problem.from_request(request)
     planner = get_planner(request.solver)

@@ -92,7 +92,12 @@ class Request:
             return self.time_budget_s
         from skrull.solver.search.budget import default_budget_s  # lazily: solver.types stays import-light
 
-        return default_budget_s(self.solver, [len(b) for b in self.batches], self.parallel)
+        return default_budget_s(self.solver, [len(b) for b in self.batches], self.parallel, deferring=self.deferring)
+
+    @property
+    def deferring(self) -> bool:
+        """Whether sequences may wait (``defer`` with ``max_sequences`` > 0): ``auto`` then plans batch by batch."""
+        return self.defer is not None and self.defer.max_sequences > 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

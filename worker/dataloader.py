@@ -603,7 +603,12 @@ class PlannedBatches:
             doc["profile"] = self.calibration.profile_for(f"{self.epoch}/{chunk}")
         if self.time_budget_s is not None:
             doc["time_budget_s"] = self.time_budget_s
-        elif self._budget_key is not None:
+        if self.defer_max_sequences:
+            last = chunk == self._num_chunks - 1  # the end of the data: whatever waits runs now
+            doc["defer"] = {"max_sequences": 0 if last else self.defer_max_sequences}
+            if carried:
+                doc["defer"]["carried"] = len(carried)
+        if self.time_budget_s is None and self._budget_key is not None:
             doc["time_budget_s"] = self.budget.decide(
                 f"{self.epoch}/{chunk}",
                 solver=self.solver,
@@ -611,16 +616,12 @@ class PlannedBatches:
                 parallel=Parallel(dp=self.dp, cp=self.cp),
                 store=self._budget_store,
                 key=self._budget_key,
+                deferring=bool(doc.get("defer", {}).get("max_sequences")),  # auto then plans batch by batch
             )
         if self.equal_microbatches:
             doc["equal_microbatches"] = True
         if self.deterministic:
             doc["deterministic"] = True
-        if self.defer_max_sequences:
-            last = chunk == self._num_chunks - 1  # the end of the data: whatever waits runs now
-            doc["defer"] = {"max_sequences": 0 if last else self.defer_max_sequences}
-            if carried:
-                doc["defer"]["carried"] = len(carried)
         return doc
 
     def _plan_id(self, chunk: int) -> str:

@@ -697,6 +697,7 @@ class PlanningBudget:
         parallel: Parallel,
         store: Any = None,
         key: str = "",
+        deferring: bool = False,
     ) -> float:
         """The budget of ``request`` ("epoch/chunk"): this loader's proposal, or the one already agreed in
         ``store`` (the first proposal of any rank wins: ``compare_set``), so every rank and node asks for the
@@ -705,7 +706,9 @@ class PlanningBudget:
             if request in self.decided:
                 proposal, why = self.decided[request], "kept from before (state_dict)"
             else:
-                proposal, why = self._propose(solver=solver, batch_sizes=batch_sizes, parallel=parallel)
+                proposal, why = self._propose(
+                    solver=solver, batch_sizes=batch_sizes, parallel=parallel, deferring=deferring
+                )
         budget = proposal
         if store is not None:
             agreed = store.compare_set(f"{key}/{request}", "", repr(proposal))
@@ -717,7 +720,9 @@ class PlanningBudget:
             self.decided[request] = budget
         return budget
 
-    def _propose(self, *, solver: str, batch_sizes: Sequence[int], parallel: Parallel) -> tuple[float, str]:
+    def _propose(
+        self, *, solver: str, batch_sizes: Sequence[int], parallel: Parallel, deferring: bool = False
+    ) -> tuple[float, str]:
         periods, overruns = sorted(self._periods), sorted(self._overruns)
         overrun = max(1.0, overruns[len(overruns) // 2]) if len(overruns) >= 3 else 1.0
         behind = sum(w > 1e-3 for w in self._waits) >= 2  # plans were not ready when asked for: catch up
@@ -729,7 +734,7 @@ class PlanningBudget:
             raw = share * step * len(batch_sizes) / overrun
             why = (f"{share:g} x step {step * 1e3:.1f} ms x {len(batch_sizes)} iteration(s)"
                    f" / overrun {overrun:.2f}{'; behind: a quarter of the share' if behind else ''}")  # fmt: skip
-        floor = _two_digits_up(smallest_budget_s(solver, batch_sizes, parallel))
+        floor = _two_digits_up(smallest_budget_s(solver, batch_sizes, parallel, deferring=deferring))
         budget = min(self.max_s, max(_two_digits(raw), floor))
         if budget != _two_digits(raw):
             why += f"; kept within [{floor:g} s (the planner's minimum), {self.max_s:g} s]"

@@ -54,6 +54,7 @@ def split_rank(
     capacity = group_size * bucket_tokens
     total = int(sorted_lengths.sum())
     m = max(1, -(-total // capacity))
+    failed: int | None = None  # position in ``subset`` of the longest sequence of the last microbatch that failed
     while m <= len(subset):
         # Line 8 first half, for all microbatches at once: any over C*N tokens means this m fails.
         sums = _strided_sums(sorted_lengths, m)
@@ -64,7 +65,12 @@ def split_rank(
             # Line 8 second half. A microbatch count is accepted only if every microbatch places, so the
             # heaviest are tried first: the answer is the same, a failing m is rejected sooner.
             placements: dict[int, list[int]] = {}
-            for j in np.argsort(-sums, kind="stable").tolist():
+            order = np.argsort(-sums, kind="stable").tolist()
+            if failed is not None:  # the microbatch now holding the sequence that last failed goes first
+                first = failed % m
+                order.remove(first)
+                order.insert(0, first)
+            for j in order:
                 placement = place(
                     [lengths[i] for i in microbatches[j]],
                     group_size=group_size,
@@ -73,6 +79,7 @@ def split_rank(
                     rollback=rollback,
                 )
                 if placement is None:
+                    failed = max(pos for pos in range(j, len(subset), m))  # its longest sequence's position
                     break
                 placements[j] = placement
             else:

@@ -3,22 +3,25 @@
 A planner's solve (planning, estimating and validating the plan: ``planning.solve``) takes about
 
     fixed_s + per_sequence_s * K + per_square_s * sum_b K_b^2 + per_rank_square_s * sum_b (K_b / dp)^2
-            + per_rank_cube_s * sum_b (K_b / dp)^3 + per_slot_s * K * cp + per_gpu_s * K * dp * cp
-            + FINISH_PER_SEQUENCE_S * K
+            + per_rank_cube_s * sum_b (K_b / dp)^3 + per_split_s * sum_b K_b^2 / dp
+            + per_slot_s * K * cp + per_gpu_s * K * dp * cp + FINISH_PER_SEQUENCE_S * K
 
-for K sequences in batches of K_b over dp x cp GPUs (``Cost.seconds``: the raw estimate). The terms are
-the shapes the planners' work was measured to follow (``bench/budget_estimates.py``, a loaded 2-core
-machine): linear for the packers and Skrull; ``K * cp`` for planners whose every microbatch spans a CP
-group (``deepspeed``, ``sorted``: one local list per GPU per microbatch to write and validate);
-``(K_b / dp)^2`` and ``(K_b / dp)^3`` for verl's Karmarkar-Karp split of each DP rank's share into
-microbatches; ``K_b^2 + K * G`` for dynamic CP's per-sequence group search; WLB-LLM's packing has
-linear, ``K_b^2``, ``K * cp`` and ``K * G`` parts. The raw estimate is within 2x of the measured wall for
-every fixed-work planner (the benchmark's table in docs/benchmarks.md); the smallest budget accepted is
-``SAFETY`` times it. Planners that search (``auto``, ``ilp``, ``hydraulis``'s stage-2 ILP) scale their work
-to the budget, so for them this is only what their first constructive step and the final checks need. A
-request whose budget is below the figure is refused before any work, with a ``RequestError`` naming
-``time_budget_s`` and the smallest budget that can work (the service answers 422), instead of overrunning
-its budget.
+for K sequences in batches of K_b over dp x cp GPUs (``Cost.seconds``: the raw estimate). The terms are the
+shapes the planners' work was measured to follow (``bench/budget_estimates.py``, a loaded 2-core machine):
+linear for the packers and Skrull; ``K * cp`` for planners whose every microbatch spans a CP group
+(``deepspeed``, ``sorted``: one local list per GPU per microbatch to write and validate); ``(K_b / dp)^2`` and
+``(K_b / dp)^3`` for verl's Karmarkar-Karp split of each DP rank's share into microbatches; ``K_b^2 / dp``
+(``dp`` ranks of ``K_b / dp`` squared) for Skrull's GDS, which tries one microbatch count after another for
+each DP rank, re-placing its microbatches each time, where the bucket is tight (Qwen2.5-7B's 13,000 tokens
+with ShareGPT lengths: 8 counts for 64 sequences per rank, 66 for 16,384: 56 us a sequence against 10) and
+``K * cp`` for DACP's scan of the group per sequence; ``K_b^2 + K * G`` for dynamic CP's per-sequence group
+search; WLB-LLM's packing has linear, ``K_b^2``, ``K * cp`` and ``K * G`` parts. The raw estimate is within 2x
+of the measured wall for every fixed-work planner (the benchmark's table in docs/benchmarks.md); the smallest
+budget accepted is ``SAFETY`` times it. Planners that search (``auto``, ``ilp``, ``hydraulis``'s stage-2 ILP)
+scale their work to the budget, so for them this is only what their first constructive step and the final
+checks need. A request whose budget is below the figure is refused before any work, with a ``RequestError``
+naming ``time_budget_s`` and the smallest budget that can work (the service answers 422), instead of
+overrunning its budget.
 
 A request that names no budget gets ``default_budget_s``: 1 s (60 s for the exact planners ``ilp`` and
 ``ilp-flex``, which run until proven optimal or that cap), raised to the smallest budget the planner keeps
@@ -42,8 +45,9 @@ if TYPE_CHECKING:  # solver.types reads its default budget from here: no import 
 FINISH_PER_SEQUENCE_S = 1.2e-6
 #: Headroom of the smallest accepted budget over the raw estimate, for a loaded machine.
 SAFETY = 2.0
-#: What a searching planner keeps back of its budget per sequence to finish (estimate and validate).
-FINISH_RESERVE_PER_SEQUENCE_S = 2.5e-6
+#: What a searching planner keeps back of its budget per sequence to finish (estimate and validate): 3.9 us
+#: measured for 65,536 ShareGPT sequences on Qwen2.5-7B's profile (many small microbatches).
+FINISH_RESERVE_PER_SEQUENCE_S = 4e-6
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +57,7 @@ class Cost:
     per_square_s: float = 0.0
     per_rank_square_s: float = 0.0
     per_rank_cube_s: float = 0.0
+    per_split_s: float = 0.0
     per_slot_s: float = 0.0
     per_gpu_s: float = 0.0
 
@@ -66,6 +71,7 @@ class Cost:
             + self.per_square_s * sum(b * b for b in batch_sizes)
             + self.per_rank_square_s * sum((b / dp) ** 2 for b in batch_sizes)
             + self.per_rank_cube_s * sum((b / dp) ** 3 for b in batch_sizes)
+            + self.per_split_s * sum(b * b for b in batch_sizes) / dp
             + self.per_slot_s * num * cp
             + self.per_gpu_s * num * dp * cp
             + FINISH_PER_SEQUENCE_S * num
@@ -74,13 +80,15 @@ class Cost:
 
 #: Measured raw costs of each planner's unavoidable work (bench/budget_estimates.py).
 COSTS: dict[str, Cost] = {
-    "auto": Cost(0.004, 4.5e-6),  # the ``packed`` and ``skrull`` starts (always run), then it stops at its deadline
+    # the ``packed`` and ``skrull`` starts (always run; ``skrull`` in a killable child where it is predicted
+    # long), then it stops at its deadline: 15.7 us a sequence in all on 65,536 ShareGPT sequences (7B)
+    "auto": Cost(0.004, 8e-6),
     "packed": Cost(0.001, 0.3e-6),
     "xtuner": Cost(0.001, 0.5e-6),
     "deepspeed": Cost(0.001, 13e-6, per_slot_s=0.5e-6),
     "sorted": Cost(0.001, 13e-6, per_slot_s=0.5e-6),
-    "skrull": Cost(0.001, 2.5e-6),
-    "round-robin": Cost(0.001, 2.5e-6),
+    "skrull": Cost(0.001, 6e-6, per_split_s=2e-9, per_slot_s=7e-8),
+    "round-robin": Cost(0.001, 6e-6, per_split_s=2e-9, per_slot_s=7e-8),
     "verl-kk": Cost(0.002, 4e-6, per_rank_square_s=3.4e-8, per_rank_cube_s=8.6e-12),
     "ilp": Cost(0.06, 2e-5),  # the ``skrull`` start, a forked solver process building its model
     "ilp-flex": Cost(0.03, 1e-5),  # ``auto``'s start and a forked solver process
@@ -114,11 +122,17 @@ def batch_needs_s(solver: str, batch_sizes: Sequence[int], parallel: Parallel | 
     return [SAFETY * estimated_s(solver, [size], parallel) for size in batch_sizes]
 
 
-def smallest_budget_s(solver: str, batch_sizes: Sequence[int], parallel: Parallel | None = None) -> float:
+def smallest_budget_s(
+    solver: str, batch_sizes: Sequence[int], parallel: Parallel | None = None, *, deferring: bool = False
+) -> float:
     """The smallest ``time_budget_s`` ``solver`` keeps for batches of these sizes (unknown: 0), for the request
     as it is solved: a planner that streams iterations solves each batch alone with its share of the budget
-    (``batch_share_s``), so it needs the sum of what each batch needs; any other the whole request's."""
-    if len(batch_sizes) > 1 and plans_batch_by_batch(solver):
+    (``batch_share_s``), so it needs the sum of what each batch needs; any other the whole request's.
+
+    ``deferring``: the request lets sequences wait (``defer`` with ``max_sequences`` > 0; solver/defer.py),
+    so ``auto`` plans each batch alone too, and pays its fixed part once per batch (256 batches of 256
+    ShareGPT sequences on Qwen2.5-7B: 2.2 s of planning at least, where 1.2 s covers ``auto`` without it)."""
+    if len(batch_sizes) > 1 and (deferring or plans_batch_by_batch(solver)):
         return sum(batch_needs_s(solver, batch_sizes, parallel))
     return SAFETY * estimated_s(solver, batch_sizes, parallel)
 
@@ -146,11 +160,13 @@ EXACT_SOLVERS = ("ilp", "ilp-flex")
 MAX_DEFAULT_TIME_BUDGET_S = 600.0
 
 
-def default_budget_s(solver: str, batch_sizes: Sequence[int], parallel: Parallel | None = None) -> float:
+def default_budget_s(
+    solver: str, batch_sizes: Sequence[int], parallel: Parallel | None = None, *, deferring: bool = False
+) -> float:
     """The budget of a request that names none (module doc):
     ``min(MAX_DEFAULT, max(base, smallest_budget_s))`` with ``base`` 1 s, or 60 s for an exact planner."""
     base = EXACT_DEFAULT_TIME_BUDGET_S if solver in EXACT_SOLVERS else DEFAULT_TIME_BUDGET_S
-    need = _round_up(smallest_budget_s(solver, batch_sizes, parallel))
+    need = _round_up(smallest_budget_s(solver, batch_sizes, parallel, deferring=deferring))
     return min(MAX_DEFAULT_TIME_BUDGET_S, max(base, need))
 
 
@@ -163,15 +179,21 @@ def compare_budget_s(solver: str, batch_sizes: Sequence[int], parallel: Parallel
 
 
 def check_budget(
-    solver: str, batch_sizes: Sequence[int], time_budget_s: float, parallel: Parallel | None = None
+    solver: str,
+    batch_sizes: Sequence[int],
+    time_budget_s: float,
+    parallel: Parallel | None = None,
+    *,
+    deferring: bool = False,
 ) -> None:
-    """Refuse, before any work, a budget the planner cannot keep."""
-    need = smallest_budget_s(solver, batch_sizes, parallel)
+    """Refuse, before any work, a budget the planner cannot keep (``deferring``: ``smallest_budget_s``)."""
+    need = smallest_budget_s(solver, batch_sizes, parallel, deferring=deferring)
     if time_budget_s < need * (1 - 1e-9):  # a proportional share (batch_share_s) may round below its need
         raise RequestError(
             "time_budget_s",
             time_budget_s,
-            f"{solver!r} needs at least {_round_up(need)} s for {sum(batch_sizes)} sequences "
+            f"{solver!r}{' with defer' if deferring else ''} needs at least {_round_up(need)} s "
+            f"for {sum(batch_sizes)} sequences "
             f"in {len(batch_sizes)} batch{'' if len(batch_sizes) == 1 else 'es'}; ask for time_budget_s >= "
             f"{_round_up(need)}",
         )

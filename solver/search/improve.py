@@ -163,10 +163,14 @@ class LayoutSearch:
     def run(self, deadline: float) -> None:
         """Re-place every microbatch, then apply improving moves until none helps or ``deadline``."""
         self.deadline = deadline
+        longest = 0.0  # the longest re-placing so far: one is not begun unless that much is left (at CP 1024
+        # one microbatch of 2,048 sequences takes 45 ms to re-place; begun at the deadline, it overran it)
         for e in self.entries:
-            if self.clock() >= deadline:
+            began = self.clock()
+            if began + longest >= deadline:
                 return
             found = self.placer(len(e.ranks)).best(mb_ids(e.mb))
+            longest = max(longest, self.clock() - began)
             if found is not None and found[1] < e.time_ms - EPS_MS:
                 self._replace(e, found)
         while self.clock() < deadline:

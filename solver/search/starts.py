@@ -92,8 +92,12 @@ class Start:
     per_gpu_s: float = 0.0
     #: Per sequence and GPU (``dynamic-cp``'s per-sequence group search).
     per_sequence_gpu_s: float = 0.0
+    #: Per sequence and CP rank, making and pricing the plan (``deepspeed``, ``sorted``: every microbatch
+    #: lists every rank of its group; 4,096 sequences at CP 1024 took 2 s where the per-sequence prior said
+    #: 8 ms).
+    per_slot_s: float = 0.0
 
-    def unit_s(self, batch_sizes: Sequence[int], *, gpus: int = 1) -> float:
+    def unit_s(self, batch_sizes: Sequence[int], *, gpus: int = 1, cp: int = 1) -> float:
         num = sum(batch_sizes)
         return (
             self.fixed_s
@@ -101,6 +105,7 @@ class Start:
             + self.per_square_s * sum(b * b for b in batch_sizes)
             + self.per_gpu_s * gpus
             + self.per_sequence_gpu_s * num * gpus
+            + self.per_slot_s * num * cp
         )
 
 
@@ -109,8 +114,10 @@ class Start:
 STARTS: tuple[Start, ...] = (
     Start(name="packed", make=PackedPlanner, per_sequence_s=1e-6, always=True),
     Start(name="spread", make=SpreadStart, per_sequence_s=3e-5),
-    Start(name="skrull", make=SkrullPlanner, per_sequence_s=8e-6, always=True),
-    Start(name="round-robin", make=RoundRobinPlanner, per_sequence_s=8e-6),
+    # 8 us a sequence on loose buckets, 10-13 us on tight ones (ShareGPT on Qwen2.5-7B's 13,000 tokens)
+    # DACP scans the group's ranks for each sequence: 0.34 s for 4,096 sequences at CP 1024
+    Start(name="skrull", make=SkrullPlanner, per_sequence_s=1.2e-5, per_slot_s=7e-8, always=True),
+    Start(name="round-robin", make=RoundRobinPlanner, per_sequence_s=8e-6, per_slot_s=7e-8),
     Start(name="verl-kk", make=VerlKkPlanner, per_sequence_s=4e-6, per_square_s=3e-8),
     # XTuner's packs, every one Ulysses over the group: only where the request allows Ulysses
     Start(name="xtuner", make=XtunerPlanner, per_sequence_s=2e-6),
@@ -135,14 +142,14 @@ STARTS: tuple[Start, ...] = (
         fixed_s=0.002,
     ),
     # the plain-CP baselines: never better than ``packed`` on the bundled distributions, run last
-    Start(name="deepspeed", make=DeepSpeedPlanner, per_sequence_s=2e-6),
-    Start(name="sorted", make=SortedPlanner, per_sequence_s=4e-6),
+    Start(name="deepspeed", make=DeepSpeedPlanner, per_sequence_s=2e-6, per_slot_s=1e-6),
+    Start(name="sorted", make=SortedPlanner, per_sequence_s=4e-6, per_slot_s=1e-6),
 )
 
 _scale: dict[str, float] = {}
 
 
-def predicted_s(start: Start, batch_sizes: Sequence[int], *, gpus: int = 1) -> float:
+def predicted_s(start: Start, batch_sizes: Sequence[int], *, gpus: int = 1, cp: int = 1) -> float:
     """Its learnt time, plus ``IMPORT_S`` while its solver module is not imported here (a forked child
     would import it again: a kill, and a learnt time that keeps it out of every later start phase). A start
     run in this process is predicted at most ``IN_PROCESS_SCALE_CAP`` times its prior: one measured in a
@@ -153,11 +160,11 @@ def predicted_s(start: Start, batch_sizes: Sequence[int], *, gpus: int = 1) -> f
     scale = _scale.get(start.name, 1.0)
     if not start.isolated:
         scale = min(scale, IN_PROCESS_SCALE_CAP)
-    return scale * start.unit_s(batch_sizes, gpus=gpus) + (IMPORT_S if cold else 0.0)
+    return scale * start.unit_s(batch_sizes, gpus=gpus, cp=cp) + (IMPORT_S if cold else 0.0)
 
 
-def _learn(start: Start, batch_sizes: Sequence[int], measured_s: float, *, gpus: int) -> None:
-    ratio = measured_s / max(start.unit_s(batch_sizes, gpus=gpus), 1e-9)
+def _learn(start: Start, batch_sizes: Sequence[int], measured_s: float, *, gpus: int, cp: int = 1) -> None:
+    ratio = measured_s / max(start.unit_s(batch_sizes, gpus=gpus, cp=cp), 1e-9)
     old = _scale.get(start.name, 1.0)
     _scale[start.name] = (1 - SCALE_SMOOTHING) * old + SCALE_SMOOTHING * ratio
 
@@ -264,7 +271,7 @@ def launch_starts(
     order (with an infinite deadline: every start, deterministically). The peers' child may begin a peer
     up to ``late_s`` after the start phase (a caller that searches meanwhile collects it late: ``PendingPeers``)."""
     sizes = [len(ids) for ids in problem.batch_ids]
-    gpus = problem.parallel.num_gpus
+    gpus, cp = problem.parallel.num_gpus, problem.parallel.cp
     chosen = [s for s in STARTS if (names is None or s.name in names) and plans_modes(s, problem) and importable(s)]
     end = deadline - keep_s
     evaluation_s = EVALUATION_PER_SEQUENCE_S * sum(sizes)
@@ -282,19 +289,22 @@ def launch_starts(
         if k > 0 and start in peers:
             continue
         left = end - time.monotonic() - evaluation_s * (len(out) + 1 + len(peers))
-        predicted = predicted_s(start, sizes, gpus=gpus)
+        predicted = predicted_s(start, sizes, gpus=gpus, cp=cp)
         if out and predicted > left and not start.always:
             _passed_over(start)
             continue
         began = time.monotonic()
-        isolated = isolate and bool(out) and not start.always and (start.isolated or predicted > ISOLATE_ABOVE_S)
+        # an ``always`` start predicted over ISOLATE_ABOVE_S runs in a child too, with all the time left: its
+        # time is not always linear (``skrull`` on 16,384 short sequences per DP rank in a tight bucket: GDS
+        # tries 66 microbatch counts, 0.9 s against the 0.13 s its prior says), and the budget is a promise
+        isolated = isolate and bool(out) and (start.isolated or predicted > ISOLATE_ABOVE_S)
         # an isolated start may overrun its prediction threefold, or use half the time left, not all of
         # it: a start that misjudges a batch must leave time for the next
-        allowed = min(left, max(OVERRUN_FACTOR * predicted, left / 2)) if isolated else left
+        allowed = min(left, max(OVERRUN_FACTOR * predicted, left / 2)) if isolated and not start.always else left
         sub = dataclasses.replace(problem, time_budget_s=max(1e-3, left))
         output = _run_isolated(start, sub, time.monotonic() + max(0.0, allowed)) if isolated else _run(start, sub)
         # a start killed at the deadline took longer than measured: learn at least twice that
-        _learn(start, sizes, (1 if output is not None else 2) * (time.monotonic() - began), gpus=gpus)
+        _learn(start, sizes, (1 if output is not None else 2) * (time.monotonic() - began), gpus=gpus, cp=cp)
         if output is not None:
             out[start.name] = output
     outputs = [(s.name, out[s.name]) for s in STARTS if s.name in out]

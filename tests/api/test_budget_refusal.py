@@ -48,3 +48,26 @@ def test_a_request_without_a_budget_that_needs_more_than_the_server_allows_is_re
         problem = ProblemModel.model_validate(r.json())
         assert problem.field == "time_budget_s" and problem.value is None
         assert problem.type.endswith("limit-exceeded") and "SKRULL_MAX_TIME_BUDGET_S" in problem.detail
+
+
+def test_auto_with_defer_is_refused_a_budget_that_only_covers_auto_without_it(tmp_path: Path) -> None:
+    """With ``defer`` ``auto`` plans each batch alone (solver/defer.py): the service checks the budget it
+    needs then, not the smaller one ``auto`` needs without deferral."""
+    from skrull.solver.search.budget import smallest_budget_s
+    from skrull.solver.types import Parallel
+
+    batches = [[50] * 64 for _ in range(64)]
+    doc = plan_request(batches, solver="auto")
+    parallel = Parallel(dp=doc["parallel"]["dp"], cp=doc["parallel"]["cp"])
+    sizes = [len(b) for b in batches]
+    plain = smallest_budget_s("auto", sizes, parallel) * 1.1
+    assert plain < smallest_budget_s("auto", sizes, parallel, deferring=True)
+    with running_app(tmp_path / "skrull.db") as client:
+        assert client.post("/v1/plans", json={**doc, "time_budget_s": plain}).status_code == 202
+        deferring = {**doc, "time_budget_s": plain, "defer": {"max_sequences": 2}}
+        r = client.post("/v1/plans", json=deferring)
+        assert r.status_code == 422, r.text
+        problem = ProblemModel.model_validate(r.json())
+        assert problem.field == "time_budget_s" and "with defer" in problem.detail
+        quoted = float(problem.detail.rsplit(">= ", 1)[1])
+        assert client.post("/v1/plans", json={**deferring, "time_budget_s": quoted}).status_code == 202

@@ -20,6 +20,7 @@ import pytest
 from examples.train_tiny import TINY_PROFILE, make_dataset
 from skrull.corpus.order import global_batches
 from skrull.solver.errors import RequestError
+from skrull.solver.search.budget import smallest_budget_s
 from skrull.solver.types import Parallel
 from skrull.worker.dataloader import PlannedBatches
 from skrull.worker.planner_process import PlanningBudget, ProcessPlans
@@ -259,3 +260,16 @@ def test_the_planner_imports_the_loaders_skrull_not_one_in_the_working_directory
         assert plans.rank_view(key, 0, 0, timeout_s=60)["plan_id"] == key
     finally:
         plans.close()
+
+
+def test_a_loader_that_defers_proposes_no_less_than_auto_needs_with_defer() -> None:
+    """With ``defer`` ``auto`` plans batch by batch (solver/defer.py) and needs more than without: the
+    budget a loader proposes follows the step but never drops below that (the request would be refused)."""
+    sizes, parallel = [256] * 64, Parallel(dp=4, cp=8)
+    budget = PlanningBudget(share=0.001)
+    for _ in range(5):
+        budget.record_step(0.1)
+    plain = budget.decide("0/0", solver="auto", batch_sizes=sizes, parallel=parallel)
+    deferring = budget.decide("0/1", solver="auto", batch_sizes=sizes, parallel=parallel, deferring=True)
+    assert plain >= smallest_budget_s("auto", sizes, parallel)
+    assert deferring >= smallest_budget_s("auto", sizes, parallel, deferring=True) > 2 * plain

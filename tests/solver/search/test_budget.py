@@ -96,3 +96,45 @@ def test_a_request_without_a_budget_gets_what_its_planner_needs() -> None:
     check_budget("deepspeed", large, given, parallel)
     # never more than the documented maximum
     assert default_budget_s("dynamic-cp", [65536] * 64, Parallel(dp=1024, cp=16)) == MAX_DEFAULT_TIME_BUDGET_S
+
+
+def test_auto_with_deferral_needs_what_each_batch_needs_and_the_request_asks_for_it() -> None:
+    """With ``defer`` (``max_sequences`` > 0) ``auto`` plans each batch alone (solver/defer.py) and pays its
+    fixed part per batch: 256 batches of 256 took 2.2 s at least where 1.2 s was accepted before."""
+    from skrull.solver.profile import load_profile
+    from skrull.solver.types import Defer, Request
+
+    sizes, parallel = [256] * 256, Parallel(dp=4, cp=8)
+    whole = smallest_budget_s("auto", sizes, parallel)
+    deferring = smallest_budget_s("auto", sizes, parallel, deferring=True)
+    assert deferring == pytest.approx(sum(batch_needs_s("auto", sizes, parallel)))
+    assert deferring > 2 * whole
+    # one batch: the same either way
+    assert smallest_budget_s("auto", [256], parallel, deferring=True) == smallest_budget_s("auto", [256], parallel)
+    between = (whole + deferring) / 2
+    check_budget("auto", sizes, between, parallel)
+    with pytest.raises(RequestError) as caught:
+        check_budget("auto", sizes, between, parallel, deferring=True)
+    assert caught.value.field == "time_budget_s" and "with defer" in str(caught.value)
+    quoted = float(str(caught.value).rsplit(">= ", 1)[1])
+    check_budget("auto", sizes, quoted, parallel, deferring=True)
+    # a request with defer gets a default budget it can keep; defer 0 lets nothing wait and needs no more
+    batches = tuple(tuple([512] * 256) for _ in range(256))
+    profile = load_profile("h100-80g/qwen2.5-7b")
+    base = Request(batches=batches, parallel=parallel, profile=profile, solver="auto")
+    assert Request(
+        batches=batches, parallel=parallel, profile=profile, solver="auto", defer=Defer(max_sequences=2)
+    ).resolved_time_budget_s >= deferring
+    assert Request(
+        batches=batches, parallel=parallel, profile=profile, solver="auto", defer=Defer(max_sequences=0)
+    ).resolved_time_budget_s == base.resolved_time_budget_s
+
+
+def test_skrulls_estimate_grows_with_the_share_of_a_dp_rank_and_the_cp_group() -> None:
+    """GDS tries microbatch counts one after another per DP rank (more of them, the more a rank holds), and
+    DACP scans the group's ranks per sequence: both were missing, and a 2 x 16,384 request ran 6 times
+    its estimate."""
+    narrow = Parallel(dp=4, cp=8)
+    per_rank = estimated_s("skrull", [16384], Parallel(dp=1, cp=8)) / estimated_s("skrull", [16384], narrow)
+    assert per_rank > 2  # one rank holding all 16,384 against four holding 4,096 each
+    assert estimated_s("skrull", [4096], Parallel(dp=1, cp=1024)) > 3 * estimated_s("skrull", [4096], narrow)

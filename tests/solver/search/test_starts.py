@@ -11,8 +11,10 @@ from typing import Any
 import pytest
 
 from skrull.solver.datasets import synthesize_request
+from skrull.solver.planners.base import PlannerOutput
 from skrull.solver.planners.baselines import PackedPlanner
 from skrull.solver.planners.minmax_ilp import preload_cp_sat
+from skrull.solver.planners.skrull import SkrullPlanner
 from skrull.solver.planning import solve
 from skrull.solver.profile import load_profile
 from skrull.solver.search import starts
@@ -130,3 +132,44 @@ def test_a_starved_budgeted_planner_is_never_worse_than_skrull(monkeypatch: pyte
         name for name, _ in starts.run_starts(Problem.from_request(request), deadline=time.monotonic(), keep_s=0.0)
     ]
     assert names == ["packed", "skrull"]
+
+
+class _StuckSkrull(SkrullPlanner):
+    """Skrull's planner on a batch where GDS would try count after count for longer than any budget."""
+
+    def plan(self, problem: Problem) -> PlannerOutput:
+        time.sleep(60)
+        return super().plan(problem)
+
+
+@pytest.mark.parametrize("stuck", [False, True])
+def test_an_always_start_predicted_long_runs_in_a_child_that_the_deadline_ends(
+    monkeypatch: pytest.MonkeyPatch, stuck: bool
+) -> None:
+    """``skrull`` always runs, but where its prediction is long it runs in a killable child: its time is not
+    always linear (a tight bucket, 16,384 sequences per DP rank: 0.9 s against 0.13 s predicted), and the
+    budget is a promise. Its plan is taken when it comes; when it does not, ``packed``'s stands."""
+    if stuck:
+        patched = tuple(dataclasses.replace(s, make=_StuckSkrull) if s.name == "skrull" else s for s in starts.STARTS)
+        monkeypatch.setattr(starts, "STARTS", patched)
+    monkeypatch.setattr(starts, "ISOLATE_ABOVE_S", 0.0)  # every start after the first is predicted long
+    request = synthesize_request(
+        dataset="sharegpt", parallel=Parallel(dp=2, cp=4), profile=load_profile("h100-80g/qwen2.5-0.5b"),
+        sequences_per_rank=32,
+    )  # fmt: skip
+    began = time.monotonic()
+    deadline = began + (1.0 if stuck else 30.0)
+    outputs, pending = starts.launch_starts(
+        Problem.from_request(request), deadline=deadline, keep_s=0.0, names=["packed", "skrull"]
+    )
+    assert pending is None
+    assert [name for name, _ in outputs] == (["packed"] if stuck else ["packed", "skrull"])
+    assert time.monotonic() - began < 30  # the stuck child was killed, not waited for
+
+
+def test_the_plain_cp_starts_are_predicted_per_rank_of_the_group() -> None:
+    """``deepspeed`` and ``sorted`` list every rank of the group in every microbatch: at CP 1024, 4,096
+    sequences took 2 s where a per-sequence prior said 8 ms, and ``auto`` at 2 s took 7.4 s."""
+    for name in ("deepspeed", "sorted", "skrull"):
+        start = next(s for s in starts.STARTS if s.name == name)
+        assert start.unit_s([4096], gpus=1024, cp=1024) > 4 * start.unit_s([4096], gpus=8, cp=8)
