@@ -300,12 +300,12 @@ def _start_peer(problem: Problem, *, end: float, clock: Clock) -> tuple[PlannerO
     at CP 1024: 0.4 s by the prior, 30 s run)."""
     start = next(s for s in STARTS if s.name == PEER)
     sizes = [len(ids) for ids in problem.batch_ids]
-    gpus = problem.parallel.num_gpus
+    gpus, cp = problem.parallel.num_gpus, problem.parallel.cp
     modelled = estimated_s(PEER, sizes, problem.parallel)
     if problem.deterministic:
-        seconds, left = max(start.unit_s(sizes, gpus=gpus), modelled), problem.time_budget_s
+        seconds, left = max(start.unit_s(sizes, gpus=gpus, cp=cp), modelled), problem.time_budget_s
     else:
-        seconds, left = max(predicted_s(start, sizes, gpus=gpus), modelled), end - clock()
+        seconds, left = max(predicted_s(start, sizes, gpus=gpus, cp=cp), modelled), end - clock()
     if seconds <= PEER_SHARE * left:
         try:
             return start.make().plan(problem), None

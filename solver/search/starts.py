@@ -130,15 +130,26 @@ STARTS: tuple[Start, ...] = (
         fixed_s=0.005,
         imports=CP_SAT_MODULE,
     ),
-    Start(name="wlb", isolated=True, make=WlbPlanner, per_sequence_s=1e-4, fixed_s=0.002, defers=True),
+    # WLB-LLM's packing writes a local list per CP rank of each microbatch: 45-62 ms for 256 sequences at
+    # CP 16, 77-138 ms at CP 32 (Llama-2-7B TP 8 on H100; the per-sequence prior alone said 28 ms)
+    Start(name="wlb", isolated=True, make=WlbPlanner, per_sequence_s=1e-4, per_slot_s=7e-6, fixed_s=0.002, defers=True),
     # WLB-LLM's packing and adaptive sharding without the outlier delay: a start that keeps every batch
-    Start(name="wlb-keep", isolated=True, make=lambda: WlbPlanner(num_queues=0), per_sequence_s=5e-5, fixed_s=0.002),
+    # (27-48 ms at CP 16, 58-126 ms at CP 32, where 15 ms was predicted)
+    Start(
+        name="wlb-keep",
+        isolated=True,
+        make=lambda: WlbPlanner(num_queues=0),
+        per_sequence_s=5e-5,
+        per_slot_s=6e-6,
+        fixed_s=0.002,
+    ),
+    # 10-25 ms for 256 sequences on 32 and 64 GPUs, where 46-64 ms was predicted
     Start(
         name="dynamic-cp",
         isolated=True,
         make=DynamicCpPlanner,
-        per_sequence_s=1e-4,
-        per_sequence_gpu_s=2.2e-6,
+        per_sequence_s=4e-5,
+        per_sequence_gpu_s=5e-7,
         fixed_s=0.002,
     ),
     # the plain-CP baselines: never better than ``packed`` on the bundled distributions, run last
@@ -189,6 +200,7 @@ class PendingPeers:
     sizes: list[int]
     end: float
     gpus: int
+    cp: int = 1
     #: peers begun and not finished: (name, when it began, on the system-wide ``time.monotonic``)
     running: list[tuple[str, float]] = dataclasses.field(default_factory=list)
     got: dict[str, PlannerOutput] = dataclasses.field(default_factory=dict)
@@ -224,14 +236,18 @@ class PendingPeers:
             finished = self.child.read(until=until, on_report=self._receive) is not None
             by_name = {s.name: s for s in self.peers}
             finishing = keep_until is not None and all(
-                began + predicted_s(by_name[name], self.sizes, gpus=self.gpus) <= keep_until
+                began + predicted_s(by_name[name], self.sizes, gpus=self.gpus, cp=self.cp) <= keep_until
                 for name, began in self.running
             )
             if finished or not finishing:
                 self.child.collect(deadline=time.monotonic(), grace_s=0.0, on_report=self._receive)
                 self.closed = True
                 for name, began in self.running:  # it ran at least this long (twice would keep it out for good)
-                    _learn(by_name[name], self.sizes, time.monotonic() - began, gpus=self.gpus)
+                    ran = time.monotonic() - began
+                    # a lower bound: learnt only above the prediction (below it, ``wlb-keep`` killed after 60 ms
+                    # of a predicted 126 learnt a halved time, and began again where it could not finish)
+                    if ran > predicted_s(by_name[name], self.sizes, gpus=self.gpus, cp=self.cp):
+                        _learn(by_name[name], self.sizes, ran, gpus=self.gpus, cp=self.cp)
                     self.heard.add(name)
                 self.running.clear()
                 for start in self.peers:  # never begun: the child passed it over
@@ -248,7 +264,7 @@ class PendingPeers:
             return
         self.heard.add(name)
         self.running.clear()
-        _learn(next(s for s in self.peers if s.name == name), self.sizes, seconds, gpus=self.gpus)
+        _learn(next(s for s in self.peers if s.name == name), self.sizes, seconds, gpus=self.gpus, cp=self.cp)
         if isinstance(output, PlannerOutput):
             self.got[name] = output
 
@@ -282,7 +298,8 @@ def launch_starts(
         if k == 1 and isolate:  # the peers, in a child, while this process runs the cheap starts
             peers = [s for s in chosen[1:] if s.isolated]
             peers_end = end - evaluation_s * len(peers)
-            if any(predicted_s(s, sizes, gpus=gpus) <= OVERRUN_FACTOR * (peers_end - time.monotonic()) for s in peers):
+            window = OVERRUN_FACTOR * (peers_end - time.monotonic())
+            if any(predicted_s(s, sizes, gpus=gpus, cp=cp) <= window for s in peers):
                 child = _start_peers(peers, problem, sizes, peers_end + late_s)
             else:  # none fits: no fork, and no time kept for costing their plans
                 peers = []
@@ -310,7 +327,9 @@ def launch_starts(
     outputs = [(s.name, out[s.name]) for s in STARTS if s.name in out]
     if child is None:
         return outputs, None
-    return outputs, PendingPeers(child=child, peers=peers, sizes=sizes, end=end - evaluation_s * len(out), gpus=gpus)
+    return outputs, PendingPeers(
+        child=child, peers=peers, sizes=sizes, end=end - evaluation_s * len(out), gpus=gpus, cp=cp
+    )
 
 
 def importable(start: Start) -> bool:
@@ -341,21 +360,29 @@ def run_starts(
 
 
 def _start_peers(peers: Sequence[Start], problem: Problem, sizes: Sequence[int], end: float) -> Child:
-    """A child that runs ``peers`` in ``PEER_ORDER``, each when its prediction is
-    within ``OVERRUN_FACTOR`` of the time left before ``end`` (their times vary with the lengths, 10-60 ms
-    on 256 sequences and 32 GPUs), and told the time left. This process searches meanwhile
-    (``launch_starts``). It reports ``("began", name, t)`` before each (t: ``time.monotonic()``, one clock for
-    every process on Linux) and ``(name, output, seconds)`` after it."""
+    """A child that runs ``peers`` in ``PEER_ORDER`` (their times vary with the lengths, 10-60 ms on 256
+    sequences and 32 GPUs), each told the time left: next, the first not yet run whose prediction fits the
+    time left before ``end``, else the first within ``OVERRUN_FACTOR`` of it. This process searches
+    meanwhile (``launch_starts``). It reports ``("began", name, t)`` before each (t: ``time.monotonic()``, one
+    clock for every process on Linux) and ``(name, output, seconds)`` after it."""
     order = peer_order(peers)
+    gpus, cp = problem.parallel.num_gpus, problem.parallel.cp
 
     def work(report: Report, _deadline: float) -> None:
-        for start in order:
+        remaining = list(order)
+        while remaining:
             left = end - time.monotonic()
-            # optimistic: the child has a core of its own, so a peer predicted up to OVERRUN_FACTOR times
-            # the time left is tried (its time varies with the lengths: hydraulis takes 2 s on one batch
-            # of 65,536 and 13 s on another); one that does not finish is killed at the phase's end
-            if predicted_s(start, sizes, gpus=problem.parallel.num_gpus) > OVERRUN_FACTOR * left:
-                continue
+            predicted = {s.name: predicted_s(s, sizes, gpus=gpus, cp=cp) for s in remaining}
+            # a peer that fits goes before one that may not (``wlb-keep`` predicted at twice the time left
+            # began before ``dynamic-cp``, which fitted: killed, it cost ``dynamic-cp``'s plan, 0.005% better);
+            # else optimistic: the child has a core of its own, so a peer predicted up to OVERRUN_FACTOR times
+            # the time left is tried (its time varies with the lengths: hydraulis takes 2 s on one batch of
+            # 65,536 and 13 s on another); one that does not finish is killed at the phase's end
+            fits = [s for s in remaining if predicted[s.name] <= left]
+            start = next(iter(fits or [s for s in remaining if predicted[s.name] <= OVERRUN_FACTOR * left]), None)
+            if start is None:
+                return
+            remaining.remove(start)
             if start.imports is not None:  # not timed: the parent imports it for the later calls
                 importlib.import_module(start.imports)
             report(("began", start.name, time.monotonic()))  # the system-wide clock: the parent reads it
@@ -374,10 +401,10 @@ def launch_peer(name: str, problem: Problem, *, deadline: float) -> PendingPeers
     gpus = problem.parallel.num_gpus
     if not (plans_modes(start, problem) and importable(start)):
         return None
-    if predicted_s(start, sizes, gpus=gpus) > deadline - time.monotonic():
+    if predicted_s(start, sizes, gpus=gpus, cp=problem.parallel.cp) > deadline - time.monotonic():
         return None
     child = _start_peers([start], problem, sizes, deadline)
-    return PendingPeers(child=child, peers=[start], sizes=sizes, end=deadline, gpus=gpus)
+    return PendingPeers(child=child, peers=[start], sizes=sizes, end=deadline, gpus=gpus, cp=problem.parallel.cp)
 
 
 def peer_order(peers: Sequence[Start]) -> list[Start]:

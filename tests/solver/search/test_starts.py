@@ -173,3 +173,51 @@ def test_the_plain_cp_starts_are_predicted_per_rank_of_the_group() -> None:
     for name in ("deepspeed", "sorted", "skrull"):
         start = next(s for s in starts.STARTS if s.name == name)
         assert start.unit_s([4096], gpus=1024, cp=1024) > 4 * start.unit_s([4096], gpus=8, cp=8)
+
+
+class _SlowPacked(PackedPlanner):
+    def plan(self, problem: Problem) -> PlannerOutput:
+        time.sleep(60)
+        return super().plan(problem)
+
+
+def _small_problem() -> Problem:
+    return Problem.from_request(
+        synthesize_request(
+            dataset="sharegpt", parallel=Parallel(dp=2, cp=2), profile=load_profile("h100-80g/qwen2.5-0.5b"),
+            sequences_per_rank=8,
+        )  # fmt: skip
+    )
+
+
+def test_the_peers_child_runs_a_peer_that_fits_before_one_that_may_not(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``wlb-keep`` predicted at twice the time left began before ``dynamic-cp``, which fitted, and was killed
+    with it: the child takes, in value order, the peers that fit first, then the optimistic ones."""
+    problem = _small_problem()
+    sizes = [len(ids) for ids in problem.batch_ids]
+    monkeypatch.setattr(starts, "PEER_ORDER", ("long", "short"))
+    monkeypatch.setattr(starts, "_scale", {})
+    window_s = 30.0
+    long = starts.Start(name="long", make=PackedPlanner, per_sequence_s=2 * window_s / sum(sizes), isolated=True)
+    short = starts.Start(name="short", make=PackedPlanner, per_sequence_s=1e-6, isolated=True)
+    child = starts._start_peers([long, short], problem, sizes, time.monotonic() + window_s)
+    reports: list[Any] = []
+    child.collect(deadline=time.monotonic() + window_s, grace_s=0.0, on_report=reports.append)
+    began = [r[1] for r in reports if r[0] == "began"]
+    assert began == ["short", "long"]  # both ran: the optimistic one after the one that fitted
+    assert {r[0] for r in reports} == {"began", "short", "long"}
+
+
+def test_a_peer_killed_before_its_predicted_time_does_not_learn_to_be_faster(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A killed peer's time is a lower bound on its own: below the prediction it says nothing (it once
+    halved ``wlb-keep``'s time, which then began again where it could not finish)."""
+    problem = _small_problem()
+    sizes = [len(ids) for ids in problem.batch_ids]
+    slow = starts.Start(name="slow", make=_SlowPacked, per_sequence_s=100.0 / sum(sizes), isolated=True)
+    monkeypatch.setattr(starts, "STARTS", (*starts.STARTS, slow))
+    monkeypatch.setattr(starts, "_scale", {})
+    pending = starts.launch_peer("slow", problem, deadline=time.monotonic() + 1000.0)
+    assert pending is not None
+    time.sleep(0.3)  # it has begun (and sleeps): killed well before its predicted 100 s
+    assert pending.collect(until=time.monotonic() + 0.2) == []
+    assert starts._scale.get("slow", 1.0) == 1.0
