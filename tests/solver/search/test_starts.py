@@ -182,12 +182,9 @@ class _SlowPacked(PackedPlanner):
 
 
 def _small_problem() -> Problem:
-    return Problem.from_request(
-        synthesize_request(
-            dataset="sharegpt", parallel=Parallel(dp=2, cp=2), profile=load_profile("h100-80g/qwen2.5-0.5b"),
-            sequences_per_rank=8,
-        )  # fmt: skip
-    )
+    profile = load_profile("h100-80g/qwen2.5-0.5b")
+    request = synthesize_request(dataset="sharegpt", parallel=Parallel(dp=2, cp=2), profile=profile, sequences_per_rank=8)
+    return Problem.from_request(request)
 
 
 def test_the_peers_child_runs_a_peer_that_fits_before_one_that_may_not(monkeypatch: pytest.MonkeyPatch) -> None:
