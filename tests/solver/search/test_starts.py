@@ -183,7 +183,8 @@ class _SlowPacked(PackedPlanner):
 
 def _small_problem() -> Problem:
     profile = load_profile("h100-80g/qwen2.5-0.5b")
-    request = synthesize_request(dataset="sharegpt", parallel=Parallel(dp=2, cp=2), profile=profile, sequences_per_rank=8)
+    parallel = Parallel(dp=2, cp=2)
+    request = synthesize_request(dataset="sharegpt", parallel=parallel, profile=profile, sequences_per_rank=8)
     return Problem.from_request(request)
 
 
