@@ -148,14 +148,24 @@ def most_deferred(plan: Plan, request: Request) -> int:
     return most
 
 
-def with_same_deferral(request: Request, theirs: Plan, budget_s: float) -> tuple[float, float, int] | None:
-    """``auto`` allowed what the deferring plan did (module doc): (ratio, wall s, k), None if it deferred none."""
+def longest_wait(plan: Plan, request: Request) -> int:
+    """The most iterations a sequence of ``plan`` waits past its own batch's; one left ``pending`` waits at least
+    until the next request (``len(batches) - its batch``). ``defer`` lets a sequence wait one."""
+    batch_of = [b for b, batch in enumerate(request.batches) for _ in batch]
+    waits = [k - batch_of[i] for k, it in enumerate(plan.iterations) for mb in it.microbatches for i in mb.seq_ids]
+    waits += [len(request.batches) - batch_of[i] for i in plan.pending]
+    return max(waits, default=0)
+
+
+def with_same_deferral(request: Request, theirs: Plan, budget_s: float) -> tuple[float, float, int, int] | None:
+    """``auto`` allowed what the deferring plan did (module doc): (ratio, wall s, k, the longest wait of the
+    deferring plan), None if it deferred none. A wait over one iteration is beyond what ``defer`` allows."""
     k = most_deferred(theirs, request)
     if k == 0:
         return None
     out = timed(dataclasses.replace(request, defer=Defer(max_sequences=k)), "auto", budget_s)
     assert out is not None
-    return out[0], out[1], k
+    return out[0], out[1], k, longest_wait(theirs, request)
 
 
 def profiles() -> list[Profile]:
@@ -195,7 +205,7 @@ def main() -> None:
             jobs.append(Drawn(profile.name, kind, label, request))
             k += 1
     rows = []
-    same: dict[str, tuple[float, float, int] | None] = {}  # label -> auto with the deferring planner's freedom
+    same: dict[str, tuple[float, float, int, int] | None] = {}  # label -> auto with the deferring planner's freedom
     for job in tqdm(jobs, file=sys.stderr, leave=False, disable=None):
         budget = args.budget * len(job.request.batches)
         auto = timed(job.request, "auto", budget)
@@ -247,18 +257,20 @@ def main() -> None:
         )
     if same:
         print("\nBehind a deferring planner: `auto` again with the same deferral (`defer.max_sequences` = k, the most "
-              "that planner moved out of one batch) and the same budget:\n")  # fmt: skip
-        print("| request | deferring planner | its ratio / floor | k | auto with defer k / floor | its wall ms "
+              "that planner moved out of one batch) and the same budget; `waits` is the most iterations a sequence "
+              "of that planner's plan waits (one left pending past the request: at least until the next one): "
+              "`defer` allows one, so over one the deferring plan is not one `auto` may return:\n")  # fmt: skip
+        print("| request | deferring planner | its ratio / floor | k | waits | auto with defer k / floor | its wall ms "
               "| auto over it |")  # fmt: skip
-        print("|---|---|---:|---:|---:|---:|---:|")
+        print("|---|---|---:|---:|---:|---:|---:|---:|")
         for job, _auto, best, (b_ratio, _), *_ in rows:
             if job.label in same:
                 got = same[job.label]
                 if got is None:
-                    print(f"| {job.label} | {best} | {b_ratio:.4f} | 0 | | | |")
+                    print(f"| {job.label} | {best} | {b_ratio:.4f} | 0 | 0 | | | |")
                 else:
-                    print(f"| {job.label} | {best} | {b_ratio:.4f} | {got[2]} | {got[0]:.4f} | {1e3 * got[1]:.0f} "
-                          f"| {got[0] / b_ratio - 1:+.3%} |")  # fmt: skip
+                    print(f"| {job.label} | {best} | {b_ratio:.4f} | {got[2]} | {got[3]} | {got[0]:.4f} "
+                          f"| {1e3 * got[1]:.0f} | {got[0] / b_ratio - 1:+.3%} |")  # fmt: skip
     if args.slow:
         slow_rows(rows, args)
 
