@@ -83,10 +83,11 @@ COSTS: dict[str, Cost] = {
     # the ``packed`` and ``skrull`` starts (always run; ``skrull`` in a killable child where it is predicted
     # long), then it stops at its deadline: 15.7 us a sequence in all on 65,536 ShareGPT sequences (7B)
     "auto": Cost(0.004, 8e-6),
-    "packed": Cost(0.001, 0.3e-6),
+    "packed": Cost(0.001, 2e-6),  # 2.4-3.5 us a sequence measured in all (ShareGPT on Qwen2.5-7B: small microbatches)
     "xtuner": Cost(0.001, 0.5e-6),
-    "deepspeed": Cost(0.001, 13e-6, per_slot_s=0.5e-6),
-    "sorted": Cost(0.001, 13e-6, per_slot_s=0.5e-6),
+    # 1.2-1.8 us per sequence and CP rank at CP 1,024 (4,096 sequences: 5.2-7.5 s)
+    "deepspeed": Cost(0.001, 20e-6, per_slot_s=1.6e-6),
+    "sorted": Cost(0.001, 20e-6, per_slot_s=1.6e-6),
     "skrull": Cost(0.001, 6e-6, per_split_s=2e-9, per_slot_s=7e-8),
     "round-robin": Cost(0.001, 6e-6, per_split_s=2e-9, per_slot_s=7e-8),
     "verl-kk": Cost(0.002, 4e-6, per_rank_square_s=3.4e-8, per_rank_cube_s=8.6e-12),
