@@ -19,6 +19,7 @@ import platform
 import time
 
 from skrull.solver.datasets import synthesize_request
+from skrull.solver.errors import RequestError
 from skrull.solver.planners.registry import planner_names
 from skrull.solver.planning import solve
 from skrull.solver.profile import load_profile
@@ -83,7 +84,12 @@ def main() -> None:
                 budget = smallest_budget_s(solver, sizes, base.parallel, deferring=deferring) if searching else 600.0
                 request = dataclasses.replace(base, time_budget_s=max(budget, 0.05))
                 start = time.perf_counter()
-                solve(request)
+                try:
+                    solve(request)
+                except RequestError as exc:  # xtuner where Ulysses cannot run: say so, go on
+                    print(f"| {name} | {profile_name.split('/')[-1]} | {dataset} | {sum(sizes)} | {dp} x {cp} "
+                          f"| {batches} | refused: {exc} |||||", flush=True)  # fmt: skip
+                    continue
                 measured = time.perf_counter() - start
                 print(
                     f"| {name} | {profile_name.split('/')[-1]} | {dataset} | {sum(sizes)} | {dp} x {cp} | {batches} "
