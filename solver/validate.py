@@ -327,7 +327,8 @@ def defer_problems(plan: Plan, request: Request) -> list[str]:
         if n > defer.max_sequences:
             where = "pending" if b == last else f"iterations[{b + 1}]"
             problems.append(
-                f"{where}: batch {b} defers {n} sequences, more than defer.max_sequences = {defer.max_sequences}"
+                f"{where}: batch {b} defers {n} sequence{'' if n == 1 else 's'}, more than defer.max_sequences = "
+                f"{defer.max_sequences}"
             )
     return problems
 
