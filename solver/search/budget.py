@@ -4,9 +4,10 @@ A planner's solve (planning, estimating and validating the plan: ``planning.solv
 
     fixed_s + per_sequence_s * K + per_square_s * sum_b K_b^2 + per_rank_square_s * sum_b (K_b / dp)^2
             + per_rank_cube_s * sum_b (K_b / dp)^3 + per_split_s * sum_b K_b^2 / dp
-            + per_slot_s * K * cp + per_gpu_s * K * dp * cp + FINISH_PER_SEQUENCE_S * K
+            + per_slot_s * K * cp + per_gpu_s * K * dp * cp + per_batch_s * B
+            + per_dp_rank_s * B * dp + FINISH_PER_SEQUENCE_S * K
 
-for K sequences in batches of K_b over dp x cp GPUs (``Cost.seconds``: the raw estimate). The terms are the
+for K sequences in B batches of K_b over dp x cp GPUs (``Cost.seconds``: the raw estimate). The terms are the
 shapes the planners' work was measured to follow (``bench/budget_estimates.py``, a loaded 2-core machine):
 linear for the packers and Skrull; ``K * cp`` for planners whose every microbatch spans a CP group
 (``deepspeed``, ``sorted``: one local list per GPU per microbatch to write and validate); ``(K_b / dp)^2`` and
@@ -60,6 +61,8 @@ class Cost:
     per_split_s: float = 0.0
     per_slot_s: float = 0.0
     per_gpu_s: float = 0.0
+    per_batch_s: float = 0.0
+    per_dp_rank_s: float = 0.0
 
     def seconds(self, batch_sizes: Sequence[int], parallel: Parallel | None = None) -> float:
         """The raw estimate (module doc); without ``parallel``, one GPU."""
@@ -74,6 +77,8 @@ class Cost:
             + self.per_split_s * sum(b * b for b in batch_sizes) / dp
             + self.per_slot_s * num * cp
             + self.per_gpu_s * num * dp * cp
+            + self.per_batch_s * len(batch_sizes)
+            + self.per_dp_rank_s * len(batch_sizes) * dp
             + FINISH_PER_SEQUENCE_S * num
         )
 
@@ -81,23 +86,30 @@ class Cost:
 #: Measured raw costs of each planner's unavoidable work (bench/budget_estimates.py).
 COSTS: dict[str, Cost] = {
     # the ``packed`` and ``skrull`` starts (always run; ``skrull`` in a killable child where it is predicted
-    # long), then it stops at its deadline: 15.7 us a sequence in all on 65,536 ShareGPT sequences (7B)
-    "auto": Cost(0.004, 8e-6),
+    # long), then it stops at its deadline: 15.7 us a sequence in all on 65,536 ShareGPT sequences (7B);
+    # pricing a plan is K * cp (CP 1,024 with ``defer``: 0.19 s where 0.09 s was accepted)
+    "auto": Cost(0.004, 1e-5, per_slot_s=1e-8),
     "packed": Cost(0.001, 2e-6),  # 2.4-3.5 us a sequence measured in all (ShareGPT on Qwen2.5-7B: small microbatches)
-    "xtuner": Cost(0.001, 0.5e-6),
+    "xtuner": Cost(0.001, 2e-6),  # packing as ``packed`` does
     # 1.2-1.8 us per sequence and CP rank at CP 1,024 (4,096 sequences: 5.2-7.5 s)
     "deepspeed": Cost(0.001, 20e-6, per_slot_s=1.6e-6),
     "sorted": Cost(0.001, 20e-6, per_slot_s=1.6e-6),
     "skrull": Cost(0.001, 6e-6, per_split_s=2e-9, per_slot_s=7e-8),
     "round-robin": Cost(0.001, 6e-6, per_split_s=2e-9, per_slot_s=7e-8),
-    "verl-kk": Cost(0.002, 4e-6, per_rank_square_s=3.4e-8, per_rank_cube_s=8.6e-12),
-    "ilp": Cost(0.06, 2e-5),  # the ``skrull`` start, a forked solver process building its model
-    "ilp-flex": Cost(0.03, 1e-5),  # ``auto``'s start and a forked solver process
-    "hydraulis": Cost(0.01, 2e-4, per_square_s=5e-9, per_slot_s=3e-6),
+    # each DP rank's split set up per batch (64 ranks: 0.14 s for 8,192 sequences); 0.78 s for 8,192 ShareGPT
+    # sequences on Qwen2.5-7B at DP 4, 15.2 s for 16,384 at DP 2
+    "verl-kk": Cost(0.002, 5e-6, per_rank_square_s=1.2e-7, per_rank_cube_s=8.6e-12, per_dp_rank_s=1.5e-3),
+    # the ``skrull`` start (K * cp at CP 1,024) and a forked solver process building its model, per batch
+    # (64 batches took 3.6 s where 0.82 s was accepted)
+    "ilp": Cost(0.06, 2e-5, per_slot_s=7e-8, per_batch_s=0.05),
+    "ilp-flex": Cost(0.03, 1.5e-5, per_slot_s=1e-8),  # ``auto``'s start and a forked solver process
+    # 15.8 s for one batch of 16,384 on DP 1 (its strategy search), where 10 s was accepted
+    "hydraulis": Cost(0.01, 3.2e-4, per_square_s=8e-9, per_slot_s=4.8e-6),
     "dynamic-cp": Cost(0.005, 0.0, per_square_s=6.9e-8, per_gpu_s=3.1e-6),
-    "wlb": Cost(0.005, 2.5e-5, per_square_s=2.6e-9, per_slot_s=4.8e-6, per_gpu_s=5e-8),
+    # WLB-LLM 2.5-4x its earlier fit (pricing both CP modes, tight buckets): 7.2 s for 16,384 ShareGPT sequences
+    "wlb": Cost(0.005, 9e-5, per_square_s=9e-9, per_slot_s=1.7e-5, per_gpu_s=1.8e-7),
     # auto's start: wlb without the outlier queues (no queue search; ~0.8 of wlb)
-    "wlb-keep": Cost(0.005, 2e-5, per_square_s=2.1e-9, per_slot_s=3.8e-6, per_gpu_s=4e-8),
+    "wlb-keep": Cost(0.005, 7e-5, per_square_s=7.4e-9, per_slot_s=1.3e-5, per_gpu_s=1.4e-7),
 }
 
 

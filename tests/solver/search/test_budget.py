@@ -29,8 +29,9 @@ def test_every_registered_planner_has_a_measured_cost() -> None:
 
 def test_the_estimate_follows_each_planners_shape() -> None:
     narrow, wide = Parallel(dp=4, cp=8), Parallel(dp=64, cp=8)
-    # verl's Karmarkar-Karp splits each DP rank's share: more DP ranks, smaller shares, less work
-    assert estimated_s("verl-kk", [8192], narrow) > 5 * estimated_s("verl-kk", [8192], wide)
+    # verl's Karmarkar-Karp splits each DP rank's share: more DP ranks, smaller shares, less work (measured
+    # 5.6-7.7 times less at 64 ranks than at 4 for 8,192 sequences; each rank's split has a cost of its own)
+    assert estimated_s("verl-kk", [8192], narrow) > 3 * estimated_s("verl-kk", [8192], wide)
     # dynamic CP searches groups per sequence over the whole cluster: more GPUs, more work
     assert estimated_s("dynamic-cp", [8192], wide) > 2 * estimated_s("dynamic-cp", [8192], narrow)
     # an all-sharded planner writes and checks one local list per GPU of every microbatch's group
