@@ -62,7 +62,7 @@ from skrull.solver.planners.auto import (
 )
 from skrull.solver.planners.base import PlannerOutput, make_spec
 from skrull.solver.search.bound import microbatch_floor_ms
-from skrull.solver.search.budget import FINISH_RESERVE_PER_SEQUENCE_S, estimated_s
+from skrull.solver.search.budget import FINISH_RESERVE_PER_SEQUENCE_S
 from skrull.solver.search.clock import Clock, clock_for
 from skrull.solver.search.improve import iteration_ms, search_iteration
 from skrull.solver.search.starts import EVALUATION_PER_SEQUENCE_S, STARTS, PendingPeers, launch_peer, predicted_s
@@ -295,17 +295,16 @@ def _start_peer(problem: Problem, *, end: float, clock: Clock) -> tuple[PlannerO
     machine); else its child, running while the batches are planned, when its time fits before ``end``
     (never with ``deterministic``); or neither.
 
-    Its time: the larger of the start's time (search/starts.py, learnt) and ``search.budget``'s measured
-    cost model of ``wlb``, whose ``K * cp`` and ``K * G`` terms the start's prior lacks (4,096 sequences
-    at CP 1024: 0.4 s by the prior, 30 s run)."""
+    Its time: the start's (search/starts.py, learnt), with its ``K * cp`` term (4,096 sequences at CP 1024:
+    0.4 s by a prior without it, 30 s run). Not ``search.budget``'s figure for ``wlb``: that one is the
+    budget it is safe to accept (the worst bucket measured), 2-3 times what a 0.5 s request here takes."""
     start = next(s for s in STARTS if s.name == PEER)
     sizes = [len(ids) for ids in problem.batch_ids]
     gpus, cp = problem.parallel.num_gpus, problem.parallel.cp
-    modelled = estimated_s(PEER, sizes, problem.parallel)
     if problem.deterministic:
-        seconds, left = max(start.unit_s(sizes, gpus=gpus, cp=cp), modelled), problem.time_budget_s
+        seconds, left = start.unit_s(sizes, gpus=gpus, cp=cp), problem.time_budget_s
     else:
-        seconds, left = max(predicted_s(start, sizes, gpus=gpus, cp=cp), modelled), end - clock()
+        seconds, left = predicted_s(start, sizes, gpus=gpus, cp=cp), end - clock()
     if seconds <= PEER_SHARE * left:
         try:
             return start.make().plan(problem), None

@@ -505,8 +505,10 @@ class HydraulisPlanner:
         tried_feasible = 0
         while m <= len(ids) and tried_feasible < max(1, self.sweep):
             left = limit
+            late = False
             if deadline is not None:
                 to_deadline = deadline - time.monotonic()
+                late = to_deadline <= 0
                 # a cold CP-SAT import (once per process) alone would overrun what is left
                 left = min(limit, to_deadline) if import_fits(to_deadline) else 0.0
             where, status = minmax_pack(
@@ -524,7 +526,10 @@ class HydraulisPlanner:
                     best = (time_ms, parts)
                 if len(parts) == lower:
                     break
-            m += 1
+            # past the deadline, counts that do not pack are skipped a quarter at a time, not one by one (one
+            # at a time, each with a greedy packing of the replica's sequences, 16,384 sequences on one
+            # replica took 31 s of a 16 s budget): the plan stays valid, found sooner
+            m = max(m + 1, m * 5 // 4) if late and where is None else m + 1
         if best is None:  # one sequence per microbatch always fits the replica (stage 1 checks caps)
             return [[i] for i in ids], calls, nonoptimal
         return best[1], calls, nonoptimal

@@ -4,7 +4,7 @@ A planner's solve (planning, estimating and validating the plan: ``planning.solv
 
     fixed_s + per_sequence_s * K + per_square_s * sum_b K_b^2 + per_rank_square_s * sum_b (K_b / dp)^2
             + per_rank_cube_s * sum_b (K_b / dp)^3 + per_split_s * sum_b K_b^2 / dp
-            + per_slot_s * K * cp + per_gpu_s * K * dp * cp + per_batch_s * B
+            + per_slot_s * K * cp + per_gpu_s * K * dp * cp
             + per_dp_rank_s * B * dp + FINISH_PER_SEQUENCE_S * K
 
 for K sequences in B batches of K_b over dp x cp GPUs (``Cost.seconds``: the raw estimate). The terms are the
@@ -61,7 +61,6 @@ class Cost:
     per_split_s: float = 0.0
     per_slot_s: float = 0.0
     per_gpu_s: float = 0.0
-    per_batch_s: float = 0.0
     per_dp_rank_s: float = 0.0
 
     def seconds(self, batch_sizes: Sequence[int], parallel: Parallel | None = None) -> float:
@@ -77,7 +76,6 @@ class Cost:
             + self.per_split_s * sum(b * b for b in batch_sizes) / dp
             + self.per_slot_s * num * cp
             + self.per_gpu_s * num * dp * cp
-            + self.per_batch_s * len(batch_sizes)
             + self.per_dp_rank_s * len(batch_sizes) * dp
             + FINISH_PER_SEQUENCE_S * num
         )
@@ -99,9 +97,9 @@ COSTS: dict[str, Cost] = {
     # each DP rank's split set up per batch (64 ranks: 0.14 s for 8,192 sequences); 0.78 s for 8,192 ShareGPT
     # sequences on Qwen2.5-7B at DP 4, 15.2 s for 16,384 at DP 2
     "verl-kk": Cost(0.002, 5e-6, per_rank_square_s=1.2e-7, per_rank_cube_s=8.6e-12, per_dp_rank_s=1.5e-3),
-    # the ``skrull`` start (K * cp at CP 1,024) and a forked solver process building its model, per batch
-    # (64 batches took 3.6 s where 0.82 s was accepted)
-    "ilp": Cost(0.06, 2e-5, per_slot_s=7e-8, per_batch_s=0.05),
+    # the ``skrull`` start (K * cp at CP 1,024) and a forked solver process building its model (per batch
+    # only where the batch's share holds one: ``exact.MIN_SOLVE_S``)
+    "ilp": Cost(0.06, 2e-5, per_slot_s=7e-8),
     "ilp-flex": Cost(0.03, 1.5e-5, per_slot_s=1e-8),  # ``auto``'s start and a forked solver process
     # 15.8 s for one batch of 16,384 on DP 1 (its strategy search), where 10 s was accepted
     "hydraulis": Cost(0.01, 3.2e-4, per_square_s=8e-9, per_slot_s=4.8e-6),
