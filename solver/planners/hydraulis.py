@@ -329,6 +329,12 @@ def _greedy_pack(weights: Sequence[int], sizes: Sequence[int], m: int, cap: int)
     return where
 
 
+#: Most items x microbatches stage 2's ILP is built for: its n x m booleans are made in Python before the
+#: time limit starts (16,384 sequences on one replica, some 500 microbatches: 8M booleans, 28 s of a 16 s
+#: budget); beyond it stage 1's greedy packing stands. A batch of 256 is always within it.
+MAX_MODEL_CELLS = 100_000
+
+
 def minmax_pack(
     weights: Sequence[int],
     sizes: Sequence[int],
@@ -348,6 +354,8 @@ def minmax_pack(
         return list(range(n)), "trivial"
     if time_limit_s <= 0.0:  # the request's budget is spent: stage 1's greedy packing stands
         return hint, "out-of-time"
+    if n * m > MAX_MODEL_CELLS:  # building the model alone would outlast any time limit: the greedy stands
+        return hint, "too-large"
     if hint is not None:
         loads = [0] * m
         for k, j in enumerate(hint):
@@ -514,7 +522,7 @@ class HydraulisPlanner:
             where, status = minmax_pack(
                 weights, sizes, m, cap, time_limit_s=left, seed=seed, deterministic=deterministic
             )
-            if status not in ("trivial", "greedy-optimal", "out-of-time"):
+            if status not in ("trivial", "greedy-optimal", "out-of-time", "too-large"):
                 calls += 1
                 nonoptimal += status != "OPTIMAL"
             if where is not None:

@@ -86,7 +86,7 @@ COSTS: dict[str, Cost] = {
     # the ``packed`` and ``skrull`` starts (always run; ``skrull`` in a killable child where it is predicted
     # long), then it stops at its deadline: 15.7 us a sequence in all on 65,536 ShareGPT sequences (7B);
     # pricing a plan is K * cp (CP 1,024 with ``defer``: 0.19 s where 0.09 s was accepted)
-    "auto": Cost(0.004, 1e-5, per_slot_s=1e-8),
+    "auto": Cost(0.004, 1e-5, per_slot_s=2e-8),
     "packed": Cost(0.001, 2e-6),  # 2.4-3.5 us a sequence measured in all (ShareGPT on Qwen2.5-7B: small microbatches)
     "xtuner": Cost(0.001, 2e-6),  # packing as ``packed`` does
     # 1.2-1.8 us per sequence and CP rank at CP 1,024 (4,096 sequences: 5.2-7.5 s)
@@ -97,9 +97,9 @@ COSTS: dict[str, Cost] = {
     # each DP rank's split set up per batch (64 ranks: 0.14 s for 8,192 sequences); 0.78 s for 8,192 ShareGPT
     # sequences on Qwen2.5-7B at DP 4, 15.2 s for 16,384 at DP 2
     "verl-kk": Cost(0.002, 5e-6, per_rank_square_s=1.2e-7, per_rank_cube_s=8.6e-12, per_dp_rank_s=1.5e-3),
-    # the ``skrull`` start (K * cp at CP 1,024) and a forked solver process building its model (per batch
+    # the ``skrull`` start (its GDS and DACP terms) and a forked solver process building its model (per batch
     # only where the batch's share holds one: ``exact.MIN_SOLVE_S``)
-    "ilp": Cost(0.06, 2e-5, per_slot_s=7e-8),
+    "ilp": Cost(0.06, 2e-5, per_split_s=2e-9, per_slot_s=7e-8),
     "ilp-flex": Cost(0.03, 1.5e-5, per_slot_s=1e-8),  # ``auto``'s start and a forked solver process
     # 15.8 s for one batch of 16,384 on DP 1 (its strategy search), where 10 s was accepted
     "hydraulis": Cost(0.01, 3.2e-4, per_square_s=8e-9, per_slot_s=4.8e-6),

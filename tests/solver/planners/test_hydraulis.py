@@ -179,3 +179,16 @@ def test_the_degree_search_never_counts_more_replicas_than_sequences(monkeypatch
     degrees = choose_degrees(lengths, num_gpus=65_536, degrees=candidate_degrees(65_536, 65_536), costs=costs)
     assert sum(degrees) == 65_536
     assert steps["n"] <= 100_000
+
+
+def test_stage_two_leaves_a_model_too_large_to_build_to_the_greedy_packing() -> None:
+    """Stage 2's n x m booleans are built in Python before CP-SAT's time limit starts: 16,384 sequences on
+    one replica (8M booleans) took 28 s of a 16 s budget. Beyond ``MAX_MODEL_CELLS`` the greedy stands."""
+    from skrull.solver.planners.hydraulis import MAX_MODEL_CELLS, minmax_pack
+
+    n = 2000
+    m = MAX_MODEL_CELLS // n + 1
+    weights, sizes = [1 + k % 7 for k in range(n)], [10 + k % 13 for k in range(n)]
+    where, status = minmax_pack(weights, sizes, m, cap=10_000, time_limit_s=60.0, seed=0, deterministic=False)
+    assert status == "too-large" and where is not None
+    assert sorted(set(where)) <= list(range(m)) and len(where) == n
