@@ -83,9 +83,10 @@ class Start:
     #: Its plans may leave sequences pending (WLB-LLM's outlier queues): ``auto`` runs it only when it
     #: may return such a plan (``AutoPlanner(allow_pending=True)``).
     defers: bool = False
-    #: Runs whatever the time left (in process): ``auto`` never returns a plan worse than these, however
-    #: little CPU it gets (``packed`` and ``skrull``, linear and cheap; ``search.budget.COSTS["auto"]``
-    #: counts them in the smallest budget ``auto`` accepts).
+    #: Runs whatever the time left (in process; in a child with all the time left where it is predicted over
+    #: ``ISOLATE_ABOVE_S``, the first one always in process): ``auto`` never returns a plan worse than these
+    #: that finish, however little CPU it gets (``packed`` and ``skrull``;
+    #: ``search.budget.COSTS["auto"]`` counts them in the smallest budget ``auto`` accepts).
     always: bool = False
 
     #: Per GPU (``hydraulis`` packs every replica; 0.35 s for 256 sequences on 512 GPUs, 20 ms on 32).
