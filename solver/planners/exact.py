@@ -108,6 +108,8 @@ def optimize_iteration(
     # layout-free one counts whole microbatches, so it is the tighter where fixed costs dominate
     batch = [lengths[i] for i in ids]
     lower = max(cost.static_bound_ms(batch, problem.parallel), layout_free_bound_ms(batch, cost, problem.parallel))
+    if deadline - time.monotonic() < MIN_SOLVE_S:  # no time to fork a solver and build its model: the hint
+        return IterationResult(groups=hint, bound_ms=min(lower, plan_time_ms(hint, lengths, cost)), status="timeout")
     if model_size(seq_ids=ids, lengths=lengths, group_size=n, cost=cost, hint=hint) <= EXACT_MAX_BINARIES:
         work = exact_work(problem, ids, hint, group_size=n, cost=cost, lower_bound_ms=lower, backend=backend)
     else:
@@ -124,8 +126,6 @@ def optimize_iteration(
                 report=report,
             )
 
-    if deadline - time.monotonic() < MIN_SOLVE_S:  # no time to fork a solver and build its model: the hint
-        return IterationResult(groups=hint, bound_ms=min(lower, plan_time_ms(hint, lengths, cost)), status="timeout")
     outcome = run_with_deadline(work, deadline=deadline, grace_s=grace_s)
     payload = outcome.payload or {}
     groups: Groups = payload.get("groups") or hint
@@ -150,14 +150,14 @@ def combine_statuses(statuses: Sequence[str]) -> str:
     return "optimal" if statuses and all(s == "optimal" for s in statuses) else "feasible"
 
 
-#: Solves one iteration: (problem, its ids, the offset of its first id, deadline, kill grace) ->
-#: (microbatches, the model's bound in ms, status).
 #: Seconds an iteration's share must hold for a solver process to be forked for it (fork, model build,
 #: answer: 64 batches of 256 with one each took 3.6 s on a 0.82 s budget); with less, the warm start stands.
 MIN_SOLVE_S = 0.03
 #: Seconds per sequence kept back for the plan's floor (``sharding_floor_ms``) after the last iteration.
 FLOOR_PER_SEQUENCE_S = 3e-6
 
+#: Solves one iteration: (problem, its ids, the offset of its first id, deadline, kill grace) ->
+#: (microbatches, the model's bound in ms, status).
 IterationSolve = Callable[[Problem, tuple[int, ...], int, float, float], tuple[Sequence[MicrobatchSpec], float, str]]
 
 
