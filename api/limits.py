@@ -29,7 +29,7 @@ from skrull.api.settings import Settings
 from skrull.solver.errors import RequestError
 from skrull.solver.jsonsafe import MalformedJsonError, loads_json
 from skrull.solver.search.budget import check_budget, smallest_budget_s
-from skrull.solver.types import Parallel
+from skrull.solver.types import Parallel, defers
 
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 #: Where ``JsonBody`` leaves the parsed document for the route (``scope["state"]``).
@@ -220,7 +220,7 @@ def check_request_limits(body: PlanRequestIn, settings: Settings) -> None:
         )
     parallel = Parallel(dp=body.parallel.dp, cp=body.parallel.cp)
     batch_sizes = [len(b) for b in body.batches]
-    deferring = body.defer is not None and body.defer.max_sequences > 0  # auto then plans batch by batch
+    deferring = defers(None if body.defer is None else body.defer.max_sequences)
     if body.time_budget_s is None:  # the planner's default for this size; more than the server allows is refused
         need_s = smallest_budget_s(body.solver, batch_sizes, parallel, deferring=deferring)
         if need_s > settings.max_time_budget_s:

@@ -117,7 +117,8 @@ class PlanRequestIn(BaseModel):
     )
     defer: DeferModel | None = Field(
         None,
-        description="auto only (other planners refuse it; wlb defers by its own queues): let sequences wait one "
+        description="auto only (other planners refuse it but for max_sequences 0, which defers nothing; wlb "
+        "refuses even that, it defers by its own queues): let sequences wait one "
         "iteration when that lowers the estimated time per unit of work; left out or null, nothing waits",
     )
     cp_modes: list[CpModeName] | None = Field(

@@ -42,7 +42,10 @@ take. WLB-LLM defers outliers by design (``wlb``, docs/planners.md); here deferr
   per batch they lost more to the halved planning time than they won: docs/benchmarks-auto.md.)
 
 ``solve.stats`` reports ``deferred_sequences`` and ``ms_per_work`` / ``ms_per_work_without_defer``
-(summed times over summed work of the chosen plans and of the base plans). With ``deterministic`` every
+(summed times over summed work of the chosen plans and of each iteration's option without deferral). The
+second is not the stream planned with no deferral at all: each iteration's option holds what the
+iteration before deferred into it, so the two differ by this request's choices only, not by what deferral
+gains over a run. With ``deterministic`` every
 step runs on a work clock, so the same request gives the same plan on any machine.
 """
 

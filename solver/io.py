@@ -73,6 +73,9 @@ MAX_TIME_BUDGET_S = 1e6
 #: The planners that defer on request (``defer``, solver/defer.py), and the most a batch may defer.
 DEFER_SOLVERS: tuple[str, ...] = ("auto",)
 MAX_DEFER = 2**20
+#: The planners whose own queues move work to a later iteration: they refuse even a ``defer`` of 0, whose
+#: validation (every sequence in its own batch's iteration) their plans would fail.
+MOVES_WORK_SOLVERS: tuple[str, ...] = ("wlb",)
 
 
 def _refuse_unknown(doc: dict[str, Any], known: frozenset[str], path: str) -> None:
@@ -101,7 +104,10 @@ def parse_profile(doc: Any, *, field: str = "profile") -> Profile:
 
 def parse_defer(doc: Any, *, solver: str, batches: tuple[tuple[int, ...], ...], field: str = "defer") -> Defer | None:
     """The ``defer`` object (null or left out: off). Only ``auto`` defers on request (``DEFER_SOLVERS``);
-    ``carried`` counts sequences at the head of the first batch, so it is at most that batch's size."""
+    ``max_sequences`` 0 (a loader's last chunk, a config written for several planners) defers nothing, so
+    every planner that keeps each batch in its iteration takes it (not ``wlb``, whose queues move work the
+    validator would then refuse). ``carried`` counts sequences at the head of the first batch, so it is at
+    most that batch's size."""
     if doc is None:
         return None
     if not isinstance(doc, dict):
@@ -109,12 +115,12 @@ def parse_defer(doc: Any, *, solver: str, batches: tuple[tuple[int, ...], ...], 
     _refuse_unknown(doc, DEFER_FIELDS, field)
     if "max_sequences" not in doc:
         raise RequestError(f"{field}.max_sequences", None, "is required: how many sequences a batch may defer")
-    if solver not in DEFER_SOLVERS:
+    max_sequences = read_int(doc["max_sequences"], f"{field}.max_sequences", minimum=0, maximum=MAX_DEFER)
+    if solver not in DEFER_SOLVERS and (max_sequences > 0 or solver in MOVES_WORK_SOLVERS):
         reason = f"only {', '.join(DEFER_SOLVERS)} defers on request; solver {solver!r} cannot honour it"
         if solver == "wlb":
             reason += " (wlb defers by its own outlier queues without being asked: leave defer out)"
         raise RequestError(field, doc, reason)
-    max_sequences = read_int(doc["max_sequences"], f"{field}.max_sequences", minimum=0, maximum=MAX_DEFER)
     first = len(batches[0]) if batches else 0
     carried = read_int(doc.get("carried", 0), f"{field}.carried", minimum=0, maximum=first)
     return Defer(max_sequences=max_sequences, carried=carried)

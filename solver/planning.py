@@ -19,7 +19,7 @@ from skrull.solver.cp_modes import CP_MODES, DEFAULT_CP_MODES, ULYSSES
 from skrull.solver.defer import plan_with_deferral
 from skrull.solver.equalize import equalize_microbatches
 from skrull.solver.errors import InvalidPlanError, PlannerBugError, RequestError
-from skrull.solver.io import DEFER_SOLVERS, MAX_DEFER, check_cp_modes_profile
+from skrull.solver.io import DEFER_SOLVERS, MAX_DEFER, MOVES_WORK_SOLVERS, check_cp_modes_profile
 from skrull.solver.planners.base import Planner, PlannerOutput
 from skrull.solver.planners.registry import get_planner
 from skrull.solver.search.budget import batch_share_s, check_budget
@@ -122,7 +122,7 @@ def check_defer(request: Request) -> None:
     a planner that cannot honour it, and of a ``carried`` count past the first batch."""
     defer = request.defer
     assert defer is not None
-    if request.solver not in DEFER_SOLVERS:
+    if request.solver not in DEFER_SOLVERS and (defer.max_sequences > 0 or request.solver in MOVES_WORK_SOLVERS):
         raise RequestError(
             "defer",
             {"max_sequences": defer.max_sequences, "carried": defer.carried},
@@ -230,8 +230,9 @@ def solve(request: Request) -> Plan:
     planner = get_planner(request.solver)
     modes = check_cp_modes(request, planner)
     problem = dataclasses.replace(problem, cp_modes=modes)
-    if request.defer is not None:  # only auto takes it (solver.io.DEFER_SOLVERS): solver/defer.py
+    if request.defer is not None:
         check_defer(request)
+    if request.defer is not None and request.deferring:  # only auto (solver.io.DEFER_SOLVERS): solver/defer.py
         output = plan_with_deferral(problem, request.defer, backend=request.backend)
     else:
         output = planner.plan(problem)

@@ -50,6 +50,13 @@ class Defer:
     carried: int = 0
 
 
+def defers(max_sequences: int | None) -> bool:
+    """Whether a ``defer`` of ``max_sequences`` (None: no ``defer``) lets sequences wait: ``auto`` then plans
+    batch by batch, and its budget is the sum of each batch's need (``search.budget``). The one rule the
+    request, the service's up-front check and the loader's adaptive budget share."""
+    return max_sequences is not None and max_sequences > 0
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Request:
     """A planning request: the lengths of one or more global batches, a layout and a profile.
@@ -97,7 +104,7 @@ class Request:
     @property
     def deferring(self) -> bool:
         """Whether sequences may wait (``defer`` with ``max_sequences`` > 0): ``auto`` then plans batch by batch."""
-        return self.defer is not None and self.defer.max_sequences > 0
+        return defers(None if self.defer is None else self.defer.max_sequences)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -78,7 +78,7 @@ from skrull.corpus.order import global_batches
 from skrull.solver.errors import RequestError
 from skrull.solver.io import DEFER_SOLVERS
 from skrull.solver.profile import load_profile, profile_from_dict
-from skrull.solver.types import Parallel
+from skrull.solver.types import Parallel, defers
 from skrull.worker.calibration import CalibrationReport, LoaderCalibration
 from skrull.worker.inputs import pack
 from skrull.worker.layout import MicrobatchLayout, layouts_from_view_dict
@@ -616,7 +616,7 @@ class PlannedBatches:
                 parallel=Parallel(dp=self.dp, cp=self.cp),
                 store=self._budget_store,
                 key=self._budget_key,
-                deferring=bool(doc.get("defer", {}).get("max_sequences")),  # auto then plans batch by batch
+                deferring=defers(doc.get("defer", {}).get("max_sequences")),
             )
         if self.equal_microbatches:
             doc["equal_microbatches"] = True

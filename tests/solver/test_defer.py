@@ -133,6 +133,23 @@ def test_carried_sequences_run_in_the_first_iteration_and_never_wait_twice() -> 
     assert not {0, 1} & set(plan.pending)
 
 
+@pytest.mark.parametrize("solver", ["skrull", "ilp", "deepspeed", "packed"])
+def test_a_defer_of_zero_is_taken_by_every_planner_that_keeps_batches(solver: str) -> None:
+    """``max_sequences`` 0 asks nothing (a loader's last chunk, one config for several planners): the same
+    plan as without ``defer``; ``wlb``, whose queues move work, still refuses it."""
+    doc = _doc(solver=solver, defer={"max_sequences": 0, "carried": 1}, deterministic=True, time_budget_s=0.5)
+    with_zero = request_from_dict(doc)
+    assert with_zero.defer == Defer(max_sequences=0, carried=1) and not with_zero.deferring
+    without = dataclasses.replace(with_zero, defer=None)
+    assert _ids(plan_to_dict(solve(with_zero))) == _ids(plan_to_dict(solve(without)))
+    with pytest.raises(RequestError) as caught:
+        request_from_dict(_doc(solver="wlb", defer={"max_sequences": 0}))
+    assert caught.value.field == "defer" and "wlb defers by its own outlier queues" in str(caught.value)
+    built = dataclasses.replace(request_from_dict(_doc(solver="wlb")), defer=Defer(max_sequences=0))
+    with pytest.raises(RequestError, match="cannot honour"):
+        solve(built)
+
+
 def test_zero_defers_nothing_and_is_the_plan_auto_makes() -> None:
     request = make_request([ODD], dp=2, cp=1, solver="auto", deterministic=True, time_budget_s=0.05)
     zero = dataclasses.replace(request, defer=Defer(max_sequences=0, carried=3))
