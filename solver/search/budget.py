@@ -103,7 +103,9 @@ COSTS: dict[str, Cost] = {
     "ilp-flex": Cost(0.03, 1.5e-5, per_slot_s=1e-8),  # ``auto``'s start and a forked solver process
     # 15.8 s for one batch of 16,384 on DP 1 (its strategy search), where 10 s was accepted
     "hydraulis": Cost(0.01, 3.2e-4, per_square_s=8e-9, per_slot_s=4.8e-6),
-    "dynamic-cp": Cost(0.005, 0.0, per_square_s=6.9e-8, per_gpu_s=3.1e-6),
+    # its step filling kept in heaps, with the sequences sure to wait skipped (0.6 s for 16,384 ShareGPT
+    # sequences on one DP rank, 26.7 s before); a little per batch and DP rank (64 batches: 0.5 s)
+    "dynamic-cp": Cost(0.005, 2e-5, per_square_s=1.5e-9, per_gpu_s=8e-8, per_dp_rank_s=5e-4),
     # WLB-LLM 2.5-4x its earlier fit (pricing both CP modes, tight buckets): 7.2 s for 16,384 ShareGPT sequences
     "wlb": Cost(0.005, 9e-5, per_square_s=9e-9, per_slot_s=1.7e-5, per_gpu_s=1.8e-7),
     # auto's start: wlb without the outlier queues (no queue search; ~0.8 of wlb)

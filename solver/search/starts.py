@@ -144,13 +144,14 @@ STARTS: tuple[Start, ...] = (
         per_slot_s=6e-6,
         fixed_s=0.002,
     ),
-    # 10-25 ms for 256 sequences on 32 and 64 GPUs, where 46-64 ms was predicted
+    # 4-7 ms for 256 sequences on 32 and 64 GPUs, 7-17 ms for 320-512 (its step filling in heaps; 10-25 ms
+    # before)
     Start(
         name="dynamic-cp",
         isolated=True,
         make=DynamicCpPlanner,
-        per_sequence_s=4e-5,
-        per_sequence_gpu_s=5e-7,
+        per_sequence_s=3e-5,
+        per_sequence_gpu_s=1e-7,
         fixed_s=0.002,
     ),
     # the plain-CP baselines: never better than ``packed`` on the bundled distributions, run last

@@ -155,7 +155,7 @@ def _fill_step_by_scanning(
 
 @settings(max_examples=200, deadline=None)
 @given(
-    st.lists(st.integers(1, 4000), min_size=1, max_size=60),
+    st.lists(st.integers(1, 4000), min_size=1, max_size=150),
     st.sampled_from([1, 2, 3, 4, 6, 8, 12, 16, 32]),
     st.integers(64, 2048),
     st.one_of(st.none(), st.floats(1.0, 5e7)),

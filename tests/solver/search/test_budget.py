@@ -36,8 +36,11 @@ def test_the_estimate_follows_each_planners_shape() -> None:
     assert estimated_s("dynamic-cp", [8192], wide) > 2 * estimated_s("dynamic-cp", [8192], narrow)
     # an all-sharded planner writes and checks one local list per GPU of every microbatch's group
     assert estimated_s("deepspeed", [1024], Parallel(dp=4, cp=64)) > 2 * estimated_s("deepspeed", [1024], narrow)
-    # one batch of 8192 costs dynamic CP more than eight of 1024 (its search is quadratic in a batch)
-    assert estimated_s("dynamic-cp", [8192], narrow) > 2 * estimated_s("dynamic-cp", [1024] * 8, narrow)
+    # dynamic CP's steps no longer rescan what waits: one batch of 8192 costs about what eight of 1024 do
+    # (measured 0.15-0.17 s against 0.19-0.22 s; it was 5x when every step ran over every pending sequence)
+    assert estimated_s("dynamic-cp", [8192], narrow) == pytest.approx(
+        estimated_s("dynamic-cp", [1024] * 8, narrow), rel=0.5
+    )
     assert estimated_s("packed", [8192], narrow) == pytest.approx(estimated_s("packed", [1024] * 8, narrow), rel=0.2)
 
 
