@@ -60,6 +60,7 @@ import functools
 import heapq
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from math import inf
 
 from skrull.solver.cost import CostModel
 from skrull.solver.metrics import synchronized_iteration_ms
@@ -188,11 +189,13 @@ def _fill_step(
         if best is None:
             left.append(i)
             room = -full[0][0] if full else 0  # every group of this size is in ``full`` now
-            k = _skip_run(pending, k, left, lambda j, room=room: lengths[j] > room, need=need, size=c)
+            too_long = functools.partial(_longer_than, lengths=lengths, room=room)
+            k = _skip_run(pending, k, left, too_long, need=need, size=c)
             continue
         if quota is not None and best_load > 0.0 and best_load + work(s) / c > quota:
             left.append(i)
-            least = min(g.load for *_, g in (*heap, *full))  # stale entries hold a live group too: no harm
+            # stale entries hold a live group too: no harm
+            least = min(min((e[3].load for e in heap), default=inf), min((e[2].load for e in full), default=inf))
             if least > 0.0:
                 # the test above with the least load of the size: it fails wherever that one does (rounding
                 # is monotone), so the skip places as the scan would
@@ -211,6 +214,10 @@ def _fill_step(
         heapq.heappush(heap, (best.load, best.order, best.version, best))
     _widen(groups, owner, num_gpus)
     return groups, left
+
+
+def _longer_than(j: int, *, lengths: Sequence[int], room: int) -> bool:
+    return lengths[j] > room
 
 
 def _over_quota(
