@@ -53,7 +53,8 @@ class ParallelModel(BaseModel):
 
 
 class DeferModel(BaseModel):
-    """``auto`` may defer up to ``max_sequences`` sequences of each batch by one iteration (solver/defer.py)."""
+    """``auto`` may defer up to ``max_sequences`` sequences of each batch by up to ``max_wait`` iterations
+    (solver/defer.py)."""
 
     model_config = ConfigDict(extra="forbid")
     max_sequences: Integer = Field(
@@ -65,7 +66,13 @@ class DeferModel(BaseModel):
         0,
         ge=0,
         description="the first this many sequences of the first batch were deferred by the previous request: "
-        "they run in iteration 0 and never wait twice",
+        "they run in iteration 0 and never wait again",
+    )
+    max_wait: Integer = Field(
+        1,
+        ge=1,
+        description="how many iterations a deferred sequence may wait (pending from batch b waits the request's "
+        "batches from b on); auto's own choice waits one, a longer wait lets it keep WLB-LLM's whole-request plan",
     )
 
 

@@ -23,7 +23,8 @@ that used no more wall time than ``auto`` has a ratio lower by more than a relat
 longer are not compared (their best is shown apart). Losses to ``wlb`` are counted apart too: it defers
 outliers to a later iteration, which ``auto`` does only when the request asks (``defer``). Where ``auto``
 is behind a deferring planner, it runs again with the same freedom and the same budget: ``defer =
-{max_sequences: k}``, k the most sequences that planner moved out of any one batch; the table says whether
+{max_sequences: k, max_wait: w}``, k the most sequences that planner moved out of any one batch and w the
+most iterations one of them waits (one left pending waits until the next request); the table says whether
 ``auto`` is still behind then.
 
 ``--slow``: on ``--slow-requests`` of the requests (the ones ``auto`` is farthest from the floor on),
@@ -159,13 +160,14 @@ def longest_wait(plan: Plan, request: Request) -> int:
 
 def with_same_deferral(request: Request, theirs: Plan, budget_s: float) -> tuple[float, float, int, int] | None:
     """``auto`` allowed what the deferring plan did (module doc): (ratio, wall s, k, the longest wait of the
-    deferring plan), None if it deferred none. A wait over one iteration is beyond what ``defer`` allows."""
+    deferring plan), None if it deferred none: ``defer = {max_sequences: k, max_wait: that wait}``."""
     k = most_deferred(theirs, request)
     if k == 0:
         return None
-    out = timed(dataclasses.replace(request, defer=Defer(max_sequences=k)), "auto", budget_s)
+    wait = max(1, longest_wait(theirs, request))
+    out = timed(dataclasses.replace(request, defer=Defer(max_sequences=k, max_wait=wait)), "auto", budget_s)
     assert out is not None
-    return out[0], out[1], k, longest_wait(theirs, request)
+    return out[0], out[1], k, wait
 
 
 def profiles() -> list[Profile]:
@@ -257,10 +259,10 @@ def main() -> None:
         )
     if same:
         print("\nBehind a deferring planner: `auto` again with the same deferral (`defer.max_sequences` = k, the most "
-              "that planner moved out of one batch) and the same budget; `waits` is the most iterations a sequence "
-              "of that planner's plan waits (one left pending past the request: at least until the next one): "
-              "`defer` allows one, so over one the deferring plan is not one `auto` may return:\n")  # fmt: skip
-        print("| request | deferring planner | its ratio / floor | k | waits | auto with defer k / floor | its wall ms "
+              "that planner moved out of one batch; `defer.max_wait` = w, the most iterations a sequence of that "
+              "planner's plan waits, one left pending past the request waiting until the next one) and the same "
+              "budget:\n")  # fmt: skip
+        print("| request | deferring planner | its ratio / floor | k | w | auto with defer k, w / floor | its wall ms "
               "| auto over it |")  # fmt: skip
         print("|---|---|---:|---:|---:|---:|---:|---:|")
         for job, _auto, best, (b_ratio, _), *_ in rows:

@@ -36,10 +36,13 @@ take. WLB-LLM defers outliers by design (``wlb``, docs/planners.md); here deferr
   (``search.starts.launch_peer``; a child of 46 ms of work did not finish within a 0.1 s budget beside
   ``auto``'s own peers on two cores, so the child is for the requests too large to plan first).
   Its plan replaces the per-batch one when it keeps the request's ``defer`` (every sequence in its own
-  iteration or the next, at most ``max_sequences`` deferred per batch, carried ones in iteration 0,
-  ``pending`` only from the last batch: ``keeps_defer``) and is ``MIN_GAIN`` lower in time per unit of
-  work over the request. (Two lookaheads were tried instead, planning the next batch per option; at 0.1 s
-  per batch they lost more to the halved planning time than they won: docs/benchmarks-auto.md.)
+  iteration or within ``max_wait`` after it, at most ``max_sequences`` deferred per batch, carried ones in
+  iteration 0, ``pending`` only from the batches within ``max_wait`` of the end: ``keeps_defer``) and is
+  ``MIN_GAIN`` lower in time per unit of work over the request. WLB-LLM's queues may hold an outlier for
+  several iterations, or past the request from any batch: ``max_wait`` (default 1) is how a request
+  allows that; the per-batch rule itself always waits one. (Two lookaheads were tried instead, planning
+  the next batch per option; at 0.1 s per batch they lost more to the halved planning time than they won:
+  docs/benchmarks-auto.md.)
 
 ``solve.stats`` reports ``deferred_sequences`` and ``ms_per_work`` / ``ms_per_work_without_defer``
 (summed times over summed work of the chosen plans and of each iteration's option without deferral). The
@@ -320,8 +323,9 @@ def _start_peer(problem: Problem, *, end: float, clock: Clock) -> tuple[PlannerO
 
 def keeps_defer(output: PlannerOutput, problem: Problem, defer: Defer) -> bool:
     """Whether ``output`` keeps ``defer`` (module doc; the rules ``solver.validate.defer_problems`` checks):
-    one iteration per batch, each sequence in its own batch's iteration or the next, carried ones in
-    iteration 0, at most ``max_sequences`` deferred per batch, ``pending`` only from the last batch."""
+    one iteration per batch, each sequence in its own batch's iteration or within ``max_wait`` after it,
+    carried ones in iteration 0, at most ``max_sequences`` deferred per batch, ``pending`` only from the
+    batches within ``max_wait`` of the end (with the default wait of one, the last batch)."""
     batches = problem.batch_ids
     if len(output.iterations) != len(batches):
         return False
@@ -332,14 +336,13 @@ def keeps_defer(output: PlannerOutput, problem: Problem, defer: Defer) -> bool:
     for k, specs in enumerate(output.iterations):
         for i in (i for s in specs for i in s.seq_ids):
             b = batch_of.get(i)
-            if b is None or i in seen or k not in (b, b + 1) or (k > b and i in carried):
+            if b is None or i in seen or not b <= k <= b + defer.max_wait or (k > b and i in carried):
                 return False
             seen.add(i)
             deferred[b] += k > b
-    last = len(batches) - 1
     for i in output.pending:
         b = batch_of.get(i)
-        if b != last or i in seen or i in carried:
+        if b is None or len(batches) - b > defer.max_wait or i in seen or i in carried:
             return False
         seen.add(i)
         deferred[b] += 1

@@ -65,7 +65,7 @@ REQUEST_FIELDS = frozenset(
     }
 )
 PARALLEL_FIELDS = frozenset({"dp", "cp"})
-DEFER_FIELDS = frozenset({"max_sequences", "carried"})
+DEFER_FIELDS = frozenset({"max_sequences", "carried", "max_wait"})
 #: Bounds of request numbers: token lengths and buckets up to 2^40 tokens, degrees up to 2^20 GPUs.
 MAX_TOKENS = 2**40
 MAX_DEGREE = 2**20
@@ -123,7 +123,8 @@ def parse_defer(doc: Any, *, solver: str, batches: tuple[tuple[int, ...], ...], 
         raise RequestError(field, doc, reason)
     first = len(batches[0]) if batches else 0
     carried = read_int(doc.get("carried", 0), f"{field}.carried", minimum=0, maximum=first)
-    return Defer(max_sequences=max_sequences, carried=carried)
+    max_wait = read_int(doc.get("max_wait", 1), f"{field}.max_wait", minimum=1, maximum=MAX_DEFER)
+    return Defer(max_sequences=max_sequences, carried=carried, max_wait=max_wait)
 
 
 def request_from_dict(doc: Any, *, known_solvers: tuple[str, ...] | None = None) -> Request:
@@ -264,6 +265,8 @@ def request_to_dict(request: Request, *, inline_profile: bool = False) -> dict[s
         doc["defer"] = {"max_sequences": request.defer.max_sequences}
         if request.defer.carried:
             doc["defer"]["carried"] = request.defer.carried
+        if request.defer.max_wait != 1:
+            doc["defer"]["max_wait"] = request.defer.max_wait
     return doc
 
 

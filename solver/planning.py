@@ -125,11 +125,13 @@ def check_defer(request: Request) -> None:
     if request.solver not in DEFER_SOLVERS and (defer.max_sequences > 0 or request.solver in MOVES_WORK_SOLVERS):
         raise RequestError(
             "defer",
-            {"max_sequences": defer.max_sequences, "carried": defer.carried},
+            {"max_sequences": defer.max_sequences, "carried": defer.carried, "max_wait": defer.max_wait},
             f"only {', '.join(DEFER_SOLVERS)} defers on request; solver {request.solver!r} cannot honour it",
         )
     if not 0 <= defer.max_sequences <= MAX_DEFER:
         raise RequestError("defer.max_sequences", defer.max_sequences, f"must be an integer in 0..{MAX_DEFER}")
+    if not 1 <= defer.max_wait <= MAX_DEFER:
+        raise RequestError("defer.max_wait", defer.max_wait, f"must be an integer in 1..{MAX_DEFER} (iterations)")
     if not 0 <= defer.carried <= len(request.batches[0]):
         raise RequestError("defer.carried", defer.carried, f"must be in 0..{len(request.batches[0])} (the first batch)")
 

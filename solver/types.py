@@ -41,13 +41,16 @@ class Parallel:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Defer:
-    """What ``auto`` may defer (solver/defer.py): up to ``max_sequences`` sequences of each batch wait one
-    iteration, into the next batch of the request or, from the last batch, into the plan's ``pending``
-    (for the next request). The first ``carried`` sequences of the first batch are ones an earlier request
-    deferred: they run in iteration 0, never wait twice (a sequence waits at most one iteration)."""
+    """What ``auto`` may defer (solver/defer.py): up to ``max_sequences`` sequences of each batch wait,
+    into a later batch of the request or into the plan's ``pending`` (for the next request), at most
+    ``max_wait`` iterations (pending from batch b waits ``len(batches) - b``: it runs first in the next
+    request). The first ``carried`` sequences of the first batch are ones an earlier request deferred: they
+    run in iteration 0, never wait again. ``auto``'s own per-batch choice waits one iteration; a longer
+    ``max_wait`` lets it keep a whole-request plan that waits longer (WLB-LLM's outlier queues)."""
 
     max_sequences: int
     carried: int = 0
+    max_wait: int = 1
 
 
 def defers(max_sequences: int | None) -> bool:

@@ -13,9 +13,10 @@ It knows nothing of how planners work; it checks a plan against the request and 
 * memory (eq. 7): every GPU within ``bucket_tokens`` in every microbatch, counting the tokens it really
   holds (its local sequences plus the pieces the microbatch's sharding mode cuts for it);
 * deferral (a request with ``defer``, solver/defer.py): every sequence runs in its own batch's iteration
-  or the next one, the request's ``defer.carried`` first sequences in iteration 0; no iteration defers more
-  than ``defer.max_sequences`` of its own (so ``len(pending) <= max_sequences``), and only the last batch
-  defers into ``pending``;
+  or within ``defer.max_wait`` (default 1) after it, the request's ``defer.carried`` first sequences in
+  iteration 0; no batch defers more than ``defer.max_sequences`` of its own, and only a batch within
+  ``max_wait`` of the request's end defers into ``pending`` (it runs first in the next request: with the
+  default, the last batch only, so ``len(pending) <= max_sequences``);
 * estimates: every ``estimated_ms`` and ``lower_bound_ms`` equals the reference model, the iteration
   estimate is never below its bound; ``solve`` is consistent (objective = summed iteration estimates,
   bound <= objective, gap = (objective - bound) / objective).
@@ -296,8 +297,10 @@ def defer_problems(plan: Plan, request: Request) -> list[str]:
         return []
     problems: list[str] = []
     batch_of = [b for b, batch in enumerate(request.batches) for _ in batch]
-    last = len(request.batches) - 1
-    deferred_from = [0] * len(request.batches)
+    num_batches = len(request.batches)
+    wait = defer.max_wait
+    most = "one iteration" if wait == 1 else f"{wait} iterations (defer.max_wait)"
+    deferred_from = [0] * num_batches
     for it in plan.iterations:
         for mb in it.microbatches:
             for i in mb.seq_ids:
@@ -308,24 +311,27 @@ def defer_problems(plan: Plan, request: Request) -> list[str]:
                         f"iterations[{it.index}]: sequence {i} was carried from the previous request "
                         "(defer.carried) and must run in iteration 0"
                     )
-                elif it.index > batch_of[i] + 1:
+                elif it.index > batch_of[i] + wait:
                     problems.append(
-                        f"iterations[{it.index}]: sequence {i} of batch {batch_of[i]} waits more than one iteration"
+                        f"iterations[{it.index}]: sequence {i} of batch {batch_of[i]} waits more than {most}"
                     )
-                elif it.index == batch_of[i] + 1:
+                elif it.index > batch_of[i]:
                     deferred_from[batch_of[i]] += 1
     for i in plan.pending:
         if not 0 <= i < len(batch_of):
             continue
-        if batch_of[i] != last:
-            problems.append(f"pending: sequence {i} of batch {batch_of[i]} must run in the next iteration, not wait")
-        elif i < defer.carried:
+        if i < defer.carried:
             problems.append(f"pending: sequence {i} was carried from the previous request (defer.carried)")
+        elif num_batches - batch_of[i] > wait:  # pending runs first in the next request
+            problems.append(
+                f"pending: sequence {i} of batch {batch_of[i]} would wait {num_batches - batch_of[i]} iterations, "
+                f"more than {most}"
+            )
         else:
-            deferred_from[last] += 1
+            deferred_from[batch_of[i]] += 1
     for b, n in enumerate(deferred_from):
         if n > defer.max_sequences:
-            where = "pending" if b == last else f"iterations[{b + 1}]"
+            where = "pending" if b == num_batches - 1 else f"iterations[{b + 1}]"
             problems.append(
                 f"{where}: batch {b} defers {n} sequence{'' if n == 1 else 's'}, more than defer.max_sequences = "
                 f"{defer.max_sequences}"

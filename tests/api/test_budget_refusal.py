@@ -71,3 +71,19 @@ def test_auto_with_defer_is_refused_a_budget_that_only_covers_auto_without_it(tm
         assert problem.field == "time_budget_s" and "with defer" in problem.detail
         quoted = float(problem.detail.rsplit(">= ", 1)[1])
         assert client.post("/v1/plans", json={**deferring, "time_budget_s": quoted}).status_code == 202
+
+
+def test_a_defer_with_a_longer_wait_is_taken_and_a_wait_below_one_refused_naming_it(tmp_path: Path) -> None:
+    from skrull.api.schemas import PlanEnvelope
+
+    doc = plan_request([[50] * 8, [60] * 8, [70] * 8], solver="auto", time_budget_s=2.0)
+    with running_app(tmp_path / "skrull.db") as client:
+        bad = client.post("/v1/plans", json={**doc, "defer": {"max_sequences": 2, "max_wait": 0}})
+        assert bad.status_code == 422, bad.text
+        assert ProblemModel.model_validate(bad.json()).field == "defer.max_wait"
+        r = client.post("/v1/plans", json={**doc, "defer": {"max_sequences": 2, "max_wait": 3}})
+        assert r.status_code == 202, r.text
+        done = client.get(f"/v1/plans/{r.json()['id']}", params={"wait": 30, "until": "final"})
+        envelope = PlanEnvelope.model_validate(done.json())
+        assert envelope.status == "solved" and envelope.plan is not None
+        assert len(envelope.plan.iterations) == 3

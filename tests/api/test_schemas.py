@@ -85,6 +85,10 @@ def test_the_request_model_and_the_librarys_reader_know_the_same_fields() -> Non
     assert set(PlanRequestIn.model_fields) == REQUEST_FIELDS
     assert set(CompareRequestIn.model_fields) == REQUEST_FIELDS | {"solvers"}
     assert set(ParallelModel.model_fields) == PARALLEL_FIELDS
+    from skrull.api.schemas import DeferModel
+    from skrull.solver.io import DEFER_FIELDS
+
+    assert set(DeferModel.model_fields) == DEFER_FIELDS
     defaults = {name: field.default for name, field in PlanRequestIn.model_fields.items()}
     # no budget: left out of the document, so the library gives the planner's default for the request's size
     assert (defaults["profile"], defaults["solver"], defaults["time_budget_s"]) == (
