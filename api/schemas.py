@@ -59,8 +59,8 @@ class DeferModel(BaseModel):
     model_config = ConfigDict(extra="forbid")
     max_sequences: Integer = Field(
         ge=0,
-        description="how many sequences of each batch may wait one iteration: into the next batch, or from the "
-        "last batch into the plan's pending (for the next request); 0 defers nothing",
+        description="how many sequences of each batch may wait (one iteration unless max_wait says more): into a "
+        "later batch, or into the plan's pending (for the next request); 0 defers nothing",
     )
     carried: Integer = Field(
         0,
@@ -71,6 +71,7 @@ class DeferModel(BaseModel):
     max_wait: Integer = Field(
         1,
         ge=1,
+        le=2**20,
         description="how many iterations a deferred sequence may wait (pending from batch b waits the request's "
         "batches from b on); auto's own choice waits one, a longer wait lets it keep WLB-LLM's whole-request plan",
     )
@@ -125,8 +126,8 @@ class PlanRequestIn(BaseModel):
     defer: DeferModel | None = Field(
         None,
         description="auto only (other planners refuse it but for max_sequences 0, which defers nothing; wlb "
-        "refuses even that, it defers by its own queues): let sequences wait one "
-        "iteration when that lowers the estimated time per unit of work; left out or null, nothing waits",
+        "refuses even that, it defers by its own queues): let sequences wait one iteration (up to max_wait) "
+        "when that lowers the estimated time per unit of work; left out or null, nothing waits",
     )
     cp_modes: list[CpModeName] | None = Field(
         None,

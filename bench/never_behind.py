@@ -151,7 +151,7 @@ def most_deferred(plan: Plan, request: Request) -> int:
 
 def longest_wait(plan: Plan, request: Request) -> int:
     """The most iterations a sequence of ``plan`` waits past its own batch's; one left ``pending`` waits at least
-    until the next request (``len(batches) - its batch``). ``defer`` lets a sequence wait one."""
+    until the next request (``len(batches) - its batch``). ``defer`` lets a sequence wait ``max_wait`` (default 1)."""
     batch_of = [b for b, batch in enumerate(request.batches) for _ in batch]
     waits = [k - batch_of[i] for k, it in enumerate(plan.iterations) for mb in it.microbatches for i in mb.seq_ids]
     waits += [len(request.batches) - batch_of[i] for i in plan.pending]

@@ -297,7 +297,10 @@ def solve_batch(request: Request, index: int) -> IterationResult:
         request.resolved_time_budget_s,
         request.parallel,
     )
-    sub = dataclasses.replace(request, batches=(request.batches[index],), time_budget_s=share_s)
+    defer = request.defer
+    if defer is not None and index > 0:  # ``carried`` counts the head of batch 0 only
+        defer = dataclasses.replace(defer, carried=0)
+    sub = dataclasses.replace(request, batches=(request.batches[index],), time_budget_s=share_s, defer=defer)
     plan = solve(sub)
     return IterationResult(
         iteration=shift_iteration(plan.iterations[0], offset=offset, index=index),

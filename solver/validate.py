@@ -331,7 +331,8 @@ def defer_problems(plan: Plan, request: Request) -> list[str]:
             deferred_from[batch_of[i]] += 1
     for b, n in enumerate(deferred_from):
         if n > defer.max_sequences:
-            where = "pending" if b == num_batches - 1 else f"iterations[{b + 1}]"
+            # with a wait of one, where they went; with a longer wait, from the next iteration on
+            where = "pending" if b == num_batches - 1 else f"iterations[{b + 1}{'' if wait == 1 else '..'}]"
             problems.append(
                 f"{where}: batch {b} defers {n} sequence{'' if n == 1 else 's'}, more than defer.max_sequences = "
                 f"{defer.max_sequences}"

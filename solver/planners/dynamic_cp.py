@@ -139,7 +139,7 @@ def _fill_step(
     # per size, the open groups with room in a heap of (load, opening order, version, group): the least loaded
     # first, ties to the first opened (an entry whose version is not its group's is stale: the group took a
     # sequence since); those found without room for a sequence wait in a heap by room, most first, and come
-    # back once a sequence fits them (a later one is no longer in descending order), so a full group is
+    # back once a sequence fits them (a shorter one later, ``pending`` being in descending length), so a full group is
     # not popped again for every shorter sequence (in a tight bucket most are full: that made it slower
     # than the scan)
     by_size: dict[int, list[tuple[float, int, int, _Group]]] = {}

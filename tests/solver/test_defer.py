@@ -150,6 +150,23 @@ def test_a_defer_of_zero_is_taken_by_every_planner_that_keeps_batches(solver: st
         solve(built)
 
 
+def test_a_defer_of_zero_with_carried_sequences_is_planned_batch_by_batch_as_the_service_streams_it() -> None:
+    """A planner that plans each batch alone is solved (and published) batch by batch
+    (``planning.solve_batch``): ``carried`` counts the head of batch 0, not of every batch."""
+    from skrull.solver.planning import solve_batch
+
+    request = request_from_dict(
+        _doc(solver="packed", batches=[[100, 100], [100], [30, 40, 50]], defer={"max_sequences": 0, "carried": 2})
+    )
+    whole = solve(request)
+    for index in range(3):
+        got = solve_batch(request, index)
+        assert sorted(i for mb in got.iteration.microbatches for i in mb.seq_ids) == sorted(
+            i for mb in whole.iterations[index].microbatches for i in mb.seq_ids
+        )
+        assert got.pending == ()
+
+
 def test_zero_defers_nothing_and_is_the_plan_auto_makes() -> None:
     request = make_request([ODD], dp=2, cp=1, solver="auto", deterministic=True, time_budget_s=0.05)
     zero = dataclasses.replace(request, defer=Defer(max_sequences=0, carried=3))
