@@ -102,6 +102,17 @@ def parse_profile(doc: Any, *, field: str = "profile") -> Profile:
     return profile_from_dict(doc, path=field)
 
 
+def defer_refusal(solver: str, max_sequences: int) -> str | None:
+    """Why ``solver`` cannot honour a ``defer`` of ``max_sequences`` (None: it can). The one rule the reader
+    and ``planning.check_defer`` (a ``Request`` built in Python) apply."""
+    if solver in DEFER_SOLVERS or (max_sequences == 0 and solver not in MOVES_WORK_SOLVERS):
+        return None
+    reason = f"only {', '.join(DEFER_SOLVERS)} defers on request; solver {solver!r} cannot honour it"
+    if solver == "wlb":
+        reason += " (wlb defers by its own outlier queues without being asked: leave defer out)"
+    return reason
+
+
 def parse_defer(doc: Any, *, solver: str, batches: tuple[tuple[int, ...], ...], field: str = "defer") -> Defer | None:
     """The ``defer`` object (null or left out: off). Only ``auto`` defers on request (``DEFER_SOLVERS``);
     ``max_sequences`` 0 (a loader's last chunk, a config written for several planners) defers nothing, so
@@ -116,10 +127,7 @@ def parse_defer(doc: Any, *, solver: str, batches: tuple[tuple[int, ...], ...], 
     if "max_sequences" not in doc:
         raise RequestError(f"{field}.max_sequences", None, "is required: how many sequences a batch may defer")
     max_sequences = read_int(doc["max_sequences"], f"{field}.max_sequences", minimum=0, maximum=MAX_DEFER)
-    if solver not in DEFER_SOLVERS and (max_sequences > 0 or solver in MOVES_WORK_SOLVERS):
-        reason = f"only {', '.join(DEFER_SOLVERS)} defers on request; solver {solver!r} cannot honour it"
-        if solver == "wlb":
-            reason += " (wlb defers by its own outlier queues without being asked: leave defer out)"
+    if (reason := defer_refusal(solver, max_sequences)) is not None:
         raise RequestError(field, doc, reason)
     first = len(batches[0]) if batches else 0
     carried = read_int(doc.get("carried", 0), f"{field}.carried", minimum=0, maximum=first)

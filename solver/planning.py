@@ -19,7 +19,7 @@ from skrull.solver.cp_modes import CP_MODES, DEFAULT_CP_MODES, ULYSSES
 from skrull.solver.defer import plan_with_deferral
 from skrull.solver.equalize import equalize_microbatches
 from skrull.solver.errors import InvalidPlanError, PlannerBugError, RequestError
-from skrull.solver.io import DEFER_SOLVERS, MAX_DEFER, MOVES_WORK_SOLVERS, check_cp_modes_profile
+from skrull.solver.io import MAX_DEFER, check_cp_modes_profile, defer_refusal
 from skrull.solver.planners.base import Planner, PlannerOutput
 from skrull.solver.planners.registry import get_planner
 from skrull.solver.search.budget import batch_share_s, check_budget
@@ -122,12 +122,9 @@ def check_defer(request: Request) -> None:
     a planner that cannot honour it, and of a ``carried`` count past the first batch."""
     defer = request.defer
     assert defer is not None
-    if request.solver not in DEFER_SOLVERS and (defer.max_sequences > 0 or request.solver in MOVES_WORK_SOLVERS):
-        raise RequestError(
-            "defer",
-            {"max_sequences": defer.max_sequences, "carried": defer.carried, "max_wait": defer.max_wait},
-            f"only {', '.join(DEFER_SOLVERS)} defers on request; solver {request.solver!r} cannot honour it",
-        )
+    if (reason := defer_refusal(request.solver, defer.max_sequences)) is not None:
+        doc = {"max_sequences": defer.max_sequences, "carried": defer.carried, "max_wait": defer.max_wait}
+        raise RequestError("defer", doc, reason)
     if not 0 <= defer.max_sequences <= MAX_DEFER:
         raise RequestError("defer.max_sequences", defer.max_sequences, f"must be an integer in 0..{MAX_DEFER}")
     if not 1 <= defer.max_wait <= MAX_DEFER:

@@ -144,7 +144,7 @@ STARTS: tuple[Start, ...] = (
         per_slot_s=6e-6,
         fixed_s=0.002,
     ),
-    # 4-7 ms for 256 sequences on 32 and 64 GPUs, 7-17 ms for 320-512 (its step filling in heaps; 10-25 ms
+    # 4-7 ms for 256 sequences on 32 and 64 GPUs, 6-17 ms for 320-512 (its step filling in heaps; 10-25 ms
     # before)
     Start(
         name="dynamic-cp",

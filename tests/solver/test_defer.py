@@ -17,7 +17,7 @@ from skrull.solver.errors import InvalidPlanError, RequestError
 from skrull.solver.io import plan_to_dict, request_from_dict, request_to_dict
 from skrull.solver.planners.base import PlannerOutput, make_spec
 from skrull.solver.planning import assemble_plan, solve
-from skrull.solver.types import Defer, Problem
+from skrull.solver.types import Defer, Problem, Request
 from skrull.solver.validate import defer_problems, plan_problems, validate_plan
 from tests.conftest import HAND_PROFILE, make_request
 
@@ -215,10 +215,10 @@ def test_max_wait_bounds_how_long_a_sequence_waits_and_which_batches_fill_pendin
     assert request_to_dict(request)["defer"] == {"max_sequences": 1, "max_wait": 2}
     problem = Problem.from_request(request)
 
-    def plan_of(iterations: list[list[int]], pending: tuple[int, ...]) -> list[str]:
+    def plan_of(iterations: list[list[int]], pending: tuple[int, ...], checked: Request = request) -> list[str]:
         specs = tuple(((make_spec(step=0, ranks=(0,), local=[ids], sharded=[]),) if ids else ()) for ids in iterations)
         output = PlannerOutput(iterations=specs, pending=pending)
-        return plan_problems(assemble_plan(problem, output, solver="auto", wall_ms=0.0), request)
+        return plan_problems(assemble_plan(problem, output, solver="auto", wall_ms=0.0), checked)
 
     assert plan_of([[], [1], [0, 2]], ()) == []  # batch 0's sequence waits two iterations: allowed
     assert plan_of([[0], [], [2]], (1,)) == []  # batch 1's waits until the next request: two iterations
@@ -226,16 +226,8 @@ def test_max_wait_bounds_how_long_a_sequence_waits_and_which_batches_fill_pendin
         "pending: sequence 0 of batch 0 would wait 3 iterations, more than 2 iterations (defer.max_wait)"
     ]
     one = dataclasses.replace(request, defer=Defer(max_sequences=1))
-    problems = plan_problems(
-        assemble_plan(
-            problem,
-            PlannerOutput(iterations=tuple((make_spec(step=0, ranks=(0,), local=[ids], sharded=[]),) if ids else ()
-                                           for ids in [[], [1], [0, 2]])),
-            solver="auto", wall_ms=0.0,
-        ),
-        one,
-    )  # fmt: skip
-    assert problems == ["iterations[2]: sequence 0 of batch 0 waits more than one iteration"]
+    assert plan_of([[], [1], [0, 2]], (), one) == ["iterations[2]: sequence 0 of batch 0 waits more than one iteration"]
+    assert request_from_dict(request_to_dict(request, inline_profile=True)) == request
     for bad in (0, -1, True, 1.5):
         with pytest.raises(RequestError) as caught:
             request_from_dict(_doc(defer={"max_sequences": 1, "max_wait": bad}))
