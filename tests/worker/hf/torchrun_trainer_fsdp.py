@@ -9,7 +9,9 @@ the model with accelerate's own ``fsdp2_prepare_model`` (``fully_shard``) and th
 ``no_sync`` and reduce-scatter. FSDP2 must train the plain step; FSDP1 must be refused (its plugin cannot be
 built without an accelerator: ``forced-1`` is the FSDP2 plugin saying version 1, all that the guard reads).
 
-Each rank prints ``<rank> refused: <message>`` or ``<rank> trained <wrapper> <largest relative error>``."""
+Each rank writes ``refused: <message>`` or ``trained <wrapper> <largest relative error>`` to its own file,
+``report-<rank>.txt`` in the working directory (two ranks printing to torchrun's one pipe can interleave
+within a line on a loaded machine), and prints it after its rank."""
 
 from __future__ import annotations
 
@@ -81,7 +83,7 @@ def main() -> int:
     try:
         trainer = kind(model=model, args=args, planned=planned, callbacks=[Gradients()])
     except ValueError as e:
-        print(f"{rank} refused: {e}", flush=True)
+        _report(rank, f"refused: {e}")
         return 0
     trainer.train()
     reference = build_model(read_model_config(str(CONFIG)), seed=0, attn_implementation="eager")
@@ -90,8 +92,14 @@ def main() -> int:
     plain_step(reference, ids, labels=[torch.tensor(rows[i]["labels"]) for i in batch])
     errors = [relative_error(grads[n], p.grad) for n, p in reference.named_parameters()]
     wrapper = type(trainer.model_wrapped).__name__
-    print(f"{rank} trained {wrapper} {max(errors):.3e} of {len(errors)} gradients", flush=True)
+    _report(rank, f"trained {wrapper} {max(errors):.3e} of {len(errors)} gradients")
     return 0
+
+
+def _report(rank: int, line: str) -> None:
+    with open(f"report-{rank}.txt", "w", encoding="utf-8") as f:
+        f.write(line.replace("\n", " ") + "\n")
+    print(f"{rank} {line}", flush=True)
 
 
 if __name__ == "__main__":
