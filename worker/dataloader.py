@@ -26,7 +26,10 @@ With ``defer_max_sequences=k`` (``auto`` only) a plan may leave up to k sequence
 ``pending`` (solver/defer.py): the loader prepends them to the next request's first batch (``"defer":
 {"carried": n}``: they run in its first iteration and never wait twice), maps them back to their dataset
 indices, and plans the last chunk of the data with no deferral, so every index is yielded exactly once
-over the epoch. ``sample_indices`` of an iteration are then the indices it really runs.
+over the epoch. ``sample_indices`` of an iteration are then the indices it really runs. With
+``defer_max_wait=w`` (default 1) a deferred sequence may wait up to w iterations (the request's
+``defer.max_wait``): within a request of ``batches_per_plan`` batches it may run up to w batches later, and
+the last w batches may leave sequences pending (one pending from batch b of n waits n - b).
 
 ``blocked_s`` of each yielded iteration is the whole time the loop spent in ``next()``: waiting for the
 plan and its view, and packing the microbatches. It is ~0 when planning keeps up. ``state_dict()`` /
@@ -76,7 +79,7 @@ import torch.distributed as dist
 
 from skrull.corpus.order import global_batches
 from skrull.solver.errors import RequestError
-from skrull.solver.io import DEFER_SOLVERS
+from skrull.solver.io import DEFER_SOLVERS, MAX_DEFER
 from skrull.solver.profile import load_profile, profile_from_dict
 from skrull.solver.types import Parallel, defers
 from skrull.worker.calibration import CalibrationReport, LoaderCalibration
@@ -260,6 +263,7 @@ class PlannedBatches:
         equal_microbatches: bool = False,
         deterministic: bool = True,
         defer_max_sequences: int = 0,
+        defer_max_wait: int = 1,
         label_convention: str = "next_token",
         drop_last: bool = False,
         vocab_size: int | None = None,
@@ -294,6 +298,15 @@ class PlannedBatches:
                 "defer_max_sequences",
                 defer_max_sequences,
                 f"only solver {' or '.join(map(repr, DEFER_SOLVERS))} defers on request, not {solver!r}",
+            )
+        wait_ok = isinstance(defer_max_wait, int) and not isinstance(defer_max_wait, bool)
+        if not wait_ok or not 1 <= defer_max_wait <= MAX_DEFER:
+            raise RequestError("defer_max_wait", defer_max_wait, f"must be an integer in 1..{MAX_DEFER} (iterations)")
+        if defer_max_wait != 1 and not defer_max_sequences:
+            raise RequestError(
+                "defer_max_wait",
+                defer_max_wait,
+                "bounds how long a deferred sequence waits: give defer_max_sequences > 0",
             )
         if len(dataset) != len(lengths):
             raise RequestError("lengths", len(lengths), f"must have one entry per dataset sample ({len(dataset)})")
@@ -340,6 +353,8 @@ class PlannedBatches:
         self.label_convention = label_convention
         #: how many sequences of each global batch a plan may defer to the next iteration (solver/defer.py)
         self.defer_max_sequences = defer_max_sequences
+        #: how many iterations a deferred sequence may wait (the request's ``defer.max_wait``)
+        self.defer_max_wait = defer_max_wait
         self.batches_per_plan = batches_per_plan
         self.prefetch = prefetch
         self.timeout_s = timeout_s
@@ -504,6 +519,7 @@ class PlannedBatches:
             "dp": self.dp,
             "cp": self.cp,
             "defer_max_sequences": self.defer_max_sequences,
+            "defer_max_wait": self.defer_max_wait,
             "carried": list(carried),
             "budgets": self.budget.state_dict(epoch=self.epoch, from_chunk=chunk),
         }
@@ -512,7 +528,7 @@ class PlannedBatches:
         """Resume at ``state["next_iteration"]``: the next ``__iter__`` starts there, with the plans the
         uninterrupted run would have had (deterministic plans of the same requests)."""
         mine = self.state_dict()
-        defaults = {"defer_max_sequences": 0}  # saved before the loader deferred: it did not
+        defaults = {"defer_max_sequences": 0, "defer_max_wait": 1}  # saved before the loader had them
         for key, value in mine.items():
             if (
                 key not in ("next_iteration", "carried", "epoch", "budgets")
@@ -541,16 +557,30 @@ class PlannedBatches:
         self.budget.load_state_dict(budgets)
         self.next_iteration = start
 
+    @property
+    def _carry_window(self) -> int:
+        """How many global batches before a request may have sequences carried into it: those within
+        ``defer_max_wait`` iterations of its first (the previous request's last ones)."""
+        return min(self.defer_max_wait, self.batches_per_plan)
+
     def _read_carried(self, value: Any, chunk: int) -> tuple[int, ...]:
-        """Saved carried indices: distinct dataset indices of the global batches before ``chunk``."""
+        """Saved carried indices: distinct dataset indices of the global batches just before ``chunk``
+        (within ``defer_max_wait`` of it), at most ``defer_max_sequences`` from each."""
         if not isinstance(value, list | tuple) or any(isinstance(i, bool) or not isinstance(i, int) for i in value):
             raise RequestError("state_dict.carried", value, "must be a list of dataset indices")
-        before = {i for b in self.batches[: chunk * self.batches_per_plan] for i in b}
-        if len(set(value)) != len(value) or not set(value) <= before or len(value) > self.defer_max_sequences:
+        start = chunk * self.batches_per_plan
+        window = self.batches[max(0, start - self._carry_window) : start]
+        taken = [sum(i in set(batch) for i in value) for batch in window]
+        if (
+            len(set(value)) != len(value)
+            or sum(taken) != len(value)
+            or any(n > self.defer_max_sequences for n in taken)
+        ):
             raise RequestError(
                 "state_dict.carried",
                 value,
-                f"must be at most {self.defer_max_sequences} distinct indices of the batches before this chunk",
+                f"must be distinct indices of the {len(window)} global batch{'es' if len(window) != 1 else ''} "
+                f"before this chunk, at most {self.defer_max_sequences} of each",
             )
         return tuple(value)
 
@@ -606,6 +636,8 @@ class PlannedBatches:
         if self.defer_max_sequences:
             last = chunk == self._num_chunks - 1  # the end of the data: whatever waits runs now
             doc["defer"] = {"max_sequences": 0 if last else self.defer_max_sequences}
+            if self.defer_max_wait != 1 and not last:
+                doc["defer"]["max_wait"] = self.defer_max_wait
             if carried:
                 doc["defer"]["carried"] = len(carried)
         if self.time_budget_s is None and self._budget_key is not None:
