@@ -224,6 +224,19 @@ class CostModel:
         self.check_mode(group_size, ULYSSES)
         return self._a2a_ms_per_token * sharded_tokens / group_size + self._a2a_fixed_ms
 
+    def comm_ms(self, sharded_tokens: int, group_size: int, mode: str = DEFAULT_CP_MODE) -> float:
+        """The communication term of a microbatch sharding ``sharded_tokens`` over ``group_size`` GPUs: in
+        ``mode`` (the reference), or in a planner's view (``choose_modes``) the cheapest of its modes the
+        group runs (all-gather where none does: such a group is kept from sharding, ``shards_on``)."""
+        if self._choose_from is not None and sharded_tokens > 0 and group_size > 1:
+            options = [self.t_comm_ms(sharded_tokens)] if ALLGATHER in self._choose_from else []
+            if ULYSSES in self._choose_from and self.mode_fits(group_size, ULYSSES):
+                options.append(self.t_a2a_ms(sharded_tokens, group_size))
+            return min(options) if options else self.t_comm_ms(sharded_tokens)
+        if mode == ULYSSES:
+            return self.t_a2a_ms(sharded_tokens, group_size)
+        return self.t_comm_ms(sharded_tokens)
+
     def cheapest_comm_ms(self, sharded_tokens: int, max_group_size: int) -> float:
         """A floor on the communication of ``sharded_tokens`` sharded over at most ``max_group_size`` GPUs in
         any mode the request allows: ``T_comm(T)``, or with ``ulysses`` allowed also ``T_a2a`` at the widest
@@ -243,6 +256,15 @@ class CostModel:
         if mode == ALLGATHER:
             return True
         return self._attention_heads > 0 and ulysses_divides(self._attention_heads, group_size)
+
+    def shards_on(self, group_size: int) -> bool:
+        """Whether a microbatch may shard over ``group_size`` GPUs in a mode this view may choose: always in
+        all-gather, but with Ulysses alone (``choose_modes=["ulysses"]``) only on a group dividing the heads.
+        Planners that pick group sizes (``auto``'s search, ``ilp-flex``) keep to these groups, or the mode
+        assignment after planning would find a sharded microbatch no allowed mode runs."""
+        if group_size <= 1 or self._choose_from != (ULYSSES,):
+            return True
+        return self.mode_fits(group_size, ULYSSES)
 
     def check_mode(self, group_size: int, mode: str) -> None:
         """Refuse a mode this profile or group cannot price, naming what is missing."""
@@ -280,15 +302,7 @@ class CostModel:
         for s in sharded_lengths:
             sharded_tokens += s
             sharded_flops += self._fpt * s + self._fpt_sq * s * s
-        if self._choose_from is not None and sharded_tokens > 0 and group_size > 1:
-            options = [self.t_comm_ms(sharded_tokens)] if ALLGATHER in self._choose_from else []
-            if ULYSSES in self._choose_from and self.mode_fits(group_size, ULYSSES):
-                options.append(self.t_a2a_ms(sharded_tokens, group_size))
-            comm = min(options) if options else self.t_comm_ms(sharded_tokens)
-        elif mode == ULYSSES:
-            comm = self.t_a2a_ms(sharded_tokens, group_size)
-        else:
-            comm = self.t_comm_ms(sharded_tokens)
+        comm = self.comm_ms(sharded_tokens, group_size, mode)
         dist = self.t_comp_ms(sharded_flops / group_size)
         worst = 0.0
         idle_counted = False

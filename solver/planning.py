@@ -20,7 +20,7 @@ from skrull.solver.defer import plan_with_deferral
 from skrull.solver.equalize import equalize_microbatches
 from skrull.solver.errors import InvalidPlanError, PlannerBugError, RequestError
 from skrull.solver.io import MAX_DEFER, check_cp_modes_profile, defer_refusal
-from skrull.solver.planners.base import Planner, PlannerOutput
+from skrull.solver.planners.base import OPTIMAL_TOLERANCE, Planner, PlannerOutput
 from skrull.solver.planners.registry import get_planner
 from skrull.solver.search.budget import batch_share_s, check_budget
 from skrull.solver.types import Iteration, MicrobatchSpec, Parallel, Plan, Problem, Request, SolveInfo
@@ -155,12 +155,19 @@ def check_cp_modes(request: Request, planner: Planner) -> tuple[str, ...]:
     if usable == (ULYSSES,):
         heads = request.profile.heads
         assert heads is not None  # check_cp_modes_profile
-        if heads.attention % request.parallel.cp:
+        if heads.attention % request.parallel.cp and request.cp_modes == (ULYSSES,):
             raise RequestError(
                 "cp_modes",
                 list(request.cp_modes),
                 f"ulysses alone needs parallel.cp = {request.parallel.cp} to divide heads.attention = "
                 f"{heads.attention}; allow allgather too, or choose a cp that divides it",
+            )
+        if heads.attention % request.parallel.cp:  # the request allows all-gather; this planner does not
+            raise RequestError(
+                "parallel.cp",
+                request.parallel.cp,
+                f"solver {request.solver!r} plans ulysses only, which needs the CP group to divide "
+                f"heads.attention = {heads.attention}; choose such a cp, or another solver",
             )
     return usable
 
@@ -171,9 +178,10 @@ def with_modes(output: PlannerOutput, problem: Problem, modes: tuple[str, ...]) 
 
     An exact planner's own bound (``model_bound_ms``) and its ``optimal`` were proved for all-gather pricing;
     when a microbatch runs cheaper in Ulysses they no longer hold, so the model bound is dropped and
-    ``optimal`` becomes ``feasible`` (or ``heuristic`` without a ``bound_ms``); ``bound_ms``, a floor over
-    every mode the request allows, stays. A microbatch no allowed mode fits (a group that does not divide
-    the heads under ``ulysses`` alone) is refused naming ``cp_modes``."""
+    ``optimal`` becomes ``feasible`` (or ``heuristic`` without a ``bound_ms``) unless the plan meets
+    ``bound_ms``, a floor over every mode the request allows, which stays. A microbatch no allowed mode
+    fits (a group that does not divide the heads under ``ulysses`` alone; the planners that pick groups keep
+    to those that do, ``CostModel.shards_on``) would be a planner's bug: it is refused naming ``cp_modes``."""
     if modes == DEFAULT_CP_MODES:
         return output
     model = CostModel(problem.profile, bucket_tokens=problem.bucket_tokens, cp_modes=problem.cp_modes)
@@ -201,9 +209,14 @@ def with_modes(output: PlannerOutput, problem: Problem, modes: tuple[str, ...]) 
         # The planner's own model priced every microbatch in all-gather: its proof (``model_bound_ms``, an
         # "optimal" status) no longer covers the plan. ``bound_ms`` is a floor over the request's modes
         # (solver/search/bound.py) and stays.
+        # A plan that meets that floor is still proven optimal (``auto``'s search priced the modes already).
         status = output.status
         if status == "optimal":
-            status = "feasible" if output.bound_ms is not None else "heuristic"
+            objective = sum(model.iteration_ms(it, problem.lengths, problem.parallel.num_gpus) for it in iterations)
+            if output.bound_ms is None:
+                status = "heuristic"
+            elif objective - output.bound_ms > OPTIMAL_TOLERANCE * max(objective, 1e-9):
+                status = "feasible"
         return dataclasses.replace(output, iterations=tuple(iterations), status=status, model_bound_ms=None)
     return dataclasses.replace(output, iterations=tuple(iterations))
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from itertools import chain
 from typing import Literal
 
-from skrull.solver.cp_modes import DEFAULT_CP_MODE, DEFAULT_CP_MODES
+from skrull.solver.cp_modes import DEFAULT_CP_MODE, DEFAULT_CP_MODES, read_cp_modes
 from skrull.solver.profile import Profile
 
 # How a microbatch's sharded sequences are cut over its group: one vocabulary, ``solver.sharding``.
@@ -83,6 +83,13 @@ class Request:
     defer: Defer | None = None
     #: how sharded sequences' attention may run (solver/cp_modes.py), in ``CP_MODES`` order
     cp_modes: tuple[str, ...] = DEFAULT_CP_MODES
+
+    def __post_init__(self) -> None:
+        # A Request built in Python gets the reader's check of its modes (a string such as "ulysses" would
+        # otherwise be matched by substring), in one order: two requests with the same modes plan the same.
+        modes = self.cp_modes
+        if modes != DEFAULT_CP_MODES:
+            object.__setattr__(self, "cp_modes", read_cp_modes(list(modes) if isinstance(modes, tuple) else modes))
 
     @property
     def bucket_tokens(self) -> int:

@@ -38,7 +38,7 @@ from collections.abc import Sequence
 from skrull.solver.cost import CostModel
 from skrull.solver.cp_modes import CP_MODES
 from skrull.solver.ilp.backends import backend_installed, require_backend
-from skrull.solver.planners.base import PlannerOutput
+from skrull.solver.planners.base import OPTIMAL_TOLERANCE, PlannerOutput
 from skrull.solver.planners.exact import (
     DEFAULT_BACKEND,
     groups_to_specs,
@@ -78,8 +78,6 @@ FINISH_MARGIN_S = 0.006
 BOUND_PER_SEQUENCE_S = 2e-6
 #: A deferring start is searched from too when its time per unit of work is within this of the best.
 DEFERRING_SLACK = 0.05
-#: Relative gap under which a plan counts as optimal against the layout-free bound.
-OPTIMAL_TOLERANCE = 1e-4
 
 Specs = tuple[MicrobatchSpec, ...]
 
@@ -269,12 +267,19 @@ def choose_starts(problem: Problem, outputs: Sequence[PlannerOutput]) -> list[Ca
     cost = CostModel(problem.profile, bucket_tokens=problem.bucket_tokens, choose_modes=problem.cp_modes)
     lengths = problem.lengths
     gpus = problem.parallel.num_gpus
+
+    def runs(specs: Specs) -> bool:
+        """Every sharded microbatch on a group an allowed mode runs (with Ulysses alone a peer's start may
+        shard over a group not dividing the heads: that iteration of it is left out)."""
+        return all(cost.shards_on(len(s.ranks)) for s in specs if s.sharded)
+
+    outputs = [o for o in outputs if _keeps_batches(o, problem) or all(map(runs, o.iterations))]
     in_place = [o for o in outputs if _keeps_batches(o, problem)]
     candidates: list[Candidate] = []
     if in_place:
         pooled = [
             sorted(
-                dict.fromkeys(o.iterations[k] for o in in_place),
+                dict.fromkeys(o.iterations[k] for o in in_place if runs(o.iterations[k])),
                 key=lambda specs: iteration_ms(specs, lengths, cost, gpus),
             )
             for k in range(len(problem.batch_ids))

@@ -13,6 +13,8 @@ from skrull.solver.types import DEFAULT_SHARDING, MicrobatchSpec, Problem
 SEED_STRIDE = 1_000_003
 #: Estimates closer than this (ms) count as a tie, so float noise never decides between candidates.
 TIE_MS = 1e-9
+#: A plan within this relative distance of a proven lower bound is reported ``optimal``.
+OPTIMAL_TOLERANCE = 1e-4
 
 
 def iteration_seed(seed: int, iteration: int) -> int:

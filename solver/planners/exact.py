@@ -23,7 +23,7 @@ from skrull.solver.ilp.backends import require_backend
 from skrull.solver.ilp.builder import GroupMicrobatch, Layout
 from skrull.solver.ilp.runner import Report, Work, run_with_deadline
 from skrull.solver.ilp.search import EXACT_MAX_BINARIES, improve_lns, model_size, plan_time_ms, solve_exact
-from skrull.solver.planners.base import PlannerOutput, make_spec
+from skrull.solver.planners.base import OPTIMAL_TOLERANCE, PlannerOutput, make_spec
 from skrull.solver.planners.dacp import dacp_place
 from skrull.solver.planners.skrull import gds_dacp_batch
 from skrull.solver.search.bound import layout_free_bound_ms, sharding_floor_ms
@@ -32,8 +32,6 @@ from skrull.solver.types import MicrobatchSpec, Parallel, Problem
 
 Groups = list[list[GroupMicrobatch]]
 DEFAULT_BACKEND = "cpsat"
-#: Relative gap under which a solver's "optimal" survives the re-evaluation with exact coefficients.
-OPTIMAL_TOLERANCE = 1e-4
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

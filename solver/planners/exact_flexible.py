@@ -104,7 +104,11 @@ class FlexibleIlpPlanner:
         par = problem.parallel
         start_ms = iteration_ms(start, lengths, cost, par.num_gpus)
         lower = min(sharding_floor_ms([lengths[i] for i in ids], cost, par), start_ms)
-        groups = flexible_groups(par, [s.ranks for s in start])
+        # with Ulysses alone, a group not dividing the heads cannot shard: only the warm start's own groups of
+        # such a size stay (it may run local sequences on one), and a solution sharding there is not taken
+        view = CostModel(problem.profile, bucket_tokens=problem.bucket_tokens, choose_modes=problem.cp_modes)
+        used = [s.ranks for s in start]
+        groups = [g for g in flexible_groups(par, used) if view.shards_on(len(g)) or g in used]
         layout = Layout.of_groups(groups, par.num_gpus)
         hint = to_groups(start, groups)
         size = model_size(seq_ids=ids, lengths=lengths, group_size=par.cp, cost=cost, hint=hint, layout=layout)
@@ -120,7 +124,8 @@ class FlexibleIlpPlanner:
         best = start
         if payload.get("groups"):
             found = to_specs(payload["groups"], groups, par.num_gpus)
-            if iteration_ms(found, lengths, cost, par.num_gpus) < start_ms:
+            runs = all(view.shards_on(len(s.ranks)) for s in found if s.sharded)
+            if runs and iteration_ms(found, lengths, cost, par.num_gpus) < start_ms:
                 best = found
         objective = iteration_ms(best, lengths, cost, par.num_gpus)
         bound = min(max(lower, payload.get("bound_ms") or 0.0), objective)

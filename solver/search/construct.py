@@ -63,7 +63,7 @@ def spread_batch(
     ms_per_flop = profile.compute.ms_per_tflop / 1e12
     opening = profile.microbatch_ms + profile.compute.fixed_ms
     blocks = blocks_by_size(gpus)
-    sizes = sorted(blocks)
+    sizes = [d for d in sorted(blocks) if cost.shards_on(d)]  # with Ulysses alone: groups dividing the heads
     limit = alpha * tight_bound_ms([lengths[i] for i in ids], cost, problem.parallel)
     # per-GPU state as arrays: each choice below is one vectorised pass over the GPUs (the first minimum,
     # as ``min`` over GPUs in index order picks it), n * G operations in C, not in the interpreter

@@ -38,6 +38,8 @@ class Placer:
         ms_per_flop = cost.profile.compute.ms_per_tflop / 1e12
         self._flops_ms = [ms_per_flop * cost.flops(s) for s in lengths]
         self._floor_ms = cost.microbatch_overhead_ms + cost.profile.compute.fixed_ms
+        #: a group no allowed mode shards on (Ulysses alone, a size not dividing the heads) holds local only
+        self._can_shard = cost.shards_on(group_size)
         self._cache: dict[tuple[int, ...], tuple[GroupMicrobatch, float] | None] = {}
 
     def time(self, mb: GroupMicrobatch) -> float:
@@ -48,6 +50,8 @@ class Placer:
     def fits(self, mb: GroupMicrobatch) -> bool:
         local, sharded = mb
         ls = self.lengths
+        if sharded and not self._can_shard:
+            return False
         return self.cost.fits([[ls[i] for i in ids] for ids in local], [ls[i] for i in sharded])
 
     def lower_ms(self, ids: Sequence[int]) -> float:
@@ -122,10 +126,10 @@ class Placer:
             for item in skipped:
                 heapq.heappush(heap, item)
         mb = normalise(local, extra, n)
-        if len(extra) > len(sharded):
+        if len(extra) > len(sharded) or (extra and not self._can_shard):
             return self._checked(mb)  # overflow sharded after the rooms were set: check the bucket again
         fixed = cost.profile.compute.fixed_ms
-        comm = cost.t_comm_ms(sum(ls[i] for i in extra))
+        comm = cost.comm_ms(sum(ls[i] for i in extra), n)
         dist = cost.t_comp_ms(sum(cost.flops(ls[i]) for i in extra) / n)
         worst = max((max(comm, load + fixed) if load > 0 else comm) for load, _ in heap) if extra else 0.0
         if not extra:

@@ -230,6 +230,29 @@ def test_an_exact_plan_stopped_by_its_budget_says_its_gap_and_what_to_raise(
     assert bool(said) is noted
 
 
+def test_an_exact_plan_solved_in_time_with_ulysses_microbatches_says_no_budget_ran_out(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # ilp's proof was for all-gather pricing; with a microbatch cheaper in Ulysses the plan is "feasible"
+    # (bound_ms stays, model_bound_ms goes), which more time does not change: no note that its budget ran out
+    request = {
+        "batches": [[30000, 2000, 1000]],
+        "parallel": {"dp": 1, "cp": 4},
+        "profile": "h100-80g/llama2-7b",
+        "solver": "ilp",
+        "cp_modes": ["allgather", "ulysses"],
+        "deterministic": True,
+        "bucket_tokens": 20000,
+    }
+    (tmp_path / "request.json").write_text(json.dumps(request))
+    code, out, err = _run_main(capsys, "plan", "-r", str(tmp_path / "request.json"), "--time-budget-s", "10")
+    assert code == 0, err
+    plan = json.loads(out)
+    assert plan["solve"]["status"] == "feasible" and "model_bound_ms" not in plan["solve"]
+    assert any(mb.get("mode") == "ulysses" for it in plan["iterations"] for mb in it["microbatches"])
+    assert "budget ran out" not in err
+
+
 def _run_main(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
     from skrull.cli.main import main
 

@@ -127,6 +127,18 @@ def test_heads_must_be_consistent() -> None:
     assert info.value.field == "profile.heads.kv"
 
 
+def test_a_request_built_in_python_has_its_modes_checked_and_ordered() -> None:
+    from skrull.solver.types import Parallel, Request
+
+    profile = profile_from_dict(ULYSSES_PROFILE)
+    base = {"batches": ((5,),), "parallel": Parallel(dp=1, cp=1), "profile": profile}
+    for bad in ("ulysses", "xulyssesx", (), ("ulysses", "ulysses"), ("ring",)):
+        with pytest.raises(RequestError) as info:
+            Request(**base, cp_modes=bad)  # type: ignore[arg-type]
+        assert info.value.field.startswith("cp_modes")
+    assert Request(**base, cp_modes=("ulysses", "allgather")).cp_modes == ("allgather", "ulysses")
+
+
 def test_cp_modes_are_read_in_one_order_and_round_trip() -> None:
     from skrull.solver.io import request_to_dict
 
@@ -211,6 +223,55 @@ def test_ulysses_alone_needs_cp_to_divide_the_heads() -> None:
         solve(request([[30, 40]], cp=3, cp_modes=["ulysses"]))
 
 
+@pytest.mark.parametrize("solver", ["auto", "ilp-flex"])
+@pytest.mark.parametrize(
+    ("batches", "dp", "cp"),
+    [
+        ([[40000]], 2, 2),  # the whole request would fit one wider group of 4, which does not divide 14 heads
+        ([[40000, 30000, 500, 700, 20000, 1000, 900, 2000]], 4, 2),
+        ([[51000, 45000, 300, 26000], [800, 52000, 1200]], 1, 2),
+    ],
+)
+def test_planners_choosing_groups_keep_ulysses_alone_on_groups_dividing_the_heads(
+    solver: str, batches: list[list[int]], dp: int, cp: int
+) -> None:
+    # Qwen2.5-0.5B: 14 attention heads, so of the groups up to dp * cp only 1, 2, 7 and 14 GPUs run Ulysses
+    from skrull.solver.profile import load_profile
+    from skrull.solver.types import Parallel, Request
+
+    profile = load_profile("h100-80g/qwen2.5-0.5b")
+    assert profile.heads is not None and profile.heads.attention == 14
+    req = Request(
+        batches=batches, parallel=Parallel(dp=dp, cp=cp), profile=profile, solver=solver, cp_modes=("ulysses",),
+        time_budget_s=1.0, deterministic=True,
+    )  # fmt: skip
+    plan = solve(req)
+    assert plan_problems(plan, req) == []
+    sharded = [mb for it in plan.iterations for mb in it.microbatches if mb.sharded and len(mb.ranks) > 1]
+    assert sharded and all(mb.mode == "ulysses" and 14 % len(mb.ranks) == 0 for mb in sharded)
+    # never behind the one peer planning Ulysses alone, whose packs are one of auto's starts
+    xtuner = solve(dataclasses.replace(req, solver="xtuner"))
+    if solver == "auto":
+        assert plan.estimated_ms <= xtuner.estimated_ms * (1 + 1e-9)
+
+
+def test_a_plan_meeting_the_floor_after_the_mode_choice_stays_optimal() -> None:
+    # one sequence, one group: auto's search priced Ulysses already, and its plan meets the layout-free
+    # floor over both modes; choosing the mode afterwards must not drop its proof to "feasible"
+    from skrull.solver.profile import load_profile
+    from skrull.solver.types import Parallel, Request
+
+    profile = load_profile("h100-80g/llama2-7b")
+    for modes in (("allgather",), ("ulysses",), ("allgather", "ulysses")):
+        req = Request(
+            batches=[[100000]], parallel=Parallel(dp=1, cp=4), profile=profile, solver="auto", cp_modes=modes,
+            bucket_tokens_override=100000, deterministic=True,
+        )  # fmt: skip
+        plan = solve(req)
+        assert plan.solve.status == "optimal", modes
+        assert plan.solve.bound_ms is not None and plan.solve.bound_ms <= plan.solve.objective_ms
+
+
 def test_every_planner_declares_modes_it_plans() -> None:
     for name in planner_names():
         assert set(planner_cp_modes(get_planner(name))) <= {"allgather", "ulysses"}
@@ -233,8 +294,10 @@ def test_xtuner_refuses_without_ulysses_or_when_the_heads_do_not_divide() -> Non
     with pytest.raises(RequestError) as info:
         solve(request([[30]], solver="xtuner"))
     assert info.value.field == "cp_modes"
-    with pytest.raises(RequestError):
+    with pytest.raises(RequestError) as cp:  # allgather is allowed, but xtuner does not plan it: cp is at fault
         solve(request([[30]], cp=3, solver="xtuner", cp_modes=["allgather", "ulysses"]))
+    assert (cp.value.field, cp.value.value) == ("parallel.cp", 3)
+    assert "xtuner" in str(cp.value) and "allow allgather" not in str(cp.value)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
