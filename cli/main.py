@@ -45,7 +45,7 @@ from skrull.solver.io import (
     request_to_dict,
 )
 from skrull.solver.planners.registry import get_planner, planner_names
-from skrull.solver.planning import solve
+from skrull.solver.planning import check_request, solve
 from skrull.solver.profile import bundled_profile_names, load_profile
 from skrull.solver.search.budget import EXACT_SOLVERS
 from skrull.solver.types import Parallel, Plan, Request
@@ -200,7 +200,10 @@ def _profile_arg(value: str) -> Any:
 
 def _write(text: str, output: str | None) -> None:
     if output:
-        Path(output).write_text(text + "\n", encoding="utf-8")
+        try:
+            Path(output).write_text(text + "\n", encoding="utf-8")
+        except OSError as exc:  # a missing folder, no permission: name the flag, not the service
+            raise RequestError("--output", output, f"cannot be written: {exc.strerror or exc}") from None
     else:
         sys.stdout.write(text + "\n")
 
@@ -261,6 +264,7 @@ def cmd_request(args: argparse.Namespace) -> int:
     if not args.dataset:
         raise RequestError("--dataset", MISSING, f"required; one of {', '.join(distribution_names())}")
     request = _load_request(args, solver=args.solver)
+    check_request(request)  # a request its solver refuses is refused here, not written
     limit = request.parallel.cp * request.bucket_tokens
     cut = sum(1 for batch in request.batches for n in batch if n == limit)
     if cut:  # sampled lengths over what any plan can hold are cut to it, as an SFT loader's max_length would

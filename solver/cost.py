@@ -14,7 +14,10 @@ all N (DACP, eqs. 1-5):
 
 A microbatch with ``mode == "ulysses"`` (solver/cp_modes.py) has the same form with ``T_comm(T)`` replaced by
 ``T_a2a(T) = comm_a2a.ms_per_mib * (T/N) * comm_a2a.bytes_per_token / 2^20 + comm_a2a.fixed_ms`` (T > 0),
-and needs N to divide ``heads.attention``.
+and needs N to divide ``heads.attention``. Refined where the profile gives ``comm_a2a.kv_bytes_per_token``
+(the K/V part of ``bytes_per_token``): a group whose size N does not divide the K/V heads sends
+``lcm(kv, N) / kv`` copies of each (worker/dacp.py ``ulysses_kv_copies``), so ``bytes_per_token`` becomes
+``bytes_per_token + kv_bytes_per_token * (lcm(kv, N) / kv - 1)``.
 
 Memory (eq. 7), per GPU in real tokens: GPU j holds ``sum_{local[j]} S`` plus the pieces of the sharded
 sequences that the split gives it (``solver.sharding``, which deals remainders round-robin over the
@@ -35,6 +38,7 @@ microbatches" (eq. 8 over placements priced with eqs. 1-5).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -88,6 +92,15 @@ class CostCoefficients:
     a2a_ms_per_token: float = 0.0
     a2a_fixed_ms: float = 0.0
     attention_heads: int = 0
+    #: ``comm_a2a.ms_per_mib * comm_a2a.kv_bytes_per_token / 2^20``: each extra copy of the K/V heads a group
+    #: wider than ``kv_heads`` sends (``CommCoeffs``); 0: the contract's plain form
+    a2a_kv_ms_per_token: float = 0.0
+    kv_heads: int = 1
+
+    def a2a_per_token_ms(self, group_size: int) -> float:
+        """All-to-all ms per token of ``T/N`` on a group of N: ``a2a_ms_per_token`` plus the K/V copies,
+        ``a2a_kv_ms_per_token * (lcm(kv, N) / kv - 1)``."""
+        return a2a_per_token_ms(self.a2a_ms_per_token, self.a2a_kv_ms_per_token, self.kv_heads, group_size)
 
     def mode_fits(self, group_size: int, mode: str) -> bool:
         """Whether a group of ``group_size`` GPUs can run a microbatch in ``mode`` (Ulysses: the profile
@@ -112,7 +125,7 @@ class CostCoefficients:
         c = self.microbatch_ms + self.compute_fixed_ms
         if group_size > 1:
             if mode == ULYSSES:
-                b += self.a2a_ms_per_token / group_size
+                b += self.a2a_per_token_ms(group_size) / group_size
                 c += self.a2a_fixed_ms
             else:
                 b += self.comm_ms_per_token
@@ -131,11 +144,20 @@ class CostCoefficients:
         return self.ms_per_flop * self.flops(num_tokens) + self.microbatch_ms / self.bucket_tokens * num_tokens
 
 
+def a2a_per_token_ms(base_ms: float, kv_ms: float, kv_heads: int, group_size: int) -> float:
+    """Ulysses all-to-all ms per token of ``T/N``: ``base_ms`` (``bytes_per_token``'s) plus ``kv_ms`` per
+    extra copy of the K/V heads, ``lcm(kv, N) / kv - 1`` copies (none when N divides kv)."""
+    if kv_ms == 0.0 or kv_heads % group_size == 0:
+        return base_ms
+    return base_ms + kv_ms * (math.lcm(kv_heads, group_size) // kv_heads - 1)
+
+
 class CostModel:
     """The specification's reference model for one profile and bucket size. Immutable after construction."""
 
     __slots__ = (
         "_a2a_fixed_ms",
+        "_a2a_kv_ms_per_token",
         "_a2a_ms_per_token",
         "_attention_heads",
         "_bound_a2a",
@@ -145,6 +167,7 @@ class CostModel:
         "_comp_fixed_ms",
         "_fpt",
         "_fpt_sq",
+        "_kv_heads",
         "_mb_ms",
         "_ms_per_flop",
         "bucket_tokens",
@@ -179,6 +202,8 @@ class CostModel:
         self._a2a_ms_per_token = 0.0 if a2a is None else a2a.ms_per_mib * a2a.bytes_per_token / MIB
         self._a2a_fixed_ms = 0.0 if a2a is None else a2a.fixed_ms
         self._attention_heads = heads.attention if heads is not None and a2a is not None else 0
+        self._a2a_kv_ms_per_token = 0.0 if a2a is None else a2a.ms_per_mib * a2a.kv_bytes_per_token / MIB
+        self._kv_heads = heads.kv if heads is not None else 1
         allowed = cp_modes if cp_modes is not None else (choose_modes or ())
         self._bound_a2a = ULYSSES in allowed and self._attention_heads > 0
 
@@ -197,6 +222,8 @@ class CostModel:
             a2a_ms_per_token=self._a2a_ms_per_token,
             a2a_fixed_ms=self._a2a_fixed_ms,
             attention_heads=self._attention_heads,
+            a2a_kv_ms_per_token=self._a2a_kv_ms_per_token,
+            kv_heads=self._kv_heads,
         )
 
     # --- per-sequence and per-kernel terms -------------------------------------------------------
@@ -222,7 +249,8 @@ class CostModel:
         if sharded_tokens <= 0:
             return 0.0
         self.check_mode(group_size, ULYSSES)
-        return self._a2a_ms_per_token * sharded_tokens / group_size + self._a2a_fixed_ms
+        per_token = a2a_per_token_ms(self._a2a_ms_per_token, self._a2a_kv_ms_per_token, self._kv_heads, group_size)
+        return per_token * sharded_tokens / group_size + self._a2a_fixed_ms
 
     def comm_ms(self, sharded_tokens: int, group_size: int, mode: str = DEFAULT_CP_MODE) -> float:
         """The communication term of a microbatch sharding ``sharded_tokens`` over ``group_size`` GPUs: in

@@ -250,11 +250,17 @@ def a2a_bytes_per_token(model: ModelConfig, *, bytes_per_value: int = 2, tp: int
     """Ulysses (DeepSpeed-Ulysses, XTuner): per token and layer, Q, K and V go out through an all-to-all
     before attention and the output comes back through another, forward, and their gradients backward:
     ``layers * (2*q_hidden/tp + 2*kv_hidden_t) * 2 B * 2``. The cost model charges it for ``T/N`` tokens
-    (each GPU moves its own shard). K/V heads fewer than N are replicated before the exchange; that extra
-    ``(N/kv - 1)`` copies of K/V is not in this N-independent coefficient (a refinement ``skrull profile``
-    would measure)."""
+    (each GPU moves its own shard). A group whose size N does not divide the K/V heads sends ``lcm(kv, N) /
+    kv`` copies of each (worker/dacp.py ``ulysses_kv_copies``); the cost model adds the copies from
+    ``a2a_kv_bytes_per_token``, the K/V part of this."""
     q_hidden = model.q_hidden_size // tp
     return float(model.num_layers * (2 * q_hidden + 2 * kv_hidden_per_tp_rank(model, tp)) * bytes_per_value * 2)
+
+
+def a2a_kv_bytes_per_token(model: ModelConfig, *, bytes_per_value: int = 2, tp: int = 1) -> float:
+    """The K/V part of ``a2a_bytes_per_token``, ``layers * 2 * kv_hidden_t * 2 B * 2``: what each extra copy
+    of the K/V heads adds on a group wider than them (``comm_a2a.kv_bytes_per_token``)."""
+    return float(model.num_layers * 2 * kv_hidden_per_tp_rank(model, tp) * bytes_per_value * 2)
 
 
 def tp_comm_bytes_per_token(model: ModelConfig, tp: int, *, bytes_per_value: int = 2) -> float:
@@ -391,8 +397,9 @@ def derive_profile(model: ModelConfig, gpu: GpuSpec, setup: TrainingSetup | None
         },
         "comm_a2a": {
             "source": "bytes: layers * (2 * q_hidden + 2 * kv_hidden) * 2 B * 2 (Q/K/V all-to-all in, output "
-            "all-to-all back; fwd + bwd), charged for T/N tokens; K/V replication when kv heads < N not "
-            f"included; ms_per_mib from {gpu.cp_bus_bandwidth_gbs} GB/s bus bandwidth (the all-gather's, "
+            "all-to-all back; fwd + bwd), charged for T/N tokens; kv_bytes_per_token: its K/V part, "
+            "charged again per extra copy where the group size does not divide the kv heads (lcm(kv, N) / kv "
+            f"copies); ms_per_mib from {gpu.cp_bus_bandwidth_gbs} GB/s bus bandwidth (the all-gather's, "
             f"assumed); fixed_ms = {A2A_COLLECTIVES_PER_LAYER} collectives x {setup.collective_latency_ms} ms "
             "per layer (assumed)",
         },
@@ -431,6 +438,7 @@ def derive_profile(model: ModelConfig, gpu: GpuSpec, setup: TrainingSetup | None
         heads=HeadCounts(attention=model.num_heads // tp, kv=kv_heads_per_tp_rank(model, tp)),
         comm_a2a=CommCoeffs(
             bytes_per_token=a2a_bytes_per_token(model, tp=tp),
+            kv_bytes_per_token=a2a_kv_bytes_per_token(model, tp=tp),
             ms_per_mib=round(ms_per_mib, 8),
             fixed_ms=round(A2A_COLLECTIVES_PER_LAYER * setup.collective_latency_ms * model.num_layers, 6),
         ),

@@ -229,21 +229,28 @@ def check_plan(plan: Plan, request: Request) -> None:
         raise PlannerBugError(plan.solver, exc.problems) from None
 
 
+def check_request(request: Request) -> tuple[str, ...]:
+    """Everything ``solve`` refuses before planning: the budget, the modes for this solver, ``defer``. Returns
+    the modes the solver may use. ``skrull request`` runs it too, so it never writes a request ``skrull plan``
+    refuses."""
+    sizes = [len(b) for b in request.batches]
+    check_budget(request.solver, sizes, request.resolved_time_budget_s, request.parallel, deferring=request.deferring)
+    modes = check_cp_modes(request, get_planner(request.solver))
+    if request.defer is not None:
+        check_defer(request)
+    return modes
+
+
 def solve(request: Request) -> Plan:
     """Plan ``request`` with its solver; the plan is validated before it is returned.
 
     ``solve.wall_ms`` covers planning, estimation and validation (everything but reading and writing).
     A budget the solver cannot keep is refused first (``search.budget.check_budget``).
     """
-    sizes = [len(b) for b in request.batches]
-    check_budget(request.solver, sizes, request.resolved_time_budget_s, request.parallel, deferring=request.deferring)
+    modes = check_request(request)
     start = time.perf_counter()
-    problem = Problem.from_request(request)
+    problem = dataclasses.replace(Problem.from_request(request), cp_modes=modes)
     planner = get_planner(request.solver)
-    modes = check_cp_modes(request, planner)
-    problem = dataclasses.replace(problem, cp_modes=modes)
-    if request.defer is not None:
-        check_defer(request)
     if request.defer is not None and request.deferring:  # only auto (solver.io.DEFER_SOLVERS): solver/defer.py
         output = plan_with_deferral(problem, request.defer, backend=request.backend)
     else:

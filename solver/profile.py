@@ -8,6 +8,7 @@ cost model; any extra fields (sources, model config, derivation) are kept verbat
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,11 +31,18 @@ class ComputeCoeffs:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CommCoeffs:
-    """``T_comm(T) = ms_per_mib * T * bytes_per_token / 2^20 + fixed_ms`` for T sharded tokens."""
+    """``T_comm(T) = ms_per_mib * T * bytes_per_token / 2^20 + fixed_ms`` for T sharded tokens.
+
+    ``kv_bytes_per_token`` (``comm_a2a`` only, optional, default 0): the part of ``bytes_per_token`` that is
+    K and V at the profile's ``heads.kv`` heads. A Ulysses group of N GPUs where N does not divide the K/V
+    heads sends ``lcm(kv, N) / kv`` copies of each (every GPU gets the K/V heads its query heads use), so
+    the all-to-all moves ``bytes_per_token + kv_bytes_per_token * (lcm(kv, N) / kv - 1)`` per token
+    (solver/cost.py); without it, the contract's plain form."""
 
     bytes_per_token: float
     ms_per_mib: float
     fixed_ms: float
+    kv_bytes_per_token: float = 0.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -93,6 +101,8 @@ class Profile:
                 "ms_per_mib": self.comm_a2a.ms_per_mib,
                 "fixed_ms": self.comm_a2a.fixed_ms,
             }
+            if self.comm_a2a.kv_bytes_per_token:
+                out["comm_a2a"]["kv_bytes_per_token"] = self.comm_a2a.kv_bytes_per_token
         return out
 
 
@@ -147,12 +157,24 @@ def _heads(doc: dict[str, Any], path: str) -> HeadCounts | None:
     return HeadCounts(attention=counts["attention"], kv=counts["kv"])
 
 
-def _comm(section: dict[str, Any], path: str) -> CommCoeffs:
-    return CommCoeffs(
+def _comm(section: dict[str, Any], path: str, *, kv_part: bool = False) -> CommCoeffs:
+    """A communication section; with ``kv_part`` (``comm_a2a``) also its optional ``kv_bytes_per_token``,
+    at most ``bytes_per_token`` (it is part of it)."""
+    coeffs = CommCoeffs(
         bytes_per_token=_number(section, "bytes_per_token", path),
         ms_per_mib=_number(section, "ms_per_mib", path),
         fixed_ms=_number(section, "fixed_ms", path),
     )
+    if not kv_part or "kv_bytes_per_token" not in section:
+        return coeffs
+    kv_bytes = _number(section, "kv_bytes_per_token", path)
+    if kv_bytes > coeffs.bytes_per_token:
+        raise RequestError(
+            f"{path}.kv_bytes_per_token",
+            kv_bytes,
+            f"is the K/V part of bytes_per_token = {coeffs.bytes_per_token:g}: it cannot be larger",
+        )
+    return dataclasses.replace(coeffs, kv_bytes_per_token=kv_bytes)
 
 
 def profile_from_dict(doc: Any, *, path: str = "profile") -> Profile:
@@ -181,7 +203,9 @@ def profile_from_dict(doc: Any, *, path: str = "profile") -> Profile:
         bucket_tokens=bucket,
         microbatch_ms=_number(doc, "microbatch_ms", path),
         heads=_heads(doc, path),
-        comm_a2a=_comm(_section(doc, "comm_a2a", path), f"{path}.comm_a2a") if "comm_a2a" in doc else None,
+        comm_a2a=_comm(_section(doc, "comm_a2a", path), f"{path}.comm_a2a", kv_part=True)
+        if "comm_a2a" in doc
+        else None,
         extra=copy.deepcopy(doc),
     )
 

@@ -29,6 +29,7 @@ flash-attention, PyTorch's varlen kernel and the CPU reference all plug in uncha
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -296,6 +297,16 @@ class _AllGatherCP(torch.autograd.Function):
         return torch.cat([dql, dq_pieces]), torch.cat([dkl, dk_pieces]), torch.cat([dvl, dv_pieces]), None, None
 
 
+def ulysses_kv_copies(kv_heads: int, group_size: int) -> int:
+    """How many copies of each K/V head a Ulysses exchange sends: ``lcm(kv, N) / kv``, so the group's
+    ``lcm(kv, N)`` heads split evenly, ``lcm / N`` per GPU, and GPU r's heads are exactly those its query
+    heads use (``attention`` is a multiple of both kv and N, so of the lcm: grouped-query attention over
+    ``attention / N`` query heads and ``lcm / N`` K/V heads pairs query head i with K/V head
+    ``i // (attention / lcm)``, the model's own pairing). 1 when N divides kv: nothing is replicated. The
+    cost model charges the extra copies (``comm_a2a.kv_bytes_per_token``, solver/cost.py)."""
+    return math.lcm(kv_heads, group_size) // kv_heads
+
+
 class _UlyssesCP(torch.autograd.Function):
     """All-to-all (head-split) context parallelism for the sharded part, varlen for the local part."""
 
@@ -314,7 +325,7 @@ class _UlyssesCP(torch.autograd.Function):
         if plan.has_sharded:
             if heads % size != 0:
                 raise RequestError("cp_mode", "ulysses", f"needs heads ({heads}) divisible by the group size ({size})")
-            k_rep = 1 if kv_heads % size == 0 else heads // kv_heads
+            k_rep = ulysses_kv_copies(kv_heads, size)
             kp, vp = k[n:], v[n:]
             if k_rep > 1:
                 kp, vp = kp.repeat_interleave(k_rep, dim=1), vp.repeat_interleave(k_rep, dim=1)

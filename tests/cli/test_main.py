@@ -253,6 +253,36 @@ def test_an_exact_plan_solved_in_time_with_ulysses_microbatches_says_no_budget_r
     assert "budget ran out" not in err
 
 
+@pytest.mark.parametrize(
+    ("flags", "at_cp_2"),
+    [
+        (("--cp-modes", "ulysses", "--solver", "deepspeed"), 2),  # deepspeed plans all-gather only
+        (("--solver", "xtuner"), 2),  # xtuner plans ulysses only, the request allows all-gather alone
+        (("--solver", "xtuner", "--cp-modes", "ulysses"), 0),  # cp 4 does not divide 14 heads; cp 2 does
+    ],
+)
+def test_request_refuses_what_plan_would_refuse_and_writes_nothing(
+    flags: tuple[str, ...], at_cp_2: int, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "request.json"
+    shape = ("request", "--dataset", "sharegpt", "--dp", "2")
+    code, _, err = _run_main(capsys, *shape, "--cp", "4", *flags, "-o", str(out))
+    assert code == 2 and err.startswith("skrull: error: "), err
+    assert "cp_modes" in err or "parallel.cp" in err
+    assert not out.exists()
+    code, _, err = _run_main(capsys, *shape, "--cp", "2", *flags, "-o", str(out))
+    assert code == at_cp_2 and out.exists() is (code == 0), err
+
+
+def test_an_output_that_cannot_be_written_names_the_flag(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    missing = tmp_path / "no-such-folder" / "plan.json"
+    code, _, err = _run_main(
+        capsys, "plan", "-r", str(EXAMPLES / "contract-example.json"), "--solver", "skrull", "-o", str(missing)
+    )
+    assert code == 2
+    assert err.startswith("skrull: error: --output: ") and "cannot be written" in err and "service" not in err
+
+
 def _run_main(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
     from skrull.cli.main import main
 

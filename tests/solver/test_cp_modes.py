@@ -4,6 +4,7 @@ profile's ``heads`` and ``comm_a2a``, the validator's checks, and the planners t
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import pytest
@@ -57,7 +58,10 @@ def reference_ms(profile: dict[str, Any], local: list[list[int]], sharded: list[
         comm = 0.0
     elif mode == "ulysses":
         a = profile["comm_a2a"]
-        comm = a["ms_per_mib"] * (t / n) * a["bytes_per_token"] / 2**20 + a["fixed_ms"]
+        kv = profile["heads"]["kv"]
+        copies = math.lcm(kv, n) // kv  # K/V heads fewer than N go out replicated, lcm(kv, N) of them
+        volume = a["bytes_per_token"] + a.get("kv_bytes_per_token", 0) * (copies - 1)
+        comm = a["ms_per_mib"] * (t / n) * volume / 2**20 + a["fixed_ms"]
     else:
         comm = m["ms_per_mib"] * t * m["bytes_per_token"] / 2**20 + m["fixed_ms"]
     dist = comp(sum(flops(s) for s in sharded) / n)
@@ -70,14 +74,22 @@ def reference_ms(profile: dict[str, Any], local: list[list[int]], sharded: list[
     st.lists(st.lists(st.integers(1, 5000), max_size=3), min_size=8, max_size=8),
     st.lists(st.integers(1, 50000), max_size=4),
     st.sampled_from(["allgather", "ulysses"]),
+    st.sampled_from([None, 0, 2**18, 2**20]),
 )
 def test_estimates_equal_the_reference_model_in_both_modes(
-    n: int, locals_: list[list[int]], sharded: list[int], mode: str
+    n: int, locals_: list[list[int]], sharded: list[int], mode: str, kv_bytes: int | None
 ) -> None:
-    model = CostModel(profile_from_dict(ULYSSES_PROFILE))
+    profile = ULYSSES_PROFILE
+    if kv_bytes is not None:  # the refined form: the K/V part of the all-to-all, replicated past 2 K/V heads
+        profile = {**profile, "comm_a2a": {**profile["comm_a2a"], "kv_bytes_per_token": kv_bytes}}
+    model = CostModel(profile_from_dict(profile))
     local = locals_[:n]
-    expected = reference_ms(ULYSSES_PROFILE, local, sharded, mode)
+    expected = reference_ms(profile, local, sharded, mode)
     assert model.microbatch_time_ms(local, sharded, mode) == pytest.approx(expected, rel=1e-12)
+    if mode == "ulysses" and n > 1 and sharded:  # the planners' per-sequence terms agree
+        a, b, c = model.coefficients.sharded_terms(n, "ulysses")
+        alone = reference_ms(profile, [[] for _ in range(n)], sharded[:1], mode)
+        assert c + a * sharded[0] ** 2 + b * sharded[0] == pytest.approx(alone, rel=1e-9)
 
 
 def test_ulysses_moves_one_nth_of_the_tokens() -> None:
@@ -86,6 +98,20 @@ def test_ulysses_moves_one_nth_of_the_tokens() -> None:
     assert model.t_comm_ms(400) == pytest.approx(0.6)
     assert model.t_a2a_ms(400, 4) == pytest.approx(0.34)
     assert model.coefficients.sharded_terms(4, "ulysses")[1] == pytest.approx(2e-12 * 1e9 / 4 + 0.0004 / 4)
+
+
+def test_k_v_heads_fewer_than_the_group_are_charged_per_copy_where_the_profile_gives_their_part() -> None:
+    # 2 K/V heads: a group of 4 sends lcm(2, 4) / 2 = 2 copies of each, one more than the plain form counts
+    refined = {**ULYSSES_PROFILE, "comm_a2a": {**ULYSSES_PROFILE["comm_a2a"], "kv_bytes_per_token": 2**19}}
+    model, plain = CostModel(profile_from_dict(refined)), CostModel(profile_from_dict(ULYSSES_PROFILE))
+    assert model.t_a2a_ms(400, 2) == plain.t_a2a_ms(400, 2)  # 2 divides the K/V heads: nothing replicated
+    assert model.t_a2a_ms(400, 4) == pytest.approx(0.0004 * 100 * 1.5 + 0.3)
+    assert model.t_a2a_ms(400, 8) == pytest.approx(0.0004 * 50 * (1 + 0.5 * 3) + 0.3)
+    assert profile_from_dict(refined).to_dict()["comm_a2a"]["kv_bytes_per_token"] == 2**19
+    too_big = {**ULYSSES_PROFILE, "comm_a2a": {**ULYSSES_PROFILE["comm_a2a"], "kv_bytes_per_token": 2**21}}
+    with pytest.raises(RequestError) as info:
+        profile_from_dict(too_big)
+    assert (info.value.field, info.value.value) == ("profile.comm_a2a.kv_bytes_per_token", 2**21)
 
 
 def test_a_group_that_does_not_divide_the_heads_cannot_run_ulysses() -> None:

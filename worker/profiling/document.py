@@ -14,6 +14,10 @@ Coefficient by coefficient (see worker/profiling/fit.py for the fits):
 - ``comm.bytes_per_token``: K and V of every layer, all-gathered forward and reduce-scattered backward,
   in the training dtype's bytes; ``ms_per_mib``: the per-collective fit against gathered bytes;
   ``fixed_ms``: the per-collective intercept x 2 collectives x layers.
+- ``heads`` and ``comm_a2a`` (what planning ``ulysses`` needs): the model's attention and K/V heads;
+  ``comm_a2a.bytes_per_token`` and ``kv_bytes_per_token`` as derived (solver/derive.py), ``ms_per_mib`` the
+  fit of timed all-to-alls against the bytes each member sends, ``fixed_ms`` its intercept x 4 collectives x
+  layers; on one GPU the derived values, marked so.
 - ``memory.bucket_tokens``: ``(capacity * (1 - reserve) - static) / alpha`` with ``alpha`` = layers x
   the fitted per-layer activation bytes (the larger of the saved-for-backward and the allocator-peak
   slopes on a GPU, so the bucket errs on the safe side) + the LM head's logits (bf16 logits and their fp32 copy,
@@ -27,14 +31,20 @@ from collections.abc import Sequence
 from typing import Any
 
 from skrull.solver.derive import (
+    A2A_COLLECTIVES_PER_LAYER,
     MODELS,
     ModelConfig,
     TrainingSetup,
+    a2a_bytes_per_token,
+    a2a_kv_bytes_per_token,
     comm_bytes_per_token,
     flops_coefficients,
+    kv_heads_per_tp_rank,
     static_memory_bytes,
 )
 from skrull.worker.profiling.fit import (
+    ALL_GATHER,
+    ALL_TO_ALL,
     AttentionPoint,
     CommSample,
     ComputeSample,
@@ -119,6 +129,7 @@ def _comm_section(
 ) -> dict[str, Any]:
     """The ``comm`` block: fitted from timed all-gathers, else the derived values."""
     comm: dict[str, Any] = {"bytes_per_token": comm_bytes_per_token(model, bytes_per_value=bytes_per_value)}
+    comm_samples = [s for s in comm_samples if s.collective == ALL_GATHER]
     if comm_samples:
         ms_per_mib, per_collective_ms, comm_r2 = fit_comm(comm_samples)
         comm.update(
@@ -138,6 +149,37 @@ def _comm_section(
             source="one GPU: no collective to time; derived values kept (solver/derive.py)",
         )
     return comm
+
+
+def _comm_a2a_section(
+    model: ModelConfig, comm_samples: Sequence[CommSample], *, bytes_per_value: int, derived_a2a: dict[str, float]
+) -> dict[str, Any]:
+    """The ``comm_a2a`` block (Ulysses): fitted from timed all-to-alls, else the derived values."""
+    section: dict[str, Any] = {
+        "bytes_per_token": a2a_bytes_per_token(model, bytes_per_value=bytes_per_value),
+        "kv_bytes_per_token": a2a_kv_bytes_per_token(model, bytes_per_value=bytes_per_value),
+    }
+    samples = [s for s in comm_samples if s.collective == ALL_TO_ALL]
+    if samples:
+        ms_per_mib, per_collective_ms, r2 = fit_comm(samples)
+        section.update(
+            ms_per_mib=round(ms_per_mib, 8),
+            fixed_ms=round(max(per_collective_ms, 0.0) * A2A_COLLECTIVES_PER_LAYER * model.num_layers, 6),
+            measured=True,
+            r2=round(r2, 6),
+            group_size=samples[0].group_size,
+            source="all-to-all time vs bytes each member sends per collective; fixed_ms = intercept x "
+            f"{A2A_COLLECTIVES_PER_LAYER} collectives x layers; bytes as derived (solver/derive.py)",
+            samples=[dataclasses.asdict(s) for s in samples],
+        )
+    else:
+        section.update(
+            ms_per_mib=derived_a2a["ms_per_mib"],
+            fixed_ms=derived_a2a["fixed_ms"],
+            measured=False,
+            source="one GPU: no collective to time; derived values kept (solver/derive.py)",
+        )
+    return section
 
 
 def _compute_section(model: ModelConfig, compute_samples: Sequence[ComputeSample]) -> dict[str, Any]:
@@ -180,8 +222,20 @@ def profile_document(
     bytes_per_value: int,
     derived_comm: dict[str, float],
     derived_microbatch_ms: float,
+    derived_a2a: dict[str, float] | None = None,
 ) -> dict[str, Any]:
-    """Fit every coefficient and lay the profile out in the specification's format (see module docstring)."""
+    """Fit every coefficient and lay the profile out in the specification's format (see module docstring).
+    ``heads`` and ``comm_a2a`` are written when all-to-alls were timed or ``derived_a2a`` is given."""
+    ulysses: dict[str, Any] = {}
+    if derived_a2a is not None or any(s.collective == ALL_TO_ALL for s in comm_samples):
+        ulysses["heads"] = {
+            "attention": model.num_heads,
+            "kv": kv_heads_per_tp_rank(model),
+            "source": "the model's attention and K/V heads: Ulysses splits the attention heads over the group",
+        }
+        ulysses["comm_a2a"] = _comm_a2a_section(
+            model, comm_samples, bytes_per_value=bytes_per_value, derived_a2a=derived_a2a or {}
+        )
     return {
         "name": name,
         "estimated": False,
@@ -194,6 +248,7 @@ def profile_document(
             "by_query_tokens": attention_efficiency(attention_points),
         },
         "comm": _comm_section(model, comm_samples, bytes_per_value=bytes_per_value, derived_comm=derived_comm),
+        **ulysses,
         "memory": _memory_section(model, memory_samples, capacity_bytes=capacity_bytes, setup=setup),
         "microbatch_ms": derived_microbatch_ms,
         "microbatch_source": "derived (solver/derive.py): framework overhead is outside a one-layer measurement",

@@ -185,13 +185,20 @@ def fit_compute_terms(samples: Sequence[ComputeSample]) -> ComputeTerms:
     )
 
 
+#: ``CommSample.collective``: all-gather CP's collective, and Ulysses's.
+ALL_GATHER = "all_gather"
+ALL_TO_ALL = "all_to_all"
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CommSample:
-    """One timed collective: bytes each member contributed, milliseconds, group size."""
+    """One timed collective: its bytes (gathered bytes for an all-gather, bytes each member sends for an
+    all-to-all), milliseconds, group size, and which collective."""
 
     num_bytes: float
     ms: float
     group_size: int
+    collective: str = "all_gather"
 
 
 def fit_comm(samples: Sequence[CommSample]) -> tuple[float, float, float]:

@@ -55,7 +55,6 @@ TINY = ModelConfig(
 PROFILE_MODELS: dict[str, ModelConfig] = {**MODELS, TINY.name: TINY}
 
 
-
 def repeat_ms(fn: Callable[[], Any], device: torch.device, *, repeats: int) -> list[float]:
     """Milliseconds of each of ``repeats`` calls of ``fn``: CUDA events on a GPU (each call's kernels, the
     host free to run ahead before the call), the host clock on a CPU. Warm-up is the caller's."""
@@ -75,6 +74,7 @@ def repeat_ms(fn: Callable[[], Any], device: torch.device, *, repeats: int) -> l
             fn()
             times.append((time.perf_counter() - t0) * 1e3)
     return times
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Part:

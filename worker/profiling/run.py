@@ -163,6 +163,9 @@ def run_profile(opts: ProfileOptions) -> dict[str, Any]:
         bytes_per_value=opts.dtype.itemsize,
         derived_comm={"ms_per_mib": derived.comm.ms_per_mib, "fixed_ms": derived.comm.fixed_ms},
         derived_microbatch_ms=derived.microbatch_ms,
+        derived_a2a=None
+        if derived.comm_a2a is None
+        else {"ms_per_mib": derived.comm_a2a.ms_per_mib, "fixed_ms": derived.comm_a2a.fixed_ms},
     )
 
 

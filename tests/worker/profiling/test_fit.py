@@ -178,6 +178,27 @@ def test_profile_document_is_a_contract_profile_with_the_fitted_coefficients() -
 
     one_gpu = profile_document(**common, comm_samples=[])  # type: ignore[arg-type]
     assert one_gpu["comm"]["measured"] is False and one_gpu["comm"]["ms_per_mib"] == 0.0029
+    assert "comm_a2a" not in doc and "comm_a2a" not in one_gpu  # nothing timed, nothing derived given
+
+    # timed all-to-alls give Ulysses's section: its own fit, the derived bytes, the model's heads
+    a2a = [
+        CommSample(num_bytes=float(b), ms=0.01 + 0.002 * b / 2**20, group_size=2, collective="all_to_all")
+        for b in (2**20, 2**24)
+    ]
+    ulysses = profile_from_dict(profile_document(**common, comm_samples=[*comm, *a2a]))  # type: ignore[arg-type]
+    assert ulysses.comm.ms_per_mib == pytest.approx(0.003)  # the all-gathers alone fit comm
+    assert ulysses.heads is not None and (ulysses.heads.attention, ulysses.heads.kv) == (14, 2)
+    assert ulysses.comm_a2a is not None
+    assert ulysses.comm_a2a.ms_per_mib == pytest.approx(0.002) and ulysses.comm_a2a.fixed_ms == pytest.approx(
+        0.01 * 4 * 24
+    )
+    # 24 layers * (2 * 896 + 2 * 128) values * 2 bytes * fwd+bwd, of which K and V: 24 * 2 * 128 * 2 * 2
+    assert (ulysses.comm_a2a.bytes_per_token, ulysses.comm_a2a.kv_bytes_per_token) == (196608.0, 24576.0)
+    derived = profile_document(  # type: ignore[arg-type]
+        **common, comm_samples=[], derived_a2a={"ms_per_mib": 0.0029, "fixed_ms": 3.36}
+    )
+    assert derived["comm_a2a"]["measured"] is False and derived["comm_a2a"]["fixed_ms"] == 3.36
+    assert profile_from_dict(derived).plans_ulysses
 
     # on a GPU the allocator's peak grows faster than the saved bytes: the bucket follows the peak
     common["memory_samples"] = [

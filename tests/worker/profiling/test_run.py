@@ -41,6 +41,29 @@ def test_profile_recovers_the_cost_model_the_timings_follow(monkeypatch: pytest.
     memory = doc["memory"]
     free = 2**33 * (1 - memory["reserve_fraction"]) - memory["static_bytes"]
     assert profile.bucket_tokens == int(free // memory["activation_bytes_per_token"])
+    # one GPU: no collective to time; Ulysses's section is the derivation's, marked so
+    assert doc["comm_a2a"]["measured"] is False and profile.plans_ulysses
+
+
+def test_profile_over_two_processes_times_both_collectives_for_both_modes(monkeypatch: pytest.MonkeyPatch) -> None:
+    from skrull.worker.profiling import run as run_module
+
+    monkeypatch.setattr(
+        measure_module, "measure_parts", lambda layer, parts, **kw: [1.0 + len(p.local_lengths) for p in parts]
+    )
+    monkeypatch.setattr(run_module, "COMM_SIZES", (2**12, 2**14, 2**16))  # small: two gloo processes on CPU
+    options = ProfileOptions(
+        model=TINY, device=torch.device("cpu"), dtype=torch.float32, max_tokens=256, repeats=1, capacity_bytes=2**33,
+        num_gpus=2,
+    )  # fmt: skip
+    doc = run_profile(options)
+    profile = profile_from_dict(doc)
+    for section in ("comm", "comm_a2a"):
+        assert doc[section]["measured"] is True and doc[section]["group_size"] == 2
+        assert len(doc[section]["samples"]) == 3
+    assert {s["collective"] for s in doc["comm_a2a"]["samples"]} == {"all_to_all"}
+    assert profile.plans_ulysses and profile.heads is not None
+    assert (profile.heads.attention, profile.heads.kv) == (TINY.num_heads, TINY.num_kv_heads)
 
 
 def test_check_measures_a_calibrated_profile_on_whole_microbatches(monkeypatch: pytest.MonkeyPatch) -> None:
