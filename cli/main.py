@@ -26,7 +26,7 @@ from skrull.cli import profile as profile_cli
 from skrull.cli import serve, solver_worker
 from skrull.cli import show as show_cli
 from skrull.solver.compare import compare, format_table, parse_solver_spec
-from skrull.solver.cp_modes import ULYSSES, read_cp_modes
+from skrull.solver.cp_modes import read_cp_modes
 from skrull.solver.datasets import distribution_names, synthesize_request
 from skrull.solver.errors import MISSING, PlannerBugError, RequestError, SkrullError
 from skrull.solver.io import (
@@ -221,13 +221,14 @@ def _note_if_stopped(request: Request, plan: Plan) -> None:
     its own model's bound (``solve.model_gap``, what more time can close) and what to raise: the plan is
     valid, only its optimality is unproven."""
     exact = plan.solver in EXACT_SOLVERS  # auto's bound is layout-free: more time need not close its gap
-    ulysses = any(mb.mode == ULYSSES for it in plan.iterations for mb in it.microbatches)
-    if plan.solve.status == "feasible" and plan.solve.model_gap is None and ulysses:
-        return  # solved, but its model's proof was for all-gather pricing (planning.with_modes): time won't help
-    gap = plan.solve.model_gap if plan.solve.model_gap is not None else plan.solve.gap
+    if plan.solve.stats_dict.get("allgather_model_optimal") == 1.0:
+        return  # solved: only its model's proof, for all-gather pricing, does not cover the modes chosen after it
+    own = plan.solve.model_gap is not None
+    gap = plan.solve.model_gap if own else plan.solve.gap
     if exact and plan.solve.status in ("feasible", "timeout") and gap is not None and gap > 0:
         print(
-            f"skrull: note: {plan.solver} stopped at a {gap:.1%} gap to its model's proven bound when its "
+            f"skrull: note: {plan.solver} stopped at a {gap:.1%} gap to "
+            f"{'its model' if own else 'the plan'}'s proven bound when its "
             f"{request.resolved_time_budget_s:g} s budget ran out; raise --time-budget-s (time_budget_s) to close it",
             file=sys.stderr,
         )

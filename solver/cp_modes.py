@@ -6,19 +6,21 @@
 * ``ulysses`` (DeepSpeed-Ulysses, XTuner sequence parallelism): two all-to-alls around attention trade
   the sequence split for a head split, so each GPU sends and receives about ``T / N`` tokens' activations,
   priced ``T_a2a(T) = comm_a2a.ms_per_mib * (T/N) * comm_a2a.bytes_per_token / 2^20 + comm_a2a.fixed_ms``.
-  The group size N must divide ``heads.attention``; K/V heads fewer than N are replicated, one copy per
-  GPU (``kv_heads_per_gpu``).
+  The group size N must divide ``heads.attention``; where N does not divide the K/V heads they go out
+  replicated to ``lcm(kv, N)`` heads, ``lcm(kv, N) / N`` per GPU (``kv_heads_per_gpu``), and a profile
+  with ``comm_a2a.kv_bytes_per_token`` is charged for the copies (solver/cost.py).
 
 Memory: the bucket (tokens per GPU) counts what every layer keeps for backward, the same in both modes.
 During attention an all-gather GPU holds the whole group's K/V (``T * 2 * kv * head_dim``), a Ulysses GPU
-the whole sequence for its ``attention/N`` query heads and ``max(kv/N, 1)`` K/V heads
-(``T * head_dim * (attention/N + 2*max(kv/N, 1))``), whose K/V part is never larger than the all-gather
+the whole sequence for its ``attention/N`` query heads and ``lcm(kv, N)/N <= kv`` K/V heads
+(``T * head_dim * (attention/N + 2*lcm(kv, N)/N)``), whose K/V part is never larger than the all-gather
 buffer and whose query part equals the query shard it replaces. So the all-to-all buffers fit wherever the
 all-gather ones do, and one bucket check (``CostModel.fits``) holds for both modes.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from skrull.solver.errors import RequestError
@@ -61,10 +63,7 @@ def ulysses_divides(attention_heads: int, group_size: int) -> bool:
 
 
 def kv_heads_per_gpu(kv_heads: int, group_size: int) -> int:
-    """K/V heads a GPU holds under Ulysses: ``kv / N`` when N divides them, else the one head its query
-    heads read, replicated (``kv < N``: each K/V head goes to ``N / kv`` GPUs)."""
-    if kv_heads >= group_size:
-        assert kv_heads % group_size == 0, (kv_heads, group_size)
-        return kv_heads // group_size
-    assert group_size % kv_heads == 0, (kv_heads, group_size)
-    return 1
+    """K/V heads a GPU holds under Ulysses: ``lcm(kv, N) / N``, the K/V heads its query heads read (``kv /
+    N`` when N divides them; otherwise the heads go out replicated to ``lcm(kv, N)``, worker/dacp.py
+    ``ulysses_kv_copies``). Never more than ``kv``: the all-gather buffer holds all of them."""
+    return math.lcm(kv_heads, group_size) // group_size

@@ -198,18 +198,21 @@ def with_modes(output: PlannerOutput, problem: Problem, modes: tuple[str, ...]) 
                     f"the plan shards over a group of {len(spec.ranks)} GPUs, where no allowed mode runs "
                     "(ulysses needs the group size to divide heads.attention); allow allgather too",
                 )
-            if mode != spec.mode:
-                changed = changed or model.spec_time_ms(dataclasses.replace(spec, mode=mode), problem.lengths) < (
-                    model.spec_time_ms(spec, problem.lengths) - 1e-12
-                )
+            if mode != spec.mode:  # cheaper where both run; dearer where Ulysses alone is allowed
+                before = model.spec_time_ms(spec, problem.lengths)
                 spec = dataclasses.replace(spec, mode=mode)
+                changed = changed or abs(model.spec_time_ms(spec, problem.lengths) - before) > 1e-12 * max(before, 1.0)
             out.append(spec)
         iterations.append(tuple(out))
-    if changed:
+    # An exact model prices all-gather only: with Ulysses allowed its proof never covers the request (another
+    # placement may run cheaper in Ulysses), whether or not this plan's modes changed.
+    if changed or (output.model_bound_ms is not None and ULYSSES in modes):
         # The planner's own model priced every microbatch in all-gather: its proof (``model_bound_ms``, an
         # "optimal" status) no longer covers the plan. ``bound_ms`` is a floor over the request's modes
         # (solver/search/bound.py) and stays.
         # A plan that meets that floor is still proven optimal (``auto``'s search priced the modes already).
+        # The exact planner's own result stays in ``stats``: its all-gather bound and whether it proved it
+        # (``skrull plan`` notes a budget that ran out only when it had not).
         status = output.status
         if status == "optimal":
             objective = sum(model.iteration_ms(it, problem.lengths, problem.parallel.num_gpus) for it in iterations)
@@ -217,7 +220,16 @@ def with_modes(output: PlannerOutput, problem: Problem, modes: tuple[str, ...]) 
                 status = "heuristic"
             elif objective - output.bound_ms > OPTIMAL_TOLERANCE * max(objective, 1e-9):
                 status = "feasible"
-        return dataclasses.replace(output, iterations=tuple(iterations), status=status, model_bound_ms=None)
+        stats = output.stats
+        if output.model_bound_ms is not None:
+            stats = (
+                *stats,
+                ("allgather_model_bound_ms", output.model_bound_ms),
+                ("allgather_model_optimal", 1.0 if output.status == "optimal" else 0.0),
+            )
+        return dataclasses.replace(
+            output, iterations=tuple(iterations), status=status, model_bound_ms=None, stats=stats
+        )
     return dataclasses.replace(output, iterations=tuple(iterations))
 
 

@@ -48,7 +48,8 @@ class CommCoeffs:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class HeadCounts:
     """The model's attention heads: Ulysses splits them over the group, so the group size N must divide
-    ``attention``; K/V heads fewer than N are replicated (each GPU gets one copy of a K/V head)."""
+    ``attention``; where N does not divide the K/V heads they are replicated to ``lcm(kv, N)`` (each GPU gets
+    the K/V heads its query heads read; solver/cp_modes.py ``kv_heads_per_gpu``)."""
 
     attention: int
     kv: int

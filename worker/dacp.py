@@ -15,7 +15,8 @@ sequences (worker/layout.py). Attention over it has two independent parts:
   ``ulysses`` (DeepSpeed-Ulysses; XTuner sequence parallel): an all-to-all trades the sequence split for
   a head split (member j gets heads ``j*H/N .. (j+1)*H/N - 1`` of every sharded token), each member runs
   whole-sequence causal attention on its heads, and a second all-to-all returns the outputs; backward
-  mirrors it. Needs ``H % N == 0``; key/value heads are replicated up to H when ``H_kv % N != 0``.
+  mirrors it. Needs ``H % N == 0``; key/value heads are replicated to ``lcm(H_kv, N)`` when ``H_kv % N != 0``
+  (``ulysses_kv_copies``: each GPU receives exactly the K/V heads its query heads read).
 
 Overlap (Skrull eq. 2, ``max(T_comm, T_comp(Local)) + T_comp(Dist)``): forward issues the sharded
 collective asynchronously, runs the local attention, then waits; backward computes what needs no

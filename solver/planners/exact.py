@@ -127,7 +127,9 @@ def optimize_iteration(
     outcome = run_with_deadline(work, deadline=deadline, grace_s=grace_s)
     payload = outcome.payload or {}
     groups: Groups = payload.get("groups") or hint
-    if plan_time_ms(groups, lengths, cost) > plan_time_ms(hint, lengths, cost):
+    # judged as the plan will run, each microbatch in its cheapest allowed mode (``planning.with_modes``)
+    view = CostModel(problem.profile, bucket_tokens=problem.bucket_tokens, choose_modes=problem.cp_modes)
+    if plan_time_ms(groups, lengths, view) > plan_time_ms(hint, lengths, view):
         groups = hint
     bound = max(lower, payload.get("bound_ms") or 0.0)
     objective = plan_time_ms(groups, lengths, cost)

@@ -124,8 +124,11 @@ class FlexibleIlpPlanner:
         best = start
         if payload.get("groups"):
             found = to_specs(payload["groups"], groups, par.num_gpus)
+            # judged as it will run, each microbatch in its cheapest allowed mode (``planning.with_modes``)
             runs = all(view.shards_on(len(s.ranks)) for s in found if s.sharded)
-            if runs and iteration_ms(found, lengths, cost, par.num_gpus) < start_ms:
+            if runs and iteration_ms(found, lengths, view, par.num_gpus) < iteration_ms(
+                start, lengths, view, par.num_gpus
+            ):
                 best = found
         objective = iteration_ms(best, lengths, cost, par.num_gpus)
         bound = min(max(lower, payload.get("bound_ms") or 0.0), objective)

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from skrull.solver.cost import CostModel
+from skrull.solver.cp_modes import CP_MODES
 from skrull.solver.planners.base import PlannerOutput, make_spec
 from skrull.solver.search.bound import tight_bound_ms
 from skrull.solver.search.improve import blocks_by_size
@@ -38,6 +39,8 @@ class SpreadStart:
     name = "spread"
     #: each batch is spread from that batch alone
     streams_iterations = True
+    #: priced in the request's modes (``choose_modes``), sharding only over groups one of them runs
+    cp_modes = CP_MODES
 
     def plan(self, problem: Problem) -> PlannerOutput:
         cost = CostModel(problem.profile, bucket_tokens=problem.bucket_tokens, choose_modes=problem.cp_modes)

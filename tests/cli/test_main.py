@@ -225,7 +225,7 @@ def test_an_exact_plan_stopped_by_its_budget_says_its_gap_and_what_to_raise(
     plan = dataclasses.replace(plan, solver=solver, solve=dataclasses.replace(plan.solve, status=status, gap=gap))
     _note_if_stopped(request, plan)
     said = capsys.readouterr().err
-    expected = "skrull: note: ilp stopped at a 29.8% gap to its model's proven bound when its 1 s budget ran out"
+    expected = "skrull: note: ilp stopped at a 29.8% gap to the plan's proven bound when its 1 s budget ran out"
     assert (expected in said and "raise --time-budget-s" in said) is noted
     assert bool(said) is noted
 
@@ -250,7 +250,19 @@ def test_an_exact_plan_solved_in_time_with_ulysses_microbatches_says_no_budget_r
     plan = json.loads(out)
     assert plan["solve"]["status"] == "feasible" and "model_bound_ms" not in plan["solve"]
     assert any(mb.get("mode") == "ulysses" for it in plan["iterations"] for mb in it["microbatches"])
+    assert plan["solve"]["stats"]["allgather_model_optimal"] == 1.0  # its own model was solved to optimality
     assert "budget ran out" not in err
+    # where the solver itself stopped short, the note still says so
+    import dataclasses
+
+    from skrull.cli.main import _note_if_stopped
+
+    solved = plan_from_dict(plan)
+    stopped = dataclasses.replace(
+        solved, solve=dataclasses.replace(solved.solve, stats=(("allgather_model_optimal", 0.0),))
+    )
+    _note_if_stopped(request_from_dict(request), stopped)
+    assert "skrull: note: ilp stopped at a 2.1% gap to the plan's proven bound" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

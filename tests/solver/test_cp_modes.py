@@ -281,6 +281,28 @@ def test_planners_choosing_groups_keep_ulysses_alone_on_groups_dividing_the_head
         assert plan.estimated_ms <= xtuner.estimated_ms * (1 + 1e-9)
 
 
+@pytest.mark.parametrize("solver", ["ilp", "ilp-flex"])
+def test_exact_planners_with_ulysses_judge_plans_as_they_run_and_claim_no_all_gather_proof(solver: str) -> None:
+    # Qwen2.5-0.5B, Ulysses alone: the exact models price all-gather, where their optimum is cheaper than
+    # the warm start but dearer once it runs in Ulysses; the plan kept must be the cheaper as it runs, and
+    # "optimal" may rest only on the floor over the allowed modes, not on the all-gather model's proof
+    from skrull.solver.profile import load_profile
+    from skrull.solver.types import Parallel, Request
+
+    req = Request(
+        batches=[[1185, 296, 187, 171, 347, 538, 135, 106]], parallel=Parallel(dp=2, cp=2),
+        profile=load_profile("h100-80g/qwen2.5-0.5b"), solver=solver, cp_modes=("ulysses",), seed=10,
+        deterministic=True, time_budget_s=2.0,
+    )  # fmt: skip
+    plan = solve(req)
+    assert plan_problems(plan, req) == []
+    assert plan.solve.model_bound_ms is None and "allgather_model_bound_ms" in plan.solve.stats_dict
+    assert plan.solve.status != "optimal" or plan.solve.gap is not None and plan.solve.gap <= 1e-4
+    if solver == "ilp-flex":  # warm-started from auto: never worse than it
+        auto = solve(dataclasses.replace(req, solver="auto"))
+        assert plan.estimated_ms <= auto.estimated_ms * (1 + 1e-9)
+
+
 def test_a_plan_meeting_the_floor_after_the_mode_choice_stays_optimal() -> None:
     # one sequence, one group: auto's search priced Ulysses already, and its plan meets the layout-free
     # floor over both modes; choosing the mode afterwards must not drop its proof to "feasible"

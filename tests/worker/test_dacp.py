@@ -191,3 +191,23 @@ def test_the_plans_mode_reaches_every_layout_and_wins_over_the_runs_default() ->
     assert (
         DACPPlan.build(alone, group=None, kernel=kernel, device=torch.device("cpu"), mode="ulysses").mode == "ulysses"
     )
+
+
+def test_ulysses_replicates_kv_heads_so_every_query_head_reads_its_own() -> None:
+    # For every head layout up to 64: after the exchange GPU r holds query heads r*A/N .. and, of the K/V
+    # heads repeated ulysses_kv_copies times, slot r's lcm(kv, N)/N; grouped-query attention there pairs
+    # local query head i with local K/V head i // (A/N / (lcm/N)), which must be the model's own K/V head.
+    from skrull.solver.cp_modes import kv_heads_per_gpu
+    from skrull.worker.dacp import ulysses_kv_copies
+
+    for heads in range(1, 65):
+        for kv in (k for k in range(1, heads + 1) if heads % k == 0):
+            for n in (g for g in range(1, 65) if heads % g == 0):
+                copies = ulysses_kv_copies(kv, n)
+                per_gpu = kv * copies // n
+                assert per_gpu == kv_heads_per_gpu(kv, n) <= kv and (kv * copies) % n == 0
+                hq = heads // n
+                for r in range(n):
+                    for i in range(hq):
+                        local_kv = r * per_gpu + i // (hq // per_gpu)
+                        assert local_kv // copies == (r * hq + i) // (heads // kv), (heads, kv, n, r, i)
