@@ -297,7 +297,7 @@ def test_exact_planners_with_ulysses_judge_plans_as_they_run_and_claim_no_all_ga
     plan = solve(req)
     assert plan_problems(plan, req) == []
     assert plan.solve.model_bound_ms is None and "allgather_model_bound_ms" in plan.solve.stats_dict
-    assert plan.solve.status != "optimal" or plan.solve.gap is not None and plan.solve.gap <= 1e-4
+    assert plan.solve.status != "optimal" or (plan.solve.gap is not None and plan.solve.gap <= 1e-4)
     if solver == "ilp-flex":  # warm-started from auto: never worse than it
         auto = solve(dataclasses.replace(req, solver="auto"))
         assert plan.estimated_ms <= auto.estimated_ms * (1 + 1e-9)
