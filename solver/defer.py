@@ -62,11 +62,10 @@ from skrull.solver.errors import SkrullError
 from skrull.solver.planners.auto import (
     BOUND_PER_SEQUENCE_S,
     FINISH_MARGIN_S,
-    OPTIMAL_TOLERANCE,
     AutoPlanner,
     per_work_ms,
 )
-from skrull.solver.planners.base import PlannerOutput, make_spec
+from skrull.solver.planners.base import OPTIMAL_TOLERANCE, PlannerOutput, make_spec
 from skrull.solver.search.bound import microbatch_floor_ms
 from skrull.solver.search.budget import FINISH_RESERVE_PER_SEQUENCE_S
 from skrull.solver.search.clock import Clock, clock_for

@@ -29,8 +29,8 @@ from skrull.solver.ilp.builder import GroupMicrobatch, Layout
 from skrull.solver.ilp.runner import run_with_deadline
 from skrull.solver.ilp.search import EXACT_MAX_BINARIES, model_size
 from skrull.solver.planners.auto import AutoPlanner
-from skrull.solver.planners.base import PlannerOutput, make_spec
-from skrull.solver.planners.exact import DEFAULT_BACKEND, OPTIMAL_TOLERANCE, exact_work, plan_within_budget
+from skrull.solver.planners.base import OPTIMAL_TOLERANCE, PlannerOutput, make_spec
+from skrull.solver.planners.exact import DEFAULT_BACKEND, exact_work, plan_within_budget
 from skrull.solver.search.bound import sharding_floor_ms
 from skrull.solver.search.improve import iteration_ms
 from skrull.solver.types import MicrobatchSpec, Parallel, Problem
