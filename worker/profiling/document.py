@@ -124,62 +124,61 @@ def _memory_section(
     }
 
 
+def _timed_or_derived(
+    samples: Sequence[CommSample], *, collectives: int, num_layers: int, timed: str, derived: dict[str, float]
+) -> dict[str, Any]:
+    """``ms_per_mib`` and ``fixed_ms`` of one collective's section: the fit of ``samples`` (``fixed_ms`` = the
+    intercept, at least 0, x ``collectives`` per layer x layers), else the derived values, marked so."""
+    if not samples:
+        return {
+            "ms_per_mib": derived["ms_per_mib"],
+            "fixed_ms": derived["fixed_ms"],
+            "measured": False,
+            "source": "one GPU: no collective to time; derived values kept (solver/derive.py)",
+        }
+    ms_per_mib, per_collective_ms, r2 = fit_comm(samples)
+    return {
+        "ms_per_mib": round(ms_per_mib, 8),
+        "fixed_ms": round(max(per_collective_ms, 0.0) * collectives * num_layers, 6),
+        "measured": True,
+        "r2": round(r2, 6),
+        "group_size": samples[0].group_size,
+        "source": f"{timed} per collective; fixed_ms = intercept x {collectives} collectives x layers",
+        "samples": [dataclasses.asdict(s) for s in samples],
+    }
+
+
 def _comm_section(
     model: ModelConfig, comm_samples: Sequence[CommSample], *, bytes_per_value: int, derived_comm: dict[str, float]
 ) -> dict[str, Any]:
     """The ``comm`` block: fitted from timed all-gathers, else the derived values."""
-    comm: dict[str, Any] = {"bytes_per_token": comm_bytes_per_token(model, bytes_per_value=bytes_per_value)}
-    comm_samples = [s for s in comm_samples if s.collective == ALL_GATHER]
-    if comm_samples:
-        ms_per_mib, per_collective_ms, comm_r2 = fit_comm(comm_samples)
-        comm.update(
-            ms_per_mib=round(ms_per_mib, 8),
-            fixed_ms=round(per_collective_ms * 2 * model.num_layers, 6),
-            measured=True,
-            r2=round(comm_r2, 6),
-            group_size=comm_samples[0].group_size,
-            source="all-gather time vs gathered bytes per collective; fixed_ms = intercept x 2 collectives x layers",
-            samples=[dataclasses.asdict(s) for s in comm_samples],
-        )
-    else:
-        comm.update(
-            ms_per_mib=derived_comm["ms_per_mib"],
-            fixed_ms=derived_comm["fixed_ms"],
-            measured=False,
-            source="one GPU: no collective to time; derived values kept (solver/derive.py)",
-        )
-    return comm
+    return {
+        "bytes_per_token": comm_bytes_per_token(model, bytes_per_value=bytes_per_value),
+        **_timed_or_derived(
+            [s for s in comm_samples if s.collective == ALL_GATHER],
+            collectives=2,
+            num_layers=model.num_layers,
+            timed="all-gather time vs gathered bytes",
+            derived=derived_comm,
+        ),
+    }
 
 
 def _comm_a2a_section(
     model: ModelConfig, comm_samples: Sequence[CommSample], *, bytes_per_value: int, derived_a2a: dict[str, float]
 ) -> dict[str, Any]:
-    """The ``comm_a2a`` block (Ulysses): fitted from timed all-to-alls, else the derived values."""
-    section: dict[str, Any] = {
+    """The ``comm_a2a`` block (Ulysses): bytes as derived, fitted from timed all-to-alls, else derived."""
+    return {
         "bytes_per_token": a2a_bytes_per_token(model, bytes_per_value=bytes_per_value),
         "kv_bytes_per_token": a2a_kv_bytes_per_token(model, bytes_per_value=bytes_per_value),
+        **_timed_or_derived(
+            [s for s in comm_samples if s.collective == ALL_TO_ALL],
+            collectives=A2A_COLLECTIVES_PER_LAYER,
+            num_layers=model.num_layers,
+            timed="all-to-all time vs bytes each member sends",
+            derived=derived_a2a,
+        ),
     }
-    samples = [s for s in comm_samples if s.collective == ALL_TO_ALL]
-    if samples:
-        ms_per_mib, per_collective_ms, r2 = fit_comm(samples)
-        section.update(
-            ms_per_mib=round(ms_per_mib, 8),
-            fixed_ms=round(max(per_collective_ms, 0.0) * A2A_COLLECTIVES_PER_LAYER * model.num_layers, 6),
-            measured=True,
-            r2=round(r2, 6),
-            group_size=samples[0].group_size,
-            source="all-to-all time vs bytes each member sends per collective; fixed_ms = intercept x "
-            f"{A2A_COLLECTIVES_PER_LAYER} collectives x layers; bytes as derived (solver/derive.py)",
-            samples=[dataclasses.asdict(s) for s in samples],
-        )
-    else:
-        section.update(
-            ms_per_mib=derived_a2a["ms_per_mib"],
-            fixed_ms=derived_a2a["fixed_ms"],
-            measured=False,
-            source="one GPU: no collective to time; derived values kept (solver/derive.py)",
-        )
-    return section
 
 
 def _compute_section(model: ModelConfig, compute_samples: Sequence[ComputeSample]) -> dict[str, Any]:
