@@ -393,7 +393,8 @@ def derive_profile(model: ModelConfig, gpu: GpuSpec, setup: TrainingSetup | None
         },
         "heads": {
             "source": "the config's num_attention_heads and num_key_value_heads, per TP rank: Ulysses splits "
-            "the attention heads over the group (N must divide them; K/V heads fewer than N replicated)",
+            "the attention heads over the group (N must divide them; K/V heads replicated to lcm(kv, N) where N "
+            "does not divide them)",
         },
         "comm_a2a": {
             "source": "bytes: layers * (2 * q_hidden + 2 * kv_hidden) * 2 B * 2 (Q/K/V all-to-all in, output "
