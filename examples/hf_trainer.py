@@ -85,6 +85,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--global-batch-size", type=int, required=True)
     p.add_argument("--bucket-tokens", type=int, default=None, help="override the profile's memory bucket")
     p.add_argument("--profile", default="h100-80g/qwen2.5-0.5b")
+    p.add_argument(
+        "--cp-modes",
+        default="allgather",
+        help="comma list: how sharded attention may run (allgather, ulysses; with both, per microbatch)",
+    )
     p.add_argument("--max-steps", type=int, default=4)
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--seed", type=int, default=0)
@@ -219,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     planned = PlannedBatches(  # skrull
         rows, [len(r["input_ids"]) for r in rows], mesh=mesh, global_batch_size=args.global_batch_size,
         profile=args.profile, bucket_tokens=args.bucket_tokens, seed=args.seed, equal_microbatches=True,
-        num_iterations=args.max_steps, device=device, label_convention="hf",
+        num_iterations=args.max_steps, device=device, label_convention="hf", cp_modes=args.cp_modes.split(","),
     )  # fmt: skip
     if len(planned) < args.max_steps:
         raise SystemExit(
@@ -258,6 +263,8 @@ def main(argv: list[str] | None = None) -> int:
     trainer.train(resume_from_checkpoint=args.resume_from)
     if rank == 0:
         print("losses: " + " ".join(f"{x:.6f}" for x in trainer.step_losses))
+        modes = ["+".join(planned.sharding_modes(step)) or "-" for step in range(len(trainer.step_losses))]
+        print("cp modes: " + " ".join(modes))  # how each step's sharded microbatches ran
         if args.final_weights:
             torch.save({n: p.detach().cpu() for n, p in model.state_dict().items()}, args.final_weights)
     if not args.check:

@@ -70,6 +70,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--global-batch-size", type=int, required=True)
     p.add_argument("--bucket-tokens", type=int, default=None, help="override the profile's memory bucket")
     p.add_argument("--profile", default="h100-80g/qwen2.5-0.5b")
+    p.add_argument(
+        "--cp-modes",
+        default="allgather",
+        help="comma list: how sharded attention may run (allgather, ulysses; with both, per microbatch)",
+    )
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--seed", type=int, default=0)
@@ -97,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         rows, [len(r["input_ids"]) for r in rows], mesh=mesh, global_batch_size=args.global_batch_size,
         profile=args.profile, bucket_tokens=args.bucket_tokens, seed=args.seed, num_iterations=args.steps,
         equal_microbatches=args.grad_sync != "allreduce", device=device, label_convention="hf",
-        calibrate=args.calibrate,
+        calibrate=args.calibrate, cp_modes=args.cp_modes.split(","),
     )  # fmt: skip
     if len(planned) < args.steps:
         raise SystemExit(
@@ -129,6 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     rank = dist.get_rank()
     if rank == 0:
         print("losses: " + " ".join(f"{x:.6f}" for x in losses))
+        modes = ["+".join(planned.sharding_modes(step)) or "-" for step in range(len(losses))]
+        print("cp modes: " + " ".join(modes))  # how each step's sharded microbatches ran
     if planned.calibration is not None and rank == 0:
         fitted = planned.calibration.fitted_profile()
         if args.calibrated_profile_out and fitted is not None:

@@ -140,6 +140,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--global-batch-size", type=int, default=8)
     p.add_argument("--bucket-tokens", type=int, default=None, help="override the profile's memory bucket")
     p.add_argument("--profile", default="h100-80g/qwen2.5-0.5b")
+    p.add_argument(
+        "--cp-modes",
+        default="allgather",
+        help="comma list: how sharded attention may run (allgather, ulysses; with both, per microbatch)",
+    )
     p.add_argument("--max-steps", type=int, default=4)
     p.add_argument("--max-length", type=int, default=1024, help="TRL truncates longer chats")
     p.add_argument("--lr", type=float, default=0.05)
@@ -286,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     planned = functools.partial(  # skrull: the loader, over the rows TRL prepares
         PlannedBatches, mesh=mesh, global_batch_size=args.global_batch_size, profile=args.profile,
         bucket_tokens=args.bucket_tokens, seed=args.seed, equal_microbatches=True, num_iterations=args.max_steps,
-        device=device,
+        device=device, cp_modes=args.cp_modes.split(","),
     )  # fmt: skip
     grads: dict[str, torch.Tensor] = {}
 
@@ -304,6 +309,8 @@ def main(argv: list[str] | None = None) -> int:
     if rank != 0:
         return 0
     print("losses: " + " ".join(f"{x:.6f}" for x in trainer.step_losses))
+    modes = ["+".join(trainer.planned.sharding_modes(step)) or "-" for step in range(len(trainer.step_losses))]
+    print("cp modes: " + " ".join(modes))  # how each step's sharded microbatches ran
     if not args.check:
         return 0
     if len(trainer.train_dataset) != len(dataset):

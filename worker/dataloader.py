@@ -78,10 +78,11 @@ import torch
 import torch.distributed as dist
 
 from skrull.corpus.order import global_batches
+from skrull.solver.cp_modes import DEFAULT_CP_MODES, read_cp_modes
 from skrull.solver.errors import RequestError
-from skrull.solver.io import DEFER_SOLVERS, MAX_DEFER
+from skrull.solver.io import DEFER_SOLVERS, MAX_DEFER, check_cp_modes_profile
 from skrull.solver.profile import load_profile, profile_from_dict
-from skrull.solver.types import Parallel, defers
+from skrull.solver.types import Parallel, Plan, defers
 from skrull.worker.calibration import CalibrationReport, LoaderCalibration
 from skrull.worker.inputs import pack
 from skrull.worker.layout import MicrobatchLayout, layouts_from_view_dict
@@ -264,6 +265,7 @@ class PlannedBatches:
         deterministic: bool = True,
         defer_max_sequences: int = 0,
         defer_max_wait: int = 1,
+        cp_modes: Sequence[str] | None = None,
         label_convention: str = "next_token",
         drop_last: bool = False,
         vocab_size: int | None = None,
@@ -308,6 +310,12 @@ class PlannedBatches:
                 defer_max_wait,
                 "bounds how long a deferred sequence waits: give defer_max_sequences > 0",
             )
+        #: how the plans may run sharded attention (the request's ``cp_modes``: all-gather, Ulysses or both, per
+        #: microbatch); the worker runs each microbatch in its plan's mode
+        self.cp_modes = read_cp_modes(cp_modes if cp_modes is None or isinstance(cp_modes, str) else list(cp_modes))
+        check_cp_modes_profile(
+            self.cp_modes, load_profile(profile) if isinstance(profile, str) else profile_from_dict(dict(profile))
+        )
         if len(dataset) != len(lengths):
             raise RequestError("lengths", len(lengths), f"must have one entry per dataset sample ({len(dataset)})")
         if client is not None and plans is not None:
@@ -520,6 +528,7 @@ class PlannedBatches:
             "cp": self.cp,
             "defer_max_sequences": self.defer_max_sequences,
             "defer_max_wait": self.defer_max_wait,
+            "cp_modes": list(self.cp_modes),
             "carried": list(carried),
             "budgets": self.budget.state_dict(epoch=self.epoch, from_chunk=chunk),
         }
@@ -528,7 +537,7 @@ class PlannedBatches:
         """Resume at ``state["next_iteration"]``: the next ``__iter__`` starts there, with the plans the
         uninterrupted run would have had (deterministic plans of the same requests)."""
         mine = self.state_dict()
-        defaults = {"defer_max_sequences": 0, "defer_max_wait": 1}  # saved before the loader had them
+        defaults = {"defer_max_sequences": 0, "defer_max_wait": 1, "cp_modes": list(DEFAULT_CP_MODES)}  # older states
         for key, value in mine.items():
             if (
                 key not in ("next_iteration", "carried", "epoch", "budgets")
@@ -614,6 +623,20 @@ class PlannedBatches:
         carried = self._carried_into(chunk) if self.defer_max_sequences else ()
         return [*carried, *(i for b in self.batches[first : first + self.batches_per_plan] for i in b)]
 
+    def plan_of(self, iteration: int) -> Plan:
+        """The whole plan iteration ``iteration`` of this epoch runs in (its request's iteration ``iteration %
+        batches_per_plan``): what was planned for it, each microbatch's group, mode and estimate. Waits for it."""
+        if isinstance(iteration, bool) or not isinstance(iteration, int) or not 0 <= iteration < len(self.batches):
+            raise RequestError("iteration", iteration, f"must be in 0..{len(self.batches) - 1}")
+        return self.plans.plan(self._plan_id(iteration // self.batches_per_plan), timeout_s=self.timeout_s)
+
+    def sharding_modes(self, iteration: int) -> tuple[str, ...]:
+        """The modes iteration ``iteration``'s microbatches that shard over two or more GPUs run in (sorted;
+        empty when none shards): what a run on ``cp_modes=["allgather", "ulysses"]`` really mixed."""
+        plan = self.plan_of(iteration)
+        microbatches = plan.iterations[iteration % self.batches_per_plan].microbatches
+        return tuple(sorted({mb.mode for mb in microbatches if mb.sharded and len(mb.ranks) > 1}))
+
     def request_document(self, chunk: int) -> dict[str, Any]:
         """The request of global batches ``chunk * batches_per_plan ..`` (docs/formats.md "Request"); with
         deferral, the indices the previous plan left pending go first, and the last chunk defers nothing."""
@@ -652,6 +675,8 @@ class PlannedBatches:
             )
         if self.equal_microbatches:
             doc["equal_microbatches"] = True
+        if self.cp_modes != DEFAULT_CP_MODES:
+            doc["cp_modes"] = list(self.cp_modes)
         if self.deterministic:
             doc["deterministic"] = True
         return doc

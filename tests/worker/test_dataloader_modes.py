@@ -1,0 +1,68 @@
+"""PlannedBatches with ``cp_modes``: the requests carry them, a profile that cannot price Ulysses or a bad
+mode is refused before the first step naming the field, resuming with other modes is refused, and
+``plan_of`` / ``sharding_modes`` say what each iteration's plan runs. Plans in process (``LocalPlans``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from skrull.solver.errors import RequestError
+from skrull.solver.profile import load_profile
+from skrull.worker.dataloader import PlannedBatches
+from skrull.worker.plan_sources import LocalPlans
+from tests.examples.test_hf_trainer import MIXED_PROFILE
+
+
+def mixed_profile() -> dict[str, Any]:
+    """The mixed-modes profile of tests/examples/test_hf_trainer.py, inline."""
+    doc = load_profile("h100-80g/qwen2.5-0.5b").to_dict()
+    doc.update(name=MIXED_PROFILE, heads={"attention": 4, "kv": 2})
+    doc["comm"].update(ms_per_mib=2.1333, fixed_ms=1.0)
+    doc["comm_a2a"].update(ms_per_mib=0.26667, fixed_ms=5.0)
+    return doc
+
+
+def make_loader(plans: LocalPlans, **kw: Any) -> PlannedBatches:
+    lengths = [3, 70, 250, 9, 17, 30, 5, 70, 250, 3, 9, 17, 30, 5, 70, 250] * 2
+    options: dict[str, Any] = {
+        "rank": 0, "dp": 1, "cp": 4, "global_batch_size": 16, "bucket_tokens": 64, "seed": 0,
+        "profile": mixed_profile(), "time_budget_s": 0.2,
+    }  # fmt: skip
+    options.update(kw)
+    return PlannedBatches([[1] * n for n in lengths], lengths, plans=plans, **options)
+
+
+def test_the_requests_carry_the_modes_and_the_plans_mix_them() -> None:
+    plans = LocalPlans()
+    loader = make_loader(plans, cp_modes=["ulysses", "allgather"])
+    assert loader.request_document(0)["cp_modes"] == ["allgather", "ulysses"]  # one order, as the planner's
+    assert loader.sharding_modes(0) == ("allgather", "ulysses")  # 70-token shards gather, 250-token ones swap
+    plan = loader.plan_of(1)
+    assert plan.iterations and {mb.mode for it in plan.iterations for mb in it.microbatches} <= {"allgather", "ulysses"}
+    assert loader.state_dict()["cp_modes"] == ["allgather", "ulysses"]
+    plain = make_loader(plans)
+    assert "cp_modes" not in plain.request_document(0) and plain.sharding_modes(0) == ("allgather",)
+    with pytest.raises(RequestError) as other:  # a state saved under other modes is not resumed here
+        plain.load_state_dict(loader.state_dict())
+    assert other.value.field == "state_dict.cp_modes"
+    with pytest.raises(RequestError) as past:
+        loader.plan_of(2)
+    assert (past.value.field, past.value.value) == ("iteration", 2)
+    for each in (loader, plain):
+        each.close()
+    plans.close()
+
+
+def test_bad_modes_and_a_profile_that_cannot_price_ulysses_are_refused_naming_the_field() -> None:
+    plans = LocalPlans()
+    for bad, field in (("ulysses", "cp_modes"), (["ring"], "cp_modes[0]"), ([], "cp_modes")):
+        with pytest.raises(RequestError) as info:
+            make_loader(plans, cp_modes=bad)
+        assert info.value.field == field
+    no_heads = {k: v for k, v in mixed_profile().items() if k != "heads"}
+    with pytest.raises(RequestError) as missing:
+        make_loader(plans, profile=no_heads, cp_modes=["ulysses"])
+    assert missing.value.field == "profile.heads"
+    plans.close()
