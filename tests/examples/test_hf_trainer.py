@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import os
 import random
 import re
 import shutil
@@ -14,6 +13,7 @@ from pathlib import Path
 
 from tests.cli.piped import run_piped
 from tests.docs.test_links import ROOT
+from tests.examples.mixed_modes import run_mixed, write_mixed_rows
 
 
 def write_rows(path: Path, *, n: int, seed: int, vocab: int = 128) -> Path:
@@ -147,48 +147,13 @@ def test_a_saved_model_with_prompt_masked_labels_passes_the_check(tmp_path: Path
     assert out.stdout.rstrip().endswith("check passed")
 
 
-#: The bundled Qwen2.5-0.5B profile made to mix the modes on a tiny model: its heads (4, 2 K/V, so a
-#: group of 4 sends each K/V head twice), an all-gather at 0.05 ms per sharded token + 1 ms and an
-#: all-to-all at 0.05 ms per token of T/N (1.125x with the copies) + 5 ms. Sharded microbatches of
-#: 70-140 tokens then run all-gather, those holding a 250-token sequence over 4 GPUs run Ulysses.
-MIXED_PROFILE = "test/tiny-mixed"
-
-
-def write_mixed_profile(folder: Path) -> Path:
-    from skrull.solver.profile import load_profile, profile_file_name
-
-    doc = load_profile("h100-80g/qwen2.5-0.5b").to_dict()
-    doc.update(name=MIXED_PROFILE, heads={"attention": 4, "kv": 2})
-    doc["comm"].update(ms_per_mib=2.1333, fixed_ms=1.0)
-    doc["comm_a2a"].update(ms_per_mib=0.26667, fixed_ms=5.0)
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / profile_file_name(MIXED_PROFILE)).write_text(json.dumps(doc))
-    return folder
-
-
 def test_the_trainer_script_on_plans_mixing_allgather_and_ulysses_passes_its_check(tmp_path: Path) -> None:
     # DP1 x CP4, sequences of 3-250 tokens in buckets of 64: the first step's plan shards some microbatches
     # over 2 GPUs with the all-gather and some over 4 with Ulysses (K/V heads copied), and equals the plain step
-    rng = random.Random(5)
-    rows = [
-        {"input_ids": [rng.randrange(128) for _ in range(rng.choice([3, 5, 9, 17, 30, 70, 250]))]} for _ in range(64)
-    ]
-    data = tmp_path / "train.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    profiles = write_mixed_profile(tmp_path / "profiles")
-    exe = shutil.which("torchrun", path=str(Path(sys.executable).parent))
-    assert exe is not None
-    cmd = [
-        exe, "--standalone", "--nproc-per-node", "4", str(ROOT / "examples" / "hf_trainer.py"),
-        "--model-config", str(ROOT / "examples" / "models" / "qwen2-tiny.json"), "--data", str(data),
-        "--dp", "1", "--cp", "4", "--global-batch-size", "16", "--bucket-tokens", "64", "--max-steps", "2",
-        "--profile", MIXED_PROFILE, "--cp-modes", "allgather,ulysses", "--check", "--output-dir", str(tmp_path / "out"),
-    ]  # fmt: skip
-    env = {**os.environ, "SKRULL_PROFILES_DIR": str(profiles)}
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env, check=False)
-    assert out.returncode == 0, out.stderr[-3000:]
-    (modes,) = [line.split()[2:] for line in out.stdout.splitlines() if line.startswith("cp modes: ")]
-    assert modes[0] == "allgather+ulysses", modes  # the step the check compares ran both modes
-    largest = [line for line in out.stdout.splitlines() if line.startswith("largest relative error: ")]
-    assert len(largest) == 1 and float(largest[0].split()[3]) <= 1e-4
-    assert out.stdout.rstrip().endswith("check passed")
+    data = write_mixed_rows(tmp_path / "train.jsonl")
+    run_mixed(
+        "hf_trainer.py",
+        ["--data", str(data), "--global-batch-size", "16", "--bucket-tokens", "64", "--max-steps", "2",
+         "--output-dir", str(tmp_path / "out")],
+        tmp_path,
+    )  # fmt: skip

@@ -37,32 +37,13 @@ def test_the_torchrun_loop_passes_its_check(tmp_path: Path, grad_sync: str) -> N
 
 
 def test_the_torchrun_loop_on_plans_mixing_allgather_and_ulysses_passes_its_check(tmp_path: Path) -> None:
-    # the data and profile of the Trainer's mixed-modes case (tests/examples/test_hf_trainer.py), DDP
-    import json
-    import os
-    import random
+    # the data and profile of the Trainer's mixed-modes case, DDP
+    from tests.examples.mixed_modes import run_mixed, write_mixed_rows
 
-    from tests.examples.test_hf_trainer import MIXED_PROFILE, write_mixed_profile
-
-    rng = random.Random(5)
-    rows = [
-        {"input_ids": [rng.randrange(128) for _ in range(rng.choice([3, 5, 9, 17, 30, 70, 250]))]} for _ in range(64)
-    ]
-    data = tmp_path / "train.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    exe = shutil.which("torchrun", path=str(Path(sys.executable).parent))
-    assert exe is not None
-    cmd = [
-        exe, "--standalone", "--nproc-per-node", "4", str(ROOT / "examples" / "torchrun_train.py"),
-        "--model-config", str(ROOT / "examples" / "models" / "qwen2-tiny.json"), "--data", str(data),
-        "--dp", "1", "--cp", "4", "--global-batch-size", "16", "--bucket-tokens", "64", "--steps", "2",
-        "--grad-sync", "ddp", "--profile", MIXED_PROFILE, "--cp-modes", "allgather,ulysses", "--check",
-    ]  # fmt: skip
-    env = {**os.environ, "SKRULL_PROFILES_DIR": str(write_mixed_profile(tmp_path / "profiles"))}
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env, check=False)
-    assert out.returncode == 0, out.stderr[-3000:]
-    (modes,) = [line.split()[2:] for line in out.stdout.splitlines() if line.startswith("cp modes: ")]
-    assert modes[0] == "allgather+ulysses", modes  # the step the check compares ran both modes
-    largest = [line for line in out.stdout.splitlines() if line.startswith("largest relative error: ")]
-    assert len(largest) == 1 and float(largest[0].split()[3]) <= 1e-4
-    assert out.stdout.rstrip().endswith("check passed")
+    data = write_mixed_rows(tmp_path / "train.jsonl")
+    run_mixed(
+        "torchrun_train.py",
+        ["--data", str(data), "--global-batch-size", "16", "--bucket-tokens", "64", "--steps", "2",
+         "--grad-sync", "ddp"],
+        tmp_path,
+    )  # fmt: skip

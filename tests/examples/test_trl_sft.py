@@ -58,28 +58,16 @@ def test_the_sft_script_under_torchrun_passes_its_check(tmp_path: Path) -> None:
 
 def test_the_sft_script_on_plans_mixing_allgather_and_ulysses_passes_its_check(tmp_path: Path) -> None:
     # DP1 x CP4, buckets of 32 tokens: the first step's plan shards some chats with the all-gather and
-    # some with Ulysses (the profile of tests/examples/test_hf_trainer.py, 4 heads, 2 K/V)
-    from tests.examples.test_hf_trainer import MIXED_PROFILE, write_mixed_profile
+    # some with Ulysses (the mixed profile, 4 heads, 2 K/V)
+    from tests.examples.mixed_modes import run_mixed
 
     data = tmp_path / "chats.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in trl_sft.demo_chats(32, seed=3)))
-    profiles = write_mixed_profile(tmp_path / "profiles")
-    exe = shutil.which("torchrun", path=str(Path(sys.executable).parent))
-    assert exe is not None
-    cmd = [
-        exe, "--standalone", "--nproc-per-node", "4", str(ROOT / "examples" / "trl_sft.py"),
-        "--model-config", str(ROOT / "examples" / "models" / "qwen2-tiny.json"), "--data", str(data),
-        "--dp", "1", "--cp", "4", "--global-batch-size", "8", "--bucket-tokens", "32", "--max-steps", "2",
-        "--profile", MIXED_PROFILE, "--cp-modes", "allgather,ulysses", "--check", "--output-dir", str(tmp_path / "out"),
-    ]  # fmt: skip
-    env = {
-        **os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1", "HF_HOME": str(tmp_path / "hf"),
-        "SKRULL_PROFILES_DIR": str(profiles),
-    }  # fmt: skip
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env, check=False)
-    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
-    (modes,) = [line.split()[2:] for line in out.stdout.splitlines() if line.startswith("cp modes: ")]
-    assert modes[0] == "allgather+ulysses", modes  # the step the check compares ran both modes
-    largest = [line for line in out.stdout.splitlines() if line.startswith("largest relative error: ")]
-    assert len(largest) == 1 and float(largest[0].split()[3]) <= 1e-4
-    assert out.stdout.rstrip().endswith("check passed")
+    offline = {"HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1", "HF_HOME": str(tmp_path / "hf")}
+    run_mixed(
+        "trl_sft.py",
+        ["--data", str(data), "--global-batch-size", "8", "--bucket-tokens", "32", "--max-steps", "2",
+         "--output-dir", str(tmp_path / "out")],
+        tmp_path,
+        env=offline,
+    )  # fmt: skip

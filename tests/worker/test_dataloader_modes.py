@@ -9,19 +9,9 @@ from typing import Any
 import pytest
 
 from skrull.solver.errors import RequestError
-from skrull.solver.profile import load_profile
 from skrull.worker.dataloader import PlannedBatches
 from skrull.worker.plan_sources import LocalPlans
-from tests.examples.test_hf_trainer import MIXED_PROFILE
-
-
-def mixed_profile() -> dict[str, Any]:
-    """The mixed-modes profile of tests/examples/test_hf_trainer.py, inline."""
-    doc = load_profile("h100-80g/qwen2.5-0.5b").to_dict()
-    doc.update(name=MIXED_PROFILE, heads={"attention": 4, "kv": 2})
-    doc["comm"].update(ms_per_mib=2.1333, fixed_ms=1.0)
-    doc["comm_a2a"].update(ms_per_mib=0.26667, fixed_ms=5.0)
-    return doc
+from tests.examples.mixed_modes import mixed_profile
 
 
 def make_loader(plans: LocalPlans, **kw: Any) -> PlannedBatches:
