@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import torch
 
+from skrull.solver.io import request_from_dict
 from skrull.solver.planners.base import PlannerOutput
 from skrull.solver.planning import assemble_plan, solve
 from skrull.solver.types import MicrobatchSpec, Plan, Problem
@@ -23,7 +24,7 @@ from skrull.solver.validate import validate_plan
 from skrull.worker.hf.finetune import FinetuneConfig, check_steps, result_from_parts, run_finetune_rank
 from skrull.worker.launch import launch
 from skrull.worker.layout import rank_layouts
-from tests.conftest import make_request
+from tests.conftest import HAND_PROFILE, make_request
 
 ROOT = Path(__file__).resolve().parents[3]
 MODELS = ROOT / "examples" / "models"
@@ -68,7 +69,30 @@ def hand_plan() -> tuple[Plan, tuple[int, ...]]:
     return plan, problem.lengths
 
 
-PLANS = {"skrull": skrull_plan, "wide": wide_plan, "hand": hand_plan}
+def mixed_plan() -> tuple[Plan, tuple[int, ...]]:
+    """``hand_plan``'s placement with both modes in one iteration: the 3-token sequence over 4 GPUs in
+    Ulysses (2 K/V heads, so each goes out twice), the 70-token one over a CP pair with the all-gather."""
+    request = request_from_dict(
+        {
+            "batches": [[3, 70, 20, 9, 50]], "parallel": {"dp": 2, "cp": 2}, "solver": "skrull",
+            "profile": {**HAND_PROFILE, "memory": {"bucket_tokens": 64}, "heads": {"attention": 8, "kv": 2},
+                        "comm_a2a": {"bytes_per_token": 2**20, "ms_per_mib": 0.0004, "fixed_ms": 0.3}},
+            "cp_modes": ["allgather", "ulysses"],
+        }
+    )  # fmt: skip
+    problem = Problem.from_request(request)
+    specs = (
+        MicrobatchSpec(step=0, ranks=(0, 1, 2, 3), local=((2,), (), (3,), ()), sharded=(0,), mode="ulysses"),
+        MicrobatchSpec(step=1, ranks=(0, 1), local=((), ()), sharded=(1,), mode="allgather"),
+        MicrobatchSpec(step=1, ranks=(2, 3), local=((4,), ()), sharded=()),
+    )
+    plan = assemble_plan(problem, PlannerOutput(iterations=(specs,)), solver="skrull", wall_ms=0.0)
+    validate_plan(plan, request)
+    assert {mb.mode for mb in plan.iterations[0].microbatches if mb.sharded} == {"allgather", "ulysses"}
+    return plan, problem.lengths
+
+
+PLANS = {"skrull": skrull_plan, "wide": wide_plan, "hand": hand_plan, "mixed": mixed_plan}
 #: (case name, plan, model, steps, cp mode, loss chunk rows)
 CASES: tuple[tuple[str, str, str, int, str, int | None, str], ...] = (
     ("qwen2-skrull", "skrull", "qwen2-tiny", 2, "allgather", None, "allreduce"),
@@ -77,6 +101,9 @@ CASES: tuple[tuple[str, str, str, int, str, int | None, str], ...] = (
     ("llama-wide-ulysses", "wide", "llama-tiny", 1, "ulysses", None, "allreduce"),
     ("qwen2-hand-ulysses", "hand", "qwen2-tiny", 1, "ulysses", 16, "allreduce"),
     ("llama-hand", "hand", "llama-tiny", 2, "allgather", None, "allreduce"),
+    # both modes in one iteration, whatever the run's default mode: each microbatch runs its plan's
+    ("llama-mixed", "mixed", "llama-tiny", 1, "allgather", None, "allreduce"),
+    ("qwen2-mixed", "mixed", "qwen2-tiny", 1, "ulysses", None, "allreduce"),
     # the chunked loss through the DDP and FSDP2 wrappers (their hooks run; FSDP2 unshards the root's head),
     # and with Gemma 2's final logit softcap, which the chunked loss takes as the model does
     ("llama-hand-fsdp-chunked", "hand", "llama-tiny", 1, "allgather", 16, "fsdp"),
