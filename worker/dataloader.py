@@ -81,7 +81,7 @@ from skrull.corpus.order import global_batches
 from skrull.solver.cp_modes import DEFAULT_CP_MODES, read_cp_modes
 from skrull.solver.errors import RequestError
 from skrull.solver.io import DEFER_SOLVERS, MAX_DEFER, check_cp_modes_profile
-from skrull.solver.profile import load_profile, profile_from_dict
+from skrull.solver.profile import Profile, load_profile, profile_from_dict
 from skrull.solver.types import Parallel, Plan, defers
 from skrull.worker.calibration import CalibrationReport, LoaderCalibration
 from skrull.worker.inputs import pack
@@ -186,11 +186,9 @@ def _as_tensor(value: Any, field: str, index: int, name: str = "dataset") -> tor
     return t.long()
 
 
-def profile_bucket_tokens(profile: str | Mapping[str, Any]) -> int:
-    """The memory bucket of ``profile`` (a bundled name or a profile document)."""
-    if isinstance(profile, str):
-        return load_profile(profile).bucket_tokens
-    return profile_from_dict(dict(profile)).bucket_tokens
+def parse_profile(profile: str | Mapping[str, Any]) -> Profile:
+    """``profile``, a bundled name or a profile document, read (once per loader)."""
+    return load_profile(profile) if isinstance(profile, str) else profile_from_dict(dict(profile))
 
 
 def resolve_rank(*, rank: int | None, dp: int | None, cp: int | None, mesh: DeviceMesh | None) -> tuple[int, int, int]:
@@ -313,18 +311,15 @@ class PlannedBatches:
         #: how the plans may run sharded attention (the request's ``cp_modes``: all-gather, Ulysses or both, per
         #: microbatch); the worker runs each microbatch in its plan's mode
         self.cp_modes = read_cp_modes(cp_modes if cp_modes is None or isinstance(cp_modes, str) else list(cp_modes))
-        check_cp_modes_profile(
-            self.cp_modes, load_profile(profile) if isinstance(profile, str) else profile_from_dict(dict(profile))
-        )
+        parsed = parse_profile(profile)
+        check_cp_modes_profile(self.cp_modes, parsed)
         if len(dataset) != len(lengths):
             raise RequestError("lengths", len(lengths), f"must have one entry per dataset sample ({len(dataset)})")
         if client is not None and plans is not None:
             raise RequestError("plans", type(plans).__name__, "give a client (a service) or plans, not both")
         self.dataset = dataset
         self.lengths = list(lengths)
-        self._check_lengths(
-            self.lengths, cp=cp, bucket_tokens=bucket_tokens or profile_bucket_tokens(profile), name=dataset_name
-        )
+        self._check_lengths(self.lengths, cp=cp, bucket_tokens=bucket_tokens or parsed.bucket_tokens, name=dataset_name)
         #: what every rank's loader shares: names the node's planner process and the job's budget keys
         self.job_key = plan_key(
             {"lengths": self.lengths, "batch": global_batch_size, "seed": seed, "epoch": epoch, "shuffle": shuffle,

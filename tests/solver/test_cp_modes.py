@@ -107,7 +107,11 @@ def test_k_v_heads_fewer_than_the_group_are_charged_per_copy_where_the_profile_g
     assert model.t_a2a_ms(400, 2) == plain.t_a2a_ms(400, 2)  # 2 divides the K/V heads: nothing replicated
     assert model.t_a2a_ms(400, 4) == pytest.approx(0.0004 * 100 * 1.5 + 0.3)
     assert model.t_a2a_ms(400, 8) == pytest.approx(0.0004 * 50 * (1 + 0.5 * 3) + 0.3)
-    assert profile_from_dict(refined).to_dict()["comm_a2a"]["kv_bytes_per_token"] == 2**19
+    parsed = profile_from_dict(refined)
+    assert parsed.to_dict()["comm_a2a"]["kv_bytes_per_token"] == 2**19
+    assert profile_from_dict(parsed.to_dict()) == parsed  # the whole profile round-trips, the new field too
+    assert profile_from_dict(plain.profile.to_dict()).comm_a2a == plain.profile.comm_a2a  # absent stays absent
+    assert "kv_bytes_per_token" not in plain.profile.to_dict()["comm_a2a"]
     too_big = {**ULYSSES_PROFILE, "comm_a2a": {**ULYSSES_PROFILE["comm_a2a"], "kv_bytes_per_token": 2**21}}
     with pytest.raises(RequestError) as info:
         profile_from_dict(too_big)
