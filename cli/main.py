@@ -221,8 +221,6 @@ def _note_if_stopped(request: Request, plan: Plan) -> None:
     its own model's bound (``solve.model_gap``, what more time can close) and what to raise: the plan is
     valid, only its optimality is unproven."""
     exact = plan.solver in EXACT_SOLVERS  # auto's bound is layout-free: more time need not close its gap
-    if plan.solve.stats_dict.get("allgather_model_optimal") == 1.0:
-        return  # solved: only its model's proof, for all-gather pricing, does not cover the modes chosen after it
     own = plan.solve.model_gap is not None
     gap = plan.solve.model_gap if own else plan.solve.gap
     if exact and plan.solve.status in ("feasible", "timeout") and gap is not None and gap > 0:

@@ -294,6 +294,17 @@ class CostModel:
             return True
         return self.mode_fits(group_size, ULYSSES)
 
+    def view_modes(self, group_size: int) -> tuple[str, ...]:
+        """The modes this view prices a microbatch sharded over ``group_size`` GPUs in (``comm_ms`` takes
+        the cheapest): a planner's ``choose_modes`` its group can run, all-gather alone in the reference
+        view, none where Ulysses alone is chosen and the group does not divide the heads (``shards_on``).
+        The exact model gives each microbatch one mode decision over these (solver/ilp/builder.py)."""
+        if group_size <= 1:
+            return ()
+        if self._choose_from is None:
+            return (ALLGATHER,)
+        return tuple(m for m in self._choose_from if self.mode_fits(group_size, m))
+
     def check_mode(self, group_size: int, mode: str) -> None:
         """Refuse a mode this profile or group cannot price, naming what is missing."""
         if mode not in CP_MODES:

@@ -20,7 +20,7 @@ from skrull.solver.defer import plan_with_deferral
 from skrull.solver.equalize import equalize_microbatches
 from skrull.solver.errors import InvalidPlanError, PlannerBugError, RequestError
 from skrull.solver.io import MAX_DEFER, check_cp_modes_profile, defer_refusal
-from skrull.solver.planners.base import OPTIMAL_TOLERANCE, Planner, PlannerOutput
+from skrull.solver.planners.base import Planner, PlannerOutput
 from skrull.solver.planners.registry import get_planner
 from skrull.solver.search.budget import batch_share_s, check_budget
 from skrull.solver.types import Iteration, MicrobatchSpec, Parallel, Plan, Problem, Request, SolveInfo
@@ -176,16 +176,14 @@ def with_modes(output: PlannerOutput, problem: Problem, modes: tuple[str, ...]) 
     """Every microbatch that shards over two or more GPUs gets the cheapest of ``modes`` its group can run
     (``CostModel.cheapest_mode``): the per-microbatch choice between all-gather CP and Ulysses.
 
-    An exact planner's own bound (``model_bound_ms``) and its ``optimal`` were proved for all-gather pricing;
-    when a microbatch runs cheaper in Ulysses they no longer hold, so the model bound is dropped and
-    ``optimal`` becomes ``feasible`` (or ``heuristic`` without a ``bound_ms``) unless the plan meets
-    ``bound_ms``, a floor over every mode the request allows, which stays. A microbatch no allowed mode
-    fits (a group that does not divide the heads under ``ulysses`` alone; the planners that pick groups keep
-    to those that do, ``CostModel.shards_on``) would be a planner's bug: it is refused naming ``cp_modes``."""
+    The planners that choose modes priced every microbatch so already (``CostModel(choose_modes=...)``: the
+    search of ``auto`` and ``skrull``, the exact models' mode decision), so their times, bounds and
+    ``optimal`` hold for the plan as assigned here. A microbatch no allowed mode fits (a group that does not
+    divide the heads under ``ulysses`` alone; the planners that pick groups keep to those that do,
+    ``CostModel.shards_on``) would be a planner's bug: it is refused naming ``cp_modes``."""
     if modes == DEFAULT_CP_MODES:
         return output
     model = CostModel(problem.profile, bucket_tokens=problem.bucket_tokens, cp_modes=problem.cp_modes)
-    changed = False
     iterations = []
     for specs in output.iterations:
         out = []
@@ -198,38 +196,8 @@ def with_modes(output: PlannerOutput, problem: Problem, modes: tuple[str, ...]) 
                     f"the plan shards over a group of {len(spec.ranks)} GPUs, where no allowed mode runs "
                     "(ulysses needs the group size to divide heads.attention); allow allgather too",
                 )
-            if mode != spec.mode:  # cheaper where both run; dearer where Ulysses alone is allowed
-                before = model.spec_time_ms(spec, problem.lengths)
-                spec = dataclasses.replace(spec, mode=mode)
-                changed = changed or abs(model.spec_time_ms(spec, problem.lengths) - before) > 1e-12 * max(before, 1.0)
-            out.append(spec)
+            out.append(spec if mode == spec.mode else dataclasses.replace(spec, mode=mode))
         iterations.append(tuple(out))
-    # An exact model prices all-gather only: with Ulysses allowed its proof never covers the request (another
-    # placement may run cheaper in Ulysses), whether or not this plan's modes changed.
-    if changed or (output.model_bound_ms is not None and ULYSSES in modes):
-        # The planner's own model priced every microbatch in all-gather: its proof (``model_bound_ms``, an
-        # "optimal" status) no longer covers the plan. ``bound_ms`` is a floor over the request's modes
-        # (solver/search/bound.py) and stays.
-        # A plan that meets that floor is still proven optimal (``auto``'s search priced the modes already).
-        # The exact planner's own result stays in ``stats``: its all-gather bound and whether it proved it
-        # (``skrull plan`` notes a budget that ran out only when it had not).
-        status = output.status
-        if status == "optimal":
-            objective = sum(model.iteration_ms(it, problem.lengths, problem.parallel.num_gpus) for it in iterations)
-            if output.bound_ms is None:
-                status = "heuristic"
-            elif objective - output.bound_ms > OPTIMAL_TOLERANCE * max(objective, 1e-9):
-                status = "feasible"
-        stats = output.stats
-        if output.model_bound_ms is not None:
-            stats = (
-                *stats,
-                ("allgather_model_bound_ms", output.model_bound_ms),
-                ("allgather_model_optimal", 1.0 if output.status == "optimal" else 0.0),
-            )
-        return dataclasses.replace(
-            output, iterations=tuple(iterations), status=status, model_bound_ms=None, stats=stats
-        )
     return dataclasses.replace(output, iterations=tuple(iterations))
 
 

@@ -6,6 +6,8 @@ j < N_g of a group:
     y[k,g,m,j] = 1  sequence k whole on rank j of microbatch m of group g        (P of eq. 6)
     z[k,g,m]   = 1  sequence k sharded over microbatch m of group g (N_g > 1)    (D of eq. 6)
     u[g,m], hl[g,m,j], hs[g,m]  microbatch used / has local work on j / has sharded work
+    ul[g,m]    = 1  the microbatch's sharded work runs in Ulysses, 0 in all-gather (only where both are
+               allowed and the group divides the heads; otherwise the group's one mode is implied)
     W[g,m]     the DACP time of the microbatch without its overhead (eq. 2, linearised)
     T[g]       the group's summed microbatch time
     Z >= sum of T[g] over the groups a load holds, for every load; Z is minimised (eq. 8)
@@ -19,7 +21,22 @@ Two layouts (``Layout``):
   all plans made of those groups, and its bound is valid for them.
 
 Times are integers: every coefficient is floored at ``TIME_SCALE`` units per ms (model.py), with
-    cF_k = ms_per_flop*FLOPs(S_k), cD_k = ms_per_flop*FLOPs(S_k)/N_g, cC_k = comm_ms_per_token*S_k.
+    cF_k = ms_per_flop*FLOPs(S_k), cD_k = ms_per_flop*FLOPs(S_k)/N_g, cC_k = comm_ms_per_token*S_k,
+    cA_k = a2a_per_token_ms(N_g)*S_k/N_g (Ulysses: each GPU moves T/N tokens, with the K/V copies).
+
+The CP mode (all-gather or Ulysses, solver/cp_modes.py) is a decision per microbatch where the cost
+model's view chooses between them (``CostModel(choose_modes=...)``, ``CostModel.view_modes``): the
+microbatch's communication is the cheaper of the two, ``min(cC.z + fC*hs, cA.z + fA*hs)``, a minimum
+the time can only be forced above through a binary ``ul``:
+
+    W >= cC.z + fC*hs + dist - M_C * ul          W >= cA.z + fA*hs + dist - M_A * (1 - ul)
+
+with ``M`` the largest that mode's term can be in one microbatch (its sharded tokens are at most N*C),
+and the redundant ``W >= sum_k min(cC_k, cA_k) z_k + min(fC, fA) hs + dist`` for a relaxation that
+does not lean on the big-M. A group where only one mode runs has that mode's constraint alone; a group
+no allowed mode runs (Ulysses alone on a group not dividing the heads) shards nothing. So the optimum and
+the bound are over plans whose microbatches each run their cheaper allowed mode, which is how the plan
+runs (``planning.with_modes`` assigns that mode after the solve).
 
 Microbatch slots: a plan no worse than the hint's objective UB runs at most ``floor(UB / microbatch_ms)``
 microbatches on any load (each costs at least microbatch_ms), and at most K; ``M_g`` is the smaller of
@@ -38,6 +55,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from skrull.solver.cost import CostModel
+from skrull.solver.cp_modes import ALLGATHER, ULYSSES
 from skrull.solver.ilp.model import TIME_SCALE, LinearModel
 
 #: One microbatch of a group, as sequence ids: (local ids per rank of the group, sharded ids).
@@ -108,35 +126,67 @@ class BuiltModel:
 
 
 @dataclass(frozen=True, slots=True)
+class _Comm:
+    """One mode's communication in a group: per-sequence coefficients, the fixed cost, and ``big_m``, the
+    most ``coeffs . z + fixed + dist`` can be in one microbatch (what switching the mode off must cancel)."""
+
+    mode: str
+    coeffs: tuple[int, ...]
+    fixed: int
+    big_m: int
+
+
+@dataclass(frozen=True, slots=True)
 class _Coeffs:
     local: tuple[int, ...]
     dist: tuple[int, ...]
-    comm: tuple[int, ...]
     comp_fixed: int
-    comm_fixed: int
     microbatch: int
+    #: the modes a microbatch of this group may shard in (``CostModel.view_modes``); none: it shards nothing
+    comms: tuple[_Comm, ...]
+
+    @property
+    def shards(self) -> bool:
+        return bool(self.comms)
+
+    def comm_time(self, k_ids: Sequence[int]) -> int:
+        """The cheapest mode's communication of sharding these sequences (model indices)."""
+        return min(sum(c.coeffs[k] for k in k_ids) + c.fixed for c in self.comms)
 
 
-def _coefficients(lengths: Sequence[int], model: CostModel, group_size: int) -> _Coeffs:
+def _coefficients(lengths: Sequence[int], model: CostModel, group_size: int, bucket_tokens: int) -> _Coeffs:
     p = model.profile
     ms_per_flop = p.compute.ms_per_tflop / 1e12
-    comm_per_token = p.comm.ms_per_mib * p.comm.bytes_per_token / 2**20
     floor = math.floor
+    dist = tuple(floor(TIME_SCALE * ms_per_flop * model.flops(s) / group_size) for s in lengths)
+    comp_fixed = floor(TIME_SCALE * p.compute.fixed_ms)
+    # a microbatch shards at most N*C tokens (memory), and FLOPs(S) is superadditive, so its sharded
+    # compute is at most FLOPs(N*C)/N: the big-M of each mode's time-comm row
+    capacity = group_size * bucket_tokens
+    dist_max = min(sum(dist), math.ceil(TIME_SCALE * ms_per_flop * model.flops(capacity) / group_size)) + comp_fixed
+    c = model.coefficients
+    per_token = {ALLGATHER: c.comm_ms_per_token, ULYSSES: c.a2a_per_token_ms(group_size) / group_size}
+    fixed = {ALLGATHER: c.comm_fixed_ms, ULYSSES: c.a2a_fixed_ms}
+    comms = []
+    for mode in model.view_modes(group_size):
+        coeffs = tuple(floor(TIME_SCALE * per_token[mode] * s) for s in lengths)
+        fixed_units = floor(TIME_SCALE * fixed[mode])
+        most = min(sum(coeffs), math.ceil(TIME_SCALE * per_token[mode] * capacity))
+        comms.append(_Comm(mode=mode, coeffs=coeffs, fixed=fixed_units, big_m=most + fixed_units + dist_max))
     return _Coeffs(
         local=tuple(floor(TIME_SCALE * ms_per_flop * model.flops(s)) for s in lengths),
-        dist=tuple(floor(TIME_SCALE * ms_per_flop * model.flops(s) / group_size) for s in lengths),
-        comm=tuple(floor(TIME_SCALE * comm_per_token * s) for s in lengths),
-        comp_fixed=floor(TIME_SCALE * p.compute.fixed_ms),
-        comm_fixed=floor(TIME_SCALE * p.comm.fixed_ms),
+        dist=dist,
+        comp_fixed=comp_fixed,
         microbatch=floor(TIME_SCALE * p.microbatch_ms),
+        comms=tuple(comms),
     )
 
 
 def scaled_microbatch_time(mb: GroupMicrobatch, index: dict[int, int], c: _Coeffs) -> int:
-    """The model's (floored) time of one microbatch: overhead + W."""
+    """The model's (floored) time of one microbatch: overhead + W, its sharded work in the cheapest mode."""
     local, sharded = mb
     dist = sum(c.dist[index[i]] for i in sharded) + (c.comp_fixed if sharded else 0)
-    comm = sum(c.comm[index[i]] for i in sharded) + (c.comm_fixed if sharded else 0)
+    comm = c.comm_time([index[i] for i in sharded]) if sharded else 0
     worst = comm + dist if sharded else 0
     for ids in local:
         if ids:
@@ -162,6 +212,10 @@ class _Data:
         """Every (group, slot)."""
         return [(g, m) for g in range(len(self.layout.sizes)) for m in range(self.slots[g])]
 
+    def shards(self, g: int) -> bool:
+        """Whether group g may shard (two or more GPUs and a mode that runs on them)."""
+        return self.layout.sizes[g] > 1 and self.coeffs[g].shards
+
 
 @dataclass(slots=True)
 class _Vars:
@@ -170,6 +224,7 @@ class _Vars:
     used: dict[tuple[int, int], int]
     has_local: dict[tuple[int, int, int], int]
     has_shard: dict[tuple[int, int], int]
+    ulysses: dict[tuple[int, int], int]
     work: dict[tuple[int, int], int]
     totals: list[int]
     objective: int
@@ -282,7 +337,7 @@ def _prepare(
     ids = tuple(seq_ids)
     index = {seq: k for k, seq in enumerate(ids)}
     sizes = tuple(lengths[i] for i in ids)
-    by_size = {n: _coefficients(sizes, cost, n) for n in set(layout.sizes)}
+    by_size = {n: _coefficients(sizes, cost, n, cost.bucket_tokens) for n in set(layout.sizes)}
     coeffs = tuple(by_size[n] for n in layout.sizes)
     offsets = tuple(math.floor(o * TIME_SCALE) for o in (offsets_ms or [0.0] * len(layout.loads)))
     group_time = [sum(scaled_microbatch_time(mb, index, coeffs[g]) for mb in grp) for g, grp in enumerate(hint)]
@@ -300,19 +355,21 @@ def _prepare(
 
 
 def _variables(m_: LinearModel, d: _Data) -> _Vars:
-    v = _Vars(y={}, z={}, used={}, has_local={}, has_shard={}, work={}, totals=[], objective=-1)
+    v = _Vars(y={}, z={}, used={}, has_local={}, has_shard={}, ulysses={}, work={}, totals=[], objective=-1)
     for g, m in d.cells():
         n = d.layout.sizes[g]
         v.used[g, m] = m_.binary(f"u[{g},{m}]")
         v.work[g, m] = m_.var(f"W[{g},{m}]", 0, d.time_cap)
         for j in range(n):
             v.has_local[g, m, j] = m_.binary(f"hl[{g},{m},{j}]")
-        if n > 1:
+        if d.shards(g):
             v.has_shard[g, m] = m_.binary(f"hs[{g},{m}]")
+            if len(d.coeffs[g].comms) > 1:
+                v.ulysses[g, m] = m_.binary(f"ul[{g},{m}]")
         for k in range(len(d.ids)):
             for j in range(n):
                 v.y[k, g, m, j] = m_.binary(f"y[{k},{g},{m},{j}]")
-            if n > 1:
+            if d.shards(g):
                 v.z[k, g, m] = m_.binary(f"z[{k},{g},{m}]")
     v.totals = [m_.var(f"T[{g}]", 0, d.time_cap) for g in range(len(d.layout.sizes))]
     v.objective = m_.var("Z", 0, d.time_cap)
@@ -333,14 +390,14 @@ def _memory(m_: LinearModel, d: _Data, v: _Vars, g: int, m: int) -> None:
     n = d.layout.sizes[g]
     for j in range(n):
         mem = {v.y[k, g, m, j]: n * d.sizes[k] for k in range(len(d.ids))}
-        if n > 1:
+        if d.shards(g):
             mem.update({v.z[k, g, m]: d.sizes[k] for k in range(len(d.ids))})
         m_.add(mem, family="memory", upper=n * d.bucket)
 
 
 def _sharded_compute(d: _Data, v: _Vars, g: int, m: int) -> dict[int, int]:
     """The distributed compute term T_comp(sum sharded FLOPs / N) of a microbatch, as coefficients."""
-    if d.layout.sizes[g] == 1:
+    if not d.shards(g):
         return {}
     c = d.coeffs[g]
     out = {v.z[k, g, m]: c.dist[k] for k in range(len(d.ids))}
@@ -361,16 +418,32 @@ def _time_local(m_: LinearModel, d: _Data, v: _Vars, g: int, m: int) -> None:
 
 
 def _time_comm(m_: LinearModel, d: _Data, v: _Vars, g: int, m: int) -> None:
-    """Communication of the sharded tokens, overlapped with local compute (eqs. 2, 5)."""
-    if d.layout.sizes[g] == 1:
+    """Communication of the sharded tokens, overlapped with local compute (eqs. 2, 5), in the microbatch's
+    mode: each mode's row holds unless the mode decision ``ul`` switches it off (module docstring)."""
+    if not d.shards(g):
         return
-    c = d.coeffs[g]
-    lhs = {v.work[g, m]: 1, v.has_shard[g, m]: -c.comm_fixed}
-    for k in range(len(d.ids)):
-        lhs[v.z[k, g, m]] = -c.comm[k]
-    for var, coef in _sharded_compute(d, v, g, m).items():
-        lhs[var] = lhs.get(var, 0) - coef
-    m_.add(lhs, family="time-comm", lower=0)
+    comms = d.coeffs[g].comms
+    dist = _sharded_compute(d, v, g, m)
+
+    def row(coeffs: Sequence[int], fixed: int) -> dict[int, int]:
+        lhs = {v.work[g, m]: 1, v.has_shard[g, m]: -fixed}
+        for k in range(len(d.ids)):
+            lhs[v.z[k, g, m]] = -coeffs[k]
+        for var, coef in dist.items():
+            lhs[var] = lhs.get(var, 0) - coef
+        return lhs
+
+    if len(comms) == 1:
+        m_.add(row(comms[0].coeffs, comms[0].fixed), family="time-comm", lower=0)
+        return
+    ag, ul = comms  # CP_MODES order: all-gather, Ulysses
+    # all-gather's row, off when the microbatch runs Ulysses (ul = 1)
+    m_.add({**row(ag.coeffs, ag.fixed), v.ulysses[g, m]: ag.big_m}, family="time-comm", lower=0)
+    # Ulysses's row, off when it runs all-gather (ul = 0): W - ... - M (1 - ul) >= 0
+    m_.add({**row(ul.coeffs, ul.fixed), v.ulysses[g, m]: -ul.big_m}, family="time-comm", lower=-ul.big_m)
+    # Redundant: whichever mode runs, its communication is at least the per-sequence cheaper one
+    cheapest = [min(a, b) for a, b in zip(ag.coeffs, ul.coeffs, strict=True)]
+    m_.add(row(cheapest, min(ag.fixed, ul.fixed)), family="redundant-time-comm-cheapest", lower=0)
 
 
 def _indicators(m_: LinearModel, d: _Data, v: _Vars, g: int, m: int) -> None:
@@ -380,7 +453,9 @@ def _indicators(m_: LinearModel, d: _Data, v: _Vars, g: int, m: int) -> None:
         for k in range(len(d.ids)):
             m_.add({v.y[k, g, m, j]: 1, v.has_local[g, m, j]: -1}, family="link-local", upper=0)
         m_.add({v.has_local[g, m, j]: 1, v.used[g, m]: -1}, family="link-used", upper=0)
-    if n > 1:
+    if (g, m) in v.ulysses:  # Ulysses only for a microbatch that shards (one copy of each plan)
+        m_.add({v.ulysses[g, m]: 1, v.has_shard[g, m]: -1}, family="link-mode", upper=0)
+    if d.shards(g):
         for k in range(len(d.ids)):
             m_.add({v.z[k, g, m]: 1, v.has_shard[g, m]: -1}, family="link-shard", upper=0)
         m_.add({v.has_shard[g, m]: 1, v.used[g, m]: -1}, family="link-used", upper=0)
@@ -395,17 +470,20 @@ def _redundant_microbatch(m_: LinearModel, d: _Data, v: _Vars, g: int, m: int) -
         return
     # a used microbatch holds at most N * C tokens
     tokens = {v.y[k, g, m, j]: d.sizes[k] for k in range(len(d.ids)) for j in range(n)}
-    tokens.update({v.z[k, g, m]: d.sizes[k] for k in range(len(d.ids))})
+    tokens.update({v.z[k, g, m]: d.sizes[k] for k in range(len(d.ids)) if (k, g, m) in v.z})
     tokens[v.used[g, m]] = -n * d.bucket
     m_.add(tokens, family="redundant-group-tokens", upper=0)
     # the slowest GPU is no faster than the average GPU (N * W >= all work)
-    avg = {v.work[g, m]: n, v.has_shard[g, m]: -n * c.comp_fixed}
+    avg = {v.work[g, m]: n}
+    if d.shards(g):
+        avg[v.has_shard[g, m]] = -n * c.comp_fixed
     for j in range(n):
         avg[v.has_local[g, m, j]] = -c.comp_fixed
     for k in range(len(d.ids)):
         for j in range(n):
             avg[v.y[k, g, m, j]] = -c.local[k]
-        avg[v.z[k, g, m]] = -n * c.dist[k]
+        if d.shards(g):
+            avg[v.z[k, g, m]] = -n * c.dist[k]
     m_.add(avg, family="redundant-average-gpu", lower=0)
 
 
@@ -492,10 +570,17 @@ def _hint_microbatch(d: _Data, v: _Vars, values: dict[int, int], g: int, m: int,
         values[v.has_local[g, m, j]] = 1 if ids else 0
         for i in ids:
             values[v.y[d.index[i], g, m, j]] = 1
-    if d.layout.sizes[g] > 1:
+    if d.shards(g):
         values[v.has_shard[g, m]] = 1 if sharded else 0
         for i in sharded:
             values[v.z[d.index[i], g, m]] = 1
+        if (g, m) in v.ulysses and sharded:  # the cheaper mode (ties: all-gather, CP_MODES order)
+            ag, ul = d.coeffs[g].comms
+            ks = [d.index[i] for i in sharded]
+            ag_time = sum(ag.coeffs[k] for k in ks) + ag.fixed
+            values[v.ulysses[g, m]] = int(sum(ul.coeffs[k] for k in ks) + ul.fixed < ag_time)
+    else:
+        assert not sharded, "a hint shards over a group no allowed mode runs"
     t = scaled_microbatch_time(mb, d.index, d.coeffs[g])
     values[v.work[g, m]] = t - d.coeffs[g].microbatch
     return t

@@ -98,8 +98,12 @@ def exact_work(
 def optimize_iteration(
     problem: Problem, ids: tuple[int, ...], hint: Groups, *, backend: str, deadline: float, grace_s: float
 ) -> IterationResult:
-    """Improve ``hint`` for one batch until ``deadline`` (monotonic); never returns a worse plan."""
-    cost = CostModel(problem.profile, bucket_tokens=problem.bucket_tokens)
+    """Improve ``hint`` for one batch until ``deadline`` (monotonic); never returns a worse plan.
+
+    Priced as the plan runs, each microbatch in its cheapest allowed mode (``CostModel(choose_modes=...)``):
+    the model makes that mode a decision (solver/ilp/builder.py), so its bound and "optimal" hold for plans
+    whose modes ``planning.with_modes`` assigns after it, and the lower bounds cover every allowed mode."""
+    cost = CostModel(problem.profile, bucket_tokens=problem.bucket_tokens, choose_modes=problem.cp_modes)
     lengths = problem.lengths
     n = problem.parallel.cp
     # the static bound and the layout-free one (search/bound.py) both hold for every static plan; the
@@ -127,9 +131,7 @@ def optimize_iteration(
     outcome = run_with_deadline(work, deadline=deadline, grace_s=grace_s)
     payload = outcome.payload or {}
     groups: Groups = payload.get("groups") or hint
-    # judged as the plan will run, each microbatch in its cheapest allowed mode (``planning.with_modes``)
-    view = CostModel(problem.profile, bucket_tokens=problem.bucket_tokens, choose_modes=problem.cp_modes)
-    if plan_time_ms(groups, lengths, view) > plan_time_ms(hint, lengths, view):
+    if plan_time_ms(groups, lengths, cost) > plan_time_ms(hint, lengths, cost):
         groups = hint
     bound = max(lower, payload.get("bound_ms") or 0.0)
     objective = plan_time_ms(groups, lengths, cost)
@@ -212,7 +214,8 @@ class IlpPlanner:
     name = "ilp"
     #: one time budget is split over the iterations of the whole request
     streams_iterations = False
-    #: the mode is chosen per microbatch after the solve (``planning.with_modes``), not modelled
+    #: the mode is a decision of the model per microbatch (solver/ilp/builder.py), assigned to the plan by
+    #: ``planning.with_modes``
     cp_modes = CP_MODES
 
     def __init__(self, backend: str | None = None) -> None:

@@ -78,7 +78,8 @@ class FlexibleIlpPlanner:
     name = "ilp-flex"
     #: one time budget is split over the iterations of the whole request
     streams_iterations = False
-    #: the mode is chosen per microbatch after the solve (``planning.with_modes``), not modelled
+    #: the mode is a decision of the model per microbatch (solver/ilp/builder.py), assigned to the plan by
+    #: ``planning.with_modes``
     cp_modes = CP_MODES
 
     def __init__(self, backend: str | None = None) -> None:
@@ -99,16 +100,16 @@ class FlexibleIlpPlanner:
     def _solve(
         self, problem: Problem, ids: tuple[int, ...], start: Specs, deadline: float, grace: float
     ) -> tuple[Specs, float, str]:
-        cost = CostModel(problem.profile, bucket_tokens=problem.bucket_tokens, cp_modes=problem.cp_modes)
+        # priced as the plan runs, each microbatch in its cheapest allowed mode, which the model decides
+        cost = CostModel(problem.profile, bucket_tokens=problem.bucket_tokens, choose_modes=problem.cp_modes)
         lengths = problem.lengths
         par = problem.parallel
         start_ms = iteration_ms(start, lengths, cost, par.num_gpus)
         lower = min(sharding_floor_ms([lengths[i] for i in ids], cost, par), start_ms)
         # with Ulysses alone, a group not dividing the heads cannot shard: only the warm start's own groups of
-        # such a size stay (it may run local sequences on one), and a solution sharding there is not taken
-        view = CostModel(problem.profile, bucket_tokens=problem.bucket_tokens, choose_modes=problem.cp_modes)
+        # such a size stay (it may run local sequences on one; the model shards nothing there)
         used = [s.ranks for s in start]
-        groups = [g for g in flexible_groups(par, used) if view.shards_on(len(g)) or g in used]
+        groups = [g for g in flexible_groups(par, used) if cost.shards_on(len(g)) or g in used]
         layout = Layout.of_groups(groups, par.num_gpus)
         hint = to_groups(start, groups)
         size = model_size(seq_ids=ids, lengths=lengths, group_size=par.cp, cost=cost, hint=hint, layout=layout)
@@ -124,11 +125,8 @@ class FlexibleIlpPlanner:
         best = start
         if payload.get("groups"):
             found = to_specs(payload["groups"], groups, par.num_gpus)
-            # judged as it will run, each microbatch in its cheapest allowed mode (``planning.with_modes``)
-            runs = all(view.shards_on(len(s.ranks)) for s in found if s.sharded)
-            if runs and iteration_ms(found, lengths, view, par.num_gpus) < iteration_ms(
-                start, lengths, view, par.num_gpus
-            ):
+            assert all(cost.shards_on(len(s.ranks)) for s in found if s.sharded), "the model shards where no mode runs"
+            if iteration_ms(found, lengths, cost, par.num_gpus) < iteration_ms(start, lengths, cost, par.num_gpus):
                 best = found
         objective = iteration_ms(best, lengths, cost, par.num_gpus)
         bound = min(max(lower, payload.get("bound_ms") or 0.0), objective)

@@ -230,11 +230,11 @@ def test_an_exact_plan_stopped_by_its_budget_says_its_gap_and_what_to_raise(
     assert bool(said) is noted
 
 
-def test_an_exact_plan_solved_in_time_with_ulysses_microbatches_says_no_budget_ran_out(
+def test_an_exact_plan_solved_in_time_with_ulysses_microbatches_is_proven_and_says_no_budget_ran_out(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # ilp's proof was for all-gather pricing; with a microbatch cheaper in Ulysses the plan is "feasible"
-    # (bound_ms stays, model_bound_ms goes), which more time does not change: no note that its budget ran out
+    # ilp decides each microbatch's mode in its model: a plan running Ulysses keeps the model's proof
+    # (model_bound_ms, "optimal"), and a solve that finished in time prints no note that its budget ran out
     request = {
         "batches": [[30000, 2000, 1000]],
         "parallel": {"dp": 1, "cp": 4},
@@ -248,21 +248,20 @@ def test_an_exact_plan_solved_in_time_with_ulysses_microbatches_says_no_budget_r
     code, out, err = _run_main(capsys, "plan", "-r", str(tmp_path / "request.json"), "--time-budget-s", "10")
     assert code == 0, err
     plan = json.loads(out)
-    assert plan["solve"]["status"] == "feasible" and "model_bound_ms" not in plan["solve"]
     assert any(mb.get("mode") == "ulysses" for it in plan["iterations"] for mb in it["microbatches"])
-    assert plan["solve"]["stats"]["allgather_model_optimal"] == 1.0  # its own model was solved to optimality
+    solve_block = plan["solve"]
+    assert solve_block["status"] == "optimal" and solve_block["model_gap"] <= 1e-4
+    assert solve_block["model_bound_ms"] <= solve_block["objective_ms"] + 1e-9
     assert "budget ran out" not in err
-    # where the solver itself stopped short, the note still says so
+    # where the solver stopped short, the note says so, with the gap to its own model's bound
     import dataclasses
 
     from skrull.cli.main import _note_if_stopped
 
     solved = plan_from_dict(plan)
-    stopped = dataclasses.replace(
-        solved, solve=dataclasses.replace(solved.solve, stats=(("allgather_model_optimal", 0.0),))
-    )
-    _note_if_stopped(request_from_dict(request), stopped)
-    assert "skrull: note: ilp stopped at a 2.1% gap to the plan's proven bound" in capsys.readouterr().err
+    short = dataclasses.replace(solved.solve, status="timeout", model_bound_ms=solved.estimated_ms * 0.9, model_gap=0.1)
+    _note_if_stopped(request_from_dict(request), dataclasses.replace(solved, solve=short))
+    assert "skrull: note: ilp stopped at a 10.0% gap to its model's proven bound" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
