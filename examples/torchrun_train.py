@@ -37,6 +37,7 @@ from skrull.worker.hf.fast import compile_model  # noqa: E402  # skrull
 from skrull.worker.hf.model import build_model, read_model_config  # noqa: E402  # skrull
 from skrull.worker.hf.step import (  # noqa: E402
     model_gradients,
+    model_heads,
     plain_step,
     print_check,
     scheduled_step,  # skrull
@@ -110,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{args.global_batch_size}; give more rows or fewer steps"
         )
     model = build_model(read_model_config(args.model_config), seed=args.seed, device=device)  # skrull: DACP attention
+    planned.check_model_heads(model_heads(model))  # skrull: with Ulysses allowed, the profile's heads are the model's
     if args.activation_checkpointing:  # any CP: every rank recomputes each layer at the same point
         model.activation_checkpointing_enable()
     compile_model(model, compile=args.compile, device=device)  # skrull: the fast step (layers compiled; CUDA default)

@@ -78,7 +78,7 @@ import torch
 import torch.distributed as dist
 
 from skrull.corpus.order import global_batches
-from skrull.solver.cp_modes import DEFAULT_CP_MODES, read_cp_modes
+from skrull.solver.cp_modes import DEFAULT_CP_MODES, ULYSSES, read_cp_modes
 from skrull.solver.errors import RequestError
 from skrull.solver.io import DEFER_SOLVERS, MAX_DEFER, check_cp_modes_profile
 from skrull.solver.profile import Profile, load_profile, profile_from_dict
@@ -313,6 +313,8 @@ class PlannedBatches:
         self.cp_modes = read_cp_modes(cp_modes if cp_modes is None or isinstance(cp_modes, str) else list(cp_modes))
         parsed = parse_profile(profile)
         check_cp_modes_profile(self.cp_modes, parsed)
+        #: the profile's head counts, which the plans' Ulysses groups divide (``check_model_heads``)
+        self.profile_heads = parsed.heads
         if len(dataset) != len(lengths):
             raise RequestError("lengths", len(lengths), f"must have one entry per dataset sample ({len(dataset)})")
         if client is not None and plans is not None:
@@ -617,6 +619,22 @@ class PlannedBatches:
         first = chunk * self.batches_per_plan
         carried = self._carried_into(chunk) if self.defer_max_sequences else ()
         return [*carried, *(i for b in self.batches[first : first + self.batches_per_plan] for i in b)]
+
+    def check_model_heads(self, heads: tuple[int, int] | None) -> None:
+        """With Ulysses allowed, the model's ``(attention, kv)`` heads must be the profile's: the plans choose
+        Ulysses groups that divide the profile's attention heads and price the K/V copies by its kv heads, so
+        a model with other heads fails inside the first Ulysses microbatch, or runs plans priced for another
+        model. Refused naming ``profile.heads`` before the first step (the trainers call it at setup)."""
+        if ULYSSES not in self.cp_modes or heads is None or self.profile_heads is None:
+            return
+        want = (self.profile_heads.attention, self.profile_heads.kv)
+        if tuple(heads) != want:
+            raise RequestError(
+                "profile.heads",
+                {"attention": want[0], "kv": want[1]},
+                f"the model has num_attention_heads = {heads[0]}, num_key_value_heads = {heads[1]}; with cp_modes "
+                f"{list(self.cp_modes)} plan with the model's own profile (skrull derive-profile --hf-config)",
+            )
 
     def plan_of(self, iteration: int) -> Plan:
         """The whole plan iteration ``iteration`` of this epoch runs in (its request's iteration ``iteration %

@@ -125,6 +125,38 @@ def _final_hidden(model: Any, inner: Any, kwargs: dict[str, Any]) -> torch.Tenso
     return captured[0][0]
 
 
+def model_heads(model: Any) -> tuple[int, int] | None:
+    """``(num_attention_heads, num_key_value_heads)`` of a Hugging Face model (or its config), unwrapped
+    from DDP / FSDP; a multimodal config's text model; None where the config does not say."""
+    model = getattr(model, "module", model)
+    config = getattr(model, "config", model)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    heads = getattr(text, "num_attention_heads", None)
+    if not isinstance(heads, int):
+        return None
+    kv = getattr(text, "num_key_value_heads", None)
+    return heads, kv if isinstance(kv, int) else heads
+
+
+def refuse_unrunnable_ulysses(model: Any, microbatches: Sequence[ReadyMicrobatch], *, cp_mode: str) -> None:
+    """Every microbatch this step runs in Ulysses shards over a group dividing the model's attention heads,
+    checked before the step's first forward. Else its attention fails inside the step, after this rank's
+    earlier microbatches ran and while the other groups' ranks wait in collectives (found: a model with
+    other heads than its profile's, whose plans chose Ulysses groups by the profile's heads)."""
+    heads = model_heads(model)
+    if heads is None:
+        return
+    for mb in microbatches:
+        layout = mb.layout
+        mode = layout.mode if layout.mode == "ulysses" else cp_mode
+        if mode == "ulysses" and layout.communicates and heads[0] % layout.group_size:
+            raise ValueError(
+                f"microbatch {layout.step} runs ulysses over {layout.group_size} GPUs, which do not divide the "
+                f"model's num_attention_heads = {heads[0]}: plan with a profile whose heads are the model's "
+                "(skrull derive-profile --hf-config), or allow allgather only (cp_modes)"
+            )
+
+
 def dacp_plans(
     microbatches: Sequence[ReadyMicrobatch],
     *,
@@ -168,6 +200,7 @@ def scheduled_step(
     CUDA events on a GPU, read once after the step; the host clock on a CPU), for calibration
     (worker/calibration.py).
     """
+    refuse_unrunnable_ulysses(model, microbatches, cp_mode=cp_mode)
     if device.type == "cuda":  # the step's time starts when the previous work on the device is done
         torch.cuda.synchronize(device)
     start = time.perf_counter()

@@ -41,7 +41,7 @@ from skrull.worker.hf.attention import ATTN_IMPLEMENTATION, refuse_unsupported_a
 from skrull.worker.hf.evaluation import plain_eval_loss, reduce_rows, row_losses
 from skrull.worker.hf.fast import compile_model, compiled_how
 from skrull.worker.hf.inputs import model_inputs
-from skrull.worker.hf.step import MicrobatchTimer, dacp_plans, global_target_count
+from skrull.worker.hf.step import MicrobatchTimer, dacp_plans, global_target_count, model_heads
 from skrull.worker.kernels import kernel_choice, select_kernel
 
 if TYPE_CHECKING:  # the mixin is typed as the Trainer it is mixed into
@@ -133,6 +133,7 @@ class SkrullTrainerMixin(_TrainerBase):
         # turned on on the model) runs with any CP: the DACP attention keeps its nested graph out of the
         # checkpoint's hooks, so every rank recomputes each layer once, at the same point (worker/dacp.py)
         refuse_unsupported_attention(model.config)  # softcapping and sliding windows are computed; the rest refused
+        planned.check_model_heads(model_heads(model))  # with Ulysses allowed, the profile's heads are the model's
         if planned.vocab_size is None and isinstance(getattr(model.config, "vocab_size", None), int):
             # a token id out of the vocabulary is then refused naming its row, not an embedding IndexError
             planned.vocab_size = model.config.vocab_size

@@ -21,3 +21,47 @@ def test_a_logit_scale_is_refused_naming_the_field(field: str, value: float) -> 
     with pytest.raises(ValueError, match=rf"loss_chunk_tokens: the model's {field}={value!r} scales its logits"):
         fused_head_softcap(SimpleNamespace(**{field: value}))
     assert fused_head_softcap(SimpleNamespace(**{field: 1.0})) is None  # a scale of one changes nothing
+
+
+def test_a_ulysses_microbatch_over_a_group_not_dividing_the_models_heads_is_refused_before_any_forward() -> None:
+    # the tiny Qwen2 has 4 attention heads; a plan made with another model's profile may run Ulysses over 3
+    # GPUs: refused naming the microbatch and the heads before the step's first forward (no gradient yet)
+    from pathlib import Path
+
+    import torch
+
+    from skrull.worker.dataloader import ready_microbatch
+    from skrull.worker.hf.model import build_model, read_model_config
+    from skrull.worker.hf.step import model_heads, scheduled_step
+    from skrull.worker.kernels import select_kernel
+    from skrull.worker.layout import MicrobatchLayout, ShardedSequence
+
+    config = Path(__file__).resolve().parents[3] / "examples" / "models" / "qwen2-tiny.json"
+    model = build_model(read_model_config(str(config)), seed=0)
+    assert model_heads(model) == (4, 2)
+    cpu = torch.device("cpu")
+
+    def fetch(i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        ids = torch.arange(9) + i
+        return ids, ids
+
+    local = MicrobatchLayout(step=0, ranks=(0,), position=0, local_ids=(1,), local_lengths=(9,), sharded=())
+    pieces = (((0, 3),), ((3, 6),), ((6, 9),))
+
+    def sharded(size: int, mode: str) -> MicrobatchLayout:
+        ranges = pieces if size == 3 else (((0, 5),), ((5, 9),))
+        return MicrobatchLayout(
+            step=1, ranks=tuple(range(size)), position=0, local_ids=(), local_lengths=(),
+            sharded=(ShardedSequence(seq_id=0, num_tokens=9, ranges=ranges),), mode=mode,
+        )  # fmt: skip
+
+    def step(*layouts: MicrobatchLayout, cp_mode: str = "allgather") -> None:
+        mbs = [ready_microbatch(lay, fetch, loss_normalizer=18, device=cpu) for lay in layouts]
+        kernel = select_kernel(cpu, torch.float32)
+        scheduled_step(model, mbs, registry=None, kernel=kernel, device=cpu, cp_mode=cp_mode)  # type: ignore[arg-type]
+
+    with pytest.raises(ValueError, match=r"microbatch 1 runs ulysses over 3 GPUs.*num_attention_heads = 4"):
+        step(local, sharded(3, "ulysses"))
+    with pytest.raises(ValueError, match=r"runs ulysses over 3 GPUs"):  # the run's default mode counts too
+        step(local, sharded(3, "allgather"), cp_mode="ulysses")
+    assert all(p.grad is None for p in model.parameters())  # refused before the first microbatch ran
