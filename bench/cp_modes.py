@@ -16,7 +16,13 @@ request differ by what the machine's load let each search do) and, for the "work
 ``deterministic`` (the same search work for both, on any machine): that column is the modes' effect
 without the load's noise. Fresh requests each run (seed from the clock unless ``--seed``).
 
-    python bench/cp_modes.py [--seed N] [--per-rank 16] [--budget 0.1]
+The second table is the exact model with the mode as a decision (solver/ilp/builder.py): on small fresh
+requests (DP 2, ``--exact-per-rank`` sequences per rank, CP 2 to 8) ``ilp`` with both modes against
+``ilp`` with all-gather only, and against that all-gather plan with each microbatch then given its cheaper
+mode (what choosing the mode after an all-gather solve gives), with the status and the gap to the model's
+own bound (``solve.model_gap``) of the both-modes solve.
+
+    python bench/cp_modes.py [--seed N] [--per-rank 16] [--budget 0.1] [--exact-per-rank 6] [--exact-budget 5]
 
 Prints Markdown (seed, machine, date, commit, load average); asserts nothing.
 """
@@ -35,6 +41,7 @@ import time
 from budget import git_commit  # bench/budget.py
 from shapes import derived
 
+from skrull.solver.cost import CostModel
 from skrull.solver.datasets import synthesize_request
 from skrull.solver.errors import RequestError
 from skrull.solver.planners.minmax_ilp import preload_cp_sat
@@ -85,6 +92,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=None, help="default: from the clock (fresh requests)")
     parser.add_argument("--per-rank", type=int, default=16, help="sequences per DP rank (DP 2)")
     parser.add_argument("--budget", type=float, default=0.1, help="auto's time_budget_s")
+    parser.add_argument("--exact-per-rank", type=int, default=6, help="sequences per DP rank of the ilp table")
+    parser.add_argument("--exact-budget", type=float, default=5.0, help="ilp's time_budget_s (0: no ilp table)")
     args = parser.parse_args()
     seed = args.seed if args.seed is not None else int(time.time()) % 1_000_000
     rng = random.Random(seed)
@@ -125,6 +134,42 @@ def main() -> None:
                 f"| {both.estimated_ms:.1f} | {allgather.estimated_ms:.1f} | {x} "
                 f"| {both.estimated_ms / allgather.estimated_ms - 1:+.2%} "
                 f"| {both_work.estimated_ms / allgather_work.estimated_ms - 1:+.2%} | {ulysses_share(both):.0%} |"
+            )
+    if args.exact_budget > 0:
+        exact_table(rng, per_rank=args.exact_per_rank, budget_s=args.exact_budget)
+
+
+def exact_table(rng: random.Random, *, per_rank: int, budget_s: float) -> None:
+    """``ilp`` deciding the mode against ``ilp`` on all-gather and that plan with its modes chosen after."""
+    print(f"\n`ilp` with the mode as a decision, {budget_s:g} s each, DP 2, {2 * per_rank} sequences:\n")
+    print("| profile | heads | CP | dataset | ilp both ms | status, model gap | all-gather plan, modes after ms "
+          "| ilp all-gather ms | both vs modes after | microbatches ulysses / allgather |")  # fmt: skip
+    print("|---|---:|---:|---|---:|---|---:|---:|---:|---|")
+    for model, gpu, tp in SHAPES:
+        profile = derived(model, gpu, tp=tp, zero_dp=ZERO_DP.get((model, tp), 8))
+        assert profile.heads is not None
+        for cp in (2, 4, 8):
+            base = rng.choice(DATASETS)
+            request = synthesize_request(
+                dataset=base, parallel=Parallel(dp=2, cp=cp), profile=profile, sequences_per_rank=per_rank,
+                seed=rng.randrange(2**31), max_tokens=min(cp * profile.bucket_tokens, MAX_TOKENS),
+            )  # fmt: skip
+            exact = dict(solver="ilp", time_budget_s=budget_s)
+            both = run(request, cp_modes=("allgather", "ulysses"), **exact)
+            allgather = run(request, **exact)
+            assert both is not None and allgather is not None
+            view = CostModel(profile, bucket_tokens=request.bucket_tokens, choose_modes=("allgather", "ulysses"))
+            lengths = [s for b in request.batches for s in b]
+            after = sum(
+                view.iteration_ms(it.microbatches, lengths, request.parallel.num_gpus) for it in allgather.iterations
+            )
+            sharded = [mb for it in both.iterations for mb in it.microbatches if mb.sharded and len(mb.ranks) > 1]
+            ul = sum(mb.mode == "ulysses" for mb in sharded)
+            gap = f"{both.solve.model_gap:.2%}" if both.solve.model_gap is not None else "n/a"
+            print(
+                f"| {profile.name} | {profile.heads.attention} | {cp} | {base} | {both.estimated_ms:.2f} "
+                f"| {both.solve.status}, {gap} | {after:.2f} | {allgather.estimated_ms:.2f} "
+                f"| {both.estimated_ms / after - 1:+.2%} | {ul} / {len(sharded) - ul} |"
             )
 
 

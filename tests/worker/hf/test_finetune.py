@@ -92,7 +92,37 @@ def mixed_plan() -> tuple[Plan, tuple[int, ...]]:
     return plan, problem.lengths
 
 
-PLANS = {"skrull": skrull_plan, "wide": wide_plan, "hand": hand_plan, "mixed": mixed_plan}
+def mixed_long_plan() -> tuple[Plan, tuple[int, ...]]:
+    """Both modes on sequences longer than the conformance models' sliding window (24): the 70-token
+    sequence in Ulysses over 4 GPUs next to local ones, then the 50-token one with the all-gather over a CP
+    pair, so Gemma 2's soft-capping and windows and Mistral's window run in both modes in one iteration."""
+    _, lengths = mixed_plan()
+    request = request_from_dict(
+        {
+            "batches": [list(lengths)], "parallel": {"dp": 2, "cp": 2}, "solver": "skrull",
+            "profile": {**HAND_PROFILE, "memory": {"bucket_tokens": 64}, "heads": {"attention": 8, "kv": 2},
+                        "comm_a2a": {"bytes_per_token": 2**20, "ms_per_mib": 0.0004, "fixed_ms": 0.3}},
+            "cp_modes": ["allgather", "ulysses"],
+        }
+    )  # fmt: skip
+    problem = Problem.from_request(request)
+    specs = (
+        MicrobatchSpec(step=0, ranks=(0, 1, 2, 3), local=((2,), (), (3,), ()), sharded=(1,), mode="ulysses"),
+        MicrobatchSpec(step=1, ranks=(0, 1), local=((), ()), sharded=(4,), mode="allgather"),
+        MicrobatchSpec(step=1, ranks=(2, 3), local=((0,), ()), sharded=()),
+    )
+    plan = assemble_plan(problem, PlannerOutput(iterations=(specs,)), solver="skrull", wall_ms=0.0)
+    validate_plan(plan, request)
+    return plan, problem.lengths
+
+
+PLANS = {
+    "skrull": skrull_plan,
+    "wide": wide_plan,
+    "hand": hand_plan,
+    "mixed": mixed_plan,
+    "mixed-long": mixed_long_plan,
+}
 #: (case name, plan, model, steps, cp mode, loss chunk rows)
 CASES: tuple[tuple[str, str, str, int, str, int | None, str], ...] = (
     ("qwen2-skrull", "skrull", "qwen2-tiny", 2, "allgather", None, "allreduce"),
@@ -104,6 +134,11 @@ CASES: tuple[tuple[str, str, str, int, str, int | None, str], ...] = (
     # both modes in one iteration, whatever the run's default mode: each microbatch runs its plan's
     ("llama-mixed", "mixed", "llama-tiny", 1, "allgather", None, "allreduce"),
     ("qwen2-mixed", "mixed", "qwen2-tiny", 1, "ulysses", None, "allreduce"),
+    # and over the other families' attention: Gemma 2's soft-capping and sliding window, Mistral's window,
+    # Llama with one K/V head (sent four times over the Ulysses group)
+    ("gemma2-mixed-long", "mixed-long", "gemma2-softcap", 1, "allgather", None, "allreduce"),
+    ("mistral-mixed-long", "mixed-long", "mistral-window", 1, "ulysses", None, "allreduce"),
+    ("llama-1kv-mixed-long", "mixed-long", "llama-1kv-tied", 1, "allgather", None, "allreduce"),
     # the chunked loss through the DDP and FSDP2 wrappers (their hooks run; FSDP2 unshards the root's head),
     # and with Gemma 2's final logit softcap, which the chunked loss takes as the model does
     ("llama-hand-fsdp-chunked", "hand", "llama-tiny", 1, "allgather", 16, "fsdp"),
