@@ -99,7 +99,8 @@ class LayoutSearch:
     def placer(self, n: int) -> Placer:
         found = self._placers.get(n)
         if found is None:
-            found = self._placers[n] = Placer(self.lengths, self.cost, n)
+            found = self._placers[n] = Placer(self.lengths, self.cost, n, clock=self.clock)
+        found.deadline = self.deadline  # a placement gives up at the search's deadline (search/placement.py)
         return found
 
     def _add(self, entry: Entry) -> None:

@@ -8,16 +8,24 @@ Candidates, the fastest that fits the bucket wins:
   (LPT, Graham 1969): DACP's ascending order leaves the largest local sequences to last.
 
 Results are cached by the sorted id tuple, so a search that tries the same set twice pays once.
+
+A placement is O(K * N) at worst (K sequences, N GPUs: a full GPU is skipped per sequence): at CP 1024 one
+microbatch of about 1,700 short sequences took 0.52 s, begun 0.33 s before its search's deadline. So a
+placement reads its search's clock every ``CHECK_WORK`` steps and gives up at the deadline (``best`` then
+returns None, "no placement found", which no search move accepts, and caches nothing).
 """
 
 from __future__ import annotations
 
 import heapq
+import math
+import time
 from collections.abc import Sequence
 
 from skrull.solver.cost import CostModel
 from skrull.solver.ilp.builder import GroupMicrobatch
 from skrull.solver.planners.dacp import SHARDED, dacp_place
+from skrull.solver.search.clock import Clock
 
 #: How many of the largest sequences of a microbatch the LPT placement tries sharding first.
 MAX_SHARDED_PREFIX = 4
@@ -26,13 +34,25 @@ MAX_SHARDED_PREFIX = 4
 DACP_MAX_SEQUENCES = 12
 #: Cache entries kept per group size before the cache is cleared (bounds memory on long searches).
 CACHE_LIMIT = 200_000
+#: Steps (sequences placed, full GPUs skipped) between two readings of the clock inside one placement.
+CHECK_WORK = 4096
+
+
+class _OutOfTime(Exception):
+    """A placement reached its deadline."""
 
 
 class Placer:
     """Best placements for one group size ``n`` under one cost model."""
 
-    def __init__(self, lengths: Sequence[int], cost: CostModel, group_size: int) -> None:
+    def __init__(
+        self, lengths: Sequence[int], cost: CostModel, group_size: int, *, clock: Clock = time.monotonic
+    ) -> None:
         self.lengths = lengths
+        #: placements give up at ``deadline`` on ``clock`` (the search's; module docstring)
+        self.clock = clock
+        self.deadline = math.inf
+        self._work = 0
         self.cost = cost
         self.n = group_size
         ms_per_flop = cost.profile.compute.ms_per_tflop / 1e12
@@ -68,13 +88,25 @@ class Placer:
             return hit  # type: ignore[return-value]
         found: tuple[GroupMicrobatch, float] | None = None
         if self.n * self.cost.bucket_tokens >= sum(self.lengths[i] for i in key):  # else nothing fits (eq. 7)
-            for candidate in self._candidates(key):
+            try:
+                candidates = self._candidates(key)
+            except _OutOfTime:
+                return None  # not cached: with time it may fit
+            for candidate in candidates:
                 if candidate is not None and (found is None or candidate[1] < found[1] - 1e-12):
                     found = candidate
         if len(self._cache) >= CACHE_LIMIT:
             self._cache.clear()
         self._cache[key] = found
         return found
+
+    def _tick(self, steps: int) -> None:
+        """Count ``steps`` of work; every ``CHECK_WORK`` of them, give up if the deadline has passed."""
+        self._work += steps
+        if self._work >= CHECK_WORK:
+            self._work = 0
+            if self.clock() >= self.deadline:
+                raise _OutOfTime
 
     def _checked(self, mb: GroupMicrobatch) -> tuple[GroupMicrobatch, float] | None:
         return (mb, self.time(mb)) if self.fits(mb) else None
@@ -116,6 +148,7 @@ class Placer:
             skipped = []
             while heap and room[heap[0][1]] < need:
                 skipped.append(heapq.heappop(heap))
+            self._tick(1 + len(skipped))
             if heap:
                 load, j = heapq.heappop(heap)
                 local[j].append(i)
