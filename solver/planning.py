@@ -102,11 +102,13 @@ def equalized(output: PlannerOutput, problem: Problem) -> PlannerOutput:
     honours ``equal_microbatches`` the same way. A proof of optimality was for the unconstrained problem:
     it still holds when the padding costs nothing (the constrained optimum is never below the unconstrained
     one) and is dropped to "feasible" when it costs time; the bound stays valid either way. Only an
-    "optimal" output is priced twice to tell."""
+    "optimal" output is priced twice to tell, as the plan will run: each microbatch in its cheapest allowed
+    mode (``with_modes`` assigns the modes after this; padding can lift a GPU that is the slowest only once
+    Ulysses prices apply)."""
     iterations = tuple(tuple(equalize_microbatches(it, problem.parallel)) for it in output.iterations)
     status = output.status
     if status == "optimal":
-        model = CostModel(problem.profile, bucket_tokens=problem.bucket_tokens, cp_modes=problem.cp_modes)
+        model = CostModel(problem.profile, bucket_tokens=problem.bucket_tokens, choose_modes=problem.cp_modes)
         num_gpus = problem.parallel.num_gpus
 
         def total_ms(its: tuple[tuple[MicrobatchSpec, ...], ...]) -> float:

@@ -151,6 +151,7 @@ class _Coeffs:
 
     def comm_time(self, k_ids: Sequence[int]) -> int:
         """The cheapest mode's communication of sharding these sequences (model indices)."""
+        assert self.comms, "sharding on a group no allowed mode runs (a hint the planner should not make)"
         return min(sum(c.coeffs[k] for k in k_ids) + c.fixed for c in self.comms)
 
 
@@ -274,8 +275,10 @@ def build_joint_model(
         for run in twins:
             for a, b in itertools.pairwise(run):
                 m_.add({v.totals[a]: 1, v.totals[b]: -1}, family="symmetry-gpus", lower=0)
-    # Redundant: no plan beats the reference lower bound (floored to the model's units).
-    m_.add({v.objective: 1}, family="redundant-lower-bound", lower=math.floor(lower_bound_ms * TIME_SCALE))
+    # Redundant: no plan beats the reference lower bound, less what flooring the coefficients can take off a
+    # load's objective (``flooring_slack``: else the warm start, and the optimum, could fall below it)
+    floor_units = math.floor(lower_bound_ms * TIME_SCALE) - flooring_slack(data)
+    m_.add({v.objective: 1}, family="redundant-lower-bound", lower=max(0, floor_units))
     m_.objective = {v.objective: 1}
     built = BuiltModel(
         model=m_, seq_ids=data.ids, layout=layout, slots=data.slots, y=v.y, z=v.z, objective_var=v.objective
@@ -284,6 +287,20 @@ def build_joint_model(
         data, v, m_.num_vars, hint, symmetric=symmetry_breaking, sort_groups=symmetry_breaking and symmetric_groups
     )
     return built
+
+
+def flooring_slack(d: _Data) -> int:
+    """Units by which a load's objective in the model can fall below its time in ms x ``TIME_SCALE``: every
+    coefficient is floored (less than one unit each). A microbatch's time is its floored overhead plus the
+    largest of its rows (time-local: the fixed cost, each local sequence, the sharded compute's fixed cost
+    and sequences; time-comm: the fixed costs and each sharded sequence twice, compute and communication),
+    so it loses less than ``4 + 2 * (its sequences)`` units; a load, less than ``1`` (its offset) plus that
+    over its slots, each sequence in at most one of them."""
+    sequences = len(d.ids)
+    return max(
+        (1 + sum(4 * d.slots[g] for g in load) + 2 * sequences for load in d.layout.loads),
+        default=0,
+    )
 
 
 def interchangeable_singles(layout: Layout, offsets: Sequence[int]) -> list[list[int]]:

@@ -35,7 +35,7 @@ from skrull.worker.dataloader import ready_microbatch
 from skrull.worker.execute import DTYPES
 from skrull.worker.hf.fast import compile_model
 from skrull.worker.hf.model import build_model
-from skrull.worker.hf.step import dacp_plans, plain_step, relative_error, scheduled_step
+from skrull.worker.hf.step import dacp_plans, plain_step, refuse_unrunnable_plan, relative_error, scheduled_step
 from skrull.worker.inputs import SyntheticData
 from skrull.worker.kernels import kernel_choice
 from skrull.worker.launch import device_for, launch
@@ -127,6 +127,7 @@ def run_finetune_rank(
     )
     bar.set_postfix_str("building the model", refresh=True)
     base = build_model(config.model_config, seed=config.seed, device=device, dtype=dtype)
+    refuse_unrunnable_plan(base, plan, cp_mode=config.cp_mode)  # every rank alike, before the first step
     compiled = compile_model(base, compile=config.compile, device=device)  # the fast step: layers compiled
     vocab = int(base.config.vocab_size)
     model: Any = grad_sync.wrap(base, config.grad_sync)

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from skrull.solver.types import Plan
 from skrull.worker import grad_sync
 from skrull.worker.collectives import GroupRegistry
 from skrull.worker.dacp import DACPPlan
@@ -138,23 +139,43 @@ def model_heads(model: Any) -> tuple[int, int] | None:
     return heads, kv if isinstance(kv, int) else heads
 
 
+def _refuse_ulysses_group(heads: int, group_size: int, *, where: str) -> None:
+    if heads % group_size:
+        raise ValueError(
+            f"{where} runs ulysses over {group_size} GPUs, which do not divide the model's num_attention_heads = "
+            f"{heads}: plan with a profile whose heads are the model's (skrull derive-profile --hf-config), or "
+            "allow allgather only (cp_modes)"
+        )
+
+
 def refuse_unrunnable_ulysses(model: Any, microbatches: Sequence[ReadyMicrobatch], *, cp_mode: str) -> None:
     """Every microbatch this step runs in Ulysses shards over a group dividing the model's attention heads,
     checked before the step's first forward. Else its attention fails inside the step, after this rank's
-    earlier microbatches ran and while the other groups' ranks wait in collectives (found: a model with
-    other heads than its profile's, whose plans chose Ulysses groups by the profile's heads)."""
+    earlier microbatches ran (found: a model with other heads than its profile's, whose plans chose Ulysses
+    groups by the profile's heads). This sees one rank's microbatches: ranks outside the group go on into
+    the step's collectives, so runs that hold the whole plan check it first (``refuse_unrunnable_plan``) and
+    the trainers compare the model with the profile at setup (``PlannedBatches.check_model_heads``)."""
     heads = model_heads(model)
     if heads is None:
         return
     for mb in microbatches:
         layout = mb.layout
         mode = layout.mode if layout.mode == "ulysses" else cp_mode
-        if mode == "ulysses" and layout.communicates and heads[0] % layout.group_size:
-            raise ValueError(
-                f"microbatch {layout.step} runs ulysses over {layout.group_size} GPUs, which do not divide the "
-                f"model's num_attention_heads = {heads[0]}: plan with a profile whose heads are the model's "
-                "(skrull derive-profile --hf-config), or allow allgather only (cp_modes)"
-            )
+        if mode == "ulysses" and layout.communicates:
+            _refuse_ulysses_group(heads[0], layout.group_size, where=f"microbatch {layout.step}")
+
+
+def refuse_unrunnable_plan(model: Any, plan: Plan, *, cp_mode: str) -> None:
+    """``refuse_unrunnable_ulysses`` over every microbatch of the whole plan, on every rank alike (so all of
+    them stop before the first step, none waits in a collective for a rank that stopped)."""
+    heads = model_heads(model)
+    if heads is None:
+        return
+    for it in plan.iterations:
+        for k, mb in enumerate(it.microbatches):
+            mode = mb.mode if mb.mode == "ulysses" else cp_mode
+            if mode == "ulysses" and mb.sharded and len(mb.ranks) > 1:
+                _refuse_ulysses_group(heads[0], len(mb.ranks), where=f"iteration {it.index} microbatch {k}")
 
 
 def dacp_plans(

@@ -174,3 +174,56 @@ def test_the_reference_view_models_all_gather_alone() -> None:
     assert CostModel(profile).view_modes(4) == ("allgather",)
     assert CostModel(profile, choose_modes=BOTH).view_modes(4) == BOTH
     assert CostModel(profile, choose_modes=BOTH).view_modes(3) == ("allgather",)  # 3 does not divide 8 heads
+
+
+@pytest.mark.parametrize("modes", [("allgather",), BOTH])
+def test_the_lower_bound_row_never_cuts_a_plan_that_meets_the_bound(modes: tuple[str, ...]) -> None:
+    # one sequence sharded over two GPUs is its own optimum, and the layout-free bound meets it; the model's
+    # floored coefficients price it a few units below that bound, which the row must allow (it made the
+    # model infeasible for 56 of 99 lengths, and ilp reported "feasible" at a zero gap)
+    from skrull.solver.search.bound import layout_free_bound_ms
+    from skrull.solver.types import Parallel
+
+    compute = {**MODES_PROFILE["compute"], "fixed_ms": 0.123456}
+    profile = profile_from_dict({**MODES_PROFILE, "compute": compute, "memory": {"bucket_tokens": 100}})
+    view = CostModel(profile, bucket_tokens=100, choose_modes=modes)
+    for length in range(101, 200):
+        hint = [[(((), ()), (0,))]]
+        lower = layout_free_bound_ms([length], view, Parallel(dp=1, cp=2))
+        built = build_joint_model(
+            seq_ids=[0], lengths=[length], num_groups=1, group_size=2, cost=view, hint=hint, lower_bound_ms=lower
+        )
+        assert built.model.violated([built.model.hint[v] for v in range(built.model.num_vars)]) == [], length
+
+
+def test_padding_that_costs_time_only_at_ulysses_prices_drops_optimal() -> None:
+    # equal_microbatches pads the DP ranks' microbatch counts; the padding lands on the GPUs that become the
+    # slowest only once the cheaper mode prices the sharded microbatches: "optimal" must go (it stayed)
+    from skrull.solver.planners.base import PlannerOutput, make_spec
+    from skrull.solver.planning import equalized
+    from skrull.solver.search.improve import iteration_ms
+    from skrull.solver.types import Problem
+
+    profile = {
+        **MODES_PROFILE,
+        "compute": {"flops_per_token": 0, "flops_per_token_sq": 1e8, "ms_per_tflop": 2.0, "fixed_ms": 0.5},
+        "comm": {"bytes_per_token": 2**20, "ms_per_mib": 0.2, "fixed_ms": 0.2},
+        "comm_a2a": {"bytes_per_token": 2**20, "ms_per_mib": 0.001, "fixed_ms": 0.1},
+        "memory": {"bucket_tokens": 100},
+    }
+    lengths = [100, 100] + [10] * 40
+    request = request_from_dict(
+        {"batches": [lengths], "parallel": {"dp": 2, "cp": 2}, "profile": profile, "solver": "ilp",
+         "cp_modes": list(BOTH), "equal_microbatches": True}
+    )  # fmt: skip
+    problem = dataclasses.replace(Problem.from_request(request), cp_modes=BOTH)
+    specs = (
+        make_spec(step=0, ranks=(0, 1), local=[[0], [1]], sharded=[]),
+        make_spec(step=0, ranks=(2, 3), local=[[], []], sharded=list(range(2, 22))),
+        make_spec(step=1, ranks=(2, 3), local=[[], []], sharded=list(range(22, 42))),
+    )
+    view = CostModel(problem.profile, bucket_tokens=100, choose_modes=BOTH)
+    before = iteration_ms(specs, problem.lengths, view, 4)
+    padded = equalized(PlannerOutput(iterations=(specs,), status="optimal", bound_ms=before), problem)
+    assert iteration_ms(padded.iterations[0], problem.lengths, view, 4) > before + 1e-6  # the padding costs
+    assert padded.status == "feasible"

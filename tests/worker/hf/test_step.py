@@ -65,3 +65,24 @@ def test_a_ulysses_microbatch_over_a_group_not_dividing_the_models_heads_is_refu
     with pytest.raises(ValueError, match=r"runs ulysses over 3 GPUs"):  # the run's default mode counts too
         step(local, sharded(3, "allgather"), cp_mode="ulysses")
     assert all(p.grad is None for p in model.parameters())  # refused before the first microbatch ran
+
+
+def test_a_plan_with_ulysses_over_a_group_not_dividing_the_models_heads_is_refused_whole_on_every_rank() -> None:
+    # skrull finetune holds the whole plan: every rank refuses it before the first step (a rank outside the
+    # Ulysses group would otherwise go on into the step's collectives and wait for the ranks that stopped)
+    from types import SimpleNamespace
+
+    from skrull.worker.hf.step import refuse_unrunnable_plan
+    from tests.worker.hf.test_finetune import hand_plan, mixed_plan
+
+    plan, _ = mixed_plan()  # Ulysses over 4 GPUs, all-gather over 2
+    six = SimpleNamespace(config=SimpleNamespace(num_attention_heads=6, num_key_value_heads=2))
+    with pytest.raises(ValueError, match=r"iteration 0 microbatch \d runs ulysses over 4 GPUs.*heads = 6"):
+        refuse_unrunnable_plan(six, plan, cp_mode="allgather")
+    five = SimpleNamespace(config=SimpleNamespace(num_attention_heads=5))
+    allgather_plan, _ = hand_plan()  # every microbatch all-gather: runs as it is, but not as the run's default
+    refuse_unrunnable_plan(five, allgather_plan, cp_mode="allgather")
+    with pytest.raises(ValueError, match=r"runs ulysses over \d GPUs.*heads = 5"):
+        refuse_unrunnable_plan(five, allgather_plan, cp_mode="ulysses")
+    eight = SimpleNamespace(config=SimpleNamespace(num_attention_heads=8, num_key_value_heads=2))
+    refuse_unrunnable_plan(eight, plan, cp_mode="ulysses")  # 4 and 2 divide 8: runs
