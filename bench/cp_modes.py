@@ -46,6 +46,7 @@ from skrull.solver.datasets import synthesize_request
 from skrull.solver.errors import RequestError
 from skrull.solver.planners.minmax_ilp import preload_cp_sat
 from skrull.solver.planning import solve
+from skrull.solver.profile import Profile
 from skrull.solver.types import Parallel, Plan, Request
 
 #: (model, gpu, tp): heads per TP rank 8 (Llama-2-70B at TP 8), 28 (Qwen2.5-7B), 32 (Llama-2-7B at TP 1),
@@ -73,6 +74,25 @@ def long_tail_request(request: Request, rng: random.Random, limit: int) -> Reque
             lengths[k] = limit if n == 0 else min(limit, drawn)  # one at the most the group holds (1M at most)
         batches.append(tuple(lengths))
     return dataclasses.replace(request, batches=tuple(batches))
+
+
+def shape_profiles() -> list[Profile]:
+    """The derived profile of each of ``SHAPES``."""
+    profiles = [derived(model, gpu, tp=tp, zero_dp=ZERO_DP.get((model, tp), 8)) for model, gpu, tp in SHAPES]
+    assert all(p.heads is not None for p in profiles)
+    return profiles
+
+
+def draw(rng: random.Random, profile: Profile, cp: int, per_rank: int) -> tuple[Request, str, int]:
+    """A fresh DP 2 x ``cp`` request from one of ``DATASETS``, lengths up to ``min(cp * bucket, 1M)``:
+    ``(request, dataset, that limit)``."""
+    base = rng.choice(DATASETS)
+    limit = min(cp * profile.bucket_tokens, MAX_TOKENS)
+    request = synthesize_request(
+        dataset=base, parallel=Parallel(dp=2, cp=cp), profile=profile, sequences_per_rank=per_rank,
+        seed=rng.randrange(2**31), max_tokens=limit,
+    )  # fmt: skip
+    return request, base, limit
 
 
 def ulysses_share(plan: Plan) -> float:
@@ -107,17 +127,10 @@ def main() -> None:
     print("| profile | heads | CP | dataset | longest | auto both ms | auto allgather ms | xtuner ms "
           "| both vs allgather | both vs allgather, work clock | ulysses share |")  # fmt: skip
     print("|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|")
-    for model, gpu, tp in SHAPES:
-        profile = derived(model, gpu, tp=tp, zero_dp=ZERO_DP.get((model, tp), 8))
+    for profile in shape_profiles():
         assert profile.heads is not None
         for cp in GROUPS:
-            parallel = Parallel(dp=2, cp=cp)
-            base = rng.choice(DATASETS)
-            limit = min(cp * profile.bucket_tokens, MAX_TOKENS)
-            request = synthesize_request(
-                dataset=base, parallel=parallel, profile=profile, sequences_per_rank=args.per_rank,
-                seed=rng.randrange(2**31), max_tokens=limit,
-            )  # fmt: skip
+            request, base, limit = draw(rng, profile, cp, args.per_rank)
             dataset = base
             if cp >= LONG_TAIL_FROM_CP:
                 request, dataset = long_tail_request(request, rng, limit), f"{base}+{LONG_TAIL}"
@@ -145,15 +158,10 @@ def exact_table(rng: random.Random, *, per_rank: int, budget_s: float) -> None:
     print("| profile | heads | CP | dataset | ilp both ms | status, model gap | all-gather plan, modes after ms "
           "| ilp all-gather ms | both vs modes after | microbatches ulysses / allgather |")  # fmt: skip
     print("|---|---:|---:|---|---:|---|---:|---:|---:|---|")
-    for model, gpu, tp in SHAPES:
-        profile = derived(model, gpu, tp=tp, zero_dp=ZERO_DP.get((model, tp), 8))
+    for profile in shape_profiles():
         assert profile.heads is not None
         for cp in (2, 4, 8):
-            base = rng.choice(DATASETS)
-            request = synthesize_request(
-                dataset=base, parallel=Parallel(dp=2, cp=cp), profile=profile, sequences_per_rank=per_rank,
-                seed=rng.randrange(2**31), max_tokens=min(cp * profile.bucket_tokens, MAX_TOKENS),
-            )  # fmt: skip
+            request, base, _ = draw(rng, profile, cp, per_rank)
             exact = dict(solver="ilp", time_budget_s=budget_s)
             both = run(request, cp_modes=("allgather", "ulysses"), **exact)
             allgather = run(request, **exact)

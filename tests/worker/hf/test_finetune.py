@@ -72,6 +72,15 @@ def hand_plan() -> tuple[Plan, tuple[int, ...]]:
 def mixed_plan() -> tuple[Plan, tuple[int, ...]]:
     """``hand_plan``'s placement with both modes in one iteration: the 3-token sequence over 4 GPUs in
     Ulysses (2 K/V heads, so each goes out twice), the 70-token one over a CP pair with the all-gather."""
+    return _mixed(
+        MicrobatchSpec(step=0, ranks=(0, 1, 2, 3), local=((2,), (), (3,), ()), sharded=(0,), mode="ulysses"),
+        MicrobatchSpec(step=1, ranks=(0, 1), local=((), ()), sharded=(1,), mode="allgather"),
+        MicrobatchSpec(step=1, ranks=(2, 3), local=((4,), ()), sharded=()),
+    )
+
+
+def _mixed(*specs: MicrobatchSpec) -> tuple[Plan, tuple[int, ...]]:
+    """``specs`` over ``hand_plan``'s batch on DP2 x CP2 (8 heads, 2 K/V), both modes allowed, validated."""
     request = request_from_dict(
         {
             "batches": [[3, 70, 20, 9, 50]], "parallel": {"dp": 2, "cp": 2}, "solver": "skrull",
@@ -81,12 +90,7 @@ def mixed_plan() -> tuple[Plan, tuple[int, ...]]:
         }
     )  # fmt: skip
     problem = Problem.from_request(request)
-    specs = (
-        MicrobatchSpec(step=0, ranks=(0, 1, 2, 3), local=((2,), (), (3,), ()), sharded=(0,), mode="ulysses"),
-        MicrobatchSpec(step=1, ranks=(0, 1), local=((), ()), sharded=(1,), mode="allgather"),
-        MicrobatchSpec(step=1, ranks=(2, 3), local=((4,), ()), sharded=()),
-    )
-    plan = assemble_plan(problem, PlannerOutput(iterations=(specs,)), solver="skrull", wall_ms=0.0)
+    plan = assemble_plan(problem, PlannerOutput(iterations=(tuple(specs),)), solver="skrull", wall_ms=0.0)
     validate_plan(plan, request)
     assert {mb.mode for mb in plan.iterations[0].microbatches if mb.sharded} == {"allgather", "ulysses"}
     return plan, problem.lengths
@@ -96,24 +100,11 @@ def mixed_long_plan() -> tuple[Plan, tuple[int, ...]]:
     """Both modes on sequences longer than the conformance models' sliding window (24): the 70-token
     sequence in Ulysses over 4 GPUs next to local ones, then the 50-token one with the all-gather over a CP
     pair, so Gemma 2's soft-capping and windows and Mistral's window run in both modes in one iteration."""
-    _, lengths = mixed_plan()
-    request = request_from_dict(
-        {
-            "batches": [list(lengths)], "parallel": {"dp": 2, "cp": 2}, "solver": "skrull",
-            "profile": {**HAND_PROFILE, "memory": {"bucket_tokens": 64}, "heads": {"attention": 8, "kv": 2},
-                        "comm_a2a": {"bytes_per_token": 2**20, "ms_per_mib": 0.0004, "fixed_ms": 0.3}},
-            "cp_modes": ["allgather", "ulysses"],
-        }
-    )  # fmt: skip
-    problem = Problem.from_request(request)
-    specs = (
+    return _mixed(
         MicrobatchSpec(step=0, ranks=(0, 1, 2, 3), local=((2,), (), (3,), ()), sharded=(1,), mode="ulysses"),
         MicrobatchSpec(step=1, ranks=(0, 1), local=((), ()), sharded=(4,), mode="allgather"),
         MicrobatchSpec(step=1, ranks=(2, 3), local=((0,), ()), sharded=()),
     )
-    plan = assemble_plan(problem, PlannerOutput(iterations=(specs,)), solver="skrull", wall_ms=0.0)
-    validate_plan(plan, request)
-    return plan, problem.lengths
 
 
 PLANS = {
