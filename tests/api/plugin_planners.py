@@ -126,6 +126,20 @@ class FailsLaterPlanner:
         return SkrullPlanner().plan(problem)
 
 
+class StallsPlanner:
+    """Skrull, streaming batch by batch, except that a batch holding a sequence of 13 tokens sleeps for
+    ``$SKRULL_TEST_SLEEP_S`` (default 120 s): the batches before it are published at once, whatever the
+    machine's load, and the solve then runs past any short hard limit."""
+
+    name = "test-stalls"
+    streams_iterations = True
+
+    def plan(self, problem: Problem) -> PlannerOutput:
+        if 13 in problem.lengths:
+            time.sleep(float(os.environ.get(SLEEP_ENV, "120")))
+        return SkrullPlanner().plan(problem)
+
+
 class ForkedPlanner:
     """Skrull, after a forked child (the exact solvers' ``solver.ilp.runner``) has run for
     ``$SKRULL_TEST_SLEEP_S``: to observe that no solve's child outlives its solver process."""
@@ -168,6 +182,7 @@ TEST_PLANNERS = (
     InfeasiblePlanner,
     InvalidPlanner,
     FailsLaterPlanner,
+    StallsPlanner,
     FlipPlanner,
     ForkedPlanner,
 )
