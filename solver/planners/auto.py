@@ -22,8 +22,9 @@ streaming fashion, each chunk with its share of the budget):
 4. With ``EXACT_MIN_S`` or more per iteration and a static DP x CP plan, the exact joint model (or LNS)
    from ``planners.exact`` refines the best plan with the time the search leaves; the faster is kept.
 
-With ``deterministic`` the search runs on a work clock (``solver.search.clock``): every start runs,
-in process, the exact step is left out, and the same request gives the same plan on any machine.
+With ``deterministic`` the search runs on a work clock (``solver.search.clock``): every start whose
+prior (``Start.unit_s``, not the time this machine learnt) fits the chunk's budget runs, in process, the
+exact step is left out, and the same request gives the same plan on any machine.
 
 Every step keeps the best plan seen, so ``auto`` never returns a plan slower than its starts. The
 reported bound is ``solver.search.bound.microbatch_floor_ms`` of what each iteration runs (the
@@ -48,7 +49,7 @@ from skrull.solver.planners.exact import (
     specs_to_groups,
 )
 from skrull.solver.search.bound import microbatch_floor_ms
-from skrull.solver.search.budget import FINISH_RESERVE_PER_SEQUENCE_S
+from skrull.solver.search.budget import FINISH_RESERVE_PER_MICROBATCH_S, FINISH_RESERVE_PER_SEQUENCE_S
 from skrull.solver.search.clock import Clock, clock_for
 from skrull.solver.search.improve import iteration_ms, search_iteration
 from skrull.solver.search.starts import (
@@ -74,8 +75,11 @@ EXACT_SEARCH_SHARE = 0.3
 EXACT_MIN_S = 1.5
 #: Seconds kept back for the caller's estimating and validating, besides the per-sequence share.
 FINISH_MARGIN_S = 0.006
-#: Seconds per sequence kept back for the objective and bound computed after the last chunk.
-BOUND_PER_SEQUENCE_S = 2e-6
+#: Seconds per sequence kept back for the objective and bound computed after the last chunk (1.75 us measured
+#: on 65,536 Mooncake sequences) and each search's pricing of its result at its deadline (1.4 us).
+BOUND_PER_SEQUENCE_S = 4e-6
+#: The most a plan's microbatch count is taken to grow in the local search (its merges and moves rarely split).
+MICROBATCH_GROWTH = 1.25
 #: A deferring start is searched from too when its time per unit of work is within this of the best.
 DEFERRING_SLACK = 0.05
 
@@ -108,7 +112,8 @@ class AutoPlanner:
         offset = 0
         for k, chunk in enumerate(chunks):
             deadline = clock() + (end - clock()) / (len(chunks) - k)
-            its, pend = self._plan_chunk(problem, chunk, offset, deadline, clock)
+            its, pend, reserve_s = self._plan_chunk(problem, chunk, offset, deadline, clock)
+            end -= reserve_s  # kept back for finishing this chunk's microbatches: not for the chunks after it
             iterations.extend(its)
             pending.extend(pend)
             offset += sum(len(ids) for ids in chunk)
@@ -130,8 +135,9 @@ class AutoPlanner:
 
     def _plan_chunk(
         self, problem: Problem, chunk: Sequence[tuple[int, ...]], offset: int, deadline: float, clock: Clock
-    ) -> tuple[list[Specs], list[int]]:
-        """Plan consecutive batches whose ids start at ``offset`` as a problem of their own."""
+    ) -> tuple[list[Specs], list[int], float]:
+        """Plan consecutive batches whose ids start at ``offset`` as a problem of their own; also returns the
+        seconds kept back from its search for the caller's estimating and validating of its microbatches."""
         stop = offset + sum(len(ids) for ids in chunk)
         sub = dataclasses.replace(
             problem,
@@ -141,8 +147,13 @@ class AutoPlanner:
         )
         span = deadline - clock()
         late: PendingPeers | None = None
-        if problem.deterministic:  # every start, in process: the same starts on any machine
-            starts = run_starts(sub, deadline=float("inf"), keep_s=0.0, isolate=False)
+        if problem.deterministic:  # in process, chosen by their priors alone: the same starts on any machine
+            sizes = [len(ids) for ids in sub.batch_ids]
+            gpus, cp = sub.parallel.num_gpus, sub.parallel.cp
+            # a start whose prior is over the chunk's whole budget is left out (``wlb`` and ``wlb-keep`` at CP
+            # 1,024 on 4,096 sequences: 25-30 s predicted, 20-41 s run, where the budget was 3 s of work)
+            names = [s.name for s in STARTS if s.always or s.unit_s(sizes, gpus=gpus, cp=cp) <= span]
+            starts = run_starts(sub, deadline=float("inf"), keep_s=0.0, isolate=False, names=names)
         else:
             # without deferral no time goes to starts that defer (``wlb-keep`` is WLB-LLM without its queues)
             names = None if self.allow_pending else [s.name for s in STARTS if not s.defers]
@@ -163,8 +174,13 @@ class AutoPlanner:
         outputs = [o for _, o in starts if self.allow_pending or _keeps_batches(o, sub)]
         # a peer still running at the phase's end (``hydraulis`` on a loaded machine) may finish while this
         # process searches: its plan is pooled with the best found, searched with the time kept for it
+        candidates = choose_starts(sub, outputs)
+        # estimating and validating the plan grows with its microbatches (0.83 s for 65,536 of them on 2 cores):
+        # kept back from this chunk's search, for the best start's count with room for the search to grow it
+        reserve_s = finish_reserve_s(candidates)
+        deadline -= reserve_s
         search_end = deadline if late is None else deadline - LATE_SHARE * (deadline - clock())
-        best = self._search(sub, choose_starts(sub, outputs), search_end, clock)
+        best = self._search(sub, candidates, search_end, clock)
         if late is not None:
             arrived = [o for _, o in late.collect(until=clock()) if self.allow_pending or _keeps_batches(o, sub)]
             # pricing each plan is O(sequences), and so is setting a search up: a search only when the time left
@@ -180,7 +196,7 @@ class AutoPlanner:
                     again = (pooled[0][0], [alts[0] for alts in pooled[0][1]], pooled[0][2])
                 best = again if again[0] < best[0] - 1e-12 else best
         shift = [tuple(_shift(s, offset) for s in specs) for specs in best[1]]
-        return shift, [i + offset for i in best[2]]
+        return shift, [i + offset for i in best[2]], reserve_s
 
     def _search(
         self, problem: Problem, candidates: Sequence[Candidate], deadline: float, clock: Clock
@@ -292,6 +308,14 @@ def choose_starts(problem: Problem, outputs: Sequence[PlannerOutput]) -> list[Ca
     assert candidates, "the cheapest start always runs"
     candidates.sort(key=lambda c: c[0])
     return [c for c in candidates if c[0] <= candidates[0][0] * (1 + DEFERRING_SLACK)]
+
+
+def finish_reserve_s(candidates: Sequence[Candidate]) -> float:
+    """Seconds to keep back for estimating and validating the microbatches of the plan the search returns:
+    ``FINISH_RESERVE_PER_MICROBATCH_S`` for the most microbatches of a candidate's best start (every
+    iteration's fastest alternative) times ``MICROBATCH_GROWTH``."""
+    most = max(sum(len(alts[0]) for alts in iterations) for _, iterations, _ in candidates)
+    return FINISH_RESERVE_PER_MICROBATCH_S * MICROBATCH_GROWTH * most
 
 
 def _keeps_batches(output: PlannerOutput, problem: Problem) -> bool:

@@ -206,3 +206,81 @@ def test_deterministic_requests_give_the_same_plan() -> None:
     request = dataclasses.replace(request, deterministic=True)
     first, second = solve(request), solve(request)
     assert first.iterations == second.iterations and first.pending == second.pending
+
+
+def test_the_finishing_reserve_counts_the_most_microbatches_of_any_candidate_start() -> None:
+    from skrull.solver.planners.auto import MICROBATCH_GROWTH, finish_reserve_s
+    from skrull.solver.search.budget import FINISH_RESERVE_PER_MICROBATCH_S
+    from skrull.solver.types import MicrobatchSpec
+
+    def specs(count: int) -> tuple[MicrobatchSpec, ...]:
+        return tuple(MicrobatchSpec(step=i, ranks=(0,), local=((i,),), sharded=()) for i in range(count))
+
+    # two iterations: the fastest alternative of each counts (3 + 2), not the slower ones (10)
+    pooled = (0.0, [[specs(3), specs(10)], [specs(2)]], [])
+    deferring = (0.0, [[specs(4)], [specs(4)]], [7])
+    assert finish_reserve_s([pooled]) == pytest.approx(FINISH_RESERVE_PER_MICROBATCH_S * MICROBATCH_GROWTH * 5)
+    assert finish_reserve_s([pooled, deferring]) == pytest.approx(
+        FINISH_RESERVE_PER_MICROBATCH_S * MICROBATCH_GROWTH * 8
+    )
+
+
+def test_auto_stops_its_search_earlier_by_the_finishing_time_of_its_best_starts_microbatches(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Estimating and validating grows with the plan's microbatches (0.83 s for 65,536 of them): a search that
+    kept back a per-sequence share alone ran past its budget. On the work clock (deterministic: the same
+    readings up to the search in both runs) the search's deadline moves by exactly the reserve."""
+    import skrull.solver.planners.auto as auto_module
+
+    rng = random.Random(3)
+    request = make_request(
+        [[rng.randint(1, 90) for _ in range(40)]], dp=2, cp=2, solver="auto", time_budget_s=0.2, deterministic=True
+    )
+    seen: list[tuple[float, float]] = []
+    real_search = AutoPlanner._search
+
+    def spy(self: AutoPlanner, problem: Problem, candidates: Any, deadline: float, clock: Any) -> Any:
+        seen.append((deadline, auto_module.finish_reserve_s(candidates)))
+        return real_search(self, problem, candidates, deadline, clock)
+
+    monkeypatch.setattr(AutoPlanner, "_search", spy)
+    kept = solve(request)
+    monkeypatch.setattr(auto_module, "FINISH_RESERVE_PER_MICROBATCH_S", 0.0)
+    unkept = solve(request)
+    (with_reserve, reserve_s), (without_reserve, zero) = seen
+    assert zero == 0.0 and reserve_s > 0
+    assert without_reserve - with_reserve == pytest.approx(reserve_s, rel=1e-9)
+    assert plan_problems(kept, request) == [] and plan_problems(unkept, request) == []
+
+
+def test_deterministic_auto_runs_the_starts_whose_prior_fits_the_budget_and_no_other(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With ``deterministic`` every start ran in process whatever the budget (4,096 sequences at CP 1,024: 100 s
+    for 3 s of work, 60 of them in ``wlb`` and ``wlb-keep``); now a start runs when its prior, the same on any
+    machine, fits the chunk's budget, so the plan stays the same everywhere."""
+    rng = random.Random(5)
+    request = make_request(
+        [[rng.randint(1, 400) for _ in range(200)]], dp=1, cp=64, bucket=100, solver="auto", time_budget_s=0.05,
+        deterministic=True,
+    )  # fmt: skip
+    problem = Problem.from_request(request)
+    sizes, gpus, cp = [200], 64, 64
+    fits = {s.name for s in starts_module.STARTS if s.unit_s(sizes, gpus=gpus, cp=cp) <= 0.05}
+    ran: list[str] = []
+    real_run = starts_module._run
+
+    def spy(start: Any, sub: Problem) -> Any:
+        ran.append(start.name)
+        return real_run(start, sub)
+
+    monkeypatch.setattr(starts_module, "_run", spy)
+    first = solve(request)
+    expected = [
+        s.name for s in starts_module.STARTS if (s.always or s.name in fits) and starts_module.plans_modes(s, problem)
+    ]
+    assert ran == expected
+    assert {"wlb", "wlb-keep", "hydraulis"}.isdisjoint(ran) and {"packed", "skrull"} <= set(ran)
+    ran.clear()
+    assert solve(request).iterations == first.iterations and ran == expected
