@@ -121,6 +121,10 @@ class ReadyMicrobatch:
     #: False when the iteration was planned without equal microbatch counts per rank (the loader's
     #: ``equal_microbatches=False``): DDP and FSDP2 refuse such a plan at the first step (worker/grad_sync.py)
     equal_counts: bool = True
+    #: ``(attention, kv)`` heads of the profile the plan was made with, where the request allows Ulysses (its
+    #: groups divide them, its K/V copies are priced by them): ``scheduled_step`` refuses a model with other
+    #: heads on every rank alike before the first forward, in a loop that never called ``check_model_heads``
+    plan_heads: tuple[int, int] | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -137,6 +141,21 @@ class ReadyIteration:
     blocked_s: float
 
 
+def refuse_other_heads(
+    heads: tuple[int, int], plan_heads: tuple[int, int], *, cp_modes: Sequence[str] | None = None
+) -> None:
+    """A ``RequestError`` naming ``profile.heads`` when the model's ``(attention, kv)`` heads are not those the
+    plans were made for (``PlannedBatches.check_model_heads``)."""
+    if tuple(heads) != tuple(plan_heads):
+        raise RequestError(
+            "profile.heads",
+            {"attention": plan_heads[0], "kv": plan_heads[1]},
+            f"the model has num_attention_heads = {heads[0]}, num_key_value_heads = {heads[1]}; with cp_modes "
+            f"{list(cp_modes) if cp_modes is not None else 'allowing ulysses'} plan with the model's own profile "
+            "(skrull derive-profile --hf-config)",
+        )
+
+
 def ready_microbatch(
     layout: MicrobatchLayout,
     fetch: Callable[[int], tuple[torch.Tensor, torch.Tensor]],
@@ -144,6 +163,7 @@ def ready_microbatch(
     loss_normalizer: int,
     device: torch.device,
     equal_counts: bool = True,
+    plan_heads: tuple[int, int] | None = None,
 ) -> ReadyMicrobatch:
     """Pack one microbatch: ``fetch(seq_id)`` gives a whole sequence's ``(input_ids, labels)``, aligned.
 
@@ -165,6 +185,7 @@ def ready_microbatch(
         max_seqlen=layout.max_seqlen,
         loss_normalizer=loss_normalizer,
         equal_counts=equal_counts,
+        plan_heads=plan_heads,
     )
 
 
@@ -627,14 +648,7 @@ class PlannedBatches:
         model. Refused naming ``profile.heads`` before the first step (the trainers call it at setup)."""
         if ULYSSES not in self.cp_modes or heads is None or self.profile_heads is None:
             return
-        want = (self.profile_heads.attention, self.profile_heads.kv)
-        if tuple(heads) != want:
-            raise RequestError(
-                "profile.heads",
-                {"attention": want[0], "kv": want[1]},
-                f"the model has num_attention_heads = {heads[0]}, num_key_value_heads = {heads[1]}; with cp_modes "
-                f"{list(self.cp_modes)} plan with the model's own profile (skrull derive-profile --hf-config)",
-            )
+        refuse_other_heads(heads, (self.profile_heads.attention, self.profile_heads.kv), cp_modes=self.cp_modes)
 
     def plan_of(self, iteration: int) -> Plan:
         """The whole plan iteration ``iteration`` of this epoch runs in (its request's iteration ``iteration %
@@ -853,8 +867,17 @@ class PlannedBatches:
             return cache[seq_id]
 
         equal_counts = self.equal_microbatches or self.dp == 1  # one DP rank: its CP group runs one count
+        heads = self.profile_heads
+        plan_heads = (heads.attention, heads.kv) if heads is not None and ULYSSES in self.cp_modes else None
         ready = tuple(
-            ready_microbatch(layout, fetch, loss_normalizer=normalizer, device=self.device, equal_counts=equal_counts)
+            ready_microbatch(
+                layout,
+                fetch,
+                loss_normalizer=normalizer,
+                device=self.device,
+                equal_counts=equal_counts,
+                plan_heads=plan_heads,
+            )
             for layout in layouts
         )
         return ReadyIteration(

@@ -56,3 +56,17 @@ def test_bad_modes_and_a_profile_that_cannot_price_ulysses_are_refused_naming_th
         make_loader(plans, profile=no_heads, cp_modes=["ulysses"])
     assert missing.value.field == "profile.heads"
     plans.close()
+
+
+def test_each_microbatch_carries_the_heads_its_plan_was_made_for_where_ulysses_is_allowed() -> None:
+    """``scheduled_step`` compares them with the model's on every rank (a loop that never called
+    ``check_model_heads``); with all-gather only the heads do not matter and none are carried."""
+    plans = LocalPlans()
+    mixed = make_loader(plans, cp_modes=["allgather", "ulysses"])
+    plain = make_loader(plans)
+    first = next(iter(mixed))
+    assert first.microbatches and {mb.plan_heads for mb in first.microbatches} == {(4, 2)}
+    assert {mb.plan_heads for mb in next(iter(plain)).microbatches} == {None}
+    for each in (mixed, plain):
+        each.close()
+    plans.close()

@@ -34,7 +34,7 @@ from skrull.solver.types import Plan
 from skrull.worker import grad_sync
 from skrull.worker.collectives import GroupRegistry
 from skrull.worker.dacp import DACPPlan
-from skrull.worker.dataloader import ReadyMicrobatch
+from skrull.worker.dataloader import ReadyMicrobatch, refuse_other_heads
 from skrull.worker.fused_ce import linear_cross_entropy_sum
 from skrull.worker.hf.inputs import model_inputs
 from skrull.worker.kernels import AttentionKernel
@@ -154,10 +154,16 @@ def refuse_unrunnable_ulysses(model: Any, microbatches: Sequence[ReadyMicrobatch
     earlier microbatches ran (found: a model with other heads than its profile's, whose plans chose Ulysses
     groups by the profile's heads). This sees one rank's microbatches: ranks outside the group go on into
     the step's collectives, so runs that hold the whole plan check it first (``refuse_unrunnable_plan``) and
-    the trainers compare the model with the profile at setup (``PlannedBatches.check_model_heads``)."""
+    the trainers compare the model with the profile at setup (``PlannedBatches.check_model_heads``), and
+    every rank compares them here when its microbatches say which heads the plan was made for
+    (``ReadyMicrobatch.plan_heads``: the same on every rank, so all stop alike, in a loop that never called
+    ``check_model_heads``)."""
     heads = model_heads(model)
     if heads is None:
         return
+    for mb in microbatches[:1]:
+        if mb.plan_heads is not None:
+            refuse_other_heads(heads, mb.plan_heads)
     for mb in microbatches:
         layout = mb.layout
         mode = layout.mode if layout.mode == "ulysses" else cp_mode

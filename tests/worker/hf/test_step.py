@@ -4,6 +4,7 @@ taken, a logit scale is refused naming the field (a chunked loss without it woul
 from __future__ import annotations
 
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -65,6 +66,47 @@ def test_a_ulysses_microbatch_over_a_group_not_dividing_the_models_heads_is_refu
     with pytest.raises(ValueError, match=r"runs ulysses over 3 GPUs"):  # the run's default mode counts too
         step(local, sharded(3, "allgather"), cp_mode="ulysses")
     assert all(p.grad is None for p in model.parameters())  # refused before the first microbatch ran
+
+
+def test_a_model_with_other_heads_than_the_plans_is_refused_by_the_step_on_every_rank_alike(tmp_path: Any) -> None:
+    # a loop that never called ``check_model_heads``: each microbatch says which heads its plan was made for,
+    # so every rank refuses before its first forward, even one whose own microbatches shard nothing (it would
+    # otherwise wait in the step's collectives for a rank whose Ulysses microbatch failed)
+    from pathlib import Path
+
+    import torch
+    import torch.distributed as dist
+
+    from skrull.solver.errors import RequestError
+    from skrull.worker.dataloader import ready_microbatch
+    from skrull.worker.hf.model import build_model, read_model_config
+    from skrull.worker.hf.step import scheduled_step
+    from skrull.worker.kernels import select_kernel
+    from skrull.worker.layout import MicrobatchLayout
+
+    config = Path(__file__).resolve().parents[3] / "examples" / "models" / "qwen2-tiny.json"
+    model = build_model(read_model_config(str(config)), seed=0)  # 4 attention heads, 2 K/V
+    cpu = torch.device("cpu")
+    local = MicrobatchLayout(step=0, ranks=(0,), position=0, local_ids=(1,), local_lengths=(9,), sharded=())
+
+    def step(plan_heads: tuple[int, int] | None) -> None:
+        def fetch(i: int) -> tuple[torch.Tensor, torch.Tensor]:
+            return torch.arange(9) + i, torch.arange(9) + i
+
+        mb = ready_microbatch(local, fetch, loss_normalizer=9, device=cpu, plan_heads=plan_heads)
+        kernel = select_kernel(cpu, torch.float32)
+        scheduled_step(model, [mb], registry=None, kernel=kernel, device=cpu)  # type: ignore[arg-type]
+
+    with pytest.raises(RequestError) as refused:
+        step((8, 8))
+    assert refused.value.field == "profile.heads" and "num_attention_heads = 4" in str(refused.value)
+    assert all(p.grad is None for p in model.parameters())
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        step((4, 2))  # the plan's heads are the model's: runs (a world of one for its gradient sums)
+    finally:
+        dist.destroy_process_group()
+    assert any(p.grad is not None for p in model.parameters())
 
 
 def test_a_plan_with_ulysses_over_a_group_not_dividing_the_models_heads_is_refused_whole_on_every_rank() -> None:
