@@ -152,8 +152,8 @@ class AutoPlanner:
             gpus, cp = sub.parallel.num_gpus, sub.parallel.cp
             # a start whose prior is over the chunk's whole budget is left out (``wlb`` and ``wlb-keep`` at CP
             # 1,024 on 4,096 sequences: 25-30 s predicted, 20-41 s run, where the budget was 3 s of work)
-            names = [s.name for s in STARTS if s.always or s.unit_s(sizes, gpus=gpus, cp=cp) <= span]
-            starts = run_starts(sub, deadline=float("inf"), keep_s=0.0, isolate=False, names=names)
+            fitting = [s.name for s in STARTS if s.always or s.unit_s(sizes, gpus=gpus, cp=cp) <= span]
+            starts = run_starts(sub, deadline=float("inf"), keep_s=0.0, isolate=False, names=fitting)
         else:
             # without deferral no time goes to starts that defer (``wlb-keep`` is WLB-LLM without its queues)
             names = None if self.allow_pending else [s.name for s in STARTS if not s.defers]
