@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import pytest
-from hypothesis import settings
+from hypothesis import HealthCheck, settings
 
 from skrull.solver.io import request_from_dict
 from skrull.solver.profile import Profile, profile_from_dict
@@ -16,9 +16,12 @@ from skrull.solver.types import Request
 T = TypeVar("T")
 
 # Property tests are deterministic (the same examples every run, so CI never fails by chance);
-# HYPOTHESIS_PROFILE=explore draws new random examples, to hunt for counterexamples by hand.
-settings.register_profile("deterministic", derandomize=True, database=None)
-settings.register_profile("explore")
+# HYPOTHESIS_PROFILE=explore draws new random examples, to hunt for counterexamples by hand. No per-example
+# deadline nor too-slow health check: how long an example takes depends on the machine's load, not on the
+# property under test.
+UNTIMED = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("deterministic", UNTIMED, derandomize=True, database=None)
+settings.register_profile("explore", UNTIMED)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "deterministic"))
 
 #: Round numbers so a reader can redo every estimate by hand (see tests/solver/test_cost.py).

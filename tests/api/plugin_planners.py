@@ -23,6 +23,23 @@ MARKER_ENV = "SKRULL_TEST_MARKER_DIR"
 QUORUM_ENV = "SKRULL_TEST_QUORUM"
 #: The longest a held job waits for the quorum (its request's budget must give a longer hard limit).
 QUORUM_WAIT_S = 30.0
+#: With this naming a file, ``test-fails-later`` refuses its batch once the file exists (the test creates it
+#: when it has seen the earlier iterations), instead of after a sleep.
+FAIL_GATE_ENV = "SKRULL_TEST_FAIL_GATE"
+#: The longest a gated planner waits for the test to open its gate (then it goes on, and the test has failed).
+GATE_WAIT_S = 120.0
+
+
+def wait_for(path: Path, *, timeout_s: float = GATE_WAIT_S) -> None:
+    """Until ``path`` exists (a test's go-ahead), for at most ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def gate(marker_dir: str | Path, lengths: tuple[int, ...] | list[int]) -> Path:
+    """The file that lets ``test-gated`` plan the batch of these sequence lengths."""
+    return Path(marker_dir) / ("gate-" + "-".join(map(str, lengths)))
 
 
 class SlowPlanner:
@@ -114,14 +131,18 @@ class InvalidPlanner:
 
 class FailsLaterPlanner:
     """Skrull, streaming batch by batch, except that a batch holding a sequence of 13 tokens is refused after
-    ``$SKRULL_TEST_SLEEP_S`` (default 0.3 s): the plan fails after its earlier iterations were published."""
+    ``$SKRULL_TEST_SLEEP_S`` (default 0.3 s), or once the file ``$SKRULL_TEST_FAIL_GATE`` names exists: the
+    plan fails after its earlier iterations were published."""
 
     name = "test-fails-later"
     streams_iterations = True
 
     def plan(self, problem: Problem) -> PlannerOutput:
         if 13 in problem.lengths:
-            time.sleep(float(os.environ.get(SLEEP_ENV, "0.3")))
+            if FAIL_GATE_ENV in os.environ:
+                wait_for(Path(os.environ[FAIL_GATE_ENV]))
+            else:
+                time.sleep(float(os.environ.get(SLEEP_ENV, "0.3")))
             raise InfeasibleError("test planner refuses a batch holding 13 tokens")
         return SkrullPlanner().plan(problem)
 
@@ -137,6 +158,18 @@ class StallsPlanner:
     def plan(self, problem: Problem) -> PlannerOutput:
         if 13 in problem.lengths:
             time.sleep(float(os.environ.get(SLEEP_ENV, "120")))
+        return SkrullPlanner().plan(problem)
+
+
+class GatedPlanner:
+    """Skrull, streaming batch by batch, each batch planned only once the test has created its ``gate`` file
+    in ``$SKRULL_TEST_MARKER_DIR``: the test decides how far the solve has got, whatever the machine's load."""
+
+    name = "test-gated"
+    streams_iterations = True
+
+    def plan(self, problem: Problem) -> PlannerOutput:
+        wait_for(gate(os.environ[MARKER_ENV], problem.lengths))
         return SkrullPlanner().plan(problem)
 
 
@@ -183,6 +216,7 @@ TEST_PLANNERS = (
     InvalidPlanner,
     FailsLaterPlanner,
     StallsPlanner,
+    GatedPlanner,
     FlipPlanner,
     ForkedPlanner,
 )

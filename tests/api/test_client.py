@@ -95,12 +95,16 @@ def test_a_failed_plan_raises_plan_failed(live_server: LiveServer) -> None:
 
 
 def test_waiting_past_the_timeout_raises_timeout_error(live_server: LiveServer) -> None:
+    # test-stalls holds the batch of 13 tokens (iteration 1) for minutes: the plan can never be ready in time.
     with PlanningClient(live_server.url) as client:
-        plan_id = client.submit(plan_request([[11, 12], [13]], solver="test-slow", seed=77))
-        with pytest.raises(TimeoutError):
-            client.rank_view(plan_id, 0, 1, timeout_s=0.05)
-        with pytest.raises(TimeoutError):
-            client.wait(plan_id, timeout_s=0.05)
+        plan_id = client.submit(plan_request([[11, 12], [13]], solver="test-stalls", seed=77))
+        try:
+            with pytest.raises(TimeoutError):
+                client.rank_view(plan_id, 0, 1, timeout_s=0.05)
+            with pytest.raises(TimeoutError):
+                client.wait(plan_id, timeout_s=0.05)
+        finally:  # frees the solver process for the module's other tests (the solve stops with its lease)
+            httpx.delete(f"{live_server.url}/v1/plans/{plan_id}")
 
 
 def test_connection_errors_are_retried_then_raised_naming_the_address() -> None:

@@ -60,7 +60,9 @@ def test_two_solver_workers_on_one_queue_never_solve_a_job_twice(
 def test_a_solver_worker_killed_mid_solve_loses_nothing(
     pg_db: str, live_server_factory: Any, solver_worker_factory: Any, tmp_path: Path
 ) -> None:
-    env = {**FAST, "SKRULL_LEASE_S": "1", "SKRULL_TEST_SLEEP_S": "0.4", "SKRULL_TEST_MARKER_DIR": str(tmp_path)}
+    # a 3 s lease, renewed every second: a heartbeat a loaded machine delays must not cost the second worker
+    # its lease (a third attempt), while the killed worker's lease still runs out soon
+    env = {**FAST, "SKRULL_LEASE_S": "3", "SKRULL_TEST_SLEEP_S": "0.4", "SKRULL_TEST_MARKER_DIR": str(tmp_path)}
     api = live_server_factory(pg_db, solver_processes=0, env=env).start()
     doomed = solver_worker_factory(pg_db, processes=1, env=env).start()
     doc = plan_request([[10, 20], [30, 40], [50], [60, 70]], solver="test-slow")
@@ -70,7 +72,7 @@ def test_a_solver_worker_killed_mid_solve_loses_nothing(
         assert time.monotonic() < deadline, "the first worker never published an iteration"
         time.sleep(0.02)
     doomed.kill()  # SIGKILL: the worker and its solver processes vanish with the lease held
-    # still solving under the dead worker's lease, or already queued again once the 1 s lease ran out (a
+    # still solving under the dead worker's lease, or already queued again once the 3 s lease ran out (a
     # loaded machine may take that long between the kill and this read): not lost, not failed
     assert httpx.get(f"{api.url}/v1/plans/{plan_id}").json()["status"] in ("solving", "queued")
     solver_worker_factory(pg_db, processes=1, env=env).start()

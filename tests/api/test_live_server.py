@@ -127,8 +127,10 @@ def test_a_restart_mid_queue_loses_nothing(store_location: str, live_server_fact
 
 def test_a_server_killed_while_solving_loses_nothing(store_location: str, live_server_factory: Any) -> None:
     db = store_location
-    # 3 jobs of 4 iterations at 0.5 s each: 6 s of solving, of which the kill leaves at least 5.5 s undone
-    env = {"SKRULL_LEASE_S": "1", "SKRULL_TEST_SLEEP_S": "0.5"}
+    # 3 jobs of 4 iterations at 0.5 s each: 6 s of solving, of which the kill leaves at least 5.5 s undone.
+    # A 3 s lease, renewed every second: a heartbeat a loaded machine delays by a second or so must not
+    # lose a live solve its lease (an extra attempt), while the dead server's lease still runs out soon.
+    env = {"SKRULL_LEASE_S": "3", "SKRULL_TEST_SLEEP_S": "0.5"}
     first = live_server_factory(db, solver_processes=1, env=env).start()
     docs = [plan_request([[k], [k + 1], [k + 2], [k + 3]], solver="test-slow") for k in range(1, 4)]
     ids = [httpx.post(f"{first.url}/v1/plans", json=doc).json()["id"] for doc in docs]

@@ -246,7 +246,9 @@ def test_no_replica_serves_a_view_of_a_plan_that_failed_or_was_deleted(tmp_path:
     """Two servers on one SQLite file (which sends no notifications): B caches iteration 0's view, then the
     plan fails on A: B answers 409 (before: its cached 200, every time); after a DELETE on A, B answers 404."""
     db = tmp_path / "skrull.db"
-    env = {"SKRULL_TEST_SLEEP_S": "2"}
+    # test-fails-later refuses the second batch only once B has served the first: fail_gate
+    fail_gate = tmp_path / "fail"
+    env = {"SKRULL_TEST_FAIL_GATE": str(fail_gate)}
     a = LiveServer(db, solver_processes=1, env=env).start()
     b = LiveServer(db, solver_processes=0, env=env).start()
     try:
@@ -255,6 +257,7 @@ def test_no_replica_serves_a_view_of_a_plan_that_failed_or_was_deleted(tmp_path:
         view = f"/v1/plans/{plan_id}/ranks/0?iteration=0"
         first = httpx.get(f"{b.url}{view}&wait=30", timeout=60)
         assert first.status_code == 200, first.text  # published before the failure, now cached on B
+        fail_gate.touch()
         final = httpx.get(f"{a.url}/v1/plans/{plan_id}?wait=30&until=final", timeout=60).json()
         assert final["status"] == "failed"
         assert httpx.get(f"{b.url}{view}").status_code == 409

@@ -20,13 +20,17 @@ def _final(client: httpx.Client, plan_id: str) -> str:
 def test_a_failed_plans_views_answer_409_even_where_an_iteration_was_published(
     live_server_factory: Callable[..., LiveServer], store_location: str, tmp_path: Path
 ) -> None:
-    env = {"SKRULL_TEST_SLEEP_S": "1.0", "SKRULL_TEST_MARKER_DIR": str(tmp_path)}
+    # test-fails-later refuses the second batch only once this test has seen the first: fail_gate
+    fail_gate = tmp_path / "fail"
+    env = {"SKRULL_TEST_FAIL_GATE": str(fail_gate), "SKRULL_TEST_MARKER_DIR": str(tmp_path)}
     server = live_server_factory(store_location, solver_processes=1, env=env).start()
     with httpx.Client(base_url=server.url, timeout=30) as client:
-        doc = plan_request([[10, 20, 30], [13, 20]], dp=1, cp=2, solver="test-fails-later")
+        # a budget whose hard limit (3 x 30 s + grace) no wait for the gate reaches
+        doc = plan_request([[10, 20, 30], [13, 20]], dp=1, cp=2, solver="test-fails-later", time_budget_s=30)
         plan_id = client.post("/v1/plans", json=doc).json()["id"]
         first = client.get(f"/v1/plans/{plan_id}/ranks/0", params={"iteration": 0, "wait": 20})
         assert first.status_code == 200  # published (and cached) while the second batch is still solving
+        fail_gate.touch()
         assert _final(client, plan_id) == "failed"
         for iteration in (0, 1):
             r = client.get(f"/v1/plans/{plan_id}/ranks/0", params={"iteration": iteration})

@@ -147,9 +147,11 @@ def test_expired_leases_are_taken_back(store: JobStore) -> None:
 
 def test_heartbeat_keeps_a_lease_alive_and_fails_once_it_is_lost(store: JobStore) -> None:
     store.submit(job(1))
-    store.claim(owner="a", lease_s=0.05)
+    # A lease long enough that the heartbeat lands inside it however loaded the machine; the sleep then
+    # outlasts it, so only the heartbeat's renewal keeps the job from being taken back.
+    store.claim(owner="a", lease_s=2.0)
     assert store.heartbeat(job_id="job0001", owner="a", lease_s=60)
-    time.sleep(0.1)
+    time.sleep(2.5)
     assert store.recover_expired(reason_json=REASON, max_attempts=2) == []
     store.release(owner="a", reason_json=REASON, max_attempts=2)
     assert not store.heartbeat(job_id="job0001", owner="a", lease_s=60)

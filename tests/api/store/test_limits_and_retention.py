@@ -88,15 +88,18 @@ def test_delete_removes_the_job_its_iterations_and_its_keys(store: JobStore) -> 
 
 
 def test_expire_deletes_only_finished_jobs_older_than_the_retention(store: JobStore) -> None:
+    # A retention of seconds: the new job, finished just before the first expire, stays younger than it
+    # however slowly a loaded machine gets there; the sleeps outlast it.
+    retention_s = 2.0
     old_failed = fail_one(store, 1)
-    time.sleep(0.3)
+    time.sleep(retention_s + 0.5)
     new_failed = fail_one(store, 3)
     queued = store.submit(job(2)).job.job_id
-    assert store.expire(older_than_s=0.2) == [old_failed]
+    assert store.expire(older_than_s=retention_s) == [old_failed]
     assert store.get(old_failed) is None
     assert store.get(queued) is not None and store.get(new_failed) is not None
-    time.sleep(0.3)
-    assert store.expire(older_than_s=0.2) == [new_failed]
+    time.sleep(retention_s + 0.5)
+    assert store.expire(older_than_s=retention_s) == [new_failed]
     assert store.get(queued) is not None  # never expired before it finished
 
 

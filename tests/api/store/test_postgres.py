@@ -13,7 +13,7 @@ import pytest
 
 from skrull.api.store.base import NewJob
 from skrull.api.store.migrations import SchemaTooNewError
-from skrull.api.store.postgres import SCHEMA_VERSION, PostgresJobStore
+from skrull.api.store.postgres import JOBS_CHANNEL, SCHEMA_VERSION, PostgresJobStore
 from tests.api.pg import temporary_database
 
 
@@ -108,16 +108,27 @@ def test_watchers_hear_every_change_to_a_job() -> None:
         store = PostgresJobStore(url)
         heard: list[str] = []
         stop = store.watch(heard.append)
-        time.sleep(0.5)  # the watcher connects and LISTENs
+        # The watcher connects and LISTENs in its own thread: notify a sentinel until it is heard, so the
+        # changes below are made only once it listens, however long connecting takes on a loaded machine.
+        deadline = time.monotonic() + 120
+        with psycopg.connect(url, autocommit=True) as conn:
+            while "sentinel" not in heard and time.monotonic() < deadline:
+                conn.execute("SELECT pg_notify(%s, 'sentinel')", (JOBS_CHANNEL,))
+                time.sleep(0.1)
+        assert "sentinel" in heard, "the watcher never started listening"
         store.submit(job(1))
         claimed = store.claim(owner="w", lease_s=10)
         assert claimed is not None
         store.fail(job_id="job0001", owner="w", error_json="{}")
-        deadline = time.monotonic() + 10
-        while len(heard) < 3 and time.monotonic() < deadline:
+
+        def changes() -> list[str]:
+            return [h for h in heard if h != "sentinel"]  # late echoes of the sentinel may still arrive
+
+        deadline = time.monotonic() + 60
+        while len(changes()) < 3 and time.monotonic() < deadline:
             time.sleep(0.05)
         stop()
-        assert heard[:3] == ["job0001"] * 3
+        assert changes()[:3] == ["job0001"] * 3
         store.close()
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -58,11 +59,12 @@ def test_a_peer_runs_under_a_budget_smaller_than_its_own_smallest() -> None:
 
 
 def test_a_peer_that_finishes_after_the_start_phase_is_kept_for_a_later_collect(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     # the peers' child goes on past the start phase when told (late_s): a peer begun before then and
     # finishing after it reaches a later collect, instead of being killed at the phase's end
     monkeypatch.setattr(starts, "_scale", {})
+    monkeypatch.setattr(_SlowPlanner, "go", tmp_path / "go")  # the forked child sees it
     request = synthesize_request(
         dataset="mooncake", parallel=Parallel(dp=4, cp=8), profile=load_profile("h100-80g/qwen2.5-0.5b"),
         sequences_per_rank=16,
@@ -71,21 +73,27 @@ def test_a_peer_that_finishes_after_the_start_phase_is_kept_for_a_later_collect(
     slow = starts.Start(name="slow-peer", make=_SlowPlanner, per_sequence_s=1e-5, isolated=True)
     monkeypatch.setattr(starts, "STARTS", (starts.STARTS[0], slow))
     now = time.monotonic()
-    outputs, pending = starts.launch_starts(problem, deadline=now + 0.2, keep_s=0.0, late_s=3.0)
+    # a start phase that packed and the fork fit into under any load (0.2 s once left no time for the peers)
+    outputs, pending = starts.launch_starts(problem, deadline=now + 2.0, keep_s=0.0, late_s=60.0)
     assert [n for n, _ in outputs] == ["packed"] and pending is not None
-    assert pending.collect(keep_until=now + 3.0) == []  # not in yet, and left running
+    assert pending.collect(keep_until=now + 60.0) == []  # not in yet (it waits for "go"), and left running
     assert pending.busy
-    late = pending.collect(until=time.monotonic() + 3.0)
+    _SlowPlanner.go.touch()
+    late = pending.collect(until=time.monotonic() + 60.0)  # returns as soon as the child has finished
     assert [n for n, _ in late] == ["slow-peer"] and not pending.busy
 
 
 class _SlowPlanner:
-    """A peer that needs 0.5 s (a loaded machine's ``hydraulis``)."""
+    """A peer that finishes only after the start phase: once the test creates ``go`` (a loaded machine's
+    ``hydraulis``, however fast this machine is)."""
 
     name = "slow-peer"
+    go = Path("/nonexistent")
 
     def plan(self, problem: Problem) -> Any:
-        time.sleep(0.5)
+        deadline = time.monotonic() + 120.0
+        while not self.go.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
         return PackedPlanner().plan(problem)
 
 
