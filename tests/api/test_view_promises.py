@@ -4,6 +4,7 @@ after DELETE and a resubmission under the same id, no replica serves the old pla
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -12,9 +13,13 @@ import httpx
 from tests.api.conftest import LiveServer, plan_request
 
 
-def _final(client: httpx.Client, plan_id: str) -> str:
-    status: str = client.get(f"/v1/plans/{plan_id}", params={"wait": 30, "until": "final"}).json()["status"]
-    return status
+def _final(client: httpx.Client, plan_id: str, timeout_s: float = 120.0) -> str:
+    """The plan's final status: long-polls shorter than the client's timeout, until one answers final."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        status: str = client.get(f"/v1/plans/{plan_id}", params={"wait": 10, "until": "final"}).json()["status"]
+        if status in ("solved", "failed") or time.monotonic() > deadline:
+            return status
 
 
 def test_a_failed_plans_views_answer_409_even_where_an_iteration_was_published(
