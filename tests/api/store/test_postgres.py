@@ -96,8 +96,8 @@ def test_an_idle_worker_is_woken_by_a_submission_from_another_connection() -> No
         assert not worker.wait_for_work(0.2)  # nothing queued: it waits the whole timeout
         threading.Timer(0.3, lambda: api.submit(job(1))).start()
         start = time.monotonic()
-        assert worker.wait_for_work(10.0)
-        assert time.monotonic() - start < 9.0  # woken, not timed out at 10 s
+        assert worker.wait_for_work(60.0)
+        assert time.monotonic() - start < 30.0  # woken, not timed out at 60 s
         assert worker.claim(owner="w", lease_s=10) is not None
         worker.close()
         api.close()
