@@ -62,12 +62,13 @@ from skrull.solver.errors import SkrullError
 from skrull.solver.planners.auto import (
     BOUND_PER_SEQUENCE_S,
     FINISH_MARGIN_S,
+    MICROBATCH_GROWTH,
     AutoPlanner,
     per_work_ms,
 )
 from skrull.solver.planners.base import OPTIMAL_TOLERANCE, PlannerOutput, make_spec
 from skrull.solver.search.bound import microbatch_floor_ms
-from skrull.solver.search.budget import FINISH_RESERVE_PER_SEQUENCE_S
+from skrull.solver.search.budget import FINISH_RESERVE_PER_MICROBATCH_S, FINISH_RESERVE_PER_SEQUENCE_S
 from skrull.solver.search.clock import Clock, clock_for
 from skrull.solver.search.improve import iteration_ms, search_iteration
 from skrull.solver.search.starts import EVALUATION_PER_SEQUENCE_S, STARTS, PendingPeers, launch_peer, predicted_s
@@ -168,6 +169,9 @@ class BatchChoice:
     work_ms: float
     base_time_ms: float
     base_work_ms: float
+    #: seconds kept back of the batch's budget for estimating and validating its microbatches (``auto``'s
+    #: per-microbatch reserve): the caller's later batches must not spend them
+    finish_reserve_s: float = 0.0
 
 
 def plan_batch(
@@ -182,18 +186,22 @@ def plan_batch(
     end = begin + problem.time_budget_s
     base_problem = dataclasses.replace(problem, time_budget_s=BASE_SHARE * problem.time_budget_s)
     base = AutoPlanner(backend).plan(base_problem).iterations[0]
+    # estimating and validating grows with the microbatches (solver/planners/auto.py): kept back from the options
+    reserve_s = FINISH_RESERVE_PER_MICROBATCH_S * MICROBATCH_GROWTH * len(base)
+    end -= reserve_s
     base_time = iteration_ms(base, lengths, cost, gpus)
     base_work = work_ms(ids, lengths, cost, gpus)
     best = BatchChoice(
-        specs=base, deferred=(), time_ms=base_time, work_ms=base_work, base_time_ms=base_time, base_work_ms=base_work
-    )
+        specs=base, deferred=(), time_ms=base_time, work_ms=base_work, base_time_ms=base_time, base_work_ms=base_work,
+        finish_reserve_s=reserve_s,
+    )  # fmt: skip
     if max_sequences == 0 or base_work <= 0:
         return best
     sets = removal_sets(
         base, deferrable, lengths=lengths, cost=cost, num_gpus=gpus, max_sequences=max_sequences, most=len(ids) - 1
     )
     if problem.deterministic:  # the base planner ran on a work clock of its own: the rest counts from here
-        end = clock() + (1 - BASE_SHARE) * problem.time_budget_s
+        end = clock() + (1 - BASE_SHARE) * problem.time_budget_s - reserve_s
     options: list[tuple[int, ...]] = [(), *sets]  # () searches the base further: the plan without deferral
     reference = float("inf")
     # an option costs O(sequences) besides its search (removing, pricing): tried only while the time left
@@ -221,8 +229,9 @@ def plan_batch(
         if k == 0:
             reference = ratio
             best = BatchChoice(
-                specs=found, deferred=(), time_ms=time_ms, work_ms=work, base_time_ms=time_ms, base_work_ms=work
-            )
+                specs=found, deferred=(), time_ms=time_ms, work_ms=work, base_time_ms=time_ms, base_work_ms=work,
+                finish_reserve_s=reserve_s,
+            )  # fmt: skip
         elif ratio < best.time_ms / best.work_ms and ratio <= reference * (1 - MIN_GAIN):
             best = dataclasses.replace(best, specs=found, deferred=drop, time_ms=time_ms, work_ms=work)
     return best
@@ -260,6 +269,7 @@ def plan_with_deferral(problem: Problem, defer: Defer, *, backend: str | None = 
             sub, [local[i] for i in deferrable], max_sequences=defer.max_sequences, backend=backend, clock=clock
         )
         choices.append(choice)
+        end -= choice.finish_reserve_s  # kept back for finishing this batch: not for the batches after it
         iterations.append(tuple(_renumber(s, ids) for s in choice.specs))
         carried = tuple(ids[j] for j in choice.deferred)
     lengths = problem.lengths

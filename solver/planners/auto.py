@@ -51,7 +51,7 @@ from skrull.solver.planners.exact import (
 from skrull.solver.search.bound import microbatch_floor_ms
 from skrull.solver.search.budget import FINISH_RESERVE_PER_MICROBATCH_S, FINISH_RESERVE_PER_SEQUENCE_S
 from skrull.solver.search.clock import Clock, clock_for
-from skrull.solver.search.improve import iteration_ms, search_iteration
+from skrull.solver.search.improve import MAX_ALTERNATIVES, iteration_ms, search_iteration
 from skrull.solver.search.starts import (
     EVALUATION_PER_SEQUENCE_S,
     STARTS,
@@ -312,9 +312,13 @@ def choose_starts(problem: Problem, outputs: Sequence[PlannerOutput]) -> list[Ca
 
 def finish_reserve_s(candidates: Sequence[Candidate]) -> float:
     """Seconds to keep back for estimating and validating the microbatches of the plan the search returns:
-    ``FINISH_RESERVE_PER_MICROBATCH_S`` for the most microbatches of a candidate's best start (every
-    iteration's fastest alternative) times ``MICROBATCH_GROWTH``."""
-    most = max(sum(len(alts[0]) for alts in iterations) for _, iterations, _ in candidates)
+    ``FINISH_RESERVE_PER_MICROBATCH_S`` for the most microbatches any plan it may return starts from (per
+    iteration, the most of the ``MAX_ALTERNATIVES`` alternatives the local search starts from; summed over
+    the iterations; the most over the candidates) times ``MICROBATCH_GROWTH``."""
+    most = max(
+        sum(max(len(specs) for specs in alts[:MAX_ALTERNATIVES]) for alts in iterations)
+        for _, iterations, _ in candidates
+    )
     return FINISH_RESERVE_PER_MICROBATCH_S * MICROBATCH_GROWTH * most
 
 

@@ -61,13 +61,19 @@ def test_a_solver_worker_killed_mid_solve_loses_nothing(
     pg_db: str, live_server_factory: Any, solver_worker_factory: Any, tmp_path: Path
 ) -> None:
     # a 3 s lease, renewed every second: a heartbeat a loaded machine delays must not cost the second worker
-    # its lease (a third attempt), while the killed worker's lease still runs out soon
-    env = {**FAST, "SKRULL_LEASE_S": "3", "SKRULL_TEST_SLEEP_S": "0.4", "SKRULL_TEST_MARKER_DIR": str(tmp_path)}
+    # its lease (a third attempt), while the killed worker's lease still runs out soon. test-gated plans a
+    # batch only once its gate is open: the first worker publishes the first batch and waits at the second
+    # until it is killed, however slow the machine (with sleeps, it could finish the job before the kill)
+    from tests.api.plugin_planners import gate
+
+    env = {**FAST, "SKRULL_LEASE_S": "3", "SKRULL_TEST_MARKER_DIR": str(tmp_path)}
     api = live_server_factory(pg_db, solver_processes=0, env=env).start()
     doomed = solver_worker_factory(pg_db, processes=1, env=env).start()
-    doc = plan_request([[10, 20], [30, 40], [50], [60, 70]], solver="test-slow")
+    batches = [[10, 20], [30, 40], [50], [60, 70]]
+    doc = plan_request(batches, solver="test-gated", time_budget_s=60.0)  # hard limit far past the test
+    gate(str(tmp_path), batches[0]).touch()
     plan_id = httpx.post(f"{api.url}/v1/plans", json=doc).json()["id"]
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 120
     while httpx.get(f"{api.url}/v1/plans/{plan_id}").json()["progress"]["iterations_solved"] < 1:
         assert time.monotonic() < deadline, "the first worker never published an iteration"
         time.sleep(0.02)
@@ -75,9 +81,11 @@ def test_a_solver_worker_killed_mid_solve_loses_nothing(
     # still solving under the dead worker's lease, or already queued again once the 3 s lease ran out (a
     # loaded machine may take that long between the kill and this read): not lost, not failed
     assert httpx.get(f"{api.url}/v1/plans/{plan_id}").json()["status"] in ("solving", "queued")
+    for batch in batches[1:]:
+        gate(str(tmp_path), batch).touch()
     solver_worker_factory(pg_db, processes=1, env=env).start()
     with PlanningClient(api.url) as client:
-        envelope = client.wait(plan_id, timeout_s=60)
+        envelope = client.wait(plan_id, timeout_s=120)
     assert envelope["status"] == "solved" and envelope["attempts"] == 2
     assert envelope["last_error"]["type"] == "urn:skrull:problem:lease-expired"
     assert plan_problems(plan_from_dict(envelope["plan"]), request_from_dict(doc)) == []

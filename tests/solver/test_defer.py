@@ -349,3 +349,39 @@ def test_auto_with_defer_is_not_behind_wlb_where_wlb_moves_a_batchs_outliers_int
     # the request tells: the per-batch rule alone is behind here
     monkeypatch.setattr(defer_module, "_start_peer", lambda *args, **kwargs: (None, None))
     assert per_work(solve(request)) > per_work(wlb) * 1.001
+
+
+def test_deferral_keeps_back_finishing_time_for_each_microbatch_of_the_batchs_base_plan(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """As ``auto`` does: estimating and validating grows with the microbatches, and with a per-sequence share
+    alone 65,536 Mooncake sequences with a deferral ran 10.83 s of a 10 s budget. On the work clock the first
+    option's search deadline moves by exactly ``NO_DEFER_SHARE`` of the reserve, and the batch reports it."""
+    from skrull.solver.planners.auto import MICROBATCH_GROWTH
+    from skrull.solver.search.budget import FINISH_RESERVE_PER_MICROBATCH_S
+
+    request = make_request([ODD], dp=2, cp=1, solver="auto", defer={"max_sequences": 2}, deterministic=True)
+    deadlines: list[float] = []
+    choices: list[Any] = []
+    real_search, real_plan_batch = defer_module.search_iteration, defer_module.plan_batch
+
+    def search(*args: Any, deadline: float, **kwargs: Any) -> Any:
+        deadlines.append(deadline)
+        return real_search(*args, deadline=deadline, **kwargs)
+
+    def plan_batch(*args: Any, **kwargs: Any) -> Any:
+        choices.append(real_plan_batch(*args, **kwargs))
+        return choices[-1]
+
+    monkeypatch.setattr(defer_module, "search_iteration", search)
+    monkeypatch.setattr(defer_module, "plan_batch", plan_batch)
+    kept = solve(request)
+    first_kept, reserve_s = deadlines[0], choices[0].finish_reserve_s
+    deadlines.clear()
+    monkeypatch.setattr(defer_module, "FINISH_RESERVE_PER_MICROBATCH_S", 0.0)
+    unkept = solve(request)
+    assert choices[-1].finish_reserve_s == 0.0
+    assert reserve_s >= FINISH_RESERVE_PER_MICROBATCH_S * MICROBATCH_GROWTH  # one microbatch at least
+    assert deadlines[0] - first_kept == pytest.approx(defer_module.NO_DEFER_SHARE * reserve_s, rel=1e-9)
+    validate_plan(kept, request)
+    validate_plan(unkept, request)

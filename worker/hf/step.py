@@ -38,7 +38,7 @@ from skrull.worker.dataloader import ReadyMicrobatch, refuse_other_heads
 from skrull.worker.fused_ce import linear_cross_entropy_sum
 from skrull.worker.hf.inputs import model_inputs
 from skrull.worker.kernels import AttentionKernel
-from skrull.worker.loss import IGNORE_INDEX, count_supervised_tokens
+from skrull.worker.loss import IGNORE_INDEX
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -52,9 +52,27 @@ class StepResult:
     seconds: float
 
 
-def global_target_count(microbatches: Sequence[ReadyMicrobatch], *, device: torch.device) -> int:
-    """Labels other than ``-100`` over the global batch: this rank's rows, summed over the world."""
-    count = count_supervised_tokens([mb.labels.to(device) for mb in microbatches] or [torch.zeros(0, device=device)])
+def global_target_count(
+    microbatches: Sequence[ReadyMicrobatch], *, device: torch.device, refusal: Exception | None = None
+) -> int:
+    """Labels other than ``-100`` over the global batch: this rank's rows, summed over the world.
+
+    ``refusal``: this rank's reason not to run the step (``refuse_unrunnable_ulysses``), counted in the same
+    all-reduce, so every rank, idle ones included, stops before the first forward when any rank refuses: the
+    refusing rank raises its own error, the others say a rank refused (none waits in a later collective)."""
+    labels = [mb.labels.to(device) for mb in microbatches] or [torch.zeros(0, device=device)]
+    own = sum(int((t != IGNORE_INDEX).sum()) for t in labels)
+    both = torch.tensor([own, 0 if refusal is None else 1], dtype=torch.long, device=device)
+    if dist.is_initialized():
+        dist.all_reduce(both)
+    count, refusing = int(both[0].item()), int(both[1].item())
+    if refusal is not None:
+        raise refusal
+    if refusing:
+        raise ValueError(
+            f"{refusing} other rank(s) refused this step before its first forward (their error names the setting): "
+            "every rank stops with them"
+        )
     if count < 1:
         raise ValueError("the global batch has no target token (every label is -100 or every sequence is 1 token)")
     return count
@@ -161,7 +179,7 @@ def refuse_unrunnable_ulysses(model: Any, microbatches: Sequence[ReadyMicrobatch
     heads = model_heads(model)
     if heads is None:
         return
-    for mb in microbatches[:1]:
+    for mb in microbatches[:1]:  # an idle rank has none: scheduled_step tells it that another rank refused
         if mb.plan_heads is not None:
             refuse_other_heads(heads, mb.plan_heads)
     for mb in microbatches:
@@ -227,17 +245,22 @@ def scheduled_step(
     CUDA events on a GPU, read once after the step; the host clock on a CPU), for calibration
     (worker/calibration.py).
     """
-    refuse_unrunnable_ulysses(model, microbatches, cp_mode=cp_mode)
+    try:  # raised after every rank has said whether it refuses (global_target_count): all stop alike
+        refuse_unrunnable_ulysses(model, microbatches, cp_mode=cp_mode)
+        refusal: Exception | None = None
+    except ValueError as exc:
+        refusal = exc
     if device.type == "cuda":  # the step's time starts when the previous work on the device is done
         torch.cuda.synchronize(device)
     start = time.perf_counter()
-    if plans is None:
+    if plans is None and refusal is None:
         plans = dacp_plans(microbatches, registry=registry, kernel=kernel, device=device, cp_mode=cp_mode)
-    if len(plans) != len(microbatches):
+    if plans is not None and len(plans) != len(microbatches):
         raise ValueError(f"{len(plans)} DACP plans for {len(microbatches)} microbatches")
     # refuses a stock wrapper, or plans with unequal counts under DDP / FSDP2
     grad_sync.begin(model, microbatches=len(microbatches), equal_counts=all(mb.equal_counts for mb in microbatches))
-    num_targets = global_target_count(microbatches, device=device)
+    num_targets = global_target_count(microbatches, device=device, refusal=refusal)
+    assert plans is not None  # built above unless this rank refused, which global_target_count raised
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     tokens = 0
     last = len(microbatches) - 1

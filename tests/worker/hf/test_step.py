@@ -109,6 +109,55 @@ def test_a_model_with_other_heads_than_the_plans_is_refused_by_the_step_on_every
     assert any(p.grad is not None for p in model.parameters())
 
 
+def _idle_rank_worker(rank: int, store: str, out: str) -> None:
+    """Rank 0 runs a microbatch planned for other heads than the model's; rank 1 has none this step."""
+    import json
+    from pathlib import Path
+
+    import torch
+    import torch.distributed as dist
+
+    from skrull.worker.dataloader import ready_microbatch
+    from skrull.worker.hf.model import build_model, read_model_config
+    from skrull.worker.hf.step import scheduled_step
+    from skrull.worker.kernels import select_kernel
+    from skrull.worker.layout import MicrobatchLayout
+
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    try:
+        config = Path(__file__).resolve().parents[3] / "examples" / "models" / "qwen2-tiny.json"
+        model = build_model(read_model_config(str(config)), seed=0)
+        cpu = torch.device("cpu")
+        local = MicrobatchLayout(step=0, ranks=(0,), position=0, local_ids=(1,), local_lengths=(9,), sharded=())
+        mbs = []
+        if rank == 0:
+            ids = torch.arange(9)
+            mbs = [ready_microbatch(local, lambda i: (ids, ids), loss_normalizer=9, device=cpu, plan_heads=(8, 8))]
+        try:
+            scheduled_step(model, mbs, registry=None, kernel=select_kernel(cpu, torch.float32), device=cpu)  # type: ignore[arg-type]
+            outcome = "ran"
+        except ValueError as exc:
+            outcome = f"{type(exc).__name__}: {exc}"
+        grads = any(p.grad is not None for p in model.parameters())
+        Path(out, f"rank{rank}.json").write_text(json.dumps({"outcome": outcome, "grads": grads}))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_an_idle_rank_stops_with_the_rank_that_refuses_instead_of_waiting_in_a_collective(tmp_path: Any) -> None:
+    # two gloo processes: rank 0 refuses (its plan was made for 8 heads, the model has 4), rank 1 has no
+    # microbatch this step and would otherwise wait for rank 0 in the step's all-reduce for ever
+    import json
+
+    import torch.multiprocessing as mp
+
+    mp.spawn(_idle_rank_worker, args=(str(tmp_path / "store"), str(tmp_path)), nprocs=2, join=True, daemon=True)
+    got = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert got[0]["outcome"].startswith("RequestError") and "profile.heads" in got[0]["outcome"]
+    assert got[1]["outcome"].startswith("ValueError") and "1 other rank(s) refused this step" in got[1]["outcome"]
+    assert not got[0]["grads"] and not got[1]["grads"]
+
+
 def test_a_plan_with_ulysses_over_a_group_not_dividing_the_models_heads_is_refused_whole_on_every_rank() -> None:
     # skrull finetune holds the whole plan: every rank refuses it before the first step (a rank outside the
     # Ulysses group would otherwise go on into the step's collectives and wait for the ranks that stopped)
