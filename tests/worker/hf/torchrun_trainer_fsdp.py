@@ -102,5 +102,16 @@ def _report(rank: int, line: str) -> None:
     print(f"{rank} {line}", flush=True)
 
 
+def run() -> int:
+    """``main``, then the process group destroyed before the interpreter exits, as examples/hf_trainer.py does:
+    the Trainer never destroys it, and a rank leaving with it alive was seen to abort at exit ("terminate
+    called without an active exception") after its work was done, failing the run on a loaded machine."""
+    try:
+        return main()
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run())
