@@ -62,13 +62,12 @@ from skrull.solver.errors import SkrullError
 from skrull.solver.planners.auto import (
     BOUND_PER_SEQUENCE_S,
     FINISH_MARGIN_S,
-    MICROBATCH_GROWTH,
     AutoPlanner,
     per_work_ms,
 )
 from skrull.solver.planners.base import OPTIMAL_TOLERANCE, PlannerOutput, make_spec
 from skrull.solver.search.bound import microbatch_floor_ms
-from skrull.solver.search.budget import FINISH_RESERVE_PER_MICROBATCH_S, FINISH_RESERVE_PER_SEQUENCE_S
+from skrull.solver.search.budget import FINISH_RESERVE_PER_SEQUENCE_S, microbatch_reserve_s
 from skrull.solver.search.clock import Clock, clock_for
 from skrull.solver.search.improve import iteration_ms, search_iteration
 from skrull.solver.search.starts import EVALUATION_PER_SEQUENCE_S, STARTS, PendingPeers, launch_peer, predicted_s
@@ -187,7 +186,7 @@ def plan_batch(
     base_problem = dataclasses.replace(problem, time_budget_s=BASE_SHARE * problem.time_budget_s)
     base = AutoPlanner(backend).plan(base_problem).iterations[0]
     # estimating and validating grows with the microbatches (solver/planners/auto.py): kept back from the options
-    reserve_s = FINISH_RESERVE_PER_MICROBATCH_S * MICROBATCH_GROWTH * len(base)
+    reserve_s = microbatch_reserve_s(len(base))
     end -= reserve_s
     base_time = iteration_ms(base, lengths, cost, gpus)
     base_work = work_ms(ids, lengths, cost, gpus)

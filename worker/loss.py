@@ -18,6 +18,8 @@ labels (prompt tokens, padding) use ``count_supervised_tokens``, one all-reduce 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -33,13 +35,18 @@ def per_token_loss(logits: torch.Tensor, labels: torch.Tensor, *, num_tokens_in_
     return total / num_tokens_in_iteration
 
 
+def own_supervised_tokens(labels: Sequence[torch.Tensor]) -> int:
+    """Labels other than ``-100`` over this rank's buffers (no communication)."""
+    return sum(int((t != IGNORE_INDEX).sum()) for t in labels)
+
+
 def count_supervised_tokens(labels: list[torch.Tensor], *, group: dist.ProcessGroup | None = None) -> int:
     """Labels other than ``-100`` over this rank's buffers, summed over ``group`` (the world by default).
 
     Every token must be counted once: pass each GPU's own rows (local sequences and its shard pieces).
     """
     device = labels[0].device if labels else torch.device("cpu")
-    count = torch.tensor(sum(int((t != IGNORE_INDEX).sum()) for t in labels), dtype=torch.long, device=device)
+    count = torch.tensor(own_supervised_tokens(labels), dtype=torch.long, device=device)
     if dist.is_initialized():
         dist.all_reduce(count, group=group)
     return int(count.item())

@@ -49,7 +49,7 @@ from skrull.solver.planners.exact import (
     specs_to_groups,
 )
 from skrull.solver.search.bound import microbatch_floor_ms
-from skrull.solver.search.budget import FINISH_RESERVE_PER_MICROBATCH_S, FINISH_RESERVE_PER_SEQUENCE_S
+from skrull.solver.search.budget import FINISH_RESERVE_PER_SEQUENCE_S, microbatch_reserve_s
 from skrull.solver.search.clock import Clock, clock_for
 from skrull.solver.search.improve import MAX_ALTERNATIVES, iteration_ms, search_iteration
 from skrull.solver.search.starts import (
@@ -78,8 +78,6 @@ FINISH_MARGIN_S = 0.006
 #: Seconds per sequence kept back for the objective and bound computed after the last chunk (1.75 us measured
 #: on 65,536 Mooncake sequences) and each search's pricing of its result at its deadline (1.4 us).
 BOUND_PER_SEQUENCE_S = 4e-6
-#: The most a plan's microbatch count is taken to grow in the local search (its merges and moves rarely split).
-MICROBATCH_GROWTH = 1.25
 #: A deferring start is searched from too when its time per unit of work is within this of the best.
 DEFERRING_SLACK = 0.05
 
@@ -312,14 +310,15 @@ def choose_starts(problem: Problem, outputs: Sequence[PlannerOutput]) -> list[Ca
 
 def finish_reserve_s(candidates: Sequence[Candidate]) -> float:
     """Seconds to keep back for estimating and validating the microbatches of the plan the search returns:
-    ``FINISH_RESERVE_PER_MICROBATCH_S`` for the most microbatches any plan it may return starts from (per
+    ``search.budget.microbatch_reserve_s`` of the most microbatches any plan it may return starts from (per
     iteration, the most of the ``MAX_ALTERNATIVES`` alternatives the local search starts from; summed over
-    the iterations; the most over the candidates) times ``MICROBATCH_GROWTH``."""
-    most = max(
-        sum(max(len(specs) for specs in alts[:MAX_ALTERNATIVES]) for alts in iterations)
-        for _, iterations, _ in candidates
+    the iterations; the most over the candidates)."""
+    return microbatch_reserve_s(
+        max(
+            sum(max(len(specs) for specs in alts[:MAX_ALTERNATIVES]) for alts in iterations)
+            for _, iterations, _ in candidates
+        )
     )
-    return FINISH_RESERVE_PER_MICROBATCH_S * MICROBATCH_GROWTH * most
 
 
 def _keeps_batches(output: PlannerOutput, problem: Problem) -> bool:

@@ -54,6 +54,14 @@ FINISH_RESERVE_PER_SEQUENCE_S = 4e-6
 #: (ShareGPT, 960 microbatches: 0.12 s), about 2 us per sequence and 10.6 us per microbatch; a search that
 #: kept back the per-sequence share alone ran 0.25 s past a 10 s budget.
 FINISH_RESERVE_PER_MICROBATCH_S = 1.1e-5
+#: The most a plan's microbatch count is taken to grow in a local search (its merges and moves rarely split).
+MICROBATCH_GROWTH = 1.25
+
+
+def microbatch_reserve_s(num_microbatches: int) -> float:
+    """Seconds a searching planner keeps back for estimating and validating a plan searched from one of
+    ``num_microbatches``: ``FINISH_RESERVE_PER_MICROBATCH_S * MICROBATCH_GROWTH`` each."""
+    return FINISH_RESERVE_PER_MICROBATCH_S * MICROBATCH_GROWTH * num_microbatches
 
 
 @dataclass(frozen=True, slots=True)

@@ -357,8 +357,8 @@ def test_deferral_keeps_back_finishing_time_for_each_microbatch_of_the_batchs_ba
     """As ``auto`` does: estimating and validating grows with the microbatches, and with a per-sequence share
     alone 65,536 Mooncake sequences with a deferral ran 10.83 s of a 10 s budget. On the work clock the first
     option's search deadline moves by exactly ``NO_DEFER_SHARE`` of the reserve, and the batch reports it."""
-    from skrull.solver.planners.auto import MICROBATCH_GROWTH
-    from skrull.solver.search.budget import FINISH_RESERVE_PER_MICROBATCH_S
+    import skrull.solver.search.budget as budget_module
+    from skrull.solver.search.budget import FINISH_RESERVE_PER_MICROBATCH_S, MICROBATCH_GROWTH
 
     request = make_request([ODD], dp=2, cp=1, solver="auto", defer={"max_sequences": 2}, deterministic=True)
     deadlines: list[float] = []
@@ -378,7 +378,7 @@ def test_deferral_keeps_back_finishing_time_for_each_microbatch_of_the_batchs_ba
     kept = solve(request)
     first_kept, reserve_s = deadlines[0], choices[0].finish_reserve_s
     deadlines.clear()
-    monkeypatch.setattr(defer_module, "FINISH_RESERVE_PER_MICROBATCH_S", 0.0)
+    monkeypatch.setattr(budget_module, "FINISH_RESERVE_PER_MICROBATCH_S", 0.0)
     unkept = solve(request)
     assert choices[-1].finish_reserve_s == 0.0
     assert reserve_s >= FINISH_RESERVE_PER_MICROBATCH_S * MICROBATCH_GROWTH  # one microbatch at least

@@ -38,7 +38,7 @@ from skrull.worker.dataloader import ReadyMicrobatch, refuse_other_heads
 from skrull.worker.fused_ce import linear_cross_entropy_sum
 from skrull.worker.hf.inputs import model_inputs
 from skrull.worker.kernels import AttentionKernel
-from skrull.worker.loss import IGNORE_INDEX
+from skrull.worker.loss import IGNORE_INDEX, own_supervised_tokens
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -60,8 +60,7 @@ def global_target_count(
     ``refusal``: this rank's reason not to run the step (``refuse_unrunnable_ulysses``), counted in the same
     all-reduce, so every rank, idle ones included, stops before the first forward when any rank refuses: the
     refusing rank raises its own error, the others say a rank refused (none waits in a later collective)."""
-    labels = [mb.labels.to(device) for mb in microbatches] or [torch.zeros(0, device=device)]
-    own = sum(int((t != IGNORE_INDEX).sum()) for t in labels)
+    own = own_supervised_tokens([mb.labels.to(device) for mb in microbatches])
     both = torch.tensor([own, 0 if refusal is None else 1], dtype=torch.long, device=device)
     if dist.is_initialized():
         dist.all_reduce(both)

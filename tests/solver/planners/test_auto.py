@@ -210,8 +210,8 @@ def test_deterministic_requests_give_the_same_plan() -> None:
 
 
 def test_the_finishing_reserve_counts_the_most_microbatches_of_any_candidate_start() -> None:
-    from skrull.solver.planners.auto import MICROBATCH_GROWTH, finish_reserve_s
-    from skrull.solver.search.budget import FINISH_RESERVE_PER_MICROBATCH_S
+    from skrull.solver.planners.auto import finish_reserve_s
+    from skrull.solver.search.budget import FINISH_RESERVE_PER_MICROBATCH_S, MICROBATCH_GROWTH
     from skrull.solver.types import MicrobatchSpec
 
     def specs(count: int) -> tuple[MicrobatchSpec, ...]:
@@ -234,6 +234,7 @@ def test_auto_stops_its_search_earlier_by_the_finishing_time_of_its_best_starts_
     kept back a per-sequence share alone ran past its budget. On the work clock (deterministic: the same
     readings up to the search in both runs) the search's deadline moves by exactly the reserve."""
     import skrull.solver.planners.auto as auto_module
+    import skrull.solver.search.budget as budget_module
 
     rng = random.Random(3)
     request = make_request(
@@ -248,7 +249,7 @@ def test_auto_stops_its_search_earlier_by_the_finishing_time_of_its_best_starts_
 
     monkeypatch.setattr(AutoPlanner, "_search", spy)
     kept = solve(request)
-    monkeypatch.setattr(auto_module, "FINISH_RESERVE_PER_MICROBATCH_S", 0.0)
+    monkeypatch.setattr(budget_module, "FINISH_RESERVE_PER_MICROBATCH_S", 0.0)
     unkept = solve(request)
     (with_reserve, reserve_s), (without_reserve, zero) = seen
     assert zero == 0.0 and reserve_s > 0
