@@ -25,6 +25,7 @@ from skrull.worker.dataloader import PlannedBatches  # noqa: E402
 from skrull.worker.hf.model import build_model, read_model_config  # noqa: E402
 from skrull.worker.hf.trainer import SkrullTrainer  # noqa: E402
 from tests.worker.hf.eval_rows import CONFIG, eval_rows, train_rows  # noqa: E402
+from tests.worker.hf.process_group import run_and_destroy_group  # noqa: E402
 
 
 def main() -> int:
@@ -54,16 +55,5 @@ def main() -> int:
     return 0
 
 
-def run() -> int:
-    """``main``, then the process group destroyed before the interpreter exits, as examples/hf_trainer.py does:
-    the Trainer never destroys it, and a rank leaving with it alive was seen to abort at exit ("terminate
-    called without an active exception") after its work was done, failing the run on a loaded machine."""
-    try:
-        return main()
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-
-
 if __name__ == "__main__":
-    raise SystemExit(run())
+    raise SystemExit(run_and_destroy_group(main))

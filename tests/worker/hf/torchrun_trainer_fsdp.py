@@ -33,6 +33,7 @@ from skrull.worker.hf.model import build_model, read_model_config  # noqa: E402
 from skrull.worker.hf.step import plain_step, relative_error  # noqa: E402
 from skrull.worker.hf.trainer import SkrullTrainer  # noqa: E402
 from tests.worker.hf.eval_rows import CONFIG, train_rows  # noqa: E402
+from tests.worker.hf.process_group import run_and_destroy_group  # noqa: E402
 
 
 class AccelerateFSDPOnCPU(SkrullTrainer):
@@ -102,16 +103,5 @@ def _report(rank: int, line: str) -> None:
     print(f"{rank} {line}", flush=True)
 
 
-def run() -> int:
-    """``main``, then the process group destroyed before the interpreter exits, as examples/hf_trainer.py does:
-    the Trainer never destroys it, and a rank leaving with it alive was seen to abort at exit ("terminate
-    called without an active exception") after its work was done, failing the run on a loaded machine."""
-    try:
-        return main()
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-
-
 if __name__ == "__main__":
-    raise SystemExit(run())
+    raise SystemExit(run_and_destroy_group(main))
