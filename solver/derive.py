@@ -443,6 +443,7 @@ def derive_profile(model: ModelConfig, gpu: GpuSpec, setup: TrainingSetup | None
             ms_per_mib=round(ms_per_mib, 8),
             fixed_ms=round(A2A_COLLECTIVES_PER_LAYER * setup.collective_latency_ms * model.num_layers, 6),
         ),
+        activation_bytes_per_token=extra["memory"]["activation_bytes_per_token"],
         extra=extra,
     )
 

@@ -11,6 +11,7 @@ import copy
 import dataclasses
 import json
 from dataclasses import dataclass, field
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -56,9 +57,50 @@ class HeadCounts:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Link:
+    """One kind of link between GPUs (CONTRACT.md "Cluster topology and gathered K/V"): the inverse bus
+    bandwidth (busbw, as nccl-tests reports it) of each collective on it, in ms per MiB."""
+
+    allgather_ms_per_mib: float
+    alltoall_ms_per_mib: float
+
+
+#: The two links a topology names, in the order a group is tried: inside one node, then across nodes.
+INTRA_NODE = "intra_node"
+INTER_NODE = "inter_node"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Topology:
+    """The cluster a profile's GPUs sit in. GPU ``g`` is on node ``g // gpus_per_node`` (torchrun numbers
+    global ranks node by node, and a DP x CP mesh keeps CP innermost); a group whose ranks are all on one
+    node uses ``intra_node``, any other ``inter_node`` (the slowest link bounds a ring or an all-to-all).
+    ``source`` says where each figure comes from (measured: how, when, on what; or published: which)."""
+
+    gpus_per_node: int
+    intra_node: Link
+    inter_node: Link
+    source: str = ""
+
+    def link_name(self, ranks: Sequence[int]) -> str:
+        """``intra_node`` when every rank of the group is on one node, else ``inter_node``."""
+        nodes = {rank // self.gpus_per_node for rank in ranks}
+        return INTRA_NODE if len(nodes) <= 1 else INTER_NODE
+
+    def link(self, name: str) -> Link:
+        return self.intra_node if name == INTRA_NODE else self.inter_node
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Profile:
     """``heads`` and ``comm_a2a`` are optional: a profile without them cannot plan ``ulysses`` microbatches
-    (``T_a2a(T) = comm_a2a.ms_per_mib * (T/N) * comm_a2a.bytes_per_token / 2^20 + comm_a2a.fixed_ms``)."""
+    (``T_a2a(T) = comm_a2a.ms_per_mib * (T/N) * comm_a2a.bytes_per_token / 2^20 + comm_a2a.fixed_ms``).
+
+    ``topology`` (optional) prices each group with the link its ranks use instead of ``comm.ms_per_mib``
+    and ``comm_a2a.ms_per_mib``. ``activation_bytes_per_token`` and ``kv_bytes_per_token`` (optional,
+    ``memory`` section; the rule needs both) charge an all-gather microbatch the gathered K/V of the sharded
+    sequences: ``own tokens + r * (N-1)/N * sum(sharded S) <= bucket_tokens`` with ``r = kv / activation``
+    (``gathered_kv_ratio``; 0 without them)."""
 
     name: str
     compute: ComputeCoeffs
@@ -67,12 +109,23 @@ class Profile:
     microbatch_ms: float
     heads: HeadCounts | None = None
     comm_a2a: CommCoeffs | None = None
+    topology: Topology | None = None
+    activation_bytes_per_token: float | None = None
+    kv_bytes_per_token: float | None = None
     extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
     @property
     def plans_ulysses(self) -> bool:
         """Whether the profile has what pricing a ``ulysses`` microbatch needs (``heads`` and ``comm_a2a``)."""
         return self.heads is not None and self.comm_a2a is not None
+
+    @property
+    def gathered_kv_ratio(self) -> float:
+        """``r = kv_bytes_per_token / activation_bytes_per_token``: the bucket tokens one gathered token of
+        another GPU's share costs an all-gather microbatch (0 where the profile does not say)."""
+        if not self.kv_bytes_per_token or not self.activation_bytes_per_token:
+            return 0.0
+        return self.kv_bytes_per_token / self.activation_bytes_per_token
 
     def to_dict(self) -> dict[str, Any]:
         """The specification's document: the original extra fields, with the core coefficients on top."""
@@ -92,6 +145,19 @@ class Profile:
             "fixed_ms": self.comm.fixed_ms,
         }
         out["memory"] = {**out.get("memory", {}), "bucket_tokens": self.bucket_tokens}
+        if self.activation_bytes_per_token is not None:
+            out["memory"]["activation_bytes_per_token"] = self.activation_bytes_per_token
+        if self.kv_bytes_per_token is not None:
+            out["memory"]["kv_bytes_per_token"] = self.kv_bytes_per_token
+        if self.topology is not None:
+            topo = self.topology
+            out["topology"] = {
+                **out.get("topology", {}),
+                "gpus_per_node": topo.gpus_per_node,
+                INTRA_NODE: _link_dict(topo.intra_node),
+                INTER_NODE: _link_dict(topo.inter_node),
+                "source": topo.source,
+            }
         out["microbatch_ms"] = self.microbatch_ms
         if self.heads is not None:
             out["heads"] = {**out.get("heads", {}), "attention": self.heads.attention, "kv": self.heads.kv}
@@ -105,6 +171,10 @@ class Profile:
             if self.comm_a2a.kv_bytes_per_token:
                 out["comm_a2a"]["kv_bytes_per_token"] = self.comm_a2a.kv_bytes_per_token
         return out
+
+
+def _link_dict(link: Link) -> dict[str, float]:
+    return {"allgather_ms_per_mib": link.allgather_ms_per_mib, "alltoall_ms_per_mib": link.alltoall_ms_per_mib}
 
 
 #: Largest magnitude of a profile coefficient. Costs multiply coefficients by up to S^2 (S <= 2^40 tokens),
@@ -178,6 +248,53 @@ def _comm(section: dict[str, Any], path: str, *, kv_part: bool = False) -> CommC
     return dataclasses.replace(coeffs, kv_bytes_per_token=kv_bytes)
 
 
+#: Most GPUs a node of a profile's topology may hold.
+MAX_GPUS_PER_NODE = 2**20
+#: Longest ``topology.source`` text kept.
+MAX_SOURCE_CHARS = 4096
+
+
+def _topology(doc: dict[str, Any], path: str) -> Topology | None:
+    """The optional ``topology`` section (CONTRACT.md): ``gpus_per_node`` >= 1 and both links' figures."""
+    if "topology" not in doc:
+        return None
+    section = _section(doc, "topology", path)
+    where = f"{path}.topology"
+    per_node = section.get("gpus_per_node")
+    if isinstance(per_node, bool) or not isinstance(per_node, int) or not 1 <= per_node <= MAX_GPUS_PER_NODE:
+        raise RequestError(f"{where}.gpus_per_node", per_node, f"must be an integer in 1..{MAX_GPUS_PER_NODE}")
+    links = {}
+    for name in (INTRA_NODE, INTER_NODE):
+        link = _section(section, name, where)
+        links[name] = Link(
+            allgather_ms_per_mib=_number(link, "allgather_ms_per_mib", f"{where}.{name}"),
+            alltoall_ms_per_mib=_number(link, "alltoall_ms_per_mib", f"{where}.{name}"),
+        )
+    source = section.get("source", "")
+    if not isinstance(source, str) or len(source) > MAX_SOURCE_CHARS:
+        raise RequestError(f"{where}.source", source, f"must be a string of at most {MAX_SOURCE_CHARS} characters")
+    return Topology(gpus_per_node=per_node, intra_node=links[INTRA_NODE], inter_node=links[INTER_NODE], source=source)
+
+
+def _memory_bytes(memory: dict[str, Any], path: str) -> tuple[float | None, float | None]:
+    """``memory.activation_bytes_per_token`` and ``memory.kv_bytes_per_token``. The gathered-K/V rule
+    needs both: ``kv_bytes_per_token`` without ``activation_bytes_per_token`` (> 0, it divides) is an
+    error; ``activation_bytes_per_token`` alone (a derivation's figure) charges nothing."""
+    activation = (
+        _number(memory, "activation_bytes_per_token", f"{path}.memory", positive=True)
+        if "activation_bytes_per_token" in memory
+        else None
+    )
+    if "kv_bytes_per_token" not in memory:
+        return activation, None
+    kv = _number(memory, "kv_bytes_per_token", f"{path}.memory")
+    if activation is None:
+        raise RequestError(
+            f"{path}.memory.activation_bytes_per_token", None, "is required with memory.kv_bytes_per_token"
+        )
+    return activation, kv
+
+
 def profile_from_dict(doc: Any, *, path: str = "profile") -> Profile:
     """Parse a profile document (docs/formats.md "Profile"), naming the field of any error."""
     if not isinstance(doc, dict):
@@ -192,6 +309,7 @@ def profile_from_dict(doc: Any, *, path: str = "profile") -> Profile:
     bucket = memory.get("bucket_tokens")
     if isinstance(bucket, bool) or not isinstance(bucket, int) or not 1 <= bucket <= MAX_BUCKET_TOKENS:
         raise RequestError(f"{path}.memory.bucket_tokens", bucket, f"must be an integer in 1..{MAX_BUCKET_TOKENS}")
+    activation_bytes, kv_bytes = _memory_bytes(memory, path)
     return Profile(
         name=name,
         compute=ComputeCoeffs(
@@ -207,6 +325,9 @@ def profile_from_dict(doc: Any, *, path: str = "profile") -> Profile:
         comm_a2a=_comm(_section(doc, "comm_a2a", path), f"{path}.comm_a2a", kv_part=True)
         if "comm_a2a" in doc
         else None,
+        topology=_topology(doc, path),
+        activation_bytes_per_token=activation_bytes,
+        kv_bytes_per_token=kv_bytes,
         extra=copy.deepcopy(doc),
     )
 
