@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,7 +27,8 @@ from skrull.solver.validate import plan_problems
 from tests.conftest import HAND_PROFILE, allgather_planners
 
 MIB = 2.0**20
-REQUESTS_DIR = "examples/requests"
+ROOT = Path(__file__).resolve().parents[2]
+REQUESTS_DIR = ROOT / "examples" / "requests"
 
 
 # --- an independent reference --------------------------------------------------------------------------
@@ -396,3 +398,74 @@ def test_bounds_hold_for_a_cluster_whose_inter_node_link_is_the_cheaper() -> Non
 def test_microbatch_link_defaults_to_none() -> None:
     mb = Microbatch(step=0, ranks=(0,), local=((0,),), sharded=(), estimated_ms=1.0)
     assert mb.link is None
+
+
+# --- the worked example of docs/planners.md -------------------------------------------------------------
+PLANNERS_DOC = ROOT / "docs" / "planners.md"
+
+
+def example_profile(*, topology: bool) -> dict[str, Any]:
+    """``h100-80g/llama2-7b`` with 8 GPUs a node, NVLink at 360 GB/s and InfiniBand at 45 GB/s per GPU."""
+    from skrull.solver.profile import load_profile
+
+    doc = load_profile("h100-80g/llama2-7b").to_dict()
+    doc.pop("topology", None)
+    if topology:
+
+        def ms_per_mib(gb_per_s: float) -> float:
+            return round(2**20 / (gb_per_s * 1e9) * 1e3, 6)
+
+        doc["topology"] = topology_doc(8, ms_per_mib(360), ms_per_mib(45), a2a_scale=1.0)
+    return doc
+
+
+def test_the_worked_example_table_is_what_the_cost_model_computes() -> None:
+    text = PLANNERS_DOC.read_text(encoding="utf-8")
+    table = text.split("<!-- topology-example:microbatch -->", 1)[1].split("\n\n", 1)[0]
+    rows = [line.split("|")[1:-1] for line in table.strip().splitlines()[2:]]
+    shown = {row[0].strip(): [cell.strip() for cell in row[1:]] for row in rows}
+    with_links = CostModel(profile_from_dict(example_profile(topology=True)), bucket_tokens=8192)
+    one_bandwidth = CostModel(profile_from_dict(example_profile(topology=False)), bucket_tokens=8192)
+    tokens = 65536
+
+    def cells(model: CostModel, n: int, link: str | None) -> list[str]:
+        out = []
+        for mode in ("allgather", "ulysses"):
+            comm = model.comm_ms(tokens, n, mode, link=link)
+            total = model.microbatch_time_ms([[] for _ in range(n)], [tokens], mode, link=link)
+            out.append(f"{comm:.1f} / {total:.1f}")
+        return out
+
+    assert shown["CP8, GPUs 0-7"] == ["intra_node", *cells(with_links, 8, with_links.link_of(range(8)))]
+    assert shown["CP16, GPUs 0-15"] == ["inter_node", *cells(with_links, 16, with_links.link_of(range(16)))]
+    assert shown["CP16, one 360 GB/s bandwidth (no topology)"] == ["-", *cells(one_bandwidth, 16, None)]
+
+
+def test_the_worked_example_plans_two_long_sequences_on_groups_inside_the_nodes() -> None:
+    text = " ".join(PLANNERS_DOC.read_text(encoding="utf-8").split())
+
+    def plan(solver: str, *, topology: bool) -> Any:
+        doc = {
+            "batches": [[65536, 65536]],
+            "parallel": {"dp": 1, "cp": 16},
+            "profile": example_profile(topology=topology),
+            "bucket_tokens": 8192,
+            "cp_modes": ["allgather", "ulysses"],
+            "solver": solver,
+            "time_budget_s": 2.0,
+            "deterministic": True,
+        }
+        request = request_from_dict(doc)
+        out = solve(request)
+        assert plan_problems(out, request) == []
+        return out
+
+    best = plan("auto", topology=True)
+    groups = sorted((mb.ranks, mb.mode, mb.link) for it in best.iterations for mb in it.microbatches)
+    assert groups == [(tuple(range(8)), "ulysses", "intra_node"), (tuple(range(8, 16)), "ulysses", "intra_node")]
+    static = plan("skrull", topology=True)
+    assert [len(mb.ranks) for it in static.iterations for mb in it.microbatches] == [16]
+    assert best.estimated_ms < static.estimated_ms
+    flat = plan("skrull", topology=False)
+    for figure in (best.estimated_ms, static.estimated_ms, flat.estimated_ms):
+        assert f"{figure:,.1f} ms" in text
