@@ -28,6 +28,31 @@ validator recounts each GPU's real pieces (``bucket_use_tokens``).
 
 Iteration time (eq. 8): the max over GPUs of the summed Time of the microbatches each GPU takes part in.
 
+Links (the profile's optional ``topology``; CONTRACT.md "Cluster topology and gathered K/V"): a group whose
+ranks sit on one node (``g // gpus_per_node``) uses ``intra_node``, any other ``inter_node``, and on link L
+
+    T_comm(T) = L.allgather_ms_per_mib * (N-1)/N * T * comm.bytes_per_token / 2^20 + comm.fixed_ms
+    T_a2a(T)  = L.alltoall_ms_per_mib * (N-1)/N * (T/N) * B_a2a(N) / 2^20 + comm_a2a.fixed_ms
+
+(``(N-1)/N``: each GPU receives the other N-1 shares; busbw as nccl-tests reports it). The link travels with
+the group: ``CostModel.link_of(ranks)``, passed as ``link=`` to every time method; a method given only a
+group size (a planner reasoning about sizes) prices the link an aligned group of that size uses
+(``CostCoefficients.group_link``). Bounds take the cheapest link any group of a size may use
+(``CostCoefficients.possible_links``), so they hold whatever the ranks. Without ``topology``, ``comm.ms_per_mib``
+and ``comm_a2a.ms_per_mib`` price every group as above.
+
+Overlap (the profile's optional ``overlap``, a refinement the contract allows): the worker (worker/dacp.py)
+overlaps each layer's collective with that layer's local attention call only, and runs Ulysses' second
+all-to-all in each direction after the attention. For GPU j, with C the communication, ``X = e*C`` for a
+Ulysses microbatch (``e = ulysses_exposed``; 0 for all-gather), ``H = C - X`` and ``A_j`` what hides it
+(``a * flops_per_token_sq * sum_{local[j]} S^2`` with ``with: local_attention``, ``T_comp(local_j)`` with
+``local_compute``)::
+
+    t_j = max(H, A_j) + X + (T_comp(local_j) - A_j) + T_comp(sum_{sharded} FLOPs(S) / N)
+
+and ``Time = microbatch_ms + max_j t_j``. It is ``max(C + T_comp(local_j) - A_j, T_comp(local_j) + X) + dist``,
+never below the plain form's ``max(C, T_comp(local_j)) + dist``: every lower bound of the plain form holds.
+
 The model's coefficients are public (``CostModel.coefficients``, one ``CostCoefficients`` in ms per FLOP
 and ms per token), and so are the derived terms planners reason with, so no planner re-derives them
 from the profile: ``CostCoefficients.sharded_terms(N)`` is ``(a, b, c)`` of a sequence sharded over a

@@ -469,3 +469,15 @@ def test_the_worked_example_plans_two_long_sequences_on_groups_inside_the_nodes(
     flat = plan("skrull", topology=False)
     for figure in (best.estimated_ms, static.estimated_ms, flat.estimated_ms):
         assert f"{figure:,.1f} ms" in text
+
+
+def test_the_service_schema_keeps_a_microbatchs_link() -> None:
+    from skrull.api.schemas import PlanModel
+
+    doc = copy.deepcopy(HAND_PROFILE)
+    doc["topology"] = topology_doc(1, 0.001, 0.01)
+    request = request_from_dict(
+        {"batches": [[150, 40, 30]], "parallel": {"dp": 2, "cp": 2}, "profile": doc, "solver": "skrull"}
+    )
+    plan = plan_to_dict(solve(request))
+    assert PlanModel.model_validate(plan).model_dump(by_alias=True, exclude_unset=True) == plan
