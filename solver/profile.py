@@ -125,7 +125,8 @@ class Profile:
     and ``comm_a2a.ms_per_mib``. ``activation_bytes_per_token`` and ``kv_bytes_per_token`` (optional,
     ``memory`` section; the rule needs both) charge an all-gather microbatch the gathered K/V of the sharded
     sequences: ``own tokens + r * (N-1)/N * sum(sharded S) <= bucket_tokens`` with ``r = kv / activation``
-    (``gathered_kv_ratio``; 0 without them)."""
+    (``gathered_kv_ratio``; 0 without them). ``overlap`` (optional) says what the worker hides communication
+    behind (``Overlap``; without it, all the local compute: the contract's plain form)."""
 
     name: str
     compute: ComputeCoeffs

@@ -214,7 +214,7 @@ def _coefficients(
     c = model.coefficients
     overlap = model.profile.overlap
     exposed_share = overlap.ulysses_exposed if overlap is not None else 0.0
-    lin = ()
+    lin: tuple[int, ...] = ()
     if overlap is not None and overlap.scope == OVERLAP_LOCAL_ATTENTION and group_size > 1:
         lin = tuple(floor(TIME_SCALE * ms_per_flop * p.compute.flops_per_token * s) for s in lengths)
     # with ``lin``, a mode's time-comm rows also carry a GPU's non-attention local compute (at most a bucket)
