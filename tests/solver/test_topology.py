@@ -404,18 +404,15 @@ def test_microbatch_link_defaults_to_none() -> None:
 PLANNERS_DOC = ROOT / "docs" / "planners.md"
 
 
+EXAMPLE = REQUESTS_DIR / "llama2-7b-2x64k-two-nodes.json"
+
+
 def example_profile(*, topology: bool) -> dict[str, Any]:
-    """``h100-80g/llama2-7b`` with 8 GPUs a node, NVLink at 360 GB/s and InfiniBand at 45 GB/s per GPU."""
-    from skrull.solver.profile import load_profile
-
-    doc = load_profile("h100-80g/llama2-7b").to_dict()
-    doc.pop("topology", None)
-    if topology:
-
-        def ms_per_mib(gb_per_s: float) -> float:
-            return round(2**20 / (gb_per_s * 1e9) * 1e3, 6)
-
-        doc["topology"] = topology_doc(8, ms_per_mib(360), ms_per_mib(45), a2a_scale=1.0)
+    """The example request's profile (Llama-2-7B on H100, 8 GPUs a node, NVLink at 360 GB/s and InfiniBand
+    at 45 GB/s per GPU), or the same without its topology."""
+    doc: dict[str, Any] = read_json(EXAMPLE)["profile"]
+    if not topology:
+        doc.pop("topology")
     return doc
 
 
@@ -445,16 +442,7 @@ def test_the_worked_example_plans_two_long_sequences_on_groups_inside_the_nodes(
     text = " ".join(PLANNERS_DOC.read_text(encoding="utf-8").split())
 
     def plan(solver: str, *, topology: bool) -> Any:
-        doc = {
-            "batches": [[65536, 65536]],
-            "parallel": {"dp": 1, "cp": 16},
-            "profile": example_profile(topology=topology),
-            "bucket_tokens": 8192,
-            "cp_modes": ["allgather", "ulysses"],
-            "solver": solver,
-            "time_budget_s": 2.0,
-            "deterministic": True,
-        }
+        doc = {**read_json(EXAMPLE), "profile": example_profile(topology=topology), "solver": solver}
         request = request_from_dict(doc)
         out = solve(request)
         assert plan_problems(out, request) == []
