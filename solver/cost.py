@@ -664,6 +664,12 @@ class CostModel:
         The first term: the average GPU computes its share of all FLOPs and runs its share of
         microbatches (each holds at most ``bucket_tokens`` per GPU). The second: the longest sequence runs
         somewhere, whole on one GPU or sharded over at most all G GPUs. Zero for an empty batch.
+
+        With topology, ``T_comm`` depends on the group: the sharded option is the least over every group
+        size N in 2..G of ``T_comm`` on the cheapest link a group of N may use (whatever its ranks: a group
+        wider than a node is ``inter_node``, a narrower one may be either) plus ``a*FLOPs(S_max) / N``
+        (``_cheapest_sharded_ms``), so the bound holds for any ranks. The profile's ``overlap`` never
+        prices a microbatch below the plain form (module doc), so the bound holds under it too.
         """
         if not lengths:
             return 0.0
