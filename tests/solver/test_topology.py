@@ -469,3 +469,31 @@ def test_the_service_schema_keeps_a_microbatchs_link() -> None:
     )
     plan = plan_to_dict(solve(request))
     assert PlanModel.model_validate(plan).model_dump(by_alias=True, exclude_unset=True) == plan
+
+
+@st.composite
+def mixed_mode_requests(draw: st.DrawFn) -> Request:
+    """Requests allowing both modes, on a profile that can plan Ulysses, with topology and/or overlap."""
+    dp = draw(st.integers(1, 2))
+    cp = draw(st.sampled_from([2, 4, 8]))
+    bucket = draw(st.integers(20, 200))
+    doc = draw(profiles(ulysses=True))
+    doc["memory"] = {"bucket_tokens": bucket}
+    length = st.one_of(st.integers(1, max(1, bucket // 2)), st.integers(1, cp * bucket))
+    batch = draw(st.lists(length, min_size=1, max_size=16))
+    return request_from_dict(
+        {
+            "batches": [batch],
+            "parallel": {"dp": dp, "cp": cp},
+            "profile": doc,
+            "cp_modes": ["allgather", "ulysses"],
+            "time_budget_s": 0.3,
+            "deterministic": True,
+        }
+    )
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(mixed_mode_requests(), st.sampled_from(["skrull", "auto", "xtuner", "ilp", "ilp-flex"]))
+def test_planners_choosing_modes_with_topology_and_overlap_match_the_reference(request: Request, solver: str) -> None:
+    check_plan_against_reference(request, solver)
