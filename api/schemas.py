@@ -176,6 +176,11 @@ class MicrobatchModel(BaseModel):
     mode: CpModeName = Field(
         DEFAULT_CP_MODE, description="how the sharded sequences' attention runs (absent: allgather)"
     )
+    link: Literal["intra_node", "inter_node"] | None = Field(
+        None,
+        description="the link the group's ranks use, which estimated_ms is priced on (present only when the "
+        "profile has a topology)",
+    )
 
 
 class IterationModel(BaseModel):

@@ -28,6 +28,31 @@ validator recounts each GPU's real pieces (``bucket_use_tokens``).
 
 Iteration time (eq. 8): the max over GPUs of the summed Time of the microbatches each GPU takes part in.
 
+Links (the profile's optional ``topology``; CONTRACT.md "Cluster topology and gathered K/V"): a group whose
+ranks sit on one node (``g // gpus_per_node``) uses ``intra_node``, any other ``inter_node``, and on link L
+
+    T_comm(T) = L.allgather_ms_per_mib * (N-1)/N * T * comm.bytes_per_token / 2^20 + comm.fixed_ms
+    T_a2a(T)  = L.alltoall_ms_per_mib * (N-1)/N * (T/N) * B_a2a(N) / 2^20 + comm_a2a.fixed_ms
+
+(``(N-1)/N``: each GPU receives the other N-1 shares; busbw as nccl-tests reports it). The link travels with
+the group: ``CostModel.link_of(ranks)``, passed as ``link=`` to every time method; a method given only a
+group size (a planner reasoning about sizes) prices the link an aligned group of that size uses
+(``CostCoefficients.group_link``). Bounds take the cheapest link any group of a size may use
+(``CostCoefficients.possible_links``), so they hold whatever the ranks. Without ``topology``, ``comm.ms_per_mib``
+and ``comm_a2a.ms_per_mib`` price every group as above.
+
+Overlap (the profile's optional ``overlap``, a refinement the contract allows): the worker (worker/dacp.py)
+overlaps each layer's collective with that layer's local attention call only, and runs Ulysses' second
+all-to-all in each direction after the attention. For GPU j, with C the communication, ``X = e*C`` for a
+Ulysses microbatch (``e = ulysses_exposed``; 0 for all-gather), ``H = C - X`` and ``A_j`` what hides it
+(``a * flops_per_token_sq * sum_{local[j]} S^2`` with ``with: local_attention``, ``T_comp(local_j)`` with
+``local_compute``)::
+
+    t_j = max(H, A_j) + X + (T_comp(local_j) - A_j) + T_comp(sum_{sharded} FLOPs(S) / N)
+
+and ``Time = microbatch_ms + max_j t_j``. It is ``max(C + T_comp(local_j) - A_j, T_comp(local_j) + X) + dist``,
+never below the plain form's ``max(C, T_comp(local_j)) + dist``: every lower bound of the plain form holds.
+
 The model's coefficients are public (``CostModel.coefficients``, one ``CostCoefficients`` in ms per FLOP
 and ms per token), and so are the derived terms planners reason with, so no planner re-derives them
 from the profile: ``CostCoefficients.sharded_terms(N)`` is ``(a, b, c)`` of a sequence sharded over a
@@ -45,7 +70,7 @@ from typing import Protocol
 
 from skrull.solver.cp_modes import ALLGATHER, CP_MODES, DEFAULT_CP_MODE, ULYSSES, ulysses_divides
 from skrull.solver.errors import RequestError
-from skrull.solver.profile import Profile
+from skrull.solver.profile import INTER_NODE, INTRA_NODE, OVERLAP_LOCAL_COMPUTE, Link, Profile, Topology
 from skrull.solver.sharding import DEFAULT_SHARDING, max_position_tokens, position_token_counts
 from skrull.solver.types import Iteration, Microbatch, MicrobatchSpec, Parallel
 
@@ -96,11 +121,59 @@ class CostCoefficients:
     #: wider than ``kv_heads`` sends (``CommCoeffs``); 0: the contract's plain form
     a2a_kv_ms_per_token: float = 0.0
     kv_heads: int = 1
+    #: the profile's ``topology`` (None: ``comm_ms_per_token`` and ``a2a_ms_per_token`` price every group) and
+    #: the bytes per token its links' ms per MiB multiply (``comm``'s, ``comm_a2a``'s and its K/V part)
+    topology: Topology | None = None
+    comm_bytes_per_token: float = 0.0
+    a2a_bytes_per_token: float = 0.0
+    a2a_kv_bytes_per_token: float = 0.0
 
-    def a2a_per_token_ms(self, group_size: int) -> float:
+    def group_link(self, group_size: int, link: str | None = None) -> Link | None:
+        """The link a group of ``group_size`` GPUs is priced with: ``link`` by name (``Topology.link_name``
+        of its ranks), else the one an aligned group uses (ranks ``0..N-1``: ``intra_node`` when
+        ``N <= gpus_per_node``, the group every planner that picks groups prefers); None without topology."""
+        topo = self.topology
+        if topo is None:
+            return None
+        if link is None:
+            link = INTRA_NODE if group_size <= topo.gpus_per_node else INTER_NODE
+        return topo.link(link)
+
+    def possible_links(self, group_size: int) -> tuple[str | None, ...]:
+        """Every link a group of ``group_size`` GPUs may use, whatever its ranks: what a bound takes the
+        cheapest of (a group wider than a node is always ``inter_node``; a narrower one may be either)."""
+        topo = self.topology
+        if topo is None:
+            return (None,)
+        return (INTER_NODE,) if group_size > topo.gpus_per_node else (INTRA_NODE, INTER_NODE)
+
+    def allgather_per_token_ms(self, group_size: int, link: str | None = None) -> float:
+        """All-gather ms per sharded token on a group of N: ``comm_ms_per_token`` without topology; with it
+        ``L.allgather_ms_per_mib * (N-1)/N * comm.bytes_per_token / 2^20`` (CONTRACT.md)."""
+        lk = self.group_link(group_size, link)
+        if lk is None:
+            return self.comm_ms_per_token
+        return lk.allgather_ms_per_mib * (group_size - 1) / group_size * self.comm_bytes_per_token / MIB
+
+    def a2a_per_token_ms(self, group_size: int, link: str | None = None) -> float:
         """All-to-all ms per token of ``T/N`` on a group of N: ``a2a_ms_per_token`` plus the K/V copies,
-        ``a2a_kv_ms_per_token * (lcm(kv, N) / kv - 1)``."""
-        return a2a_per_token_ms(self.a2a_ms_per_token, self.a2a_kv_ms_per_token, self.kv_heads, group_size)
+        ``a2a_kv_ms_per_token * (lcm(kv, N) / kv - 1)``; with topology the link's
+        ``alltoall_ms_per_mib * (N-1)/N`` times ``B_a2a(N) / 2^20`` (CONTRACT.md)."""
+        lk = self.group_link(group_size, link)
+        if lk is None:
+            return a2a_per_token_ms(self.a2a_ms_per_token, self.a2a_kv_ms_per_token, self.kv_heads, group_size)
+        scale = lk.alltoall_ms_per_mib * (group_size - 1) / group_size / MIB
+        return a2a_per_token_ms(
+            scale * self.a2a_bytes_per_token, scale * self.a2a_kv_bytes_per_token, self.kv_heads, group_size
+        )
+
+    def floor_allgather_per_token_ms(self, group_size: int) -> float:
+        """The least ``allgather_per_token_ms`` any group of ``group_size`` GPUs pays (any ranks)."""
+        return min(self.allgather_per_token_ms(group_size, lk) for lk in self.possible_links(group_size))
+
+    def floor_a2a_per_token_ms(self, group_size: int) -> float:
+        """The least ``a2a_per_token_ms`` any group of ``group_size`` GPUs pays (any ranks)."""
+        return min(self.a2a_per_token_ms(group_size, lk) for lk in self.possible_links(group_size))
 
     def mode_fits(self, group_size: int, mode: str) -> bool:
         """Whether a group of ``group_size`` GPUs can run a microbatch in ``mode`` (Ulysses: the profile
@@ -113,28 +186,33 @@ class CostCoefficients:
         """``FLOPs(S) = flops_per_token * S + flops_per_token_sq * S^2`` (eq. 13 over layers, x3)."""
         return self.flops_per_token * num_tokens + self.flops_per_token_sq * num_tokens * num_tokens
 
-    def sharded_terms(self, group_size: int, mode: str = DEFAULT_CP_MODE) -> tuple[float, float, float]:
+    def sharded_terms(
+        self, group_size: int, mode: str = DEFAULT_CP_MODE, link: str | None = None
+    ) -> tuple[float, float, float]:
         """``(a, b, c)``: a sequence of S tokens sharded over ``group_size`` GPUs costs each of them
         ``t(S) = a*S^2 + b*S`` (its FLOPs over N, eq. 5, plus its K/V traffic, eq. 16, when N > 1), and a
         microbatch of such sequences costs ``c + sum t(S)`` with ``c = microbatch_ms + compute.fixed_ms +
         comm.fixed_ms * [N > 1]``. Exact for an all-sharded microbatch whose communication is not
         hidden behind local compute (there is none). In ``ulysses`` mode the traffic is the all-to-all's,
-        ``a2a_ms_per_token / N`` per token and ``a2a_fixed_ms``."""
+        ``a2a_ms_per_token / N`` per token and ``a2a_fixed_ms``. With topology, the traffic is priced on
+        ``link`` (``group_link``: by default the link of an aligned group of N)."""
         a = self.ms_per_flop * self.flops_per_token_sq / group_size
         b = self.ms_per_flop * self.flops_per_token / group_size
         c = self.microbatch_ms + self.compute_fixed_ms
         if group_size > 1:
             if mode == ULYSSES:
-                b += self.a2a_per_token_ms(group_size) / group_size
+                b += self.a2a_per_token_ms(group_size, link) / group_size
                 c += self.a2a_fixed_ms
             else:
-                b += self.comm_ms_per_token
+                b += self.allgather_per_token_ms(group_size, link)
                 c += self.comm_fixed_ms
         return a, b, c
 
-    def sharded_ms(self, num_tokens: int, group_size: int, mode: str = DEFAULT_CP_MODE) -> float:
+    def sharded_ms(
+        self, num_tokens: int, group_size: int, mode: str = DEFAULT_CP_MODE, link: str | None = None
+    ) -> float:
         """``t(S) = a*S^2 + b*S`` of ``sharded_terms``: a sequence's marginal time on each GPU of its group."""
-        a, b, _ = self.sharded_terms(group_size, mode)
+        a, b, _ = self.sharded_terms(group_size, mode, link)
         return a * num_tokens * num_tokens + b * num_tokens
 
     def work_ms(self, num_tokens: int) -> float:
@@ -162,6 +240,7 @@ class CostModel:
         "_attention_heads",
         "_bound_a2a",
         "_choose_from",
+        "_coef",
         "_comm_fixed_ms",
         "_comm_ms_per_token",
         "_comp_fixed_ms",
@@ -170,6 +249,8 @@ class CostModel:
         "_kv_heads",
         "_mb_ms",
         "_ms_per_flop",
+        "_overlap_scope",
+        "_ulysses_exposed",
         "bucket_tokens",
         "profile",
     )
@@ -206,10 +287,28 @@ class CostModel:
         self._kv_heads = heads.kv if heads is not None else 1
         allowed = cp_modes if cp_modes is not None else (choose_modes or ())
         self._bound_a2a = ULYSSES in allowed and self._attention_heads > 0
+        overlap = profile.overlap
+        self._overlap_scope: str | None = None if overlap is None else overlap.scope
+        self._ulysses_exposed = 0.0 if overlap is None else overlap.ulysses_exposed
+        self._coef = self._make_coefficients()
 
     @property
     def coefficients(self) -> CostCoefficients:
         """The model's coefficients (see ``CostCoefficients``)."""
+        return self._coef
+
+    @property
+    def topology(self) -> Topology | None:
+        """The profile's cluster topology (None: one bandwidth prices every group)."""
+        return self.profile.topology
+
+    def link_of(self, ranks: Sequence[int]) -> str | None:
+        """The link a group with these GPU ranks uses (``Topology.link_name``); None without topology."""
+        topo = self.profile.topology
+        return None if topo is None else topo.link_name(ranks)
+
+    def _make_coefficients(self) -> CostCoefficients:
+        a2a = self.profile.comm_a2a
         return CostCoefficients(
             flops_per_token=self._fpt,
             flops_per_token_sq=self._fpt_sq,
@@ -224,6 +323,10 @@ class CostModel:
             attention_heads=self._attention_heads,
             a2a_kv_ms_per_token=self._a2a_kv_ms_per_token,
             kv_heads=self._kv_heads,
+            topology=self.profile.topology,
+            comm_bytes_per_token=self.profile.comm.bytes_per_token,
+            a2a_bytes_per_token=0.0 if a2a is None else a2a.bytes_per_token,
+            a2a_kv_bytes_per_token=0.0 if a2a is None else a2a.kv_bytes_per_token,
         )
 
     # --- per-sequence and per-kernel terms -------------------------------------------------------
@@ -237,42 +340,98 @@ class CostModel:
             return 0.0
         return self._ms_per_flop * flops + self._comp_fixed_ms
 
-    def t_comm_ms(self, sharded_tokens: int) -> float:
-        """Communication time for the K/V of ``sharded_tokens`` sharded tokens in one microbatch."""
+    def t_comm_ms(self, sharded_tokens: int, group_size: int | None = None, *, link: str | None = None) -> float:
+        """All-gather time for the K/V of ``sharded_tokens`` sharded tokens in one microbatch. With topology
+        it depends on the group: ``L.allgather_ms_per_mib * (N-1)/N * T * bytes_per_token / 2^20 + fixed``
+        on ``link`` (``CostCoefficients.group_link``), so ``group_size`` is then required."""
         if sharded_tokens <= 0:
             return 0.0
-        return self._comm_ms_per_token * sharded_tokens + self._comm_fixed_ms
+        if self.profile.topology is None:
+            return self._comm_ms_per_token * sharded_tokens + self._comm_fixed_ms
+        assert group_size is not None and group_size > 1, "with topology, all-gather is priced per group"
+        return self._coef.allgather_per_token_ms(group_size, link) * sharded_tokens + self._comm_fixed_ms
 
-    def t_a2a_ms(self, sharded_tokens: int, group_size: int) -> float:
+    def t_a2a_ms(self, sharded_tokens: int, group_size: int, *, link: str | None = None) -> float:
         """Ulysses all-to-all time of ``sharded_tokens`` sharded tokens over ``group_size`` GPUs: each GPU
-        sends and receives about ``T / N`` tokens' activations (module doc); 0 when nothing is sharded."""
+        sends and receives about ``T / N`` tokens' activations (module doc), on ``link`` with topology
+        (``(N-1)/N`` of it leaves the GPU); 0 when nothing is sharded."""
         if sharded_tokens <= 0:
             return 0.0
         self.check_mode(group_size, ULYSSES)
-        per_token = a2a_per_token_ms(self._a2a_ms_per_token, self._a2a_kv_ms_per_token, self._kv_heads, group_size)
+        per_token = self._coef.a2a_per_token_ms(group_size, link)
         return per_token * sharded_tokens / group_size + self._a2a_fixed_ms
 
-    def comm_ms(self, sharded_tokens: int, group_size: int, mode: str = DEFAULT_CP_MODE) -> float:
-        """The communication term of a microbatch sharding ``sharded_tokens`` over ``group_size`` GPUs: in
-        ``mode`` (the reference), or in a planner's view (``choose_modes``) the cheapest of its modes the
-        group runs (all-gather where none does: such a group is kept from sharding, ``shards_on``)."""
+    def _modes_for(self, sharded_tokens: int, group_size: int, mode: str) -> tuple[str, ...]:
+        """The modes a microbatch is priced in: its own (the reference), or in a planner's view
+        (``choose_modes``) those of the view its group runs (all-gather where none does: such a group is
+        kept from sharding, ``shards_on``); the view takes the cheapest."""
         if self._choose_from is not None and sharded_tokens > 0 and group_size > 1:
-            options = [self.t_comm_ms(sharded_tokens)] if ALLGATHER in self._choose_from else []
-            if ULYSSES in self._choose_from and self.mode_fits(group_size, ULYSSES):
-                options.append(self.t_a2a_ms(sharded_tokens, group_size))
-            return min(options) if options else self.t_comm_ms(sharded_tokens)
+            options = tuple(m for m in self._choose_from if m == ALLGATHER or self.mode_fits(group_size, m))
+            return options or (ALLGATHER,)
+        return (mode,)
+
+    def _mode_comm_ms(self, sharded_tokens: int, group_size: int, mode: str, link: str | None) -> float:
         if mode == ULYSSES:
-            return self.t_a2a_ms(sharded_tokens, group_size)
-        return self.t_comm_ms(sharded_tokens)
+            return self.t_a2a_ms(sharded_tokens, group_size, link=link)
+        return self.t_comm_ms(sharded_tokens, group_size, link=link)
+
+    def comm_ms(
+        self, sharded_tokens: int, group_size: int, mode: str = DEFAULT_CP_MODE, *, link: str | None = None
+    ) -> float:
+        """The communication term of a microbatch sharding ``sharded_tokens`` over ``group_size`` GPUs (on
+        ``link`` with topology): in ``mode`` (the reference), or in a planner's view (``choose_modes``) the
+        cheapest of its modes the group runs (``_modes_for``)."""
+        modes = self._modes_for(sharded_tokens, group_size, mode)
+        return min(self._mode_comm_ms(sharded_tokens, group_size, m, link) for m in modes)
 
     def cheapest_comm_ms(self, sharded_tokens: int, max_group_size: int) -> float:
-        """A floor on the communication of ``sharded_tokens`` sharded over at most ``max_group_size`` GPUs in
-        any mode the request allows: ``T_comm(T)``, or with ``ulysses`` allowed also ``T_a2a`` at the widest
-        group (``T/N`` falls with N; whether N divides the heads is ignored, which only lowers the floor)."""
-        comm = self.t_comm_ms(sharded_tokens)
-        if self._bound_a2a and sharded_tokens > 0 and max_group_size > 1:
-            comm = min(comm, self._a2a_ms_per_token * sharded_tokens / max_group_size + self._a2a_fixed_ms)
+        """A floor on the communication of ``sharded_tokens`` sharded over any group of 2..``max_group_size``
+        GPUs (any ranks, so with topology the cheapest link such a group may use) in any mode the request
+        allows: ``T_comm(T)``, or with ``ulysses`` allowed also ``T_a2a`` at the widest group (``T/N`` falls
+        with N; whether N divides the heads, and the K/V copies, are ignored, which only lowers the floor).
+        With topology ``T_comm``'s ``(N-1)/N`` is least at N = 2 and ``T_a2a``'s ``(N-1)/N^2`` at the widest."""
+        if sharded_tokens <= 0:
+            return 0.0
+        if self.profile.topology is None:
+            comm = self.t_comm_ms(sharded_tokens)
+            if self._bound_a2a and max_group_size > 1:
+                comm = min(comm, self._a2a_ms_per_token * sharded_tokens / max_group_size + self._a2a_fixed_ms)
+            return comm
+        if max_group_size < 2:
+            return self._comm_fixed_ms
+        comm = self._coef.floor_allgather_per_token_ms(2) * sharded_tokens + self._comm_fixed_ms
+        if self._bound_a2a:
+            comm = min(comm, self._a2a_floor_ms(sharded_tokens, max_group_size))
         return comm
+
+    def _a2a_floor_ms(self, sharded_tokens: int, group_size: int) -> float:
+        """``T_a2a`` without the K/V copies on the cheapest link a group of ``group_size`` may use."""
+        topo = self.profile.topology
+        assert topo is not None
+        links = [topo.inter_node] + ([topo.intra_node] if group_size <= topo.gpus_per_node else [])
+        ms_per_mib = min(lk.alltoall_ms_per_mib for lk in links)
+        frac = (group_size - 1) / group_size
+        a2a_bytes = self.profile.comm_a2a.bytes_per_token if self.profile.comm_a2a is not None else 0.0
+        return ms_per_mib * frac * a2a_bytes / MIB * sharded_tokens / group_size + self._a2a_fixed_ms
+
+    def _cheapest_sharded_ms(self, num_tokens: int, flops_ms: float, max_group_size: int) -> float:
+        """A floor on ``comm + flops_ms / N`` of one sequence sharded over any group of 2..``max_group_size``
+        GPUs, with topology (lower_bound_ms). All-gather: ``k_L (N-1)/N T + F/N = k_L T + (F - k_L T)/N`` is
+        monotone in N for a fixed link, so its least is at an end of each range of N with one set of
+        possible links (2..gpus_per_node: the cheaper link; wider: inter_node). Ulysses (allowed): both
+        terms fall with N in each range, so the widest of each range."""
+        topo = self.profile.topology
+        assert topo is not None
+        ends = {2, max_group_size, min(max_group_size, max(2, topo.gpus_per_node))}
+        if topo.gpus_per_node + 1 <= max_group_size:
+            ends.add(max(2, topo.gpus_per_node + 1))
+        best = math.inf
+        for n in ends:
+            per_token = self._coef.floor_allgather_per_token_ms(n)
+            best = min(best, per_token * num_tokens + self._comm_fixed_ms + flops_ms / n)
+            if self._bound_a2a:
+                best = min(best, self._a2a_floor_ms(num_tokens, n) + flops_ms / n)
+        return best
 
     @property
     def cheapest_comm_fixed_ms(self) -> float:
@@ -326,13 +485,20 @@ class CostModel:
 
     # --- microbatches ----------------------------------------------------------------------------
     def microbatch_time_ms(
-        self, local_lengths: Sequence[Sequence[int]], sharded_lengths: Sequence[int], mode: str = DEFAULT_CP_MODE
+        self,
+        local_lengths: Sequence[Sequence[int]],
+        sharded_lengths: Sequence[int],
+        mode: str = DEFAULT_CP_MODE,
+        *,
+        link: str | None = None,
     ) -> float:
         """DACP time of one microbatch (eqs. 1-5) plus the per-microbatch overhead; in ``ulysses`` mode the
-        communication is ``T_a2a`` instead of ``T_comm`` (module doc).
+        communication is ``T_a2a`` instead of ``T_comm`` (module doc). With topology the communication is
+        priced on ``link`` (``link_of(ranks)``; None: the link of an aligned group of that size).
 
         ``local_lengths[j]`` are the lengths kept whole on the group's j-th GPU; the group size N is
-        ``len(local_lengths)``.
+        ``len(local_lengths)``. With the profile's ``overlap`` section, each GPU hides only the hidden part
+        of the communication behind ``A_j`` (module doc, "Overlap").
         """
         group_size = len(local_lengths)
         assert group_size >= 1, "a microbatch needs at least one GPU"
@@ -341,22 +507,50 @@ class CostModel:
         for s in sharded_lengths:
             sharded_tokens += s
             sharded_flops += self._fpt * s + self._fpt_sq * s * s
-        comm = self.comm_ms(sharded_tokens, group_size, mode)
         dist = self.t_comp_ms(sharded_flops / group_size)
+        modes = self._modes_for(sharded_tokens, group_size, mode)
+        if self._overlap_scope is None:
+            comm = min(self._mode_comm_ms(sharded_tokens, group_size, m, link) for m in modes)
+            worst = 0.0
+            idle_counted = False
+            for lens in local_lengths:
+                if not lens:  # no local work: max(comm, 0) + dist, the same for every such GPU
+                    if not idle_counted:
+                        worst = max(worst, comm + dist)
+                        idle_counted = True
+                    continue
+                local_flops = 0.0
+                for s in lens:
+                    local_flops += self._fpt * s + self._fpt_sq * s * s
+                local = self.t_comp_ms(local_flops)
+                worst = max(worst, max(comm, local) + dist)
+            return self._mb_ms + worst
+        return self._mb_ms + min(self._overlapped_ms(local_lengths, sharded_tokens, m, link) for m in modes) + dist
+
+    def _overlapped_ms(
+        self, local_lengths: Sequence[Sequence[int]], sharded_tokens: int, mode: str, link: str | None
+    ) -> float:
+        """``max_j [max(H, A_j) + X + (T_comp(local_j) - A_j)]`` (module doc, "Overlap"): H the hidden part
+        of the communication, X the exposed part (``ulysses_exposed`` of a Ulysses all-to-all), A_j what
+        hides it on GPU j (its local attention, or its whole local compute)."""
+        comm = self._mode_comm_ms(sharded_tokens, len(local_lengths), mode, link)
+        exposed = self._ulysses_exposed * comm if mode == ULYSSES else 0.0
+        hidden = comm - exposed
+        attention_only = self._overlap_scope != OVERLAP_LOCAL_COMPUTE
         worst = 0.0
-        idle_counted = False
         for lens in local_lengths:
-            if not lens:  # no local work: max(comm, 0) + dist, the same for every such GPU
-                if not idle_counted:
-                    worst = max(worst, comm + dist)
-                    idle_counted = True
+            if not lens:
+                worst = max(worst, comm)
                 continue
             local_flops = 0.0
+            square = 0.0
             for s in lens:
                 local_flops += self._fpt * s + self._fpt_sq * s * s
+                square += self._fpt_sq * s * s
             local = self.t_comp_ms(local_flops)
-            worst = max(worst, max(comm, local) + dist)
-        return self._mb_ms + worst
+            hides = self._ms_per_flop * square if attention_only else local
+            worst = max(worst, max(hidden, hides) + exposed + (local - hides))
+        return worst
 
     def bucket_use_tokens(
         self,
@@ -378,9 +572,12 @@ class CostModel:
         return all(sum(lens) <= limit for lens in local_lengths)
 
     def spec_time_ms(self, spec: MicrobatchSpec | Placement, lengths: Sequence[int]) -> float:
-        """Time of a planner's microbatch, looking lengths up by global sequence id."""
+        """Time of a planner's microbatch, looking lengths up by global sequence id, on its ranks' link."""
         return self.microbatch_time_ms(
-            [[lengths[i] for i in ids] for ids in spec.local], [lengths[i] for i in spec.sharded], spec.mode
+            [[lengths[i] for i in ids] for ids in spec.local],
+            [lengths[i] for i in spec.sharded],
+            spec.mode,
+            link=self.link_of(spec.ranks),
         )
 
     def cheapest_mode(self, spec: MicrobatchSpec | Placement, lengths: Sequence[int], modes: Sequence[str]) -> str:
@@ -397,7 +594,8 @@ class CostModel:
             return fitting[0]
         local = [[lengths[i] for i in ids] for ids in spec.local]
         sharded = [lengths[i] for i in spec.sharded]
-        times = [self.microbatch_time_ms(local, sharded, m) for m in fitting]
+        link = self.link_of(spec.ranks)
+        times = [self.microbatch_time_ms(local, sharded, m, link=link) for m in fitting]
         return fitting[min(range(len(fitting)), key=lambda k: (times[k], k))]
 
     # --- iterations ------------------------------------------------------------------------------
@@ -440,6 +638,7 @@ class CostModel:
                 estimated_ms=self.spec_time_ms(s, lengths),
                 sharding=s.sharding,
                 mode=s.mode,
+                link=self.link_of(s.ranks),
             )
             for s in specs
         )
@@ -465,6 +664,12 @@ class CostModel:
         The first term: the average GPU computes its share of all FLOPs and runs its share of
         microbatches (each holds at most ``bucket_tokens`` per GPU). The second: the longest sequence runs
         somewhere, whole on one GPU or sharded over at most all G GPUs. Zero for an empty batch.
+
+        With topology, ``T_comm`` depends on the group: the sharded option is the least over every group
+        size N in 2..G of ``T_comm`` on the cheapest link a group of N may use (whatever its ranks: a group
+        wider than a node is ``inter_node``, a narrower one may be either) plus ``a*FLOPs(S_max) / N``
+        (``_cheapest_sharded_ms``), so the bound holds for any ranks. The profile's ``overlap`` never
+        prices a microbatch below the plain form (module doc), so the bound holds under it too.
         """
         if not lengths:
             return 0.0
@@ -473,7 +678,12 @@ class CostModel:
         average = self._ms_per_flop * total_flops / gpus + self._mb_ms * sum(lengths) / (self.bucket_tokens * gpus)
         longest = max(lengths)
         flops_ms = self._ms_per_flop * self.flops(longest)
-        options = [self.cheapest_comm_ms(longest, gpus) + flops_ms / gpus] if gpus > 1 else []
+        if gpus <= 1:
+            options = []
+        elif self.profile.topology is None:
+            options = [self.cheapest_comm_ms(longest, gpus) + flops_ms / gpus]
+        else:
+            options = [self._cheapest_sharded_ms(longest, flops_ms, gpus)]
         if longest <= self.bucket_tokens:
             options.append(flops_ms)
         single = self._mb_ms + self._comp_fixed_ms + min(options, default=flops_ms)

@@ -18,7 +18,7 @@ from typing import Any
 from skrull.solver.cp_modes import DEFAULT_CP_MODE, DEFAULT_CP_MODES, ULYSSES, read_cp_modes, read_mode
 from skrull.solver.errors import MISSING, RequestError, SequenceTooLongError, UnknownSolverError
 from skrull.solver.jsonsafe import check_bounded, join_path, loads_json, read_int, read_ints
-from skrull.solver.profile import Profile, load_profile, profile_from_dict
+from skrull.solver.profile import INTER_NODE, INTRA_NODE, Profile, load_profile, profile_from_dict
 from skrull.solver.search import budget as budget_defaults
 from skrull.solver.sharding import read_sharding
 from skrull.solver.types import (
@@ -285,7 +285,8 @@ def request_to_dict(request: Request, *, inline_profile: bool = False) -> dict[s
 
 
 def microbatch_to_dict(mb: Microbatch) -> dict[str, Any]:
-    """A microbatch in the specification's shape; ``sharding`` and ``mode`` appear only when not the default."""
+    """A microbatch in the specification's shape; ``sharding`` and ``mode`` appear only when not the default,
+    ``link`` only when the profile has a ``topology``."""
     doc: dict[str, Any] = {
         "step": mb.step,
         "ranks": list(mb.ranks),
@@ -297,6 +298,8 @@ def microbatch_to_dict(mb: Microbatch) -> dict[str, Any]:
         doc["sharding"] = mb.sharding
     if mb.mode != DEFAULT_CP_MODE:
         doc["mode"] = mb.mode
+    if mb.link is not None:
+        doc["link"] = mb.link
     return doc
 
 
@@ -378,7 +381,15 @@ def microbatch_from_dict(
         estimated_ms=_float(mb.get("estimated_ms"), f"{field}.estimated_ms"),
         sharding=sharding,
         mode=read_mode(mb.get("mode"), f"{field}.mode"),
+        link=_read_link(mb.get("link"), f"{field}.link"),
     )
+
+
+def _read_link(value: Any, field: str) -> str | None:
+    """A microbatch's optional ``link``: ``intra_node`` or ``inter_node`` (absent: the profile has no topology)."""
+    if value is None or value in (INTRA_NODE, INTER_NODE):
+        return value  # type: ignore[no-any-return]
+    raise RequestError(field, value, f"must be {INTRA_NODE} or {INTER_NODE}")
 
 
 def iteration_from_dict(doc: Any, *, field: str = "iteration") -> Iteration:

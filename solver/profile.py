@@ -91,6 +91,31 @@ class Topology:
         return self.intra_node if name == INTRA_NODE else self.inter_node
 
 
+#: What a collective of a microbatch overlaps (profile section ``overlap``, ``with``): the local attention
+#: call of the same layer (worker/dacp.py), or all the local compute (the contract's plain form).
+OVERLAP_LOCAL_ATTENTION = "local_attention"
+OVERLAP_LOCAL_COMPUTE = "local_compute"
+OVERLAP_SCOPES = (OVERLAP_LOCAL_ATTENTION, OVERLAP_LOCAL_COMPUTE)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Overlap:
+    """What the worker hides communication behind (CONTRACT.md allows this refinement of the reference form).
+
+    ``scope`` (the section's ``with``): ``local_attention``, each collective overlaps only the local
+    attention of the same layer, ``A_j = ms_per_flop * flops_per_token_sq * sum_{local[j]} S^2``, so a GPU
+    with local sequences takes ``max(T_hidden, A_j) + T_exposed + (T_comp(local_j) - A_j) + T_comp(sharded/N)``;
+    ``local_compute``, all of the local compute (``A_j = T_comp(local_j)``, the plain form when nothing is
+    exposed). ``ulysses_exposed`` (e in [0, 1]): the share of a Ulysses microbatch's all-to-all that runs
+    after the attention, hidden behind nothing (worker/dacp.py: the output's all-to-all back in forward and
+    dQ/dK/dV's back in backward, half the volume: 0.5); all-gather hides its whole gather.
+    ``source`` says how the figures were found."""
+
+    scope: str = OVERLAP_LOCAL_ATTENTION
+    ulysses_exposed: float = 0.0
+    source: str = ""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Profile:
     """``heads`` and ``comm_a2a`` are optional: a profile without them cannot plan ``ulysses`` microbatches
@@ -100,7 +125,8 @@ class Profile:
     and ``comm_a2a.ms_per_mib``. ``activation_bytes_per_token`` and ``kv_bytes_per_token`` (optional,
     ``memory`` section; the rule needs both) charge an all-gather microbatch the gathered K/V of the sharded
     sequences: ``own tokens + r * (N-1)/N * sum(sharded S) <= bucket_tokens`` with ``r = kv / activation``
-    (``gathered_kv_ratio``; 0 without them)."""
+    (``gathered_kv_ratio``; 0 without them). ``overlap`` (optional) says what the worker hides communication
+    behind (``Overlap``; without it, all the local compute: the contract's plain form)."""
 
     name: str
     compute: ComputeCoeffs
@@ -112,6 +138,7 @@ class Profile:
     topology: Topology | None = None
     activation_bytes_per_token: float | None = None
     kv_bytes_per_token: float | None = None
+    overlap: Overlap | None = None
     extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
     @property
@@ -157,6 +184,13 @@ class Profile:
                 INTRA_NODE: _link_dict(topo.intra_node),
                 INTER_NODE: _link_dict(topo.inter_node),
                 "source": topo.source,
+            }
+        if self.overlap is not None:
+            out["overlap"] = {
+                **out.get("overlap", {}),
+                "with": self.overlap.scope,
+                "ulysses_exposed": self.overlap.ulysses_exposed,
+                "source": self.overlap.source,
             }
         out["microbatch_ms"] = self.microbatch_ms
         if self.heads is not None:
@@ -276,6 +310,25 @@ def _topology(doc: dict[str, Any], path: str) -> Topology | None:
     return Topology(gpus_per_node=per_node, intra_node=links[INTRA_NODE], inter_node=links[INTER_NODE], source=source)
 
 
+def _overlap(doc: dict[str, Any], path: str) -> Overlap | None:
+    """The optional ``overlap`` section: ``with`` one of ``OVERLAP_SCOPES`` (default ``local_attention``),
+    ``ulysses_exposed`` in [0, 1] (default 0), ``source`` a string."""
+    if "overlap" not in doc:
+        return None
+    section = _section(doc, "overlap", path)
+    where = f"{path}.overlap"
+    scope = section.get("with", OVERLAP_LOCAL_ATTENTION)
+    if scope not in OVERLAP_SCOPES:
+        raise RequestError(f"{where}.with", scope, f"must be one of {', '.join(OVERLAP_SCOPES)}")
+    exposed = _number(section, "ulysses_exposed", where) if "ulysses_exposed" in section else 0.0
+    if exposed > 1.0:
+        raise RequestError(f"{where}.ulysses_exposed", exposed, "must be in 0..1 (a share of the all-to-all)")
+    source = section.get("source", "")
+    if not isinstance(source, str) or len(source) > MAX_SOURCE_CHARS:
+        raise RequestError(f"{where}.source", source, f"must be a string of at most {MAX_SOURCE_CHARS} characters")
+    return Overlap(scope=scope, ulysses_exposed=exposed, source=source)
+
+
 def _memory_bytes(memory: dict[str, Any], path: str) -> tuple[float | None, float | None]:
     """``memory.activation_bytes_per_token`` and ``memory.kv_bytes_per_token``. The gathered-K/V rule
     needs both: ``kv_bytes_per_token`` without ``activation_bytes_per_token`` (> 0, it divides) is an
@@ -328,6 +381,7 @@ def profile_from_dict(doc: Any, *, path: str = "profile") -> Profile:
         topology=_topology(doc, path),
         activation_bytes_per_token=activation_bytes,
         kv_bytes_per_token=kv_bytes,
+        overlap=_overlap(doc, path),
         extra=copy.deepcopy(doc),
     )
 

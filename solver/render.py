@@ -167,7 +167,7 @@ def iteration_timeline(
                 share = pieces[j]
             if split:
                 assert model is not None and lengths is not None
-                comm = model.comm_ms(sum(sharded_lengths), n, mb.mode) if n > 1 else 0.0
+                comm = model.comm_ms(sum(sharded_lengths), n, mb.mode, link=model.link_of(mb.ranks)) if n > 1 else 0.0
                 local = model.t_comp_ms(sum(model.flops(lengths[i]) for i in mb.local[j]))
                 dist = model.t_comp_ms(sum(model.flops(s) for s in sharded_lengths) / n)
                 overhead, overlap, sharded = model.microbatch_overhead_ms, max(comm, local), dist

@@ -188,6 +188,8 @@ class Microbatch:
     estimated_ms: float
     sharding: str = DEFAULT_SHARDING
     mode: str = DEFAULT_CP_MODE
+    #: the link its group used (``intra_node`` / ``inter_node``) when the profile has a ``topology``; None without
+    link: str | None = None
 
     @property
     def seq_ids(self) -> tuple[int, ...]:

@@ -176,12 +176,20 @@ def microbatch_problems(
         if over:
             tokens, g = max(over)
             problems.append(f"{where}: GPU {g} holds {tokens} tokens, over bucket_tokens={model.bucket_tokens}")
+    link = model.link_of(mb.ranks)  # the link its ranks use (None: the profile has no topology)
+    if mb.link != link:
+        problems.append(f"{where}: link {mb.link!r} != {link!r}, the link its ranks {_ranks_text(mb.ranks)} use")
     if not mode_ok:
         return problems, True, True
-    expected = model.microbatch_time_ms(local_lengths, sharded_lengths, mb.mode)
+    expected = model.microbatch_time_ms(local_lengths, sharded_lengths, mb.mode, link=link)
     if not _close(mb.estimated_ms, expected):
         problems.append(f"{where}: estimated_ms {mb.estimated_ms} != reference {expected:.6f}")
     return problems, True, True
+
+
+def _ranks_text(ranks: tuple[int, ...]) -> str:
+    """A group's ranks for a message, shortened for wide groups."""
+    return str(list(ranks)) if len(ranks) <= 8 else f"[{ranks[0]}..{ranks[-1]}] ({len(ranks)} GPUs)"
 
 
 def step_problems(steps_of_group: dict[tuple[int, ...], list[tuple[int, str]]]) -> list[str]:

@@ -21,8 +21,10 @@ Two layouts (``Layout``):
   all plans made of those groups, and its bound is valid for them.
 
 Times are integers: every coefficient is floored at ``TIME_SCALE`` units per ms (model.py), with
-    cF_k = ms_per_flop*FLOPs(S_k), cD_k = ms_per_flop*FLOPs(S_k)/N_g, cC_k = comm_ms_per_token*S_k,
-    cA_k = a2a_per_token_ms(N_g)*S_k/N_g (Ulysses: each GPU moves T/N tokens, with the K/V copies).
+    cF_k = ms_per_flop*FLOPs(S_k), cD_k = ms_per_flop*FLOPs(S_k)/N_g, cC_k = allgather_per_token_ms(N_g, L_g)*S_k,
+    cA_k = a2a_per_token_ms(N_g, L_g)*S_k/N_g (Ulysses: each GPU moves T/N tokens, with the K/V copies),
+with L_g the link group g's ranks use when the profile has a topology (``Layout.links``; CONTRACT.md:
+``(N-1)/N`` of the link's ms per MiB), so a group's coefficients are known when the group is.
 
 The CP mode (all-gather or Ulysses, solver/cp_modes.py) is a decision per microbatch where the cost
 model's view chooses between them (``CostModel(choose_modes=...)``, ``CostModel.view_modes``): the
@@ -57,6 +59,7 @@ from dataclasses import dataclass
 from skrull.solver.cost import CostModel
 from skrull.solver.cp_modes import ALLGATHER, ULYSSES
 from skrull.solver.ilp.model import TIME_SCALE, LinearModel
+from skrull.solver.profile import OVERLAP_LOCAL_ATTENTION
 
 #: One microbatch of a group, as sequence ids: (local ids per rank of the group, sharded ids).
 GroupMicrobatch = tuple[tuple[tuple[int, ...], ...], tuple[int, ...]]
@@ -69,21 +72,32 @@ class Layout:
 
     sizes: tuple[int, ...]
     loads: tuple[tuple[int, ...], ...]
+    #: per group, the link its ranks use (``CostModel.link_of``); empty: no topology (or aligned groups)
+    links: tuple[str | None, ...] = ()
 
     @classmethod
-    def static(cls, num_groups: int, group_size: int) -> Layout:
-        return cls(sizes=(group_size,) * num_groups, loads=tuple((g,) for g in range(num_groups)))
+    def static(cls, num_groups: int, group_size: int, links: Sequence[str | None] | None = None) -> Layout:
+        """``num_groups`` groups of ``group_size``; ``links[g]`` the link of group g's ranks (topology)."""
+        return cls(
+            sizes=(group_size,) * num_groups, loads=tuple((g,) for g in range(num_groups)), links=tuple(links or ())
+        )
 
     @classmethod
-    def of_groups(cls, groups: Sequence[Sequence[int]], num_gpus: int) -> Layout:
-        """Groups given by their GPU ranks; one load per GPU (its groups in order). One pass over the groups'
-        ranks: asking every GPU whether it is in every group took minutes at 65,536 GPUs."""
+    def of_groups(cls, groups: Sequence[Sequence[int]], num_gpus: int, cost: CostModel | None = None) -> Layout:
+        """Groups given by their GPU ranks; one load per GPU (its groups in order), each group priced on the
+        link its ranks use under ``cost``'s topology. One pass over the groups' ranks: asking every GPU
+        whether it is in every group took minutes at 65,536 GPUs."""
         per_gpu: list[list[int]] = [[] for _ in range(num_gpus)]
         for g, ranks in enumerate(groups):
             for gpu in sorted(set(ranks)):
                 if 0 <= gpu < num_gpus:
                     per_gpu[gpu].append(g)
-        return cls(sizes=tuple(len(r) for r in groups), loads=tuple(tuple(load) for load in per_gpu))
+        links = () if cost is None or cost.topology is None else tuple(cost.link_of(r) for r in groups)
+        return cls(sizes=tuple(len(r) for r in groups), loads=tuple(tuple(load) for load in per_gpu), links=links)
+
+    def link(self, g: int) -> str | None:
+        """The link group g is priced on (None: no topology, or the link of an aligned group of its size)."""
+        return self.links[g] if self.links else None
 
     @property
     def is_static(self) -> bool:
@@ -134,6 +148,10 @@ class _Comm:
     coeffs: tuple[int, ...]
     fixed: int
     big_m: int
+    #: with the profile's ``overlap``: the part of ``coeffs`` / ``fixed`` that runs after the attention,
+    #: hidden behind nothing (``ulysses_exposed`` of a Ulysses all-to-all); empty: none
+    exposed: tuple[int, ...] = ()
+    exposed_fixed: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +162,9 @@ class _Coeffs:
     microbatch: int
     #: the modes a microbatch of this group may shard in (``CostModel.view_modes``); none: it shards nothing
     comms: tuple[_Comm, ...]
+    #: with ``overlap.with == local_attention``: each sequence's local compute that is not attention
+    #: (``ms_per_flop * flops_per_token * S``), which runs after the hidden communication; empty: none
+    lin: tuple[int, ...] = ()
 
     @property
     def shards(self) -> bool:
@@ -154,8 +175,33 @@ class _Coeffs:
         assert self.comms, "sharding on a group no allowed mode runs (a hint the planner should not make)"
         return min(sum(c.coeffs[k] for k in k_ids) + c.fixed for c in self.comms)
 
+    def mode_times(self, local: Sequence[Sequence[int]], sharded: Sequence[int]) -> list[int]:
+        """W of a microbatch (model indices) in each of ``comms``' modes (one entry when nothing is sharded):
+        ``max_j max(C + L_j, T_local_j + X) + dist`` (``C`` the mode's communication, ``X`` its exposed part,
+        ``L_j`` GPU j's non-attention local compute with ``lin``, else 0; the plain form without overlap)."""
+        dist = sum(self.dist[k] for k in sharded) + (self.comp_fixed if sharded else 0)
+        comms = self.comms if sharded else ()
+        if sharded:
+            assert comms, "sharding on a group no allowed mode runs (a hint the planner should not make)"
+        out = []
+        for c in comms or (None,):
+            comm = sum(c.coeffs[k] for k in sharded) + c.fixed if c is not None else 0
+            exposed = sum(c.exposed[k] for k in sharded) + c.exposed_fixed if c is not None and c.exposed else 0
+            worst = comm + dist if sharded else 0
+            for ks in local:
+                if not ks:
+                    continue
+                own = sum(self.local[k] for k in ks) + self.comp_fixed
+                worst = max(worst, own + exposed + dist)
+                if sharded and self.lin:
+                    worst = max(worst, comm + sum(self.lin[k] for k in ks) + self.comp_fixed + dist)
+            out.append(worst)
+        return out
 
-def _coefficients(lengths: Sequence[int], model: CostModel, group_size: int, bucket_tokens: int) -> _Coeffs:
+
+def _coefficients(
+    lengths: Sequence[int], model: CostModel, group_size: int, bucket_tokens: int, link: str | None = None
+) -> _Coeffs:
     p = model.profile
     ms_per_flop = p.compute.ms_per_tflop / 1e12
     floor = math.floor
@@ -166,33 +212,53 @@ def _coefficients(lengths: Sequence[int], model: CostModel, group_size: int, buc
     capacity = group_size * bucket_tokens
     dist_max = min(sum(dist), math.ceil(TIME_SCALE * ms_per_flop * model.flops(capacity) / group_size)) + comp_fixed
     c = model.coefficients
-    per_token = {ALLGATHER: c.comm_ms_per_token, ULYSSES: c.a2a_per_token_ms(group_size) / group_size}
+    overlap = model.profile.overlap
+    exposed_share = overlap.ulysses_exposed if overlap is not None else 0.0
+    lin: tuple[int, ...] = ()
+    if overlap is not None and overlap.scope == OVERLAP_LOCAL_ATTENTION and group_size > 1:
+        lin = tuple(floor(TIME_SCALE * ms_per_flop * p.compute.flops_per_token * s) for s in lengths)
+    # with ``lin``, a mode's time-comm rows also carry a GPU's non-attention local compute (at most a bucket)
+    lin_max = math.ceil(TIME_SCALE * ms_per_flop * p.compute.flops_per_token * bucket_tokens) + comp_fixed if lin else 0
+    per_token = {
+        ALLGATHER: c.allgather_per_token_ms(group_size, link) if group_size > 1 else c.comm_ms_per_token,
+        ULYSSES: c.a2a_per_token_ms(group_size, link) / group_size,
+    }
     fixed = {ALLGATHER: c.comm_fixed_ms, ULYSSES: c.a2a_fixed_ms}
     comms = []
     for mode in model.view_modes(group_size):
         coeffs = tuple(floor(TIME_SCALE * per_token[mode] * s) for s in lengths)
         fixed_units = floor(TIME_SCALE * fixed[mode])
         most = min(sum(coeffs), math.ceil(TIME_SCALE * per_token[mode] * capacity))
-        comms.append(_Comm(mode=mode, coeffs=coeffs, fixed=fixed_units, big_m=most + fixed_units + dist_max))
+        exposed: tuple[int, ...] = ()
+        exposed_fixed = 0
+        if mode == ULYSSES and exposed_share > 0:
+            exposed = tuple(floor(TIME_SCALE * exposed_share * per_token[mode] * s) for s in lengths)
+            exposed_fixed = floor(TIME_SCALE * exposed_share * fixed[mode])
+        comms.append(
+            _Comm(
+                mode=mode,
+                coeffs=coeffs,
+                fixed=fixed_units,
+                big_m=most + fixed_units + dist_max + lin_max,
+                exposed=exposed,
+                exposed_fixed=exposed_fixed,
+            )
+        )
     return _Coeffs(
         local=tuple(floor(TIME_SCALE * ms_per_flop * model.flops(s)) for s in lengths),
         dist=dist,
         comp_fixed=comp_fixed,
         microbatch=floor(TIME_SCALE * p.microbatch_ms),
         comms=tuple(comms),
+        lin=lin,
     )
 
 
 def scaled_microbatch_time(mb: GroupMicrobatch, index: dict[int, int], c: _Coeffs) -> int:
     """The model's (floored) time of one microbatch: overhead + W, its sharded work in the cheapest mode."""
     local, sharded = mb
-    dist = sum(c.dist[index[i]] for i in sharded) + (c.comp_fixed if sharded else 0)
-    comm = c.comm_time([index[i] for i in sharded]) if sharded else 0
-    worst = comm + dist if sharded else 0
-    for ids in local:
-        if ids:
-            worst = max(worst, sum(c.local[index[i]] for i in ids) + c.comp_fixed + dist)
-    return c.microbatch + worst
+    times = c.mode_times([[index[i] for i in ids] for ids in local], [index[i] for i in sharded])
+    return c.microbatch + min(times)
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,7 +335,12 @@ def build_joint_model(
         _indicators(m_, data, v, g, m)
         _redundant_microbatch(m_, data, v, g, m)
     _loads(m_, data, v)
-    symmetric_groups = layout.is_static and len(set(layout.sizes)) <= 1 and len(set(data.offsets)) <= 1
+    symmetric_groups = (
+        layout.is_static
+        and len(set(layout.sizes)) <= 1
+        and len(set(data.offsets)) <= 1
+        and len(set(layout.links)) <= 1  # groups on different links are not interchangeable
+    )
     if symmetry_breaking:
         _symmetry(m_, data, v, groups=symmetric_groups)
         for run in twins:
@@ -354,8 +425,9 @@ def _prepare(
     ids = tuple(seq_ids)
     index = {seq: k for k, seq in enumerate(ids)}
     sizes = tuple(lengths[i] for i in ids)
-    by_size = {n: _coefficients(sizes, cost, n, cost.bucket_tokens) for n in set(layout.sizes)}
-    coeffs = tuple(by_size[n] for n in layout.sizes)
+    kinds = [(n, layout.link(g)) for g, n in enumerate(layout.sizes)]  # a group's size and link price it
+    by_kind = {kind: _coefficients(sizes, cost, kind[0], cost.bucket_tokens, kind[1]) for kind in set(kinds)}
+    coeffs = tuple(by_kind[kind] for kind in kinds)
     offsets = tuple(math.floor(o * TIME_SCALE) for o in (offsets_ms or [0.0] * len(layout.loads)))
     group_time = [sum(scaled_microbatch_time(mb, index, coeffs[g]) for mb in grp) for g, grp in enumerate(hint)]
     group_time += [0] * (len(layout.sizes) - len(group_time))
@@ -423,8 +495,11 @@ def _sharded_compute(d: _Data, v: _Vars, g: int, m: int) -> dict[int, int]:
 
 
 def _time_local(m_: LinearModel, d: _Data, v: _Vars, g: int, m: int) -> None:
-    """Local compute of each GPU plus the sharded compute after it (eqs. 2, 3, 4)."""
+    """Local compute of each GPU plus the sharded compute after it (eqs. 2, 3, 4); with the profile's
+    ``overlap``, a Ulysses microbatch also waits for the exposed part of its all-to-all (``X``): one more row
+    per GPU, switched off by the mode decision where both modes run."""
     c = d.coeffs[g]
+    exposed = [x for x in c.comms if x.exposed] if d.shards(g) else []
     for j in range(d.layout.sizes[g]):
         lhs = {v.work[g, m]: 1, v.has_local[g, m, j]: -c.comp_fixed}
         for k in range(len(d.ids)):
@@ -432,35 +507,53 @@ def _time_local(m_: LinearModel, d: _Data, v: _Vars, g: int, m: int) -> None:
         for var, coef in _sharded_compute(d, v, g, m).items():
             lhs[var] = lhs.get(var, 0) - coef
         m_.add(lhs, family="time-local", lower=0)
+        for x in exposed:
+            row = dict(lhs)
+            row[v.has_shard[g, m]] = row.get(v.has_shard[g, m], 0) - x.exposed_fixed
+            for k in range(len(d.ids)):
+                row[v.z[k, g, m]] = row.get(v.z[k, g, m], 0) - x.exposed[k]
+            if len(c.comms) == 1:
+                m_.add(row, family="time-local-exposed", lower=0)
+            else:  # W - ... - M (1 - ul) >= 0: holds when the microbatch runs Ulysses
+                row[v.ulysses[g, m]] = -x.big_m
+                m_.add(row, family="time-local-exposed", lower=-x.big_m)
 
 
 def _time_comm(m_: LinearModel, d: _Data, v: _Vars, g: int, m: int) -> None:
     """Communication of the sharded tokens, overlapped with local compute (eqs. 2, 5), in the microbatch's
-    mode: each mode's row holds unless the mode decision ``ul`` switches it off (module docstring)."""
+    mode: each mode's row holds unless the mode decision ``ul`` switches it off (module docstring). With
+    ``overlap.with == local_attention`` the communication hides only behind the attention, so each GPU's
+    row adds its non-attention local compute (``lin`` and the fixed cost when it computes locally)."""
     if not d.shards(g):
         return
-    comms = d.coeffs[g].comms
+    c = d.coeffs[g]
+    comms = c.comms
     dist = _sharded_compute(d, v, g, m)
 
-    def row(coeffs: Sequence[int], fixed: int) -> dict[int, int]:
+    def row(coeffs: Sequence[int], fixed: int, j: int | None) -> dict[int, int]:
         lhs = {v.work[g, m]: 1, v.has_shard[g, m]: -fixed}
         for k in range(len(d.ids)):
             lhs[v.z[k, g, m]] = -coeffs[k]
         for var, coef in dist.items():
             lhs[var] = lhs.get(var, 0) - coef
+        if j is not None:
+            lhs[v.has_local[g, m, j]] = -c.comp_fixed
+            for k in range(len(d.ids)):
+                lhs[v.y[k, g, m, j]] = -c.lin[k]
         return lhs
 
-    if len(comms) == 1:
-        m_.add(row(comms[0].coeffs, comms[0].fixed), family="time-comm", lower=0)
-        return
-    ag, ul = comms  # CP_MODES order: all-gather, Ulysses
-    # all-gather's row, off when the microbatch runs Ulysses (ul = 1)
-    m_.add({**row(ag.coeffs, ag.fixed), v.ulysses[g, m]: ag.big_m}, family="time-comm", lower=0)
-    # Ulysses's row, off when it runs all-gather (ul = 0): W - ... - M (1 - ul) >= 0
-    m_.add({**row(ul.coeffs, ul.fixed), v.ulysses[g, m]: -ul.big_m}, family="time-comm", lower=-ul.big_m)
-    # Redundant: whichever mode runs, its communication is at least the per-sequence cheaper one
-    cheapest = [min(a, b) for a, b in zip(ag.coeffs, ul.coeffs, strict=True)]
-    m_.add(row(cheapest, min(ag.fixed, ul.fixed)), family="redundant-time-comm-cheapest", lower=0)
+    for j in range(d.layout.sizes[g]) if c.lin else (None,):
+        if len(comms) == 1:
+            m_.add(row(comms[0].coeffs, comms[0].fixed, j), family="time-comm", lower=0)
+            continue
+        ag, ul = comms  # CP_MODES order: all-gather, Ulysses
+        # all-gather's row, off when the microbatch runs Ulysses (ul = 1)
+        m_.add({**row(ag.coeffs, ag.fixed, j), v.ulysses[g, m]: ag.big_m}, family="time-comm", lower=0)
+        # Ulysses's row, off when it runs all-gather (ul = 0): W - ... - M (1 - ul) >= 0
+        m_.add({**row(ul.coeffs, ul.fixed, j), v.ulysses[g, m]: -ul.big_m}, family="time-comm", lower=-ul.big_m)
+        # Redundant: whichever mode runs, its communication is at least the per-sequence cheaper one
+        cheapest = [min(a, b) for a, b in zip(ag.coeffs, ul.coeffs, strict=True)]
+        m_.add(row(cheapest, min(ag.fixed, ul.fixed), j), family="redundant-time-comm-cheapest", lower=0)
 
 
 def _indicators(m_: LinearModel, d: _Data, v: _Vars, g: int, m: int) -> None:
@@ -592,10 +685,10 @@ def _hint_microbatch(d: _Data, v: _Vars, values: dict[int, int], g: int, m: int,
         for i in sharded:
             values[v.z[d.index[i], g, m]] = 1
         if (g, m) in v.ulysses and sharded:  # the cheaper mode (ties: all-gather, CP_MODES order)
-            ag, ul = d.coeffs[g].comms
-            ks = [d.index[i] for i in sharded]
-            ag_time = sum(ag.coeffs[k] for k in ks) + ag.fixed
-            values[v.ulysses[g, m]] = int(sum(ul.coeffs[k] for k in ks) + ul.fixed < ag_time)
+            ag_time, ul_time = d.coeffs[g].mode_times(
+                [[d.index[i] for i in ids] for ids in local], [d.index[i] for i in sharded]
+            )
+            values[v.ulysses[g, m]] = int(ul_time < ag_time)
     else:
         assert not sharded, "a hint shards over a group no allowed mode runs"
     t = scaled_microbatch_time(mb, d.index, d.coeffs[g])

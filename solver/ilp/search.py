@@ -51,15 +51,25 @@ def _solve_scip(*args: Any, **kwargs: Any) -> BackendResult:
 BACKENDS: dict[str, Backend] = {"cpsat": _solve_cpsat, "scip": _solve_scip}
 
 
-def group_time_ms(group: Sequence[GroupMicrobatch], lengths: Sequence[int], cost: CostModel) -> float:
+def group_time_ms(
+    group: Sequence[GroupMicrobatch], lengths: Sequence[int], cost: CostModel, link: str | None = None
+) -> float:
+    """A group's summed microbatch times, on ``link`` (the link its ranks use, with topology)."""
     return sum(
-        cost.microbatch_time_ms([[lengths[i] for i in ids] for ids in local], [lengths[i] for i in sharded])
+        cost.microbatch_time_ms([[lengths[i] for i in ids] for ids in local], [lengths[i] for i in sharded], link=link)
         for local, sharded in group
     )
 
 
-def plan_time_ms(groups: Groups, lengths: Sequence[int], cost: CostModel) -> float:
-    return max((group_time_ms(g, lengths, cost) for g in groups), default=0.0)
+def plan_time_ms(
+    groups: Groups, lengths: Sequence[int], cost: CostModel, links: Sequence[str | None] | None = None
+) -> float:
+    """The slowest static group (``links[g]``: group g's link with topology; None: aligned groups)."""
+    return max((group_time_ms(grp, lengths, cost, _link(links, g)) for g, grp in enumerate(groups)), default=0.0)
+
+
+def _link(links: Sequence[str | None] | None, g: int) -> str | None:
+    return links[g] if links else None
 
 
 def solve_exact(
@@ -123,7 +133,8 @@ def model_size(
     """Binaries the exact model of this neighbourhood would have (slots as the builder bounds them)."""
     mb_ms = cost.profile.microbatch_ms
     layout = layout or Layout.static(len(hint), group_size)
-    times = [group_time_ms(g, lengths, cost) for g in hint] + [0.0] * (len(layout.sizes) - len(hint))
+    times = [group_time_ms(grp, lengths, cost, layout.link(g)) for g, grp in enumerate(hint)]
+    times += [0.0] * (len(layout.sizes) - len(hint))
     worst = max((sum(times[g] for g in load) for load in layout.loads), default=0.0)
     slots = len(seq_ids) if mb_ms <= 0 else min(len(seq_ids), int(worst / mb_ms) + 1)
     if max_slots is not None:
@@ -142,8 +153,10 @@ def improve_lns(
     deadline: float,
     seed: int,
     report: Callable[[Any], None],
+    links: Sequence[str | None] | None = None,
 ) -> dict[str, Any]:
-    """LNS around ``groups`` until the deadline; returns the final payload.
+    """LNS around ``groups`` until the deadline; returns the final payload. ``links[g]``: the link static
+    group g's ranks use (with topology).
 
     Each step frees a neighbourhood around the slowest DP rank's slowest microbatch and solves it
     exactly with everything else fixed (as per-group time offsets): whole DP ranks when they fit
@@ -157,8 +170,8 @@ def improve_lns(
     step = 0
     while time.monotonic() < deadline - 0.05 and stale < 4 * max(1, len(current)) + 8:
         step += 1
-        hood = _neighbourhood(current, lengths, group_size, cost, rng, step, stale)
-        if hood is not None and _solve_hood(current, hood, lengths, group_size, cost, backend, deadline, rng):
+        hood = _neighbourhood(current, lengths, group_size, cost, rng, step, stale, links)
+        if hood is not None and _solve_hood(current, hood, lengths, group_size, cost, backend, deadline, rng, links):
             stale = 0
             report({"groups": [list(g) for g in current], "bound_ms": None, "status": "feasible"})
         else:
@@ -170,11 +183,29 @@ def improve_lns(
 Hood = dict[int, list[int]]
 
 
-def _hood_size(current: Groups, hood: Hood, lengths: Sequence[int], group_size: int, cost: CostModel) -> int:
+def _hood_layout(hood: Hood, group_size: int, links: Sequence[str | None] | None) -> Layout:
+    """The static layout of a neighbourhood's groups, each on its own link."""
+    return Layout.static(len(hood), group_size, [_link(links, g) for g in hood] if links else None)
+
+
+def _hood_size(
+    current: Groups,
+    hood: Hood,
+    lengths: Sequence[int],
+    group_size: int,
+    cost: CostModel,
+    links: Sequence[str | None] | None = None,
+) -> int:
     ids = [i for g, ms in hood.items() for m in ms for i in _mb_ids(current[g][m])]
     hint = [[current[g][m] for m in ms] for g, ms in hood.items()]
     return model_size(
-        seq_ids=ids, lengths=lengths, group_size=group_size, cost=cost, hint=hint, max_slots=_hood_slots(hood)
+        seq_ids=ids,
+        lengths=lengths,
+        group_size=group_size,
+        cost=cost,
+        hint=hint,
+        max_slots=_hood_slots(hood),
+        layout=_hood_layout(hood, group_size, links),
     )
 
 
@@ -196,8 +227,9 @@ def _neighbourhood(
     rng: random.Random,
     step: int,
     stale: int,
+    links: Sequence[str | None] | None = None,
 ) -> Hood | None:
-    times = [group_time_ms(g, lengths, cost) for g in current]
+    times = [group_time_ms(grp, lengths, cost, _link(links, g)) for g, grp in enumerate(current)]
     order = sorted(range(len(current)), key=lambda g: -times[g])
     crit = order[0]
     if not current[crit]:
@@ -209,7 +241,7 @@ def _neighbourhood(
         others.reverse()  # lightest ranks first
 
     def fits(hood: Hood) -> bool:
-        return _hood_size(current, hood, lengths, group_size, cost) <= LNS_MAX_BINARIES
+        return _hood_size(current, hood, lengths, group_size, cost, links) <= LNS_MAX_BINARIES
 
     # Whole DP ranks, when the slowest one fits with at least one other.
     whole: Hood = {crit: list(range(len(current[crit])))}
@@ -220,7 +252,7 @@ def _neighbourhood(
         whole = trial
     if len(whole) > 1:
         return whole
-    mb_times = [group_time_ms([mb], lengths, cost) for mb in current[crit]]
+    mb_times = [group_time_ms([mb], lengths, cost, _link(links, crit)) for mb in current[crit]]
     slowest = max(range(len(current[crit])), key=mb_times.__getitem__)
     hood: Hood = {crit: [slowest]}
     if step % 2 and others:
@@ -252,12 +284,13 @@ def _solve_hood(
     backend: str,
     deadline: float,
     rng: random.Random,
+    links: Sequence[str | None] | None = None,
 ) -> bool:
     involved = list(hood)
     ids = [i for g in involved for m in hood[g] for i in _mb_ids(current[g][m])]
     hint = [[current[g][m] for m in hood[g]] for g in involved]
     kept = [[mb for m, mb in enumerate(current[g]) if m not in hood[g]] for g in involved]
-    offsets = [group_time_ms(k, lengths, cost) for k in kept]
+    offsets = [group_time_ms(k, lengths, cost, _link(links, g)) for g, k in zip(involved, kept, strict=True)]
     whole = all(not k for k in kept)
     built = build_joint_model(
         seq_ids=ids,
@@ -268,13 +301,17 @@ def _solve_hood(
         hint=hint,
         offsets_ms=None if whole else offsets,
         max_slots=_hood_slots(hood),
+        layout=_hood_layout(hood, group_size, links),
     )
     result = _run(built.model, backend, deadline, rng.randrange(1 << 30))
     if result.values is None:
         return False
     new = built.decode(result.values)
-    old_totals = [group_time_ms(current[g], lengths, cost) for g in involved]
-    new_totals = [off + group_time_ms(grp, lengths, cost) for off, grp in zip(offsets, new, strict=True)]
+    old_totals = [group_time_ms(current[g], lengths, cost, _link(links, g)) for g in involved]
+    new_totals = [
+        off + group_time_ms(grp, lengths, cost, _link(links, g))
+        for g, off, grp in zip(involved, offsets, new, strict=True)
+    ]
     better_max = max(new_totals) < max(old_totals) - 1e-9
     better_sum = max(new_totals) <= max(old_totals) + 1e-9 and sum(new_totals) < sum(old_totals) - 1e-9
     if not (better_max or better_sum):

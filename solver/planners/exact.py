@@ -110,10 +110,19 @@ def optimize_iteration(
     # layout-free one counts whole microbatches, so it is the tighter where fixed costs dominate
     batch = [lengths[i] for i in ids]
     lower = max(cost.static_bound_ms(batch, problem.parallel), layout_free_bound_ms(batch, cost, problem.parallel))
+    links = static_links(cost, problem.parallel)  # each DP rank's CP group on the link its ranks use
+    layout = Layout.static(problem.parallel.dp, n, links)
     if deadline - time.monotonic() < MIN_SOLVE_S:  # no time to fork a solver and build its model: the hint
-        return IterationResult(groups=hint, bound_ms=min(lower, plan_time_ms(hint, lengths, cost)), status="timeout")
-    if model_size(seq_ids=ids, lengths=lengths, group_size=n, cost=cost, hint=hint) <= EXACT_MAX_BINARIES:
-        work = exact_work(problem, ids, hint, group_size=n, cost=cost, lower_bound_ms=lower, backend=backend)
+        return IterationResult(
+            groups=hint, bound_ms=min(lower, plan_time_ms(hint, lengths, cost, links)), status="timeout"
+        )
+    if (
+        model_size(seq_ids=ids, lengths=lengths, group_size=n, cost=cost, hint=hint, layout=layout)
+        <= EXACT_MAX_BINARIES
+    ):
+        work = exact_work(
+            problem, ids, hint, group_size=n, cost=cost, lower_bound_ms=lower, backend=backend, layout=layout
+        )
     else:
 
         def work(report: Report, dl: float) -> dict[str, Any]:
@@ -126,15 +135,16 @@ def optimize_iteration(
                 deadline=dl,
                 seed=problem.seed,
                 report=report,
+                links=links,
             )
 
     outcome = run_with_deadline(work, deadline=deadline, grace_s=grace_s)
     payload = outcome.payload or {}
     groups: Groups = payload.get("groups") or hint
-    if plan_time_ms(groups, lengths, cost) > plan_time_ms(hint, lengths, cost):
+    if plan_time_ms(groups, lengths, cost, links) > plan_time_ms(hint, lengths, cost, links):
         groups = hint
     bound = max(lower, payload.get("bound_ms") or 0.0)
-    objective = plan_time_ms(groups, lengths, cost)
+    objective = plan_time_ms(groups, lengths, cost, links)
     bound = min(bound, objective)
     if outcome.killed:
         status = "timeout"
@@ -143,6 +153,13 @@ def optimize_iteration(
     else:
         status = "feasible"
     return IterationResult(groups=groups, bound_ms=bound, status=status)
+
+
+def static_links(cost: CostModel, parallel: Parallel) -> list[str | None] | None:
+    """The link each DP rank's CP group uses (``CostModel.link_of``); None without topology."""
+    if cost.topology is None:
+        return None
+    return [cost.link_of(parallel.cp_group(d)) for d in range(parallel.dp)]
 
 
 def combine_statuses(statuses: Sequence[str]) -> str:

@@ -110,7 +110,7 @@ class FlexibleIlpPlanner:
         # such a size stay (it may run local sequences on one; the model shards nothing there)
         used = [s.ranks for s in start]
         groups = [g for g in flexible_groups(par, used) if cost.shards_on(len(g)) or g in used]
-        layout = Layout.of_groups(groups, par.num_gpus)
+        layout = Layout.of_groups(groups, par.num_gpus, cost)  # each group on the link its ranks use
         hint = to_groups(start, groups)
         size = model_size(seq_ids=ids, lengths=lengths, group_size=par.cp, cost=cost, hint=hint, layout=layout)
         if not ids or size > EXACT_MAX_BINARIES:

@@ -16,7 +16,10 @@ Per-strategy cost, ``a*s^2 + b*s + c`` (Hydraulis profiles the coefficients; her
 model's, exactly: a microbatch of sharded sequences on d GPUs costs ``c_d + sum t_d(s)``):
 ``t_d(s) = ms_per_flop * FLOPs(s) / d + comm_ms_per_token * s * [d > 1]`` and
 ``c_d = microbatch_ms + compute.fixed_ms + comm.fixed_ms * [d > 1]``; memory caps a microbatch at
-``d * bucket_tokens`` tokens (eq. 7).
+``d * bucket_tokens`` tokens (eq. 7). With the profile's ``topology`` the traffic term is that of an aligned
+block of d GPUs (``CostCoefficients.sharded_terms``: inside a node when d <= gpus_per_node), which is where
+``layout_replicas`` puts power-of-two replicas when gpus_per_node is a power of two; the plan is priced on
+each replica's real ranks.
 
 1. Distribution-aware strategy choice (Hydraulis's offline dynamic programming over the length
    histogram): the lengths fall into power-of-two buckets; the DP splits the buckets, in length order,

@@ -107,6 +107,10 @@ def sharding_floor_ms(lengths: Sequence[int], cost: CostModel, parallel: Paralle
     floor must be sharded: each GPU they touch pays a second fixed cost (``e``), which the floor, counting
     one ``compute.fixed_ms`` per GPU, leaves out; e.g. 24 sharegpt-shaped sequences on DP2 x CP4 with
     Qwen2.5-0.5B, whose three longest each take more FLOPs time than the average GPU.
+
+    Neither the profile's ``topology`` nor its ``overlap`` changes this: the floor counts no communication
+    beyond its fixed cost ``e``, which no link changes, and the overlap form never prices a microbatch below
+    the plain one (solver/cost.py), so every step above holds under both.
     """
     floor = microbatch_floor_ms(lengths, cost, parallel)
     gpus = parallel.num_gpus

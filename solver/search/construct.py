@@ -79,9 +79,12 @@ def spread_batch(
         flops_ms = ms_per_flop * cost.flops(s)
         if s > bucket or flops_ms > limit:
             d = next((d for d in sizes if d > 1 and s <= d * bucket and flops_ms / d <= limit), sizes[-1])
-            # aligned blocks of d GPUs in order: the one whose busiest GPU is least loaded
-            block = blocks[d][int(np.argmin(load.reshape(-1, d).max(axis=1)))]
-            t = cost.microbatch_time_ms([[] for _ in block], [s])
+            # aligned blocks of d GPUs in order: the one whose busiest GPU ends soonest with this sequence
+            # (with topology a block across nodes pays inter_node, so an equally loaded one inside a node wins)
+            times = block_times(cost, blocks[d], s)
+            at = int(np.argmin(load.reshape(-1, d).max(axis=1) + times))
+            block = blocks[d][at]
+            t = float(times[at] if len(times) > 1 else times[0])
             load[block[0] : block[-1] + 1] += t
             wide.append((block, i))
             continue
@@ -95,6 +98,21 @@ def spread_batch(
             room[g] = bucket - s
         load[g] += flops_ms + (0.0 if len(local[g][-1]) > 1 else opening)
     return _specs(wide, local, gpus), float(load.max()) if gpus else 0.0
+
+
+def block_times(cost: CostModel, blocks: Sequence[tuple[int, ...]], num_tokens: int) -> np.ndarray:
+    """Time of a microbatch sharding one sequence of ``num_tokens`` over each block: one figure without
+    topology, else one per link, each block priced on the link its ranks use."""
+    if cost.topology is None:
+        return np.array([cost.microbatch_time_ms([[] for _ in blocks[0]], [num_tokens])])
+    by_link: dict[str | None, float] = {}
+    out = np.empty(len(blocks))
+    for k, block in enumerate(blocks):
+        link = cost.link_of(block)
+        if link not in by_link:
+            by_link[link] = cost.microbatch_time_ms([[] for _ in block], [num_tokens], link=link)
+        out[k] = by_link[link]
+    return out
 
 
 def _specs(

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from skrull.solver.cost import CostModel
 from skrull.solver.ilp.builder import GroupMicrobatch
 from skrull.solver.planners.base import make_spec
+from skrull.solver.profile import INTER_NODE
 from skrull.solver.search.clock import Clock
 from skrull.solver.search.placement import Placer, mb_ids
 from skrull.solver.types import DEFAULT_SHARDING, MicrobatchSpec
@@ -88,18 +89,22 @@ class LayoutSearch:
         self.cost = cost
         self.num_gpus = num_gpus
         self.blocks = blocks_by_size(num_gpus)
-        self._placers: dict[int, Placer] = {}
+        self._placers: dict[tuple[int, str | None], Placer] = {}
         self.entries: list[Entry] = []
         self.deadline = float("inf")
         self.load = [0.0] * num_gpus
         for spec in sorted(specs, key=lambda s: s.step):
             mb = (spec.local, spec.sharded)
-            self._add(Entry(spec.ranks, mb, self.placer(len(spec.ranks)).time(mb), spec.step, spec.sharding))
+            self._add(Entry(spec.ranks, mb, self.placer(spec.ranks).time(mb), spec.step, spec.sharding))
 
-    def placer(self, n: int) -> Placer:
-        found = self._placers.get(n)
+    def placer(self, ranks: Sequence[int]) -> Placer:
+        """The placer of a group on these ranks: one per group size and link (with topology a group
+        across nodes prices its communication on ``inter_node``)."""
+        n = len(ranks)
+        link = self.cost.link_of(ranks) if n > 1 else None
+        found = self._placers.get((n, link))
         if found is None:
-            found = self._placers[n] = Placer(self.lengths, self.cost, n, clock=self.clock)
+            found = self._placers[n, link] = Placer(self.lengths, self.cost, n, clock=self.clock, link=link)
         found.deadline = self.deadline  # a placement gives up at the search's deadline (search/placement.py)
         return found
 
@@ -155,7 +160,8 @@ class LayoutSearch:
         for block in self.blocks.get(size, []):
             if avoid in block:
                 continue
-            worst = max(self.load[g] for g in block)
+            # the least-loaded block; of equally loaded ones, one inside a node (its link is the cheaper)
+            worst = (max(self.load[g] for g in block), self.cost.link_of(block) == INTER_NODE)
             if best is None or worst < best[0]:
                 best = (worst, block)
         return None if best is None else best[1]
@@ -171,7 +177,7 @@ class LayoutSearch:
             began = self.clock()
             if began + longest >= deadline:
                 return
-            found = self.placer(len(e.ranks)).best(mb_ids(e.mb))
+            found = self.placer(e.ranks).best(mb_ids(e.mb))
             longest = max(longest, self.clock() - began)
             if found is not None and found[1] < e.time_ms - EPS_MS:
                 self._replace(e, found)
@@ -214,7 +220,7 @@ class LayoutSearch:
                     shortest[g] = e
         for chosen in (narrow, list({id(e): e for e in shortest.values()}.values())):
             ids = mb_ids(wide.mb) + [i for e in chosen for i in mb_ids(e.mb)]
-            both = self.placer(len(wide.ranks)).best(ids)
+            both = self.placer(wide.ranks).best(ids)
             changes = [(wide.ranks, (both[1] if both else 0.0) - wide.time_ms)]
             changes += [(e.ranks, -e.time_ms) for e in chosen]
             if both is not None and self._accepts(changes):
@@ -231,14 +237,14 @@ class LayoutSearch:
             if self.clock() >= self.deadline:
                 return False
             rest = [k for k in ids if k != i]
-            left = self.placer(len(src.ranks)).best(rest) if rest else None
+            left = self.placer(src.ranks).best(rest) if rest else None
             if rest and left is None:
                 continue
             left_ms = left[1] if left is not None else 0.0
             for dst in dests:
                 if self.clock() >= self.deadline:
                     return False
-                placer = self.placer(len(dst.ranks))
+                placer = self.placer(dst.ranks)
                 target = [*mb_ids(dst.mb), i]
                 if self._hopeless(dst.ranks, dst.time_ms, placer.lower_ms(target)):
                     continue
@@ -251,7 +257,7 @@ class LayoutSearch:
                     return True
             for size in dict.fromkeys((1, len(src.ranks))):
                 block = self._least_loaded_block(size, crit)
-                put = None if block is None else self.placer(size).best([i])
+                put = None if block is None else self.placer(block).best([i])
                 if (
                     block is not None
                     and put is not None
@@ -273,7 +279,7 @@ class LayoutSearch:
                 continue
             if self.clock() >= self.deadline:
                 return False
-            both = self.placer(len(wide.ranks)).best(mb_ids(src.mb) + mb_ids(other.mb))
+            both = self.placer(wide.ranks).best(mb_ids(src.mb) + mb_ids(other.mb))
             if both is not None and self._accepts(
                 [(wide.ranks, both[1] - wide.time_ms), (narrow.ranks, -narrow.time_ms)]
             ):
@@ -296,11 +302,11 @@ class LayoutSearch:
                         continue
                     if self.clock() >= self.deadline:
                         return False
-                    placer = self.placer(len(dst.ranks))
+                    placer = self.placer(dst.ranks)
                     target = [*(k for k in other if k != j), i]
                     if self._hopeless(dst.ranks, dst.time_ms, placer.lower_ms(target)):
                         continue
-                    a = self.placer(len(src.ranks)).best([*rest, j])
+                    a = self.placer(src.ranks).best([*rest, j])
                     if a is None:
                         continue
                     b = placer.best(target)
@@ -322,10 +328,10 @@ class LayoutSearch:
             if block is None or block == src.ranks:
                 continue
             top = max(self.load)
-            lower = self.placer(size).lower_ms(ids)
+            lower = self.placer(block).lower_ms(ids)
             if any(self.load[g] + lower >= top for g in block if g not in src.ranks):
                 continue
-            put = self.placer(size).best(ids)
+            put = self.placer(block).best(ids)
             if put is not None and self._accepts([(src.ranks, -src.time_ms), (block, put[1])]):
                 self._replace(src, None)
                 self._new(block, put, src.order)
@@ -360,8 +366,8 @@ class LayoutSearch:
             ids = mb_ids(src.mb)
             i = rng.choice(ids)
             rest = [k for k in ids if k != i]
-            left = self.placer(len(src.ranks)).best(rest) if rest else None
-            put = self.placer(len(dst.ranks)).best([*mb_ids(dst.mb), i])
+            left = self.placer(src.ranks).best(rest) if rest else None
+            put = self.placer(dst.ranks).best([*mb_ids(dst.mb), i])
             if put is None or (rest and left is None):
                 continue
             self._replace(src, left)

@@ -43,10 +43,16 @@ class _OutOfTime(Exception):
 
 
 class Placer:
-    """Best placements for one group size ``n`` under one cost model."""
+    """Best placements for one group size ``n`` (on one link, with topology) under one cost model."""
 
     def __init__(
-        self, lengths: Sequence[int], cost: CostModel, group_size: int, *, clock: Clock = time.monotonic
+        self,
+        lengths: Sequence[int],
+        cost: CostModel,
+        group_size: int,
+        *,
+        clock: Clock = time.monotonic,
+        link: str | None = None,
     ) -> None:
         self.lengths = lengths
         #: placements give up at ``deadline`` on ``clock`` (the search's; module docstring)
@@ -55,6 +61,9 @@ class Placer:
         self._work = 0
         self.cost = cost
         self.n = group_size
+        #: the link the group's ranks use (``CostModel.link_of``; None: the profile has no topology, or an
+        #: aligned group of this size)
+        self.link = link
         ms_per_flop = cost.profile.compute.ms_per_tflop / 1e12
         self._flops_ms = [ms_per_flop * cost.flops(s) for s in lengths]
         self._floor_ms = cost.microbatch_overhead_ms + cost.profile.compute.fixed_ms
@@ -65,7 +74,9 @@ class Placer:
     def time(self, mb: GroupMicrobatch) -> float:
         local, sharded = mb
         ls = self.lengths
-        return self.cost.microbatch_time_ms([[ls[i] for i in ids] for ids in local], [ls[i] for i in sharded])
+        return self.cost.microbatch_time_ms(
+            [[ls[i] for i in ids] for ids in local], [ls[i] for i in sharded], link=self.link
+        )
 
     def fits(self, mb: GroupMicrobatch) -> bool:
         local, sharded = mb
@@ -161,8 +172,10 @@ class Placer:
         mb = normalise(local, extra, n)
         if len(extra) > len(sharded) or (extra and not self._can_shard):
             return self._checked(mb)  # overflow sharded after the rooms were set: check the bucket again
+        if cost.profile.overlap is not None:
+            return mb, self.time(mb)  # the loads below time the plain overlap form only
         fixed = cost.profile.compute.fixed_ms
-        comm = cost.comm_ms(sum(ls[i] for i in extra), n)
+        comm = cost.comm_ms(sum(ls[i] for i in extra), n, link=self.link)
         dist = cost.t_comp_ms(sum(cost.flops(ls[i]) for i in extra) / n)
         worst = max((max(comm, load + fixed) if load > 0 else comm) for load, _ in heap) if extra else 0.0
         if not extra:

@@ -4,7 +4,8 @@ A microbatch's time depends only on its own sequences and their placement, so th
 every partition of the sequences into microbatches, give each block its best placement (every
 assignment of each sequence to a GPU or to "sharded", within the bucket), then assign blocks to DP
 ranks minimising the slowest rank. With ``modes``, each block's sharded work runs in the cheapest of them
-its group can run (the reference model priced in each mode in turn).
+its group can run (the reference model priced in each mode in turn). With a topology, each block is priced
+on the link of the group it runs on (``links`` per DP rank; ``CostModel.link_of`` of a flexible group).
 """
 
 from __future__ import annotations
@@ -27,7 +28,11 @@ def _partitions(items: list[int]) -> Iterator[list[list[int]]]:
 
 
 def best_block_time(
-    block: Sequence[int], cost: CostModel, group_size: int, modes: Sequence[str] = ("allgather",)
+    block: Sequence[int],
+    cost: CostModel,
+    group_size: int,
+    modes: Sequence[str] = ("allgather",),
+    link: str | None = None,
 ) -> float | None:
     best = None
     runs = [m for m in modes if cost.mode_fits(group_size, m)]
@@ -42,31 +47,36 @@ def best_block_time(
         if sharded and group_size > 1 and not runs:
             continue  # no allowed mode runs on this group
         for mode in runs if sharded and group_size > 1 else ["allgather"]:
-            t = cost.microbatch_time_ms(local, sharded, mode)
+            t = cost.microbatch_time_ms(local, sharded, mode, link=link)
             best = t if best is None else min(best, t)
     return best
 
 
 def optimum_ms(
-    lengths: Sequence[int], cost: CostModel, *, dp: int, cp: int, modes: Sequence[str] = ("allgather",)
+    lengths: Sequence[int],
+    cost: CostModel,
+    *,
+    dp: int,
+    cp: int,
+    modes: Sequence[str] = ("allgather",),
+    links: Sequence[str | None] | None = None,
 ) -> float:
-    cache: dict[tuple[int, ...], float | None] = {}
+    """The static layout's optimum; ``links[g]``: the link DP rank g's CP group uses (topology)."""
+    own = list(links) if links is not None else [None] * dp
+    cache: dict[tuple[tuple[int, ...], str | None], float | None] = {}
     best = float("inf")
     for part in _partitions(list(range(len(lengths)))):
-        times = []
-        for block in part:
-            key = tuple(sorted(lengths[i] for i in block))
-            if key not in cache:
-                cache[key] = best_block_time(key, cost, cp, modes)
-            t = cache[key]
-            if t is None:
-                break
-            times.append(t)
-        else:
-            for owners in itertools.product(range(dp), repeat=len(times)):
-                loads = [0.0] * dp
-                for t, g in zip(times, owners, strict=True):
-                    loads[g] += t
+        keys = [tuple(sorted(lengths[i] for i in block)) for block in part]
+        for owners in itertools.product(range(dp), repeat=len(part)):
+            loads = [0.0] * dp
+            for key, g in zip(keys, owners, strict=True):
+                if (key, own[g]) not in cache:
+                    cache[key, own[g]] = best_block_time(key, cost, cp, modes, own[g])
+                t = cache[key, own[g]]
+                if t is None:
+                    break
+                loads[g] += t
+            else:
                 best = min(best, max(loads))
     return best
 
@@ -80,15 +90,15 @@ def flexible_optimum_ms(
 ) -> float:
     """Exhaustive optimum when each microbatch may run on any of ``groups`` (GPU ranks): over every
     partition into microbatches and every choice of group per microbatch, the slowest GPU's summed time."""
-    cache: dict[tuple[tuple[int, ...], int], float | None] = {}
+    cache: dict[tuple[tuple[int, ...], int, str | None], float | None] = {}
     best = float("inf")
     for part in _partitions(list(range(len(lengths)))):
         for owners in itertools.product(range(len(groups)), repeat=len(part)):
             loads = [0.0] * gpus
             for block, g in zip(part, owners, strict=True):
-                key = (tuple(sorted(lengths[i] for i in block)), len(groups[g]))
+                key = (tuple(sorted(lengths[i] for i in block)), len(groups[g]), cost.link_of(groups[g]))
                 if key not in cache:
-                    cache[key] = best_block_time(key[0], cost, key[1], modes)
+                    cache[key] = best_block_time(key[0], cost, key[1], modes, key[2])
                 t = cache[key]
                 if t is None:
                     break

@@ -147,6 +147,7 @@ def test_the_warm_start_with_its_modes_satisfies_every_constraint(
     built, hint = _mode_model(request, view)
     values = [built.model.hint[v] for v in range(built.model.num_vars)]
     assert built.model.violated(values) == []
+
     # its objective is the hint's time as it runs (each microbatch in its cheapest mode), floored
     def ms(local: Any, sharded: Any) -> float:
         return view.microbatch_time_ms([[lengths[i] for i in ids] for ids in local], [lengths[i] for i in sharded])
@@ -227,3 +228,72 @@ def test_padding_that_costs_time_only_at_ulysses_prices_drops_optimal() -> None:
     padded = equalized(PlannerOutput(iterations=(specs,), status="optimal", bound_ms=before), problem)
     assert iteration_ms(padded.iterations[0], problem.lengths, view, 4) > before + 1e-6  # the padding costs
     assert padded.status == "feasible"
+
+
+#: Links far apart, so a group's link decides where its sequences go: a group of two GPUs on one node
+#: gathers at 0.005 ms per MiB, across nodes at 0.1 (three GPUs a node: with DP2 x CP2, GPUs 0-1 share a
+#: node, 2-3 do not).
+TOPOLOGY: dict[str, Any] = {
+    "gpus_per_node": 3,
+    "intra_node": {"allgather_ms_per_mib": 0.005, "alltoall_ms_per_mib": 0.004},
+    "inter_node": {"allgather_ms_per_mib": 0.1, "alltoall_ms_per_mib": 0.08},
+    "source": "test figures",
+}
+OVERLAPS: tuple[dict[str, Any] | None, ...] = (
+    None,
+    {"with": "local_attention", "ulysses_exposed": 0.5},
+    {"with": "local_compute", "ulysses_exposed": 1.0},
+)
+
+
+def with_topology(request: Request, overlap: dict[str, Any] | None) -> Request:
+    doc = {**request.profile.to_dict(), "topology": TOPOLOGY}
+    if overlap is not None:
+        doc["overlap"] = overlap
+    return dataclasses.replace(request, profile=profile_from_dict(doc))
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(tiny(), st.sampled_from(OVERLAPS))
+def test_ilp_optimum_with_topology_and_overlap_equals_exhaustive_enumeration(
+    case: tuple[list[int], int, int, int, tuple[str, ...]], overlap: dict[str, Any] | None
+) -> None:
+    lengths, dp, cp, bucket, modes = case
+    request = with_topology(make(lengths, dp=dp, cp=cp, bucket=bucket, modes=modes, solver="ilp"), overlap)
+    plan = solve(request)
+    assert plan_problems(plan, request) == []
+    reference = CostModel(request.profile, bucket_tokens=bucket)
+    links = [reference.link_of(request.parallel.cp_group(d)) for d in range(dp)]
+    best = optimum_ms(lengths, reference, dp=dp, cp=cp, modes=modes, links=links)
+    assert plan.solve.status == "optimal"
+    assert plan.estimated_ms == pytest.approx(best, rel=1e-6, abs=1e-6)
+    assert plan.solve.model_bound_ms is not None and plan.solve.model_bound_ms <= plan.estimated_ms + 1e-9
+    assert plan.solve.bound_ms is not None and plan.solve.bound_ms <= best + 1e-9
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(tiny(), st.sampled_from(OVERLAPS))
+def test_ilp_flex_optimum_with_topology_and_overlap_equals_exhaustive_enumeration(
+    case: tuple[list[int], int, int, int, tuple[str, ...]], overlap: dict[str, Any] | None
+) -> None:
+    lengths, dp, cp, bucket, modes = case
+    request = with_topology(make(lengths, dp=dp, cp=cp, bucket=bucket, modes=modes, solver="ilp-flex"), overlap)
+    plan = solve(request)
+    assert plan_problems(plan, request) == []
+    reference = CostModel(request.profile, bucket_tokens=bucket)
+    groups = flexible_groups(request.parallel)
+    best = flexible_optimum_ms(lengths, reference, groups, request.parallel.num_gpus, modes=modes)
+    assert plan.solve.status == "optimal"
+    assert plan.estimated_ms == pytest.approx(best, rel=1e-6, abs=1e-6)
+    assert plan.solve.bound_ms is not None and plan.solve.bound_ms <= best + 1e-9
+
+
+def test_the_exact_model_keeps_a_group_across_nodes_from_sharding_where_a_node_mate_can() -> None:
+    # DP2 x CP2 on nodes of three GPUs: DP rank 0's group (0, 1) is inside a node, rank 1's (2, 3) is not;
+    # one sequence too long for a bucket must shard, and the optimum shards it where the link is fast
+    request = with_topology(make([150, 20], dp=2, cp=2, bucket=100, modes=("allgather",), solver="ilp"), None)
+    plan = solve(request)
+    assert plan_problems(plan, request) == []
+    assert plan.solve.status == "optimal"
+    (sharding,) = [mb for it in plan.iterations for mb in it.microbatches if mb.sharded]
+    assert sharding.ranks == (0, 1) and sharding.link == "intra_node"
