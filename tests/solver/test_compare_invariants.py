@@ -124,3 +124,19 @@ def test_a_deferring_row_is_marked_and_kept_out_of_the_bound_columns() -> None:
     assert_invariants(request, rows, plans)
     table = format_table(rows)
     assert "x own-work" in table and "ms/iteration" in table and "total ms" in table
+
+
+def test_the_legend_is_printed_by_help_and_in_the_docs() -> None:
+    import contextlib
+    import io
+
+    from skrull.cli.main import main as skrull_main
+    from skrull.solver.compare import LEGEND
+
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "planners.md").read_text(encoding="utf-8")
+    assert LEGEND in docs
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
+        skrull_main(["compare", "--help"])
+    assert all(line.split()[0] in out.getvalue() for line in LEGEND.splitlines() if line.strip())
+    assert "60 s for ilp and ilp-flex" in " ".join(out.getvalue().split())
