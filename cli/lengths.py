@@ -122,7 +122,8 @@ def hub_dataset(args: argparse.Namespace) -> str | None:
     name (what ``--dataset`` means for ``plan``, ``compare`` and ``request``) is refused, naming the flag."""
     from skrull.solver.datasets import distribution_names
 
-    name, flag = args.hub_dataset, "--hub-dataset"
+    name: str | None = args.hub_dataset
+    flag = "--hub-dataset"
     if args.legacy_dataset is not None:
         if name is not None:
             raise RequestError("--dataset", args.legacy_dataset, "give --hub-dataset only (--dataset is its old name)")

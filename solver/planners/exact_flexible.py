@@ -102,7 +102,9 @@ class FlexibleIlpPlanner:
         if given:
             cost = CostModel(problem.profile, bucket_tokens=problem.bucket_tokens, choose_modes=problem.cp_modes)
             gpus = problem.parallel.num_gpus
-            start = tuple(min(given, key=lambda specs: iteration_ms(specs, problem.lengths, cost, gpus)))
+            start = min(
+                (tuple(specs) for specs in given), key=lambda specs: iteration_ms(specs, problem.lengths, cost, gpus)
+            )
         else:
             now = time.monotonic()
             start = _warm_start(problem, ids, offset, now + START_SHARE * (deadline - now))
