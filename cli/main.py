@@ -376,9 +376,10 @@ def build_parser() -> argparse.ArgumentParser:
         "compare",
         help="plan a request with several planners and print one table",
         description=(
-            "Plan a request with several planners and print one table. Each planner gets the budget `skrull plan` "
-            "gives it (1 s; 60 s for ilp and ilp-flex, which stop once proven optimal) unless the request or "
-            "--time-budget-s names one; the exact planners start from the best heuristic plan of their layout."
+            "Plan a request with several planners and print one table.\n"
+            "Each planner gets the budget `skrull plan` gives it (1 s; 60 s for ilp and ilp-flex,\n"
+            "which stop once proven optimal) unless the request or --time-budget-s names one;\n"
+            "the exact planners start from the best heuristic plan of their layout."
         ),
         epilog=LEGEND,
         formatter_class=argparse.RawDescriptionHelpFormatter,
