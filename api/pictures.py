@@ -24,7 +24,7 @@ from skrull.api.sizes import DEFAULT_MAX_PICTURE_BARS
 from skrull.api.store.base import JobRecord
 from skrull.solver.cost import CostModel
 from skrull.solver.io import plan_from_dict, request_from_dict
-from skrull.solver.render import plan_timelines, render_svg
+from skrull.solver.render import iteration_bounds_ms, plan_timelines, render_svg
 
 #: How often (seconds) the page of a plan still solving reloads itself.
 REFRESH_S = 2
@@ -97,7 +97,7 @@ def timeline_svg(
     plan = plan_from_dict(doc)
     request = request_from_dict(json.loads(request_json))
     lengths = [n for batch in request.batches for n in batch]
-    model = CostModel(request.profile, bucket_tokens=request.bucket_tokens)
+    model = CostModel(request.profile, bucket_tokens=request.bucket_tokens, cp_modes=request.cp_modes)
     par = plan.parallel
     title = (
         f"plan {job.job_id[:12]}: {plan.solver}, DP{par.dp} x CP{par.cp}, bucket {plan.bucket_tokens} tokens, "
@@ -109,7 +109,28 @@ def timeline_svg(
     return svg
 
 
-def view_page(job: JobRecord, svg: str | None) -> str:
+def plan_bounds_text(plan_json: str, request_json: str | None) -> str:
+    """The plan's bounds, totals over its iterations, named as ``skrull compare`` and the timeline's panels name
+    them (``render.iteration_bounds_ms`` of the sequences each iteration runs); without the request, the
+    plan's own ``lower_bound_ms`` (the specification's, also valid for any layout)."""
+    doc = json.loads(plan_json)
+    if request_json is None:
+        bound = sum(float(it["lower_bound_ms"]) for it in doc["iterations"])
+        return f"no plan beats {bound:.1f} ms (any layout)"
+    plan = plan_from_dict(doc)
+    request = request_from_dict(json.loads(request_json))
+    lengths = [n for batch in request.batches for n in batch]
+    model = CostModel(request.profile, bucket_tokens=request.bucket_tokens, cp_modes=request.cp_modes)
+    any_layout = static = 0.0
+    for it in plan.iterations:
+        ran = [lengths[i] for mb in it.microbatches for i in mb.seq_ids]
+        a, s = iteration_bounds_ms(ran, model, plan.parallel)
+        any_layout += max(a, it.lower_bound_ms)
+        static += max(s, it.static_bound_ms or 0.0, a)
+    return f"no plan beats {any_layout:.1f} ms (any layout); none with static CP groups beats {static:.1f} ms"
+
+
+def view_page(job: JobRecord, svg: str | None, request_json: str | None = None) -> str:
     """The HTML page of a plan: its status and figures, the timeline inline once solved."""
     pid = escape(job.job_id)
     facts = [
@@ -122,8 +143,9 @@ def view_page(job: JobRecord, svg: str | None) -> str:
     if job.plan_json is not None:
         plan = json.loads(job.plan_json)
         total = sum(float(it["estimated_ms"]) for it in plan["iterations"])
-        bound = sum(float(it["lower_bound_ms"]) for it in plan["iterations"])
-        facts.append(("estimated", f"{total:.1f} ms (lower bound {bound:.1f} ms, valid for any layout)"))
+        count = len(plan["iterations"])
+        facts.append(("estimated", f"{total:.1f} ms in all, over {count} iteration{'' if count == 1 else 's'}"))
+        facts.append(("bounds", plan_bounds_text(job.plan_json, request_json)))
         facts.append(("planning", f"{float(plan['solve']['wall_ms']):.1f} ms, {plan['solve']['status']}"))
     if job.error_json is not None:
         facts.append(("error", str(json.loads(job.error_json).get("detail", "failed"))))

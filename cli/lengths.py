@@ -3,11 +3,14 @@
     skrull lengths train.jsonl --tokenizer tokenizer.json --field prompt --field response \\
         --global-batch-size 256 --seed 1234 --dp 4 --cp 8 -o request.json
     skrull lengths chats.parquet --tokenizer ./qwen --global-batch-size 64 --submit http://planner:8000
-    skrull lengths --dataset ./my-sft-dir --split train --tokenizer ./qwen --global-batch-size 64
+    skrull lengths --hub-dataset ./my-sft-dir --split train --tokenizer ./qwen --global-batch-size 64
 
 Rows with a chat (``messages``) and no ``--field`` are rendered with the tokenizer's own chat template
-(``apply_chat_template``) unless ``--chat-template`` names a fixed layout. ``--dataset`` reads a Hugging
-Face dataset by name or local path (``datasets``) instead of files.
+(``apply_chat_template``) unless ``--chat-template`` names a fixed layout. ``--hub-dataset`` reads a Hugging
+Face dataset by name or local path (``datasets``) instead of files. It was ``--dataset``, which still works
+with a deprecation note: in ``plan``, ``compare`` and ``request``, ``--dataset`` names one of the bundled
+length distributions instead, and such a name given here is refused at once (it would otherwise be looked
+up on the Hub, retrying for half a minute offline).
 """
 
 from __future__ import annotations
@@ -41,7 +44,15 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser("lengths", help="token lengths of SFT data as a planning request")
     p.add_argument("data", nargs="*", metavar="DATA", help="JSONL / JSON / Parquet files (read in order)")
     p.add_argument(
-        "--dataset", metavar="NAME_OR_PATH", help="a Hugging Face dataset (name or local path) instead of DATA files"
+        "--hub-dataset",
+        metavar="NAME_OR_PATH",
+        help="a Hugging Face dataset (name or local path) instead of DATA files",
+    )
+    p.add_argument(
+        "--dataset",
+        dest="legacy_dataset",
+        metavar="NAME_OR_PATH",
+        help="deprecated spelling of --hub-dataset (elsewhere --dataset names a bundled length distribution)",
     )
     p.add_argument("--split", default="train", help="the dataset's split (default train)")
     p.add_argument("--dataset-config", metavar="NAME", help="the dataset's configuration, where it has several")
@@ -106,6 +117,28 @@ def _submit(url: str, doc: dict[str, Any]) -> str:
         raise RequestError("--submit", url, f"cannot reach the service ({reason})") from None
 
 
+def hub_dataset(args: argparse.Namespace) -> str | None:
+    """``--hub-dataset``, or the deprecated ``--dataset`` with a note on stderr; a bundled distribution's
+    name (what ``--dataset`` means for ``plan``, ``compare`` and ``request``) is refused, naming the flag."""
+    from skrull.solver.datasets import distribution_names
+
+    name: str | None = args.hub_dataset
+    flag = "--hub-dataset"
+    if args.legacy_dataset is not None:
+        if name is not None:
+            raise RequestError("--dataset", args.legacy_dataset, "give --hub-dataset only (--dataset is its old name)")
+        name, flag = args.legacy_dataset, "--dataset"
+        print("skrull: note: `skrull lengths --dataset` is now --hub-dataset; --dataset still works", file=sys.stderr)
+    if name is not None and name in distribution_names() and not Path(name).exists():
+        raise RequestError(
+            flag,
+            name,
+            "is a bundled length distribution (skrull request/plan/compare --dataset NAME samples it); "
+            "skrull lengths counts tokens of real data: DATA files or --hub-dataset NAME_OR_PATH",
+        )
+    return name
+
+
 def cmd_lengths(args: argparse.Namespace) -> int:
     for flag, value in (
         ("--global-batch-size", args.global_batch_size),
@@ -124,7 +157,7 @@ def cmd_lengths(args: argparse.Namespace) -> int:
     source = open_text_source(
         tokenizer=args.tokenizer,
         files=args.data,
-        dataset=args.dataset,
+        dataset=hub_dataset(args),
         split=args.split,
         dataset_config=args.dataset_config,
         fmt=args.format,

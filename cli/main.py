@@ -25,7 +25,7 @@ from skrull.cli import lengths as lengths_cli
 from skrull.cli import profile as profile_cli
 from skrull.cli import serve, solver_worker
 from skrull.cli import show as show_cli
-from skrull.solver.compare import compare, format_table, parse_solver_spec
+from skrull.solver.compare import LEGEND, bounds_line, compare, format_table, parse_solver_spec
 from skrull.solver.cp_modes import read_cp_modes
 from skrull.solver.datasets import distribution_names, synthesize_request
 from skrull.solver.errors import MISSING, PlannerBugError, RequestError, SkrullError
@@ -255,7 +255,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
         f"profile {request.profile.name}, "
         f"bucket {request.bucket_tokens} tokens"
     )
-    _write(title + "\n\n" + format_table(rows), args.output)
+    bounds = bounds_line(rows, len(request.batches))
+    _write(title + "\n" + bounds + "\n\n" + format_table(rows) + "\n\n" + LEGEND.rstrip("\n"), args.output)
     return 0
 
 
@@ -371,11 +372,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compact", action="store_true", help="one-line JSON")
     p.set_defaults(func=cmd_plan)
 
-    p = sub.add_parser("compare", help="plan a request with several planners and print one table")
+    p = sub.add_parser(
+        "compare",
+        help="plan a request with several planners and print one table",
+        description=(
+            "Plan a request with several planners and print one table.\n"
+            "Each planner gets the budget `skrull plan` gives it (1 s; 60 s for ilp and ilp-flex,\n"
+            "which stop once proven optimal) unless the request or --time-budget-s names one;\n"
+            "the exact planners start from the best heuristic plan of their layout."
+        ),
+        epilog=LEGEND,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     _add_source(p)
     p.add_argument("--solvers", default=None, help="comma-separated planners (default: all)")
     p.add_argument("--json", action="store_true", help="rows as JSON")
-    p.add_argument("--plot", metavar="FILE", help="also draw the planners' first iteration side by side (.svg/.png)")
+    p.add_argument(
+        "--plot", metavar="FILE", help="also draw the planners' first iterations, stacked one above another (.svg/.png)"
+    )
     p.add_argument("--output", "-o", metavar="FILE", help="write the table here (default: stdout)")
     p.set_defaults(func=cmd_compare)
 

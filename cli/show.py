@@ -60,7 +60,8 @@ def _lengths_and_model(request: Request | None) -> tuple[list[int] | None, CostM
     if request is None:
         return None, None
     lengths = [n for batch in request.batches for n in batch]
-    return lengths, CostModel(request.profile, bucket_tokens=request.bucket_tokens)
+    # the request's modes: the bounds drawn hold for the modes its plans may use (solver/render.py)
+    return lengths, CostModel(request.profile, bucket_tokens=request.bucket_tokens, cp_modes=request.cp_modes)
 
 
 def plan_svg(plan: Plan, request: Request | None, *, iterations: Sequence[int] | None = None) -> str:
@@ -77,7 +78,7 @@ def plan_svg(plan: Plan, request: Request | None, *, iterations: Sequence[int] |
 
 
 def compare_svg(request: Request, plans: Mapping[str, Plan], *, iteration: int = 0) -> str:
-    """One panel per planner for the same iteration, on one time scale."""
+    """One panel per planner for the same iteration, stacked one above another on one time scale."""
     lengths, model = _lengths_and_model(request)
     panels: list[Timeline] = [
         iteration_timeline(
@@ -89,7 +90,7 @@ def compare_svg(request: Request, plans: Mapping[str, Plan], *, iteration: int =
     par = request.parallel
     return render_svg(
         panels,
-        title=f"planners side by side, DP{par.dp} x CP{par.cp}, bucket {request.bucket_tokens} tokens",
+        title=f"planners, one panel each (stacked), DP{par.dp} x CP{par.cp}, bucket {request.bucket_tokens} tokens",
     )
 
 

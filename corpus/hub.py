@@ -25,7 +25,7 @@ def iter_dataset_rows(name: str, *, split: str = "train", config: str | None = N
         import datasets
     except ImportError as exc:
         raise RequestError(
-            "--dataset", name, f"needs the datasets package (pip install 'skrull[data]'): {exc}"
+            "--hub-dataset", name, f"needs the datasets package (pip install 'skrull[data]'): {exc}"
         ) from None
     local = Path(name)
     try:
@@ -40,6 +40,6 @@ def iter_dataset_rows(name: str, *, split: str = "train", config: str | None = N
         reason = " ".join(str(exc).split())
         if isinstance(exc, ValueError) and ("Bad split" in reason or "Unknown split" in reason):
             raise RequestError("--split", split, f"not a split of {name} ({reason})") from None
-        raise RequestError("--dataset", name, f"cannot be loaded ({reason})") from None
+        raise RequestError("--hub-dataset", name, f"cannot be loaded ({reason})") from None
     for done, row in enumerate(rows, start=1):
         yield row, done

@@ -59,7 +59,7 @@ def open_text_source(
     paths = [Path(f) for f in files]
     if bool(paths) == bool(dataset):
         raise RequestError(
-            "DATA", [str(p) for p in paths], "give data files or --dataset NAME_OR_PATH (one of the two)"
+            "DATA", [str(p) for p in paths], "give data files or --hub-dataset NAME_OR_PATH (one of the two)"
         )
     for path in paths:
         if not path.is_file():

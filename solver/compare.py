@@ -1,17 +1,29 @@
 """Run one request through several planners and tabulate them on the reference cost model.
 
-Columns (``solver.metrics`` defines the figures): the plan's layout (static CP groups or flexible
-groups), iteration ms (summed over iterations), ratio to the specification's lower bound of the work the
-plan runs (the plans' ``lower_bound_ms``, valid for every layout), the solve block's bound (valid for every
-layout) and gap to it, an exact row's gap to its own model's bound (``model_gap``: over the static layout
-for ``ilp``, over its groups for ``ilp-flex``; its status is proven against that one), speedup over
-``deepspeed``, WLB-LLM's imbalance degree, the fullest GPU's share of its bucket, sequences left
-``pending`` and their mean delay in iterations (WLB-LLM defers outliers), planning ms, microbatch count,
-solver status.
+Budgets: a request that names ``time_budget_s`` (or ``--time-budget-s``) gives it to every planner; else
+each planner gets what ``skrull plan`` would give it (``Request.resolved_time_budget_s``: 1 s, 60 s for
+the exact planners ``ilp`` and ``ilp-flex``, raised to what the request's size needs). An exact planner
+stops early once it proves its plan optimal. The heuristics run first; then every exact planner starts
+from the best plan of its layout they gave (``ilp``: the cheapest static plan that runs every sequence;
+``ilp-flex``: the cheapest plan that runs every sequence, ``auto``'s among them), so it is never worse
+than that start.
 
-The speedup is ``(deepspeed ms / deepspeed work) / (ms / work)``, time per unit of work (``solver.metrics.
-work_ms``, additive over the sequences a plan runs): exactly the plain time ratio when both plans run
-every sequence, and fair when a planner defers sequences past the request (WLB-LLM's ``pending``).
+Bounds: one per meaning, computed once for the request (not per row), each never above any plan of the
+layout it claims that runs every sequence of its own batch:
+
+* ``bound_any_layout_ms``: per batch ``search.bound.sharding_floor_ms`` (which includes the
+  specification's lower bound), summed; no plan with any groups beats it;
+* ``bound_static_ms``: per batch the larger of that and ``CostModel.static_bound_ms``, summed, raised to
+  ``ilp``'s proven model bound where it ran; no plan made of whole CP groups (Skrull's layout) beats it.
+
+A row that *defers* (runs a sequence in a later iteration than its batch's, or leaves it ``pending``)
+runs other work than the request's batches, so neither bound holds for it: its ratio is to the bound of
+the work it runs (``x own-work bound``), in its own column, and it is marked. ``speedup`` is per unit of
+work: ``(deepspeed ms / deepspeed work) / (ms / work)`` (``solver.metrics.work_ms``, additive over the
+sequences a plan runs), the plain time ratio when both plans run every sequence.
+
+``LEGEND`` explains every column of ``format_table`` (printed under the table, in ``--help`` and in
+docs/planners.md).
 """
 
 from __future__ import annotations
@@ -24,17 +36,38 @@ from typing import Any
 from skrull.solver.cost import CostModel
 from skrull.solver.errors import PlannerBugError, SkrullError
 from skrull.solver.metrics import delay_iterations, imbalance_degree, peak_bucket_use, synchronized_makespan_ms, work_ms
+from skrull.solver.planners.base import Planner
 from skrull.solver.planners.registry import planner_names
 from skrull.solver.planning import solve
-from skrull.solver.search.budget import compare_budget_s
-from skrull.solver.types import Plan, Request
+from skrull.solver.search.bound import sharding_floor_ms
+from skrull.solver.search.budget import EXACT_SOLVERS
+from skrull.solver.types import MicrobatchSpec, Plan, Request
 
 REFERENCE_SOLVER = "deepspeed"
 #: What ``compare`` runs by default: the heuristic, the exact model over both layouts (static DP x CP
 #: groups: ``ilp``, each backend; flexible groups: ``ilp-flex``), auto, then the baselines and peers.
 #: Each exact row's ``model_gap`` and status are over its own layout, so ``ilp-flex`` against ``auto``
-#: compares like with like; every row's ``bound_ms`` holds for every layout.
+#: compares like with like.
 DEFAULT_SOLVERS: tuple[str, ...] = ("skrull", "ilp(scip)", "ilp(cpsat)", "ilp-flex", "auto")
+
+#: What every column of ``format_table`` means (printed under the table, in ``skrull compare --help``).
+LEGEND = """\
+Legend (times are estimates of the reference cost model, docs/formats.md):
+  layout          static: every microbatch on one DP rank's CP group (Skrull's layout); flexible: other groups
+  ms/iteration    the plan's time per iteration (global batch): total ms / iterations
+  total ms        summed over the request's iterations
+  x bound         total ms / the any-layout bound (above the table): no plan goes below 1.000
+  x own-work      deferring rows (marked *) only: total ms / the any-layout bound of the work the row runs
+  gap to layout   (total ms - the bound of the row's layout) / total ms: static rows against the static bound
+  model gap       exact planners: the gap to their own model's proven bound (status is proven against it)
+  speedup         deepspeed's time per unit of work / this row's (per unit of work: fair to deferring rows)
+  imbalance       WLB-LLM's imbalance degree: slowest GPU / mean GPU, averaged over iterations
+  peak bucket     the fullest GPU's share of its memory bucket
+  pending         sequences left for a later request (deferred); delay it: their mean delay in iterations
+  budget s        the planner's time budget; planning ms: what it used (an exact planner stops once optimal)
+  *               the row defers sequences: it runs other work than the request's batches, so the bounds do
+                  not hold for it and it is compared per unit of work only
+"""
 
 
 def default_solvers(request: Request | None = None) -> list[str]:
@@ -60,11 +93,18 @@ def parse_solver_spec(spec: str) -> tuple[str, str | None]:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CompareRow:
     solver: str
+    #: the plan's total over all iterations (the name is kept for the service's clients: ``total_ms`` too)
     iteration_ms: float | None
+    #: the any-layout bound of the work this row runs (per iteration, summed): the request's for a row that
+    #: runs every batch whole
     lower_bound_ms: float | None
+    #: ``iteration_ms / bound_ms`` for a row that does not defer, else None (``ratio_to_own_work_bound``)
     ratio_to_bound: float | None
+    #: the request's any-layout bound (``bound_any_layout_ms``), the same on every row
     bound_ms: float | None
+    #: ``(iteration_ms - bound_ms) / iteration_ms`` for a row that does not defer
     gap: float | None
+    #: time per unit of work, deepspeed's over this row's
     speedup: float | None
     planning_ms: float | None
     num_microbatches: int | None
@@ -81,27 +121,116 @@ class CompareRow:
     #: an exact planner's bound over the plans its model expresses, and the gap to it (``solve.model_*``)
     model_bound_ms: float | None = None
     model_gap: float | None = None
+    #: the plan's total over all iterations, and per iteration (total / iterations)
+    total_ms: float | None = None
+    ms_per_iteration: float | None = None
+    #: whether the row runs a sequence later than its batch or leaves it pending (the bounds do not hold)
+    defers: bool | None = None
+    #: a deferring row's total over the any-layout bound of the work it runs
+    ratio_to_own_work_bound: float | None = None
+    #: the request's bound for plans of this row's layout, and the gap to it (rows that do not defer)
+    layout_bound_ms: float | None = None
+    layout_gap: float | None = None
+    #: the time budget the planner was given
+    time_budget_s: float | None = None
+    #: the request's static-layout bound (``bound_static_ms``), the same on every row
+    bound_static_ms: float | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Bounds:
+    """The request's bounds, one per meaning (module docstring), totals over its batches."""
+
+    any_layout_ms: float
+    static_ms: float
+
+    def of_layout(self, layout: str | None) -> float:
+        return self.static_ms if layout == "static" else self.any_layout_ms
+
+
+def request_bounds(request: Request, plans: dict[str, Plan] | None = None) -> Bounds:
+    """``bound_any_layout_ms`` and ``bound_static_ms`` of the request (module docstring); ``plans``: an
+    ``ilp`` plan's proven model bound raises the static one, and a plan's own any-layout ``bound_ms`` (which
+    the planner proved for every layout) raises the any-layout one where it runs every sequence."""
+    cost = CostModel(request.profile, bucket_tokens=request.bucket_tokens, cp_modes=request.cp_modes)
+    par = request.parallel
+    any_layout, static = 0.0, 0.0
+    for batch in request.batches:
+        floor = sharding_floor_ms(batch, cost, par)
+        any_layout += floor
+        static += max(floor, cost.static_bound_ms(batch, par))
+    for name, plan in (plans or {}).items():
+        if _defers(plan, request):
+            continue
+        if plan.solve.bound_ms is not None:
+            any_layout = max(any_layout, plan.solve.bound_ms)
+        if parse_solver_spec(name)[0] == "ilp" and plan.solve.model_bound_ms is not None:
+            static = max(static, plan.solve.model_bound_ms)
+    return Bounds(any_layout_ms=any_layout, static_ms=max(static, any_layout))
+
+
+def _budget_s(request: Request, solver: str) -> float:
+    """What ``skrull plan`` gives ``solver`` for this request (module docstring)."""
+    return dataclasses.replace(request, solver=solver).resolved_time_budget_s
+
+
+def _starts(plans: dict[str, Plan], request: Request, *, static_only: bool) -> list[list[list[MicrobatchSpec]]]:
+    """The heuristic plans that run every sequence in its batch, as placements (the exact planners' starts)."""
+    out = []
+    for name, plan in plans.items():
+        if parse_solver_spec(name)[0] in EXACT_SOLVERS or _defers(plan, request):
+            continue
+        if static_only and layout_of(plan) != "static":
+            continue
+        out.append(
+            [
+                [
+                    MicrobatchSpec(
+                        step=mb.step,
+                        ranks=mb.ranks,
+                        local=mb.local,
+                        sharded=mb.sharded,
+                        sharding=mb.sharding,
+                        mode=mb.mode,
+                    )
+                    for mb in it.microbatches
+                ]
+                for it in plan.iterations
+            ]
+        )
+    return out
+
+
+def _exact_planner(solver: str, backend: str | None, starts: list[list[list[MicrobatchSpec]]]) -> Planner:
+    from skrull.solver.planners.exact import IlpPlanner
+    from skrull.solver.planners.exact_flexible import FlexibleIlpPlanner
+
+    if solver == "ilp":
+        return IlpPlanner(backend, starts=starts)
+    return FlexibleIlpPlanner(backend, starts=starts)
 
 
 def compare(request: Request, solvers: Sequence[str] | None = None) -> tuple[list[CompareRow], dict[str, Plan]]:
-    """Plan ``request`` with every solver (default: all registered); speedups are over ``deepspeed``.
-    A request without ``time_budget_s`` gives each planner ``search.budget.compare_budget_s``.
-
-    ``iteration_ms`` is the plan's total over all iterations (one per batch).
-    """
+    """Plan ``request`` with every solver (default: all registered), the heuristics first, then the exact
+    planners from their best start (module docstring); speedups are over ``deepspeed``."""
     names = list(solvers) if solvers is not None else default_solvers(request)
+    order = list(dict.fromkeys([*names, REFERENCE_SOLVER]))
+    order.sort(key=lambda n: parse_solver_spec(n)[0] in EXACT_SOLVERS)  # stable: heuristics first
     plans: dict[str, Plan] = {}
     errors: dict[str, str] = {}
-    for name in dict.fromkeys([*names, REFERENCE_SOLVER]):
+    budgets: dict[str, float] = {}
+    for name in order:
         solver, backend = parse_solver_spec(name)
         try:
-            budget_s = request.time_budget_s
-            if budget_s is None:  # every planner the same quick default, raised to what it needs
-                budget_s = compare_budget_s(solver, [len(b) for b in request.batches], request.parallel)
+            budgets[name] = _budget_s(request, solver)
             planned = dataclasses.replace(
-                request, solver=solver, backend=backend or request.backend, time_budget_s=budget_s
+                request, solver=solver, backend=backend or request.backend, time_budget_s=budgets[name]
             )
-            plans[name] = solve(planned)
+            planner = None
+            if solver in EXACT_SOLVERS:
+                starts = _starts(plans, request, static_only=solver == "ilp")
+                planner = _exact_planner(solver, backend, starts)
+            plans[name] = solve(planned, planner=planner)
         except (SkrullError, PlannerBugError) as exc:  # one planner's failure is its row, not the table's
             errors[name] = str(exc)
         except Exception as exc:  # a registered (plugin) planner that raises anything else: its row too
@@ -109,6 +238,7 @@ def compare(request: Request, solvers: Sequence[str] | None = None) -> tuple[lis
     reference = plans.get(REFERENCE_SOLVER)
     lengths = [s for batch in request.batches for s in batch]
     model = CostModel(request.profile, bucket_tokens=request.bucket_tokens)
+    bounds = request_bounds(request, plans)
     rows = []
     for name in names:
         plan = plans.get(name)
@@ -119,45 +249,86 @@ def compare(request: Request, solvers: Sequence[str] | None = None) -> tuple[lis
                     iteration_ms=None,
                     lower_bound_ms=None,
                     ratio_to_bound=None,
-                    bound_ms=None,
+                    bound_ms=bounds.any_layout_ms,
                     gap=None,
                     speedup=None,
                     planning_ms=None,
                     num_microbatches=None,
                     status="error",
                     error=errors[name],
+                    time_budget_s=budgets.get(name),
+                    bound_static_ms=bounds.static_ms,
                 )
             )
             continue
-        total = plan.estimated_ms
-        bound = plan.lower_bound_ms  # each iteration's, over the sequences it runs: valid for every layout
-        stats = plan.solve.stats_dict
-        rows.append(
-            CompareRow(
-                solver=name,
-                iteration_ms=total,
-                lower_bound_ms=bound,
-                ratio_to_bound=total / bound if bound > 0 else None,
-                bound_ms=plan.solve.bound_ms,
-                gap=plan.solve.gap,
-                speedup=_speedup(reference, plan, lengths, model),
-                planning_ms=plan.solve.wall_ms,
-                num_microbatches=sum(len(it.microbatches) for it in plan.iterations),
-                status=plan.solve.status,
-                imbalance_degree=imbalance_degree(plan),
-                peak_bucket_use=peak_bucket_use(plan, lengths),
-                pending=len(plan.pending),
-                avg_delay_iterations=(
-                    stats["avg_delay_iterations"] if "avg_delay_iterations" in stats else _delay(plan, request, lengths)
-                ),
-                makespan_ms=synchronized_makespan_ms(plan),
-                stats=stats or None,
-                layout=layout_of(plan),
-                model_bound_ms=plan.solve.model_bound_ms,
-                model_gap=plan.solve.model_gap,
-            )
-        )
+        rows.append(_row(name, plan, request, bounds, reference, lengths, model, budgets.get(name)))
     return rows, plans
+
+
+def _row(
+    name: str,
+    plan: Plan,
+    request: Request,
+    bounds: Bounds,
+    reference: Plan | None,
+    lengths: list[int],
+    model: CostModel,
+    budget_s: float | None,
+) -> CompareRow:
+    total = plan.estimated_ms
+    defers = _defers(plan, request)
+    layout = layout_of(plan)
+    own_bound = plan.lower_bound_ms  # each iteration's, over the sequences it runs: valid for every layout
+    layout_bound = bounds.of_layout(layout)
+    stats = plan.solve.stats_dict
+    return CompareRow(
+        solver=name,
+        iteration_ms=total,
+        lower_bound_ms=own_bound,
+        ratio_to_bound=None if defers or bounds.any_layout_ms <= 0 else total / bounds.any_layout_ms,
+        bound_ms=bounds.any_layout_ms,
+        gap=None if defers else _gap(total, bounds.any_layout_ms),
+        speedup=_speedup(reference, plan, lengths, model),
+        planning_ms=plan.solve.wall_ms,
+        num_microbatches=sum(len(it.microbatches) for it in plan.iterations),
+        status=plan.solve.status,
+        imbalance_degree=imbalance_degree(plan),
+        peak_bucket_use=peak_bucket_use(plan, lengths),
+        pending=len(plan.pending),
+        avg_delay_iterations=(
+            stats["avg_delay_iterations"] if "avg_delay_iterations" in stats else _delay(plan, request, lengths)
+        ),
+        makespan_ms=synchronized_makespan_ms(plan),
+        stats=stats or None,
+        layout=layout,
+        model_bound_ms=plan.solve.model_bound_ms,
+        model_gap=plan.solve.model_gap,
+        total_ms=total,
+        ms_per_iteration=total / len(plan.iterations) if plan.iterations else None,
+        defers=defers,
+        ratio_to_own_work_bound=(total / own_bound if defers and own_bound > 0 else None),
+        layout_bound_ms=None if defers else layout_bound,
+        layout_gap=None if defers else _gap(total, layout_bound),
+        time_budget_s=budget_s,
+        bound_static_ms=bounds.static_ms,
+    )
+
+
+def _gap(total: float, bound: float) -> float:
+    return (total - bound) / total if total > 0 else 0.0
+
+
+def _defers(plan: Plan, request: Request) -> bool:
+    """Whether the plan leaves a sequence pending or runs one in another iteration than its batch's."""
+    if plan.pending or len(plan.iterations) != len(request.batches):
+        return True
+    start = 0
+    for it, batch in zip(plan.iterations, request.batches, strict=True):
+        ran = sorted(i for mb in it.microbatches for i in mb.seq_ids)
+        if ran != list(range(start, start + len(batch))):
+            return True
+        start += len(batch)
+    return False
 
 
 def _delay(plan: Plan, request: Request, lengths: Sequence[int]) -> float | None:
@@ -198,21 +369,38 @@ def _opt(value: float | None, fmt: str) -> str:
     return "-" if value is None else format(value, fmt)
 
 
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.2f}%"
+
+
+def bounds_line(rows: Sequence[CompareRow], num_iterations: int) -> str:
+    """The request's two bounds, as printed above the table."""
+    if not rows or rows[0].bound_ms is None or rows[0].bound_static_ms is None:
+        return ""
+    iterations = f"{num_iterations} iteration{'' if num_iterations == 1 else 's'}"
+    return (
+        f"bounds, totals over {iterations}: no plan beats {rows[0].bound_ms:.1f} ms (any layout); "
+        f"none with static CP groups beats {rows[0].bound_static_ms:.1f} ms (static layout)"
+    )
+
+
 def format_table(rows: Sequence[CompareRow]) -> str:
-    """A fixed-width text table (Markdown-compatible)."""
+    """A fixed-width text table (Markdown-compatible); ``LEGEND`` says what each column means."""
     header = [
         "solver",
         "layout",
-        "iteration ms",
-        "x bound (any layout)",
-        "bound ms (any layout)",
-        "gap (any layout)",
-        "gap (own model)",
-        "speedup vs deepspeed",
+        "ms/iteration",
+        "total ms",
+        "x bound",
+        "x own-work",
+        "gap to layout",
+        "model gap",
+        "speedup (per work)",
         "imbalance",
         "peak bucket",
         "pending",
         "delay it",
+        "budget s",
         "planning ms",
         "microbatches",
         "status",
@@ -222,20 +410,23 @@ def format_table(rows: Sequence[CompareRow]) -> str:
         if r.error is not None:
             lines.append([r.solver, *(["-"] * (len(header) - 2)), f"error: {r.error}"])
             continue
+        assert r.iteration_ms is not None
         lines.append(
             [
-                r.solver,
+                f"{r.solver} *" if r.defers else r.solver,
                 r.layout or "-",
+                _opt(r.ms_per_iteration, ".1f"),
                 f"{r.iteration_ms:.1f}",
                 _opt(r.ratio_to_bound, ".3f"),
-                _opt(r.bound_ms, ".1f"),
-                "-" if r.gap is None else f"{100 * r.gap:.2f}%",
-                "-" if r.model_gap is None else f"{100 * r.model_gap:.2f}%",
+                _opt(r.ratio_to_own_work_bound, ".3f"),
+                _pct(r.layout_gap),
+                _pct(r.model_gap),
                 "-" if r.speedup is None else f"{r.speedup:.2f}x",
                 _opt(r.imbalance_degree, ".3f"),
                 "-" if r.peak_bucket_use is None else f"{100 * r.peak_bucket_use:.0f}%",
                 str(r.pending),
                 _opt(r.avg_delay_iterations, ".2f"),
+                _opt(r.time_budget_s, "g"),
                 f"{r.planning_ms:.1f}",
                 str(r.num_microbatches),
                 r.status,

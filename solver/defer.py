@@ -28,8 +28,8 @@ take. WLB-LLM defers outliers by design (``wlb``, docs/planners.md); here deferr
 
 * WLB-LLM's own plan, as a whole: the per-batch rule above decides each batch by its own iteration, and
   a deferral can lose there and win over two. WLB-LLM moves every outlier of a batch into the next
-  (docs/benchmarks-auto.md: two batches of 256 with four outliers each on 2 x 32 GPUs, eight outliers in
-  one iteration sharing the groups better, 0.7% less time for the same work), which leaves iteration
+  (docs/results/2026-11-28-auto-notebook.md: two batches of 256 with four outliers each on 2 x 32 GPUs,
+  eight outliers in one iteration sharing the groups better, 0.7% less time for the same work), which leaves iteration
   ``b`` short sequences alone, worse per unit of work than with its outliers. So ``wlb`` plans the whole
   request too: first, in process, when its time fits ``PEER_SHARE`` of the budget (with ``deterministic``
   its prior decides), else in a child on the other core while the batches are planned here
@@ -42,7 +42,7 @@ take. WLB-LLM defers outliers by design (``wlb``, docs/planners.md); here deferr
   several iterations, or past the request from any batch: ``max_wait`` (default 1) is how a request
   allows that; the per-batch rule itself always waits one. (Two lookaheads were tried instead, planning
   the next batch per option; at 0.1 s per batch they lost more to the halved planning time than they won:
-  docs/benchmarks-auto.md.)
+  docs/results/2026-11-28-auto-notebook.md.)
 
 ``solve.stats`` reports ``deferred_sequences`` and ``ms_per_work`` / ``ms_per_work_without_defer``
 (summed times over summed work of the chosen plans and of each iteration's option without deferral). The

@@ -223,8 +223,11 @@ def check_request(request: Request) -> tuple[str, ...]:
     return modes
 
 
-def solve(request: Request) -> Plan:
+def solve(request: Request, *, planner: Planner | None = None) -> Plan:
     """Plan ``request`` with its solver; the plan is validated before it is returned.
+
+    ``planner``: an instance of the request's solver to use instead of the registry's fresh one (``compare``
+    passes the exact planners their warm starts this way).
 
     ``solve.wall_ms`` covers planning, estimation and validation (everything but reading and writing).
     A budget the solver cannot keep is refused first (``search.budget.check_budget``).
@@ -232,7 +235,8 @@ def solve(request: Request) -> Plan:
     modes = check_request(request)
     start = time.perf_counter()
     problem = dataclasses.replace(Problem.from_request(request), cp_modes=modes)
-    planner = get_planner(request.solver)
+    if planner is None:
+        planner = get_planner(request.solver)
     if request.defer is not None and request.deferring:  # only auto (solver.io.DEFER_SOLVERS): solver/defer.py
         output = plan_with_deferral(problem, request.defer, backend=request.backend)
     else:

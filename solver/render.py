@@ -2,15 +2,22 @@
 
 One lane per GPU (global rank). Each microbatch the GPU takes part in is a slot whose width is the
 microbatch's ``estimated_ms``; inside it, this GPU's part of the DACP time (docs/formats.md, Skrull eqs. 1-5)
-is split into three stacked segments
+is split into stacked segments
 
     overhead  = microbatch_ms
     overlap   = max(T_comm(sum sharded S), T_comp(sum_{local[j]} FLOPs(S)))      (eq. 2: comm || local)
+              = whole-sequence compute T_comp(local)  +  exchange not hidden max(0, T_comm - T_comp(local))
     sharded   = T_comp(sum_{sharded} FLOPs(S) / N)                               (eq. 3)
 
-and the rest of the slot (the group waits for its slowest member, eq. 4) is drawn as waiting. Under each
-slot a strip shows the GPU's bucket use (eq. 7): local tokens and its share of the sharded tokens, as a
-fraction of ``bucket_tokens`` over the slot's width.
+(the overlap is drawn as its two parts: a GPU holding only shards computes no whole sequence while the
+shards are exchanged, so all of its overlap is exchange) and the rest of the slot (the group waits for its
+slowest member, eq. 4) is drawn as waiting. Under each slot a strip shows the GPU's bucket use (eq. 7): local
+tokens and its share of the sharded tokens, the full strip (the slot's width) being ``bucket_tokens``
+(the legend draws the scale).
+
+Each panel names the iteration's bounds as ``skrull compare`` does (solver/compare.py), one per meaning: no
+plan of the iteration's sequences beats the any-layout bound (``search.bound.sharding_floor_ms``, at least
+the plan's ``lower_bound_ms``), and no plan made of whole CP groups beats the static one (at least that).
 
 What a reader needs without tooltips (a PNG keeps none): the legend, in plain words, above the panels (and
 again below a tall picture); a dark bracket at the start of each slot joining the lanes of the GPUs that
@@ -34,14 +41,16 @@ from xml.sax.saxutils import escape, quoteattr
 
 from skrull.solver.cost import CostModel
 from skrull.solver.errors import RequestError
+from skrull.solver.search.bound import sharding_floor_ms
 from skrull.solver.sharding import position_token_counts
-from skrull.solver.types import Plan
+from skrull.solver.types import Parallel, Plan
 
 #: Fill colours of the segments and strips (colour-blind-safe Tableau 10 picks).
 COLOURS: dict[str, str] = {
     "overhead": "#bab0ac",
     "overlap": "#4e79a7",
     "sharded": "#f28e2b",
+    "exchange": "#9c755f",
     "estimated": "#76b7b2",
     "local_tokens": "#59a14f",
     "sharded_tokens": "#b07aa1",
@@ -52,15 +61,21 @@ COLOURS: dict[str, str] = {
 #: The legend in plain words: what each colour of a bar and of the strip under it stands for.
 LEGEND: tuple[tuple[str, str], ...] = (
     ("overhead", "fixed cost of a microbatch"),
-    ("overlap", "whole sequences computed while shards are exchanged (the longer of the two)"),
+    ("overlap", "whole sequences on this GPU, computed while shards are exchanged"),
+    ("exchange", "exchanging shards, not hidden behind whole-sequence work"),
     ("sharded", "this GPU's share of the sharded sequences"),
     ("waiting", "waiting for the slowest GPU of the group"),
     ("group", "GPUs of one group (bracket)"),
     ("local_tokens", "memory: whole sequences"),
     ("sharded_tokens", "memory: share of sharded ones"),
 )
-#: How a bar's label reads (the last line of the legend).
-LABEL_KEY = "labels: #microbatch, its GPUs, sharded sequence ids, whole sequence ids on this GPU"
+#: How a bar's label reads (the last line of the legend, next to a sample of the label's box).
+LABEL_KEY = "label: #microbatch, its GPUs, sharded sequence ids, whole sequence ids on this GPU"
+#: The label's box: pale yellow with a border, unlike the white of waiting time.
+LABEL_BOX = "#fff6d5"
+LABEL_BORDER = "#c9b458"
+#: Width of the memory strip's scale in the legend.
+SCALE_PX = 120.0
 
 AXIS_PX = 900.0
 LABEL_PX = 80.0
@@ -98,6 +113,9 @@ class LaneBar:
     bucket_tokens: int
     #: the GPUs of the microbatch's group, in plan position order
     ranks: tuple[int, ...] = ()
+    #: the overlap's parts: this GPU's whole-sequence compute and the exchange time not hidden behind it
+    local_ms: float | None = None
+    exposed_comm_ms: float | None = None
 
     @property
     def busy_ms(self) -> float | None:
@@ -128,6 +146,8 @@ class Timeline:
     lower_bound_ms: float
     #: no plan in Skrull's static layout (one CP group per microbatch) beats it; None when not given
     static_bound_ms: float | None = None
+    #: whether this plan's iteration is in the static layout (every microbatch on one DP rank's CP group)
+    static_layout: bool = True
 
     @property
     def makespan_ms(self) -> float:
@@ -159,7 +179,7 @@ def iteration_timeline(
         sharded_lengths = [lengths[i] for i in mb.sharded] if lengths is not None else []
         pieces = position_token_counts(mb.sharding, sharded_lengths, n) if lengths is not None else ()
         for j, gpu in enumerate(mb.ranks):
-            overhead = overlap = sharded = None
+            overhead = overlap = sharded = local_ms = exposed = None
             local_tokens: int | None = None
             share: float | None = None
             if lengths is not None:
@@ -171,10 +191,12 @@ def iteration_timeline(
                 local = model.t_comp_ms(sum(model.flops(lengths[i]) for i in mb.local[j]))
                 dist = model.t_comp_ms(sum(model.flops(s) for s in sharded_lengths) / n)
                 overhead, overlap, sharded = model.microbatch_overhead_ms, max(comm, local), dist
+                local_ms, exposed = local, max(0.0, comm - local)
                 busy = overhead + overlap + sharded
                 if busy > mb.estimated_ms > 0:  # a plan priced by a richer model: keep the split's proportions
                     scale = mb.estimated_ms / busy
                     overhead, overlap, sharded = overhead * scale, overlap * scale, sharded * scale
+                    local_ms, exposed = local_ms * scale, exposed * scale
             bars.append(
                 LaneBar(
                     gpu=gpu,
@@ -191,20 +213,36 @@ def iteration_timeline(
                     sharded_share_tokens=share,
                     bucket_tokens=plan.bucket_tokens,
                     ranks=mb.ranks,
+                    local_ms=local_ms,
+                    exposed_comm_ms=exposed,
                 )
             )
         for g in mb.ranks:
             free_at[g] = start + mb.estimated_ms
+    par = plan.parallel
+    any_layout, static = it.lower_bound_ms, it.static_bound_ms
+    if lengths is not None and model is not None:
+        any_layout, static = iteration_bounds_ms([lengths[i] for mb in it.microbatches for i in mb.seq_ids], model, par)
+        any_layout = max(any_layout, it.lower_bound_ms)
+        static = max(static, it.static_bound_ms or 0.0)
     return Timeline(
         title=title or f"{plan.solver}: iteration {iteration}",
-        num_gpus=plan.parallel.num_gpus,
+        num_gpus=par.num_gpus,
         iteration=iteration,
         bars=tuple(bars),
         num_microbatches=len(it.microbatches),
         estimated_ms=it.estimated_ms,
-        lower_bound_ms=it.lower_bound_ms,
-        static_bound_ms=it.static_bound_ms,
+        lower_bound_ms=any_layout,
+        static_bound_ms=static,
+        static_layout=all(mb.ranks == par.cp_group(mb.ranks[0] // par.cp) for mb in it.microbatches),
     )
+
+
+def iteration_bounds_ms(lengths: Sequence[int], model: CostModel, parallel: Parallel) -> tuple[float, float]:
+    """The two bounds of one iteration's sequences, as ``skrull compare`` names them (solver/compare.py):
+    any layout (``sharding_floor_ms``) and static CP groups (the larger of that and ``static_bound_ms``)."""
+    any_layout = sharding_floor_ms(lengths, model, parallel)
+    return any_layout, max(any_layout, model.static_bound_ms(lengths, parallel))
 
 
 def plan_timelines(
@@ -296,8 +334,8 @@ def _tooltip(bar: LaneBar) -> str:
         parts.append(f"group: {group_name(bar.ranks)}")
     if bar.busy_ms is not None:
         parts.append(
-            f"fixed {bar.overhead_ms:.2f} + whole sequences while exchanging {bar.overlap_ms:.2f} + sharded share "
-            f"{bar.sharded_ms:.2f} ms"
+            f"fixed {bar.overhead_ms:.2f} + whole sequences {bar.local_ms or 0.0:.2f} + exchange not hidden "
+            f"{bar.exposed_comm_ms or 0.0:.2f} + sharded share {bar.sharded_ms:.2f} ms"
         )
     if bar.bucket_use is not None:
         parts.append(
@@ -308,15 +346,24 @@ def _tooltip(bar: LaneBar) -> str:
     return "\n".join(parts)
 
 
+def bounds_text(timeline: Timeline) -> str:
+    """The panel's bounds, named as ``skrull compare`` names them, with the one that binds this plan's layout
+    said: a flexible plan may go below the static bound, never below the any-layout one."""
+    text = f"no plan beats {timeline.lower_bound_ms:.1f} ms (any layout)"
+    if timeline.static_bound_ms:
+        text += f"; none with static CP groups beats {timeline.static_bound_ms:.1f} ms"
+        if not timeline.static_layout:
+            text += " (this plan's wider groups are not bound by it)"
+    return text
+
+
 def _panel(timeline: Timeline, *, top: float, px_per_ms: float, axis_ms: float) -> list[str]:
     out = [f'<g class="panel" data-iteration="{timeline.iteration}" transform="translate(0,{_num(top)})">']
-    bound = f", lower bound {timeline.lower_bound_ms:.1f} ms (any layout)" if timeline.lower_bound_ms > 0 else ""
-    if timeline.static_bound_ms:
-        bound += f", static-layout bound {timeline.static_bound_ms:.1f} ms"
+    count = f"{timeline.num_microbatches} microbatch{'' if timeline.num_microbatches == 1 else 'es'}"
     out.append(
         f'<text class="title" x="{_num(LABEL_PX)}" y="16" font-weight="bold">{escape(timeline.title)}</text>'
-        f'<text x="{_num(LABEL_PX)}" y="32" fill="#555">estimated {timeline.estimated_ms:.1f} ms{escape(bound)}, '
-        f"{timeline.num_microbatches} microbatches</text>"
+        f'<text class="figures" x="{_num(LABEL_PX)}" y="32" fill="#555">'
+        f"{escape(f'estimated {timeline.estimated_ms:.1f} ms, {count}; ' + bounds_text(timeline))}</text>"
     )
     lanes_top = TITLE_PX
     for gpu in range(timeline.num_gpus):
@@ -341,7 +388,12 @@ def _panel(timeline: Timeline, *, top: float, px_per_ms: float, axis_ms: float) 
                 out.append(_rect(x, y, width, BAR_PX, COLOURS["estimated"], "segment estimated"))
             else:
                 cursor = x
-                parts = (("overhead", bar.overhead_ms), ("overlap", bar.overlap_ms), ("sharded", bar.sharded_ms))
+                parts = (
+                    ("overhead", bar.overhead_ms),
+                    ("overlap", bar.local_ms if bar.local_ms is not None else bar.overlap_ms),
+                    ("exchange", bar.exposed_comm_ms or 0.0),
+                    ("sharded", bar.sharded_ms),
+                )
                 for kind, ms in parts:
                     assert ms is not None
                     w = ms * px_per_ms
@@ -361,7 +413,11 @@ def _panel(timeline: Timeline, *, top: float, px_per_ms: float, axis_ms: float) 
             label = bar_label(bar, width)
             if label is not None:
                 lw = len(label) * LABEL_CHAR_PX + 4
-                out.append(_rect(x + 1, y + 3, lw, BAR_PX - 6, "#ffffff", "label-back", opacity="0.8"))
+                out.append(
+                    _rect(
+                        x + 1, y + 3, lw, BAR_PX - 6, LABEL_BOX, "label-back", stroke=LABEL_BORDER, stroke_width="0.5"
+                    )
+                )
                 out.append(
                     f'<text class="label" x="{_num(x + 3)}" y="{_num(y + BAR_PX / 2 + 3)}" font-size="9" '
                     f'fill="#111">{escape(label)}</text>'
@@ -403,8 +459,9 @@ def _brackets(timeline: Timeline, *, lanes_top: float, px_per_ms: float) -> list
     return out
 
 
-def _legend(top: float, where: str) -> tuple[list[str], float]:
-    """The legend as rows that wrap at the picture's width, and its height."""
+def _legend(top: float, where: str, bucket_tokens: int | None = None) -> tuple[list[str], float]:
+    """The legend as rows that wrap at the picture's width, and its height; with ``bucket_tokens``, the memory
+    strip's scale (a strip the width of its slot is a full bucket)."""
     out = [f'<g class="legend" data-where="{where}" transform="translate({_num(LABEL_PX)},{_num(top)})">']
     x = y = 0.0
     for key, text in LEGEND:
@@ -419,9 +476,41 @@ def _legend(top: float, where: str) -> tuple[list[str], float]:
         out.append(f'<text x="{_num(x + 16)}" y="{_num(y + 10)}">{escape(text)}</text>')
         x += w
     y += LEGEND_ROW_PX
-    out.append(f'<text class="legend-labels" x="0" y="{_num(y + 10)}" fill="#555">{escape(LABEL_KEY)}</text>')
+    sample = "#3 GPUs 0-3"
+    out.append(
+        _rect(0, y + 1, len(sample) * LABEL_CHAR_PX + 4, BAR_PX - 6, LABEL_BOX, "legend-label", stroke=LABEL_BORDER,
+              stroke_width="0.5")
+    )  # fmt: skip
+    out.append(f'<text x="2" y="{_num(y + 10)}" font-size="9">{escape(sample)}</text>')
+    out.append(
+        f'<text class="legend-labels" x="{_num(len(sample) * LABEL_CHAR_PX + 12)}" y="{_num(y + 10)}" '
+        f'fill="#555">{escape(LABEL_KEY)}</text>'
+    )
+    if bucket_tokens is not None:
+        y += LEGEND_ROW_PX
+        out.extend(_scale(y, bucket_tokens))
+        y += 8
     out.append("</g>")
     return out, y + LEGEND_ROW_PX + 6
+
+
+def _scale(y: float, bucket_tokens: int) -> list[str]:
+    """The memory strip's scale: a strip ``SCALE_PX`` wide with ticks at 0, 50% and 100% of the bucket."""
+    out = [f'<g class="legend-scale" data-bucket-tokens="{bucket_tokens}">']
+    caption = "memory strip under each bar (its full width = the bucket):"
+    out.append(f'<text x="0" y="{_num(y + 8)}">{escape(caption)}</text>')
+    x0 = len(caption) * LEGEND_CHAR_PX + 12
+    out.append(_rect(x0, y + 2, SCALE_PX, STRIP_PX, COLOURS["bucket_free"], "scale-strip", stroke="#999",
+                     stroke_width="0.4"))  # fmt: skip
+    out.append(_rect(x0, y + 2, SCALE_PX / 2, STRIP_PX, COLOURS["local_tokens"], "scale-half"))
+    for frac, text in ((0.0, "0"), (0.5, "50%"), (1.0, f"{bucket_tokens:,} tokens")):
+        tx = x0 + frac * SCALE_PX
+        out.append(f'<line x1="{_num(tx)}" x2="{_num(tx)}" y1="{_num(y)}" y2="{_num(y + 10)}" stroke="#333"/>')
+        anchor = "start" if frac == 1.0 else "middle"
+        out.append(f'<text x="{_num(tx + (3 if frac == 1.0 else 0))}" y="{_num(y + 20)}" font-size="9" '
+                   f'text-anchor="{anchor}">{escape(text)}</text>')  # fmt: skip
+    out.append("</g>")
+    return out
 
 
 def _panel_height(timeline: Timeline) -> float:
@@ -439,14 +528,16 @@ def render_svg(timelines: Sequence[Timeline], *, title: str | None = None) -> st
     body: list[str] = []
     if title:
         body.append(f'<text x="{_num(LABEL_PX)}" y="20" font-size="15" font-weight="bold">{escape(title)}</text>')
-    legend, legend_px = _legend(top, "top")
+    buckets = {b.bucket_tokens for t in timelines for b in t.bars if b.bucket_use is not None}
+    bucket = buckets.pop() if len(buckets) == 1 else None
+    legend, legend_px = _legend(top, "top", bucket)
     body.extend(legend)
     top += legend_px
     for timeline in timelines:
         body.extend(_panel(timeline, top=top, px_per_ms=px_per_ms, axis_ms=axis_ms))
         top += _panel_height(timeline) + PANEL_GAP_PX
     if top > TALL_PX:  # a tall picture: the legend again where the reader's eye ends
-        legend, legend_px = _legend(top, "bottom")
+        legend, legend_px = _legend(top, "bottom", bucket)
         body.extend(legend)
         top += legend_px
     height = top + 4

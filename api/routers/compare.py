@@ -67,7 +67,8 @@ async def compare_planners(request: Request) -> Response:
             "(SKRULL_MAX_COMPARE_SEQUENCES)",
             slug="limit-exceeded",
         )
-    # without a budget every planner gets the same quick default (auto's), as `skrull compare` gives
+    # without a budget every planner gets the same quick default (auto's), so the compare's time is bounded
+    # (`skrull compare` on the command line gives the exact planners their own 60 s instead)
     request_obj, canonical = await svc.blocking(
         functools.partial(svc.prepare, budget_solver="auto"), request_document(body)
     )

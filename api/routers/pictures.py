@@ -96,4 +96,4 @@ async def view_plan(plan_id: str, request: Request) -> Response:
             )
         except ApiProblem as problem:  # too large to draw: the page keeps its figures and says why
             svg = f'<p class="pending">{escape(problem.detail)}</p>'
-    return Response(view_page(job, svg), media_type="text/html; charset=utf-8")
+    return Response(view_page(job, svg, request_json), media_type="text/html; charset=utf-8")

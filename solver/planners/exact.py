@@ -1,13 +1,17 @@
 """The ``ilp`` planner: the exact joint model (solver/ilp) within the request's budget.
 
-Warm-started from the ``skrull`` heuristic (so never worse than it), solved with SCIP or CP-SAT
+Warm-started from the ``skrull`` heuristic, or from the best of the static-layout plans it is given
+(``starts``: ``compare`` passes every heuristic's static plan of the request), so never worse than its
+start; solved with SCIP or CP-SAT
 (``backend``), exactly when the model fits ``EXACT_MAX_BINARIES``, else by LNS. ``auto``
 (``planners.auto``) uses ``optimize_iteration`` to refine static plans when its budget allows.
 
 The budget ``time_budget_s`` covers the whole request: each iteration gets an equal share of what is
-left, and its solve runs in a child process killed at its deadline (``solver.ilp.runner``). Reported
-bounds are the larger of the reference lower bound and the solver's dual bound (which is valid: the
-model floors every time coefficient); ``gap = (objective - bound) / objective``.
+left, and its solve runs in a child process killed at its deadline (``solver.ilp.runner``). Two bounds
+are reported: ``bound_ms``, valid for every layout (``search.bound.sharding_floor_ms`` of each iteration),
+and ``model_bound_ms``, valid for the static layout only: the larger of the static bounds, the solver's
+dual bound (valid: the model floors every time coefficient) and ``bound_ms`` itself (every layout includes
+the static one), so ``model_bound_ms >= bound_ms`` always; ``gap = (objective - bound) / objective``.
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ from skrull.solver.search.budget import FINISH_RESERVE_PER_SEQUENCE_S
 from skrull.solver.types import MicrobatchSpec, Parallel, Problem
 
 Groups = list[list[GroupMicrobatch]]
+#: Plans to start from: each a plan's iterations, each iteration its microbatches (global sequence ids).
+Starts = Sequence[Sequence[Sequence[MicrobatchSpec]]]
 DEFAULT_BACKEND = "cpsat"
 
 
@@ -205,18 +211,20 @@ def plan_within_budget(problem: Problem, solve_iteration: IterationSolve) -> Pla
         offset += len(ids)
     cost = CostModel(problem.profile, bucket_tokens=problem.bucket_tokens, cp_modes=problem.cp_modes)
     lengths = problem.lengths
-    every_layout = sum(
+    every_layout = [
         min(
             sharding_floor_ms([lengths[i] for s in specs for i in s.seq_ids], cost, problem.parallel),
             cost.iteration_ms(specs, lengths, problem.parallel.num_gpus),
         )
         for specs in iterations
-    )
+    ]
+    # a bound for every layout holds for the model's own (narrower) family too: the model's bound is never
+    # reported below it (the solver's dual bound, over floored coefficients, can lie a little under it)
     return PlannerOutput(
         iterations=tuple(iterations),
         status=combine_statuses(statuses),
-        bound_ms=every_layout,
-        model_bound_ms=sum(bounds),
+        bound_ms=sum(every_layout),
+        model_bound_ms=sum(max(own, any_layout) for own, any_layout in zip(bounds, every_layout, strict=True)),
     )
 
 
@@ -224,9 +232,34 @@ def _skrull_groups(problem: Problem, ids: tuple[int, ...]) -> Groups:
     return specs_to_groups(gds_dacp_batch(problem, ids, place=dacp_place), problem.parallel)
 
 
+def starts_for(starts: Starts, ids: tuple[int, ...], index: int) -> list[Sequence[MicrobatchSpec]]:
+    """The ``index``-th iteration of every start that runs exactly the sequences ``ids`` (a start that
+    deferred some, or planned another request, is no start for this batch)."""
+    wanted = sorted(ids)
+    return [
+        start[index]
+        for start in starts
+        if index < len(start) and sorted(i for s in start[index] for i in s.seq_ids) == wanted
+    ]
+
+
+def best_static_hint(problem: Problem, ids: tuple[int, ...], index: int, starts: Starts) -> Groups:
+    """The cheapest of the ``skrull`` heuristic's groups and the given static starts for this batch, priced
+    as the model prices them (each microbatch in its cheapest allowed mode)."""
+    cost = CostModel(problem.profile, bucket_tokens=problem.bucket_tokens, choose_modes=problem.cp_modes)
+    candidates = [_skrull_groups(problem, ids)]
+    candidates += [
+        specs_to_groups(specs, problem.parallel)
+        for specs in starts_for(starts, ids, index)
+        if is_static(specs, problem.parallel)
+    ]
+    return min(candidates, key=lambda groups: plan_time_ms(groups, problem.lengths, cost))
+
+
 class IlpPlanner:
-    """The exact joint model (Skrull's static DP x CP layout) warm-started from the ``skrull`` heuristic.
-    Its bound and "optimal" are over that layout (``plan_within_budget`` keeps the budget)."""
+    """The exact joint model (Skrull's static DP x CP layout) warm-started from the ``skrull`` heuristic,
+    or from the cheapest static plan of ``starts`` where one is cheaper (``best_static_hint``). Its bound
+    and "optimal" are over that layout (``plan_within_budget`` keeps the budget)."""
 
     name = "ilp"
     #: one time budget is split over the iterations of the whole request
@@ -235,8 +268,9 @@ class IlpPlanner:
     #: ``planning.with_modes``
     cp_modes = CP_MODES
 
-    def __init__(self, backend: str | None = None) -> None:
+    def __init__(self, backend: str | None = None, *, starts: Starts = ()) -> None:
         self.backend = backend
+        self.starts = starts
 
     def plan(self, problem: Problem) -> PlannerOutput:
         backend = problem.backend or self.backend or DEFAULT_BACKEND
@@ -245,7 +279,7 @@ class IlpPlanner:
         def solve_iteration(
             problem: Problem, ids: tuple[int, ...], _offset: int, deadline: float, grace: float
         ) -> tuple[list[MicrobatchSpec], float, str]:
-            hint = _skrull_groups(problem, ids)
+            hint = best_static_hint(problem, ids, problem.batch_ids.index(ids), self.starts)
             result = optimize_iteration(problem, ids, hint, backend=backend, deadline=deadline, grace_s=grace)
             return groups_to_specs(result.groups, problem.parallel), result.bound_ms, result.status
 

@@ -14,6 +14,10 @@ also given to the model as a floor on its objective: the model's own relaxation 
 fixed cost is charged only by fractional indicators), so without it the solver's bound stays at the
 reference lower bound. The budget is shared as for ``ilp``: ``START_SHARE`` of each iteration's
 share for the warm start, the rest for the solve, killed at its deadline plus a small grace.
+
+Given ``starts`` (``compare`` passes every heuristic plan of the request that runs all its sequences,
+``auto``'s among them), the cheapest start of each batch is the warm start instead and ``auto`` is not
+run again: the whole share goes to the solve, and the plan is never worse than any of those starts.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from skrull.solver.ilp.runner import run_with_deadline
 from skrull.solver.ilp.search import EXACT_MAX_BINARIES, model_size
 from skrull.solver.planners.auto import AutoPlanner
 from skrull.solver.planners.base import OPTIMAL_TOLERANCE, PlannerOutput, make_spec
-from skrull.solver.planners.exact import DEFAULT_BACKEND, exact_work, plan_within_budget
+from skrull.solver.planners.exact import DEFAULT_BACKEND, Starts, exact_work, plan_within_budget, starts_for
 from skrull.solver.search.bound import sharding_floor_ms
 from skrull.solver.search.improve import iteration_ms
 from skrull.solver.types import MicrobatchSpec, Parallel, Problem
@@ -82,8 +86,9 @@ class FlexibleIlpPlanner:
     #: ``planning.with_modes``
     cp_modes = CP_MODES
 
-    def __init__(self, backend: str | None = None) -> None:
+    def __init__(self, backend: str | None = None, *, starts: Starts = ()) -> None:
         self.backend = backend
+        self.starts = starts
 
     def plan(self, problem: Problem) -> PlannerOutput:
         backend = problem.backend or self.backend or DEFAULT_BACKEND
@@ -93,8 +98,16 @@ class FlexibleIlpPlanner:
     def _iteration(
         self, problem: Problem, ids: tuple[int, ...], offset: int, deadline: float, grace: float
     ) -> tuple[Specs, float, str]:
-        now = time.monotonic()
-        start = _warm_start(problem, ids, offset, now + START_SHARE * (deadline - now))
+        given = starts_for(self.starts, ids, problem.batch_ids.index(ids))
+        if given:
+            cost = CostModel(problem.profile, bucket_tokens=problem.bucket_tokens, choose_modes=problem.cp_modes)
+            gpus = problem.parallel.num_gpus
+            start = min(
+                (tuple(specs) for specs in given), key=lambda specs: iteration_ms(specs, problem.lengths, cost, gpus)
+            )
+        else:
+            now = time.monotonic()
+            start = _warm_start(problem, ids, offset, now + START_SHARE * (deadline - now))
         return self._solve(problem, ids, start, deadline, grace)
 
     def _solve(

@@ -196,14 +196,6 @@ def default_budget_s(
     return min(MAX_DEFAULT_TIME_BUDGET_S, max(base, need))
 
 
-def compare_budget_s(solver: str, batch_sizes: Sequence[int], parallel: Parallel | None = None) -> float:
-    """A planner's budget in a compare of a request that names none: what ``auto`` would get (1 s, raised for
-    the request's size), raised to what this planner needs, so every row gets a plan and none is refused.
-    The exact planners do not get their 60 s cap there: a compare runs them all, and says their gaps."""
-    base = default_budget_s("auto", batch_sizes, parallel)
-    return min(MAX_DEFAULT_TIME_BUDGET_S, max(base, _round_up(smallest_budget_s(solver, batch_sizes, parallel))))
-
-
 def check_budget(
     solver: str,
     batch_sizes: Sequence[int],

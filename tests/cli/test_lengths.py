@@ -141,12 +141,16 @@ def test_a_local_dataset_gives_the_same_request_as_its_files(tmp_path: Path, mon
     data = write_jsonl(dataset / "train.jsonl", [{"text": t} for t in sample_texts(30, seed=2)])
     common = ("-t", str(tokenizer_dir), "-b", "8", "--seed", "3", "--dp", "2")
     from_files = skrull("lengths", str(data), *common)
-    from_dataset = skrull("lengths", "--dataset", str(dataset), "--split", "train", *common)
+    from_dataset = skrull("lengths", "--hub-dataset", str(dataset), "--split", "train", *common)
     assert from_files.returncode == 0 and from_dataset.returncode == 0, from_dataset.stderr
     assert json.loads(from_dataset.stdout) == json.loads(from_files.stdout)
-    both = skrull("lengths", str(data), "--dataset", str(dataset), *common)
+    # the old spelling still works, with a note
+    old = skrull("lengths", "--dataset", str(dataset), "--split", "train", *common)
+    assert old.returncode == 0 and json.loads(old.stdout) == json.loads(from_files.stdout)
+    assert "--hub-dataset" in old.stderr
+    both = skrull("lengths", str(data), "--hub-dataset", str(dataset), *common)
     assert both.returncode == 2 and both.stderr.strip().startswith("skrull: error: DATA:")
-    bad_split = skrull("lengths", "--dataset", str(dataset), "--split", "nope", *common)
+    bad_split = skrull("lengths", "--hub-dataset", str(dataset), "--split", "nope", *common)
     assert bad_split.returncode == 2 and "--split: 'nope'" in bad_split.stderr
     assert len(bad_split.stderr.strip().splitlines()) == 1
 
@@ -156,3 +160,11 @@ def test_chat_rows_with_a_bare_tokenizer_file_ask_for_a_layout(tmp_path: Path, b
     out = skrull("lengths", str(data), "-t", str(bpe_tokenizer_json), "-b", "2")
     assert out.returncode == 2 and "--chat-template chatml" in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_a_bundled_distributions_name_is_refused_at_once_not_looked_up_on_the_hub(tmp_path: Path) -> None:
+    # `skrull plan --dataset sharegpt` samples a bundled distribution; `lengths` counts real data
+    out = skrull("lengths", "--dataset", "sharegpt", "-t", str(tmp_path / "tok.json"), "-b", "8")
+    assert out.returncode == 2
+    assert "--dataset: 'sharegpt'" in out.stderr and "bundled length distribution" in out.stderr
+    assert "--hub-dataset" in out.stderr

@@ -48,4 +48,4 @@ def test_an_unknown_split_or_dataset_is_one_error_naming_it(tmp_path: Path) -> N
     assert (split.value.field, split.value.value) == ("--split", "validation")
     with pytest.raises(RequestError) as nowhere:
         list(iter_dataset_rows(str(tmp_path / "no-such-dataset"), split="train"))
-    assert nowhere.value.field == "--dataset"
+    assert nowhere.value.field == "--hub-dataset"

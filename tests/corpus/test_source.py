@@ -62,7 +62,7 @@ def test_a_datasets_dataset_gives_the_same_rows_as_its_files(tmp_path: Path, tok
 
 
 def test_a_source_names_what_is_wrong(tmp_path: Path, tokenizer_dir: Path) -> None:
-    with pytest.raises(RequestError, match="give data files or --dataset"):
+    with pytest.raises(RequestError, match="give data files or --hub-dataset"):
         load_token_rows(tokenizer=tokenizer_dir)
     with pytest.raises(RequestError, match="no such file"):
         load_token_rows(tokenizer=tokenizer_dir, files=[tmp_path / "missing.jsonl"])

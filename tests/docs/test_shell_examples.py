@@ -290,10 +290,12 @@ def test_the_demo_table_in_the_docs_has_the_columns_and_rows_make_demo_prints() 
     assert shown is not None
     printed = _run(command, ROOT, _env())
 
-    def shape(table: str) -> tuple[str, list[str], list[str]]:
+    def shape(table: str) -> tuple[str, list[str], list[str], list[str]]:
         lines = [line for line in table.strip().splitlines() if line.strip()]
-        header = [cell.strip() for cell in lines[1].strip("|").split("|")]
-        solvers = [line.strip("|").split("|")[0].strip() for line in lines[3:]]
-        return lines[0], header, solvers
+        rows = [line for line in lines if line.startswith("|")]
+        header = [cell.strip() for cell in rows[0].strip("|").split("|")]
+        solvers = [line.strip("|").split("|")[0].strip() for line in rows[2:]]
+        legend = [line.split()[0] for line in lines[lines.index(rows[-1]) + 1 :]]  # what each column means
+        return lines[0], header, solvers, legend
 
     assert shape(printed) == shape(shown.group(2)), printed

@@ -314,10 +314,11 @@ def test_keeps_defer_agrees_with_the_validator(
 def test_auto_with_defer_is_not_behind_wlb_where_wlb_moves_a_batchs_outliers_into_the_next(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The request ``auto`` was behind ``wlb`` on in bench/never_behind.py (docs/benchmarks-auto.md): Llama-2-70B
-    at TP 8 on B200 (derived), DP2 x CP32, two batches of 256, four outliers in each. ``wlb`` moves batch 0's
-    outliers into batch 1; the per-batch rule never does (iteration 0 alone is worse per unit of work without
-    them). With ``defer`` as much as ``wlb`` used, ``auto`` weighs ``wlb``'s whole plan and is not behind."""
+    """The request ``auto`` was behind ``wlb`` on in bench/never_behind.py
+    (docs/results/2026-11-28-auto-notebook.md): Llama-2-70B at TP 8 on B200 (derived), DP2 x CP32, two
+    batches of 256, four outliers in each. ``wlb`` moves batch 0's outliers into batch 1; the per-batch rule
+    never does (iteration 0 alone is worse per unit of work without them). With ``defer`` as much as ``wlb``
+    used, ``auto`` weighs ``wlb``'s whole plan and is not behind."""
     from skrull.solver.cost import CostModel
     from skrull.solver.datasets import load_distribution
     from skrull.solver.derive import TrainingSetup, derive_profile

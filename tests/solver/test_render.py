@@ -143,8 +143,57 @@ def test_each_bound_drawn_says_which_it_is() -> None:
     it = plan.iterations[0]
     assert it.static_bound_ms is not None
     svg = render_svg(plan_timelines(plan))
-    assert f"lower bound {it.lower_bound_ms:.1f} ms (any layout)" in svg
-    assert f"static-layout bound {it.static_bound_ms:.1f} ms" in svg
+    assert f"no plan beats {it.lower_bound_ms:.1f} ms (any layout)" in svg
+    assert f"none with static CP groups beats {it.static_bound_ms:.1f} ms" in svg
+
+
+def test_the_bounds_drawn_are_compares_and_a_flexible_plan_is_told_the_static_one_does_not_bind_it() -> None:
+    # the contract example's first batch: auto runs it on all 32 GPUs, below the static bound
+    from skrull.solver.compare import compare
+    from skrull.solver.io import read_json, request_from_dict
+
+    request = request_from_dict(read_json("examples/requests/contract-example.json"))
+    rows, plans = compare(request, ["auto", "deepspeed"])
+    lengths = [n for b in request.batches for n in b]
+    model = CostModel(request.profile, bucket_tokens=request.bucket_tokens, cp_modes=request.cp_modes)
+    auto = plan_timelines(plans["auto"], lengths=lengths, model=model)
+    assert sum(t.lower_bound_ms for t in auto) == pytest.approx(rows[0].bound_ms)
+    assert sum(t.static_bound_ms or 0.0 for t in auto) == pytest.approx(rows[0].bound_static_ms)
+    first = auto[0]
+    assert not first.static_layout and first.static_bound_ms is not None
+    assert first.estimated_ms < first.static_bound_ms  # wider groups: the static bound does not hold for it
+    assert "this plan's wider groups are not bound by it" in render_svg(auto)
+    ds = plan_timelines(plans["deepspeed"], lengths=lengths, model=model)
+    assert ds[0].static_layout and "not bound by it" not in render_svg(ds)
+
+
+def test_a_gpu_holding_only_shards_shows_no_whole_sequence_segment() -> None:
+    # deepspeed shards every sequence: no GPU computes a whole sequence while the shards are exchanged
+    request = make_request([[30000, 12000]], dp=1, cp=4, solver="deepspeed")
+    root = draw(solve(request), request)
+    bars = groups(root, "microbatch")
+    assert bars and all(g.get("data-local") == "0" for g in bars)
+    assert not any(rects(g, "overlap") for g in bars)
+    assert all(rects(g, "exchange") for g in bars)  # the exchange shows as what it is
+
+
+def test_one_microbatch_is_singular_and_the_memory_strip_has_a_scale() -> None:
+    request = make_request([[900]], dp=1, cp=2)
+    root = draw(solve(request), request)
+    texts = [t.text or "" for t in root.iter(f"{SVG_NS}text")]
+    assert any("1 microbatch;" in t for t in texts) and not any("1 microbatches" in t for t in texts)
+    (scale,) = [g for g in groups(root, "legend-scale")]
+    assert scale.get("data-bucket-tokens") == str(request.bucket_tokens)
+    assert any(f"{request.bucket_tokens:,} tokens" in (t.text or "") for t in scale.iter(f"{SVG_NS}text"))
+
+
+def test_label_boxes_do_not_look_like_waiting_time() -> None:
+    request = make_request([[30000, 900, 4000, 12000]], dp=1, cp=2)
+    root = draw(solve(request), request)
+    waiting = {r.get("fill") for r in root.iter(f"{SVG_NS}rect") if "legend-waiting" in r.get("class", "")}
+    labels = {r.get("fill") for r in root.iter(f"{SVG_NS}rect") if "label-back" in r.get("class", "")}
+    sample = {r.get("fill") for r in root.iter(f"{SVG_NS}rect") if "legend-label" in r.get("class", "")}
+    assert labels and not labels & waiting and labels == sample  # the legend shows the label's box too
 
 
 # -- what a PNG keeps: legend, groups and sequence ids drawn, not only in tooltips -----------------------------
