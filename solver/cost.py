@@ -409,6 +409,32 @@ class CostModel:
         gathered = self.gathered_kv_tokens(sum(sharded_lengths), group_size, mode)
         return [sum(lens) + piece + gathered for lens, piece in zip(local_lengths, pieces, strict=True)]
 
+    def max_sequence_tokens(self, group_size: int, mode: str = DEFAULT_CP_MODE) -> int:
+        """The longest sequence a group of ``group_size`` GPUs holds alone in ``mode``: the largest S with
+        ``ceil(S/N) + gathered_kv_tokens(S, N, mode) <= bucket_tokens`` (``N * bucket_tokens`` without the
+        gathered K/V: eq. 7). Both terms grow with S, so a bisection finds it."""
+        most = group_size * self.bucket_tokens
+        if not self.gathered_kv_tokens(most, group_size, mode):
+            return most
+        low, high = 0, most
+        while low < high:
+            mid = (low + high + 1) // 2
+            if (
+                max_position_tokens(mid, group_size) + self.gathered_kv_tokens(mid, group_size, mode)
+                <= self.bucket_tokens
+            ):
+                low = mid
+            else:
+                high = mid - 1
+        return low
+
+    def view_gathered_kv_tokens(self, sharded_tokens: int, group_size: int) -> int:
+        """The least gathered K/V any mode of this view keeps (``memory_modes``): what a planner placing
+        sequences reserves on every GPU of the group (0 where Ulysses may run the microbatch)."""
+        if not self._kv_num:
+            return 0
+        return min(self.gathered_kv_tokens(sharded_tokens, group_size, m) for m in self.memory_modes(group_size))
+
     def memory_modes(self, group_size: int) -> tuple[str, ...]:
         """The modes ``fits`` may keep a microbatch on ``group_size`` GPUs in when it is not told one: the
         modes this view may choose on the group (``view_modes``), all-gather in the reference view."""
