@@ -300,3 +300,27 @@ def test_todays_plans_for_an_mha_model_overflow_and_the_new_rule_plans_none() ->
             over_new += len(over_bucket(solve(request), lengths, model))
     assert over_old > 0
     assert over_new == 0
+
+
+@pytest.mark.parametrize("backend", ["cpsat", "scip"])
+def test_the_exact_model_runs_in_ulysses_what_allgather_cannot_hold(backend: str) -> None:
+    """The ILP's memory rows: r = 0.2, bucket 1000 on CP2; 1900 tokens need 950 own + 190 of K/V in
+    all-gather (over), 950 in Ulysses. The exact plan keeps it in Ulysses and proves its optimum, and no
+    GPU-microbatch is over the bucket."""
+    profile = with_kv(BASE, kv=200_000.0, activation=1_000_000.0, bucket=1000)
+    lengths = [1900, 700, 400, 1200]
+    doc: dict[str, Any] = {
+        "batches": [lengths],
+        "parallel": {"dp": 1, "cp": 2},
+        "profile": profile.to_dict(),
+        "solver": "ilp",
+        "backend": backend,
+        "time_budget_s": 20.0,
+        "cp_modes": ["allgather", "ulysses"],
+    }
+    plan = solve(request_from_dict(doc))
+    model = CostModel(profile)
+    assert over_bucket(plan, lengths, model) == []
+    assert plan.solve.status == "optimal"  # nothing was split after the solve: the rows held it
+    assert [mb.mode for mb in plan.iterations[0].microbatches if 0 in mb.sharded] == ["ulysses"]
+    assert not model.fits([[], []], [1900], "allgather") and model.fits([[], []], [1900], "ulysses")
