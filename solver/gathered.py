@@ -29,6 +29,19 @@ from skrull.solver.planners.base import PlannerOutput
 from skrull.solver.types import MicrobatchSpec, Problem
 
 
+def group_capacity_tokens(problem: Problem) -> int:
+    """Tokens one CP group holds in one microbatch of sharded sequences: ``cp * bucket_tokens`` (eq. 10),
+    less the gathered K/V where the profile charges it, in the allowed mode that holds most
+    (``CostModel.max_sequence_tokens``): the cap the packing planners (baselines, peers) pack to, so
+    their microbatches fit as planned."""
+    if not problem.profile.kv_bytes_per_token or not problem.profile.activation_bytes_per_token:
+        return problem.group_capacity_tokens
+    model = CostModel(problem.profile, bucket_tokens=problem.bucket_tokens)
+    cp = problem.parallel.cp
+    modes = [m for m in problem.cp_modes if model.mode_fits(cp, m)] or ["allgather"]
+    return max(model.max_sequence_tokens(cp, m) for m in modes)
+
+
 def _pieces(spec: MicrobatchSpec, lengths: Sequence[int], cost: CostModel) -> list[MicrobatchSpec]:
     """``spec`` split into microbatches on its group that each fit (steps 0, 1, ... relative to spec's)."""
     n = len(spec.ranks)
