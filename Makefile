@@ -66,7 +66,7 @@ conformance: $(STAMP)
 	$(BIN)/python tests/conformance/matrix.py --out conformance-matrix.md
 
 profiles: $(STAMP)
-	$(BIN)/skrull derive-profile --all --write-bundled
+	$(BIN)/skrull derive-profile --all --paper-bucket --write-bundled
 
 # GPU acceptance on a machine with CUDA GPUs (docs/gpu-check/README.md): the fast step eager vs compiled
 # (tokens/s, MFU), profiles measured on it and checked (median within 15%), whole planned steps' estimates vs

@@ -18,8 +18,9 @@ the checks themselves stay in one place each:
   ``SKRULL_READ_TOKENS``): without them the API is open, and declaring a security requirement would
   promise a 401 that never comes.
 
-What a schema cannot express stays a documented 422: a sequence longer than ``cp * bucket_tokens``
-(no planner can place it), a time budget too small for the planner and the request, an unknown
+What a schema cannot express stays a documented 422: a sequence longer than ``cp * bucket_tokens``,
+less the gathered K/V where only all-gather can run it (no planner can place it; solver/io.py), a time
+budget too small for the planner and the request, an unknown
 profile name or a malformed inline profile, ``dp * cp`` over the GPU limit.
 """
 

@@ -10,6 +10,12 @@ result is an estimate (``estimated: true``) until ``skrull profile`` measures th
 
 ``--tp N`` prices one GPU of an N-way tensor-parallel group (solver/derive.py) in a profile named
 ``<gpu>/<model>-tpN``; N = 1 (the default) is the plain profile.
+
+The bucket is derived from the model's shape and the training setup; ``--paper-bucket`` takes Skrull's
+measured bucket instead where the paper gives one for a model of this shape (``memory.bucket_rule`` says
+which). ``topology`` is the GPU's published cluster figures (solver/gpus.py) unless ``--gpus-per-node``,
+``--intra-gbps`` or ``--inter-gbps`` (bus bandwidth in GB/s, as nccl-tests reports it) describe your own.
+The bundled profiles are written with ``--paper-bucket`` (``make profiles``), so they keep the paper's setups.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from skrull.solver.derive import MODELS, SETUPS, ModelConfig, TrainingSetup, derive_profile
+from skrull.solver.derive import MODELS, ModelConfig, TrainingSetup, derive_profile, setup_of
 from skrull.solver.errors import RequestError
 from skrull.solver.gpus import (
     ACHIEVED_LINK_FRACTION,
@@ -30,10 +36,11 @@ from skrull.solver.gpus import (
     check_figure,
     get_gpu,
     gpu_from_figures,
+    topology_for,
 )
 from skrull.solver.hf_config import default_model_name, model_from_hf_config
 from skrull.solver.io import dumps, read_json
-from skrull.solver.profile import profile_file_name, profiles_dir
+from skrull.solver.profile import Topology, profile_file_name, profiles_dir
 
 DEFAULT_GPU = "h100-80g"
 
@@ -56,6 +63,14 @@ def add_parser(sub: Any) -> None:
         "--dp-gbps", type=float, default=None, help=f"network GB/s per GPU for DP (default {NDR_PER_GPU_GBS})"
     )
     gpu.add_argument("--gpu-name", default=None, help="GPU name in the profile (default: --gpu, else custom)")
+    cluster = p.add_argument_group("cluster (default: the GPU's published NVLink and InfiniBand figures)")
+    cluster.add_argument("--gpus-per-node", type=int, default=None, help="GPUs in one node (default 8 for SXM parts)")
+    cluster.add_argument(
+        "--intra-gbps", type=float, default=None, help="all-gather/all-to-all bus bandwidth inside a node, GB/s"
+    )
+    cluster.add_argument(
+        "--inter-gbps", type=float, default=None, help="all-gather/all-to-all bus bandwidth across nodes per GPU, GB/s"
+    )
     run = p.add_argument_group("training setup (defaults: Skrull section 5.1)")
     run.add_argument("--dp", type=int, default=None, help="data-parallel degree ZeRO splits states over (default 4)")
     run.add_argument("--zero-stage", type=int, default=None, choices=(0, 1, 2, 3), help="ZeRO stage (default 2)")
@@ -66,6 +81,12 @@ def add_parser(sub: Any) -> None:
         default=1,
         help="tensor-parallel degree (Megatron-style, sequence parallel): price one GPU of a TP group "
         "(must divide the attention heads and MLP width; default 1: none)",
+    )
+    run.add_argument(
+        "--paper-bucket",
+        action="store_true",
+        help="use Skrull's measured bucket where the paper gives one for this model shape (Qwen2.5-0.5B/7B, "
+        "default setup), scaled by free memory; default: the derived bucket",
     )
     out = p.add_argument_group("output")
     out.add_argument("--output", "-o", metavar="FILE", help="write the profile here (default: stdout)")
@@ -115,6 +136,11 @@ def gpu_from_args(args: argparse.Namespace) -> GpuSpec:
     )
 
 
+def topology_from_args(gpu: GpuSpec, args: argparse.Namespace) -> Topology:
+    """The GPU's published cluster figures with ``--gpus-per-node``, ``--intra-gbps``, ``--inter-gbps`` on top."""
+    return topology_for(gpu, gpus_per_node=args.gpus_per_node, intra_gbps=args.intra_gbps, inter_gbps=args.inter_gbps)
+
+
 def _figures_text(args: argparse.Namespace) -> str:
     parts = [
         f"{label} {value}"
@@ -130,7 +156,7 @@ def _figures_text(args: argparse.Namespace) -> str:
 
 
 def setup_for(model: ModelConfig, args: argparse.Namespace) -> TrainingSetup:
-    setup = SETUPS.get(model.name, TrainingSetup())
+    setup = setup_of(model)
     if args.dp is not None:
         if args.dp < 1:
             raise RequestError("--dp", args.dp, "must be an integer >= 1")
@@ -173,8 +199,9 @@ def cmd_derive_profile(args: argparse.Namespace) -> int:
     if args.all and args.output:
         raise RequestError("--output", args.output, "one file cannot hold every model; use --output-dir")
     gpu = gpu_from_args(args)
+    topology = topology_from_args(gpu, args)
     for model in models_from_args(args):
-        profile = derive_profile(model, gpu, setup_for(model, args))
+        profile = derive_profile(model, gpu, setup_for(model, args), paper_bucket=args.paper_bucket, topology=topology)
         if profile.bucket_tokens < 1:
             static_gib = profile.extra["memory"]["static_bytes"] / 2**30
             raise RequestError(

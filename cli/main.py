@@ -26,6 +26,7 @@ from skrull.cli import profile as profile_cli
 from skrull.cli import serve, solver_worker
 from skrull.cli import show as show_cli
 from skrull.solver.compare import LEGEND, bounds_line, compare, format_table, parse_solver_spec
+from skrull.solver.cost import CostModel
 from skrull.solver.cp_modes import read_cp_modes
 from skrull.solver.datasets import distribution_names, synthesize_request
 from skrull.solver.errors import MISSING, PlannerBugError, RequestError, SkrullError
@@ -265,12 +266,18 @@ def cmd_request(args: argparse.Namespace) -> int:
         raise RequestError("--dataset", MISSING, f"required; one of {', '.join(distribution_names())}")
     request = _load_request(args, solver=args.solver)
     check_request(request)  # a request its solver refuses is refused here, not written
-    limit = request.parallel.cp * request.bucket_tokens
+    # what synthesize_request cuts to: cp x bucket_tokens, less the gathered K/V where the profile charges it
+    limit = CostModel(request.profile, bucket_tokens=request.bucket_tokens).max_sequence_tokens(request.parallel.cp)
     cut = sum(1 for batch in request.batches for n in batch if n == limit)
     if cut:  # sampled lengths over what any plan can hold are cut to it, as an SFT loader's max_length would
         total = sum(len(b) for b in request.batches)
+        what = (
+            f"cp x bucket_tokens = {limit} tokens"
+            if limit == request.parallel.cp * request.bucket_tokens
+            else f"{limit} tokens (cp x bucket_tokens less the gathered K/V of all-gather)"
+        )
         print(
-            f"skrull: note: {cut} of {total} sampled lengths were cut to cp x bucket_tokens = {limit} tokens, the "
+            f"skrull: note: {cut} of {total} sampled lengths were cut to {what}, the "
             "longest sequence a plan can hold (raise --cp or --bucket-tokens to keep them longer)",
             file=sys.stderr,
         )

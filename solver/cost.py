@@ -26,6 +26,15 @@ fits exactly when ``sum_{local[j]} S + ceil(T/N) <= bucket_tokens``, which is ch
 ``N * sum_{local[j]} S + T <= N * bucket_tokens`` (``fits``), the check every planner makes; the
 validator recounts each GPU's real pieces (``bucket_use_tokens``).
 
+Gathered K/V (CONTRACT.md "Cluster topology and gathered K/V"): with ``memory.kv_bytes_per_token`` and
+``memory.activation_bytes_per_token`` in the profile, an all-gather microbatch also keeps, on every GPU of
+its group, the K/V of the rest of the sharded sequences from forward to backward (worker/dacp.py), which
+costs ``r = kv / activation`` bucket tokens per gathered token: GPU j fits when
+``own_j + r * (N-1)/N * T <= bucket_tokens``. ``own_j`` and the bucket are integers, so this holds exactly
+when ``own_j + ceil(r * (N-1) * T / N) <= bucket_tokens``; that ceiling (``gathered_kv_tokens``) is computed
+in integers from ``r = p/q`` (the exact fraction of the two floats), so every planner, the validator and
+the ILP agree to the token. A Ulysses microbatch keeps no gathered sequence (0), nor does N = 1.
+
 Iteration time (eq. 8): the max over GPUs of the summed Time of the microbatches each GPU takes part in.
 
 Links (the profile's optional ``topology``; CONTRACT.md "Cluster topology and gathered K/V"): a group whose
@@ -66,6 +75,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Protocol
 
 from skrull.solver.cp_modes import ALLGATHER, CP_MODES, DEFAULT_CP_MODE, ULYSSES, ulysses_divides
@@ -222,6 +232,15 @@ class CostCoefficients:
         return self.ms_per_flop * self.flops(num_tokens) + self.microbatch_ms / self.bucket_tokens * num_tokens
 
 
+def gathered_kv_fraction(profile: Profile) -> tuple[int, int]:
+    """``r = kv_bytes_per_token / activation_bytes_per_token`` as ``(p, q)`` integers, exactly the ratio of
+    the two floats (``Fraction`` of a float is exact); ``(0, 1)`` where the profile does not give both."""
+    if not profile.kv_bytes_per_token or not profile.activation_bytes_per_token:
+        return 0, 1
+    ratio = Fraction(profile.kv_bytes_per_token) / Fraction(profile.activation_bytes_per_token)
+    return ratio.numerator, ratio.denominator
+
+
 def a2a_per_token_ms(base_ms: float, kv_ms: float, kv_heads: int, group_size: int) -> float:
     """Ulysses all-to-all ms per token of ``T/N``: ``base_ms`` (``bytes_per_token``'s) plus ``kv_ms`` per
     extra copy of the K/V heads, ``lcm(kv, N) / kv - 1`` copies (none when N divides kv)."""
@@ -246,7 +265,9 @@ class CostModel:
         "_comp_fixed_ms",
         "_fpt",
         "_fpt_sq",
+        "_kv_den",
         "_kv_heads",
+        "_kv_num",
         "_mb_ms",
         "_ms_per_flop",
         "_overlap_scope",
@@ -290,6 +311,7 @@ class CostModel:
         overlap = profile.overlap
         self._overlap_scope: str | None = None if overlap is None else overlap.scope
         self._ulysses_exposed = 0.0 if overlap is None else overlap.ulysses_exposed
+        self._kv_num, self._kv_den = gathered_kv_fraction(profile)
         self._coef = self._make_coefficients()
 
     @property
@@ -552,24 +574,84 @@ class CostModel:
             worst = max(worst, max(hidden, hides) + exposed + (local - hides))
         return worst
 
+    @property
+    def gathered_kv_ratio(self) -> Fraction:
+        """``r = kv_bytes_per_token / activation_bytes_per_token`` as an exact fraction (0 without both)."""
+        return Fraction(self._kv_num, self._kv_den)
+
+    def gathered_kv_tokens(self, sharded_tokens: int, group_size: int, mode: str = DEFAULT_CP_MODE) -> int:
+        """Bucket tokens each GPU of an all-gather group spends on the gathered K/V of the sharded
+        sequences: ``ceil(r * (N-1) * T / N)`` (module doc), in integers; 0 in Ulysses mode, on one GPU,
+        with nothing sharded, or where the profile gives no K/V bytes (then every rule is eq. 7's)."""
+        if not self._kv_num or mode == ULYSSES or group_size <= 1 or sharded_tokens <= 0:
+            return 0
+        return -(-(self._kv_num * (group_size - 1) * sharded_tokens) // (self._kv_den * group_size))
+
     def bucket_use_tokens(
         self,
         local_lengths: Sequence[Sequence[int]],
         sharded_lengths: Sequence[int],
         *,
         sharding: str = DEFAULT_SHARDING,
+        mode: str = DEFAULT_CP_MODE,
     ) -> list[int]:
         """Tokens each GPU of the group really holds: its local sequences plus the pieces that
-        ``sharding`` cuts for it (``solver.sharding.position_token_counts``)."""
-        pieces = position_token_counts(sharding, sharded_lengths, len(local_lengths))
-        return [sum(lens) + piece for lens, piece in zip(local_lengths, pieces, strict=True)]
+        ``sharding`` cuts for it (``solver.sharding.position_token_counts``), plus, in all-gather mode, the
+        gathered K/V of the sharded sequences in bucket tokens (``gathered_kv_tokens``)."""
+        group_size = len(local_lengths)
+        pieces = position_token_counts(sharding, sharded_lengths, group_size)
+        gathered = self.gathered_kv_tokens(sum(sharded_lengths), group_size, mode)
+        return [sum(lens) + piece + gathered for lens, piece in zip(local_lengths, pieces, strict=True)]
 
-    def fits(self, local_lengths: Sequence[Sequence[int]], sharded_lengths: Sequence[int]) -> bool:
+    def max_sequence_tokens(self, group_size: int, mode: str = DEFAULT_CP_MODE) -> int:
+        """The longest sequence a group of ``group_size`` GPUs holds alone in ``mode``: the largest S with
+        ``ceil(S/N) + gathered_kv_tokens(S, N, mode) <= bucket_tokens`` (``N * bucket_tokens`` without the
+        gathered K/V: eq. 7). Both terms grow with S, so a bisection finds it."""
+        most = group_size * self.bucket_tokens
+        if not self.gathered_kv_tokens(most, group_size, mode):
+            return most
+        low, high = 0, most
+        while low < high:
+            mid = (low + high + 1) // 2
+            if (
+                max_position_tokens(mid, group_size) + self.gathered_kv_tokens(mid, group_size, mode)
+                <= self.bucket_tokens
+            ):
+                low = mid
+            else:
+                high = mid - 1
+        return low
+
+    def view_gathered_kv_tokens(self, sharded_tokens: int, group_size: int) -> int:
+        """The least gathered K/V any mode of this view keeps (``memory_modes``): what a planner placing
+        sequences reserves on every GPU of the group (0 where Ulysses may run the microbatch)."""
+        if not self._kv_num:
+            return 0
+        return min(self.gathered_kv_tokens(sharded_tokens, group_size, m) for m in self.memory_modes(group_size))
+
+    def memory_modes(self, group_size: int) -> tuple[str, ...]:
+        """The modes ``fits`` may keep a microbatch on ``group_size`` GPUs in when it is not told one: the
+        modes this view may choose on the group (``view_modes``), all-gather in the reference view."""
+        return self.view_modes(group_size) or (ALLGATHER,)
+
+    def fits(
+        self, local_lengths: Sequence[Sequence[int]], sharded_lengths: Sequence[int], mode: str | None = None
+    ) -> bool:
         """Whether every GPU of the group stays within ``bucket_tokens`` in real tokens, in every sharding
-        mode: ``sum local[j] + ceil(T/N) <= bucket`` for every j (eq. 7; module doc)."""
-        share = max_position_tokens(sum(sharded_lengths), len(local_lengths))
-        limit = self.bucket_tokens - share
-        return all(sum(lens) <= limit for lens in local_lengths)
+        mode: ``sum local[j] + ceil(T/N) + gathered_kv_tokens(T, N, mode) <= bucket`` for every j (eq. 7
+        and the gathered K/V; module doc). ``mode`` None: in some mode this view may choose
+        (``memory_modes``; ``cheapest_mode`` then keeps to the modes that fit)."""
+        group_size = len(local_lengths)
+        sharded_tokens = sum(sharded_lengths)
+        share = max_position_tokens(sharded_tokens, group_size)
+        most_local = max((sum(lens) for lens in local_lengths), default=0)
+        if not self._kv_num or not sharded_tokens or group_size <= 1:
+            return most_local <= self.bucket_tokens - share
+        modes = (mode,) if mode is not None else self.memory_modes(group_size)
+        return any(
+            most_local <= self.bucket_tokens - share - self.gathered_kv_tokens(sharded_tokens, group_size, m)
+            for m in modes
+        )
 
     def spec_time_ms(self, spec: MicrobatchSpec | Placement, lengths: Sequence[int]) -> float:
         """Time of a planner's microbatch, looking lengths up by global sequence id, on its ranks' link."""
@@ -590,8 +672,6 @@ class CostModel:
         fitting = [m for m in CP_MODES if m in modes and self.mode_fits(n, m)]
         if not fitting:
             return DEFAULT_CP_MODE
-        if len(fitting) == 1:
-            return fitting[0]
         local = [[lengths[i] for i in ids] for ids in spec.local]
         sharded = [lengths[i] for i in spec.sharded]
         link = self.link_of(spec.ranks)

@@ -15,7 +15,9 @@ During attention an all-gather GPU holds the whole group's K/V (``T * 2 * kv * h
 the whole sequence for its ``attention/N`` query heads and ``lcm(kv, N)/N <= kv`` K/V heads
 (``T * head_dim * (attention/N + 2*lcm(kv, N)/N)``), whose K/V part is never larger than the all-gather
 buffer and whose query part equals the query shard it replaces. So the all-to-all buffers fit wherever the
-all-gather ones do, and one bucket check (``CostModel.fits``) holds for both modes.
+all-gather ones do. What differs is what is kept from forward to backward: an all-gather GPU keeps the
+gathered K/V of the whole sharded sequences (worker/dacp.py), which ``CostModel.fits`` charges where the
+profile gives ``memory.kv_bytes_per_token`` (CONTRACT.md), a Ulysses GPU keeps only its own tokens.
 """
 
 from __future__ import annotations

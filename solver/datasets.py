@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from skrull.solver.cost import CostModel
 from skrull.solver.errors import RequestError
 from skrull.solver.profile import Profile
 from skrull.solver.resources import DISTRIBUTIONS_DIR_ENV, bundled_dir, find_file, list_stems
@@ -92,7 +93,8 @@ def synthesize_request(
 ) -> Request:
     """A request of ``num_batches`` global batches of ``dp * sequences_per_rank`` sampled lengths.
 
-    Lengths above ``max_tokens`` (default ``cp * bucket_tokens``, the most any plan can hold) are
+    Lengths above ``max_tokens`` (default ``cp * bucket_tokens``, the most any plan can hold, less the
+    gathered K/V where the profile charges it: ``CostModel.max_sequence_tokens``, all-gather) are
     truncated to it, as an SFT loader's ``max_length`` would.
     """
     if sequences_per_rank < 1:
@@ -102,7 +104,10 @@ def synthesize_request(
     dist = load_distribution(dataset)
     rng = np.random.default_rng(seed)
     bucket = bucket_tokens if bucket_tokens is not None else profile.bucket_tokens
-    limit = parallel.cp * bucket if max_tokens is None else max_tokens
+    if max_tokens is None:  # the gathered K/V lowers it where the profile gives kv_bytes_per_token
+        limit = CostModel(profile, bucket_tokens=bucket).max_sequence_tokens(parallel.cp)
+    else:
+        limit = max_tokens
     per_batch = parallel.dp * sequences_per_rank
     batches = tuple(tuple(int(x) for x in np.minimum(dist.sample(per_batch, rng), limit)) for _ in range(num_batches))
     return Request(

@@ -23,6 +23,19 @@ Memory (Skrull appendix C.1, ``Memory(S) = alpha*S + beta`` with beta ~ 0):
              al. 2022, "Reducing Activation Recomputation", sec. 4, adapted to GQA and SwiGLU; plus bf16
              logits and their fp32 copy for the loss)
     bucket_tokens = (capacity * (1 - reserve) - static) / alpha
+    kv_bytes_per_token = 2 (K, V) * layers * kv_heads_per_tp_rank * head_dim * 2 bytes (bf16)
+             (what an all-gather microbatch keeps of every gathered token, forward to backward:
+             worker/dacp.py; the memory rule charges r = kv / activation bytes per gathered token)
+    With ``paper_bucket`` and a model of the shape Skrull measured (section 5.1: Qwen2.5-0.5B, 7B), the
+    bucket is the paper's, scaled by free memory, and ``activation_bytes_per_token`` is what that bucket
+    implies (free memory / bucket), so r prices the gathered K/V against the measured activations.
+    Which rule gave the bucket is recorded as ``memory.bucket_rule`` (``derived`` or ``paper``). Nothing
+    is looked up by the model's name: the paper's buckets and the training setups are matched by shape.
+
+Topology (``topology``; solver/gpus.py ``topology_for``): published NVLink and InfiniBand figures per
+GPU, or the user's own (``gpus_per_node``, ``intra_gbps``, ``inter_gbps``). Overlap (``overlap``): what
+worker/dacp.py overlaps, each collective with the local attention call of the same layer, and Ulysses'
+second all-to-all in each direction exposed (``ulysses_exposed`` = 0.5 of its volume).
 
 Per-microbatch overhead: ``framework_ms`` (launches, data movement, hooks) plus the part of ZeRO-2's
 per-micro-step gradient reduction that backward does not hide:
@@ -63,7 +76,8 @@ from typing import Any
 from skrull.solver.errors import RequestError
 from skrull.solver.gpus import GPUS as GPUS  # re-exported: callers take models and GPUs from here
 from skrull.solver.gpus import GpuSpec as GpuSpec
-from skrull.solver.profile import CommCoeffs, ComputeCoeffs, HeadCounts, Profile
+from skrull.solver.gpus import topology_for
+from skrull.solver.profile import CommCoeffs, ComputeCoeffs, HeadCounts, Profile, Topology
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -167,8 +181,27 @@ MODELS: dict[str, ModelConfig] = {
 }
 
 #: Training setups per model: Skrull's <DP=4, ZeRO-2> where it fits; Llama2-13B needs ZeRO-3 over DP=8
-#: to leave room for activations on 80 GB (ZeRO-2 at DP=4 keeps 72 GB of static state per GPU).
+#: to leave room for activations on 80 GB (ZeRO-2 at DP=4 keeps 72 GB of static state per GPU). Matched by
+#: the model's shape (``setup_of``), never by its name.
 SETUPS: dict[str, TrainingSetup] = {"llama2-13b": TrainingSetup(dp=8, zero_stage=3)}
+
+
+def _shape(model: ModelConfig) -> tuple[object, ...]:
+    """Everything of a model but its name and source: what the derivation reads."""
+    return tuple(getattr(model, f.name) for f in dataclasses.fields(model) if f.name not in ("name", "source"))
+
+
+def builtin_of(model: ModelConfig) -> str | None:
+    """The built-in model (``MODELS``) of exactly this shape, whatever the model is called; None if none."""
+    shape = _shape(model)
+    return next((name for name, known in MODELS.items() if _shape(known) == shape), None)
+
+
+def setup_of(model: ModelConfig) -> TrainingSetup:
+    """The default training setup for a model of this shape (``SETUPS``; Skrull's section 5.1 otherwise)."""
+    known = builtin_of(model)
+    return SETUPS.get(known, TrainingSetup()) if known is not None else TrainingSetup()
+
 
 #: Buckets Skrull measured (section 5.1: "BucketSize 26K for Qwen2.5-0.5B and 13K for Qwen2.5-7B"), on
 #: 80 GB H100s with the default setup. They calibrate that model's activation bytes per token
@@ -286,6 +319,23 @@ def static_memory_bytes(model: ModelConfig, setup: TrainingSetup) -> float:
     return weights + grads + optimizer
 
 
+def kv_bytes_per_token(model: ModelConfig, tp: int = 1, *, bytes_per_value: int = 2) -> float:
+    """K and V of one token over every layer on one GPU of a TP group: ``2 * layers * kv_heads_per_tp_rank
+    * head_dim * 2 B`` (bf16). An all-gather microbatch keeps this for every gathered token of the group's
+    sharded sequences from forward to backward (worker/dacp.py; ``memory.kv_bytes_per_token``)."""
+    return float(2 * model.num_layers * kv_hidden_per_tp_rank(model, tp) * bytes_per_value)
+
+
+#: What worker/dacp.py overlaps (the profile's ``overlap`` section; solver/cost.py prices it).
+OVERLAP: dict[str, Any] = {
+    "with": "local_attention",
+    "ulysses_exposed": 0.5,
+    "source": "worker/dacp.py: each layer's K/V all-gather (and Ulysses' first all-to-all) runs while the same "
+    "layer's local-sequence attention call computes, not across the rest of the local compute; Ulysses' second "
+    "all-to-all in each direction (the output back forward, dQ/dK/dV back backward: half the volume) waits",
+}
+
+
 def activation_bytes_per_token(model: ModelConfig, tp: int = 1) -> float:
     """``layers * (8*h + 4*q + 4*h_kv + 8*I) + 6*V``: the module docstring's ``12*h`` with the queries and
     attention output (``4*h`` of it) counted at their own width ``q``.
@@ -332,23 +382,47 @@ def calibrated_bucket_tokens(model: ModelConfig, gpu: GpuSpec, setup: TrainingSe
     return int(paper_tokens * free / reference)
 
 
-def derive_profile(model: ModelConfig, gpu: GpuSpec, setup: TrainingSetup | None = None) -> Profile:
+def paper_bucket_of(model: ModelConfig, setup: TrainingSetup) -> int | None:
+    """Skrull's measured bucket for a model of this shape under the default setup (any TP degree), else None."""
+    known = builtin_of(model)
+    if known is None or dataclasses.replace(setup, tp=1) != TrainingSetup():
+        return None
+    return PAPER_BUCKET_TOKENS.get(known)
+
+
+def derive_profile(
+    model: ModelConfig,
+    gpu: GpuSpec,
+    setup: TrainingSetup | None = None,
+    *,
+    paper_bucket: bool = False,
+    topology: Topology | None = None,
+) -> Profile:
     """A profile with every number's source; ``estimated: true`` until ``skrull profile`` measures it.
 
-    The bucket is Skrull's measured value where the paper gives one (Qwen2.5-0.5B, 7B with the default
-    setup, any TP degree), scaled by free memory to other GPUs (``calibrated_bucket_tokens``), otherwise
-    the derivation; both are recorded under ``memory``. With ``setup.tp > 1`` the profile prices one rank
-    of a TP group (module docstring), is named ``<gpu>/<model>-tp<t>`` and records ``setup.tp`` and a
+    The bucket is the derivation's (module docstring) from the model's shape and the training setup; with
+    ``paper_bucket`` it is Skrull's measured value where the paper gives one for a model of this shape
+    (Qwen2.5-0.5B, 7B with the default setup, any TP degree), scaled by free memory to other GPUs
+    (``calibrated_bucket_tokens``); ``memory.bucket_rule`` says which, and both values are recorded. The
+    profile carries ``memory.kv_bytes_per_token`` and ``activation_bytes_per_token`` (the gathered-K/V
+    rule), ``topology`` (``topology``, default the GPU's published figures: solver/gpus.py
+    ``topology_for``) and ``overlap`` (``OVERLAP``). With ``setup.tp > 1`` the profile prices one rank of
+    a TP group (module docstring), is named ``<gpu>/<model>-tp<t>`` and records ``setup.tp`` and a
     ``tensor_parallel`` block; with ``tp = 1`` neither is written and the profile is the plain one.
     """
-    setup = setup or SETUPS.get(model.name, TrainingSetup())
+    setup = setup or setup_of(model)
     tp = setup.tp
     check_tp(model, tp)
     fpt, fpt_sq = flops_coefficients(model, tp)
     bpt = comm_bytes_per_token(model, tp=tp)
     derived = derived_bucket_tokens(model, gpu, setup)
-    paper = PAPER_BUCKET_TOKENS.get(model.name) if dataclasses.replace(setup, tp=1) == TrainingSetup() else None
-    bucket = derived if paper is None else calibrated_bucket_tokens(model, gpu, setup, paper)
+    paper = paper_bucket_of(model, setup)
+    use_paper = paper_bucket and paper is not None
+    bucket = calibrated_bucket_tokens(model, gpu, setup, paper) if use_paper and paper is not None else derived
+    activation = activation_bytes_per_token(model, tp)
+    if use_paper and bucket > 0:  # what the measured bucket implies of each token (module docstring)
+        activation = round(free_memory_bytes(model, gpu, setup) / bucket, 3)
+    topology = topology if topology is not None else topology_for(gpu)
     ms_per_tflop = round(1e3 / (gpu.peak_bf16_tflops * setup.mfu), 6)
     ms_per_mib = 2**20 / (gpu.cp_bus_bandwidth_gbs * 1e9) * 1e3
     params = params_per_tp_rank(model, tp)
@@ -405,13 +479,24 @@ def derive_profile(model: ModelConfig, gpu: GpuSpec, setup: TrainingSetup | None
             "per layer (assumed)",
         },
         "memory": {
+            "bucket_rule": "paper" if use_paper else "derived",
             "derived_bucket_tokens": derived,
             "paper_bucket_tokens": paper,
             "static_bytes": static_memory_bytes(model, setup),
-            "activation_bytes_per_token": activation_bytes_per_token(model, tp),
-            "source": "bucket_tokens: Skrull section 5.1 where given (scaled by free memory off the 80 GB H100), "
-            "else derived (solver/derive.py)",
+            "activation_bytes_per_token": activation,
+            "kv_bytes_per_token": kv_bytes_per_token(model, tp),
+            "source": (
+                "bucket_tokens: Skrull section 5.1's measured bucket for this model shape, scaled by free memory "
+                "off the 80 GB H100 (bucket_rule paper, asked with --paper-bucket); activation_bytes_per_token: "
+                "free memory / that bucket"
+                if use_paper
+                else "bucket_tokens: derived from the model's shape and the training setup (bucket_rule derived; "
+                "solver/derive.py); activation_bytes_per_token: the derivation's per-token activations"
+            )
+            + "; kv_bytes_per_token: 2 (K, V) x layers x K/V heads per TP rank x head_dim x 2 B, kept for every "
+            "gathered token of an all-gather microbatch (worker/dacp.py)",
         },
+        "overlap": dict(OVERLAP),
         "microbatch_source": f"{setup.framework_ms} ms framework (assumed) + {1 - setup.grad_reduce_overlap:.2f} x "
         f"ZeRO-2 gradient reduction of 2P bytes at {gpu.dp_bandwidth_gbs} GB/s",
     }
@@ -443,7 +528,9 @@ def derive_profile(model: ModelConfig, gpu: GpuSpec, setup: TrainingSetup | None
             ms_per_mib=round(ms_per_mib, 8),
             fixed_ms=round(A2A_COLLECTIVES_PER_LAYER * setup.collective_latency_ms * model.num_layers, 6),
         ),
-        activation_bytes_per_token=extra["memory"]["activation_bytes_per_token"],
+        topology=topology,
+        activation_bytes_per_token=activation,
+        kv_bytes_per_token=extra["memory"]["kv_bytes_per_token"],
         extra=extra,
     )
 

@@ -32,16 +32,21 @@ class RequestError(SkrullError):
 class SequenceTooLongError(RequestError):
     """A sequence cannot be placed by any planner: longer than ``cp * bucket_tokens``."""
 
-    def __init__(self, *, field: str, seq_id: int, num_tokens: int, limit_tokens: int) -> None:
+    def __init__(
+        self, *, field: str, seq_id: int, num_tokens: int, limit_tokens: int, gathered_kv: bool = False
+    ) -> None:
         self.seq_id = seq_id
         self.num_tokens = num_tokens
         self.limit_tokens = limit_tokens
-        super().__init__(
-            field,
-            num_tokens,
-            f"sequence {seq_id} has {num_tokens} tokens, more than cp * bucket_tokens = {limit_tokens}, what one "
-            "CP group holds; every planner needs each sequence to fit one CP group (raise cp or bucket_tokens)",
+        what = (
+            f"more than {limit_tokens}, what one CP group holds in all-gather with the gathered K/V each GPU keeps "
+            "(profile memory.kv_bytes_per_token); every planner needs each sequence to fit one CP group (allow "
+            "ulysses in cp_modes, or raise cp or bucket_tokens)"
+            if gathered_kv
+            else f"more than cp * bucket_tokens = {limit_tokens}, what one CP group holds; every planner needs each "
+            "sequence to fit one CP group (raise cp or bucket_tokens)"
         )
+        super().__init__(field, num_tokens, f"sequence {seq_id} has {num_tokens} tokens, {what}")
 
 
 class UnknownSolverError(RequestError):

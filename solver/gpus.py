@@ -10,6 +10,23 @@ datasheets quote it). Two numbers are assumptions, stated as such:
     dp_bandwidth_gbs = the node's network bandwidth per GPU, for ZeRO's gradient traffic across nodes
         (one 400 Gb/s NDR InfiniBand port per GPU = 50 GB/s unless noted)
 
+Cluster topology (the profile's ``topology`` section, CONTRACT.md "Cluster topology and gathered K/V"): a
+node of ``gpus_per_node`` GPUs (8 for every SXM part: DGX/HGX A100, H100, H200, B200), the inverse bus
+bandwidth of all-gather and all-to-all inside a node (NVLink through NVSwitch) and across nodes (the
+GPU's own InfiniBand port: DGX A100 has one 200 Gb/s HDR port per GPU, DGX H100/H200 one 400 Gb/s NDR
+port, and an 800 Gb/s XDR port, NVIDIA Quantum-X800 / ConnectX-8, is taken for B200):
+
+    intra-node all-gather busbw = cp_bus_bandwidth_gbs (above)
+    intra-node all-to-all busbw = the same (assumed: both are bound by the GPU's NVLink ports through
+        NVSwitch, every peer one hop away)
+    inter-node busbw, both collectives = INTER_NODE_EFFICIENCY * the port's line rate (GB/s)
+        (0.9: nccl-tests on NDR clusters reach ~45 GB/s bus bandwidth per 400 Gb/s port, assumed)
+
+All-to-all across nodes is priced at one port per GPU: each GPU's traffic to other nodes leaves through
+its own NIC (rail-optimised fabrics, NCCL's PXN), so the node's other NICs are never aggregated for one
+GPU, and the NVLink share of the exchange (the peers inside the node) is not credited: a conservative
+price, exact for a group with one GPU per node.
+
 Memory in the datasheets' "GB" is taken as GiB (2^30 bytes), as the bundled H100 profile does; the
 profile reserves a fraction of it anyway (solver/derive.py, ``TrainingSetup.reserve_fraction``).
 """
@@ -19,11 +36,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from skrull.solver.errors import RequestError
+from skrull.solver.profile import Link, Topology
 
 #: All-gather bus bandwidth reached inside one node, as a fraction of the quoted link bandwidth (assumed).
 ACHIEVED_LINK_FRACTION = 0.4
 #: 400 Gb/s NDR InfiniBand per GPU, in GB/s (assumed for DP traffic unless a GPU's entry says otherwise).
 NDR_PER_GPU_GBS = 50.0
+#: GPUs per node of every SXM part (DGX/HGX A100, H100, H200, B200 baseboards carry 8).
+SXM_GPUS_PER_NODE = 8
+#: Bus bandwidth that all-gather and all-to-all reach across nodes, as a fraction of the port's line rate
+#: (assumed: ~45 GB/s on 400 Gb/s NDR in nccl-tests).
+INTER_NODE_EFFICIENCY = 0.9
+#: InfiniBand line rates per GPU port, Gb/s (NVIDIA InfiniBand generations: HDR 200, NDR 400, XDR 800).
+HDR_GBITS, NDR_GBITS, XDR_GBITS = 200.0, 400.0, 800.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -34,6 +59,10 @@ class GpuSpec:
     cp_bus_bandwidth_gbs: float
     dp_bandwidth_gbs: float
     source: str
+    #: GPUs per node and the line rate of each GPU's inter-node port in Gb/s (``topology``; module doc).
+    gpus_per_node: int = SXM_GPUS_PER_NODE
+    inter_node_gbits: float = NDR_GBITS
+    topology_source: str = ""
 
 
 def check_figure(field: str, value: float) -> None:
@@ -50,6 +79,9 @@ def gpu_from_figures(
     link_bandwidth_gbs: float,
     dp_bandwidth_gbs: float = NDR_PER_GPU_GBS,
     source: str,
+    gpus_per_node: int = SXM_GPUS_PER_NODE,
+    inter_node_gbits: float = NDR_GBITS,
+    topology_source: str = "",
 ) -> GpuSpec:
     """A spec from datasheet figures; the CP bus bandwidth is ``ACHIEVED_LINK_FRACTION`` of the link."""
     for field, value in (
@@ -68,6 +100,9 @@ def gpu_from_figures(
         cp_bus_bandwidth_gbs=round(ACHIEVED_LINK_FRACTION * link_bandwidth_gbs, 3),
         dp_bandwidth_gbs=float(dp_bandwidth_gbs),
         source=source,
+        gpus_per_node=gpus_per_node,
+        inter_node_gbits=float(inter_node_gbits),
+        topology_source=topology_source,
     )
 
 
@@ -90,6 +125,8 @@ GPUS: dict[str, GpuSpec] = {
             "achieved all-gather bus bandwidth ~360 GB/s within a node (nccl-tests figures, assumed); "
             "400 Gb/s NDR InfiniBand per GPU = 50 GB/s for DP gradient traffic across nodes"
         ),
+        topology_source="NVIDIA DGX H100 / HGX H100: 8 H100 SXM5 per node on NVSwitch (NVLink 4, 900 GB/s per "
+        "GPU), one ConnectX-7 400 Gb/s NDR InfiniBand port per GPU",
     ),
     "h200-141g": gpu_from_figures(
         name="h200-141g",
@@ -98,6 +135,8 @@ GPUS: dict[str, GpuSpec] = {
         link_bandwidth_gbs=900.0,
         source="NVIDIA H200 SXM datasheet: 141 GB HBM3e, 989 dense BF16 TFLOP/s (1,979 with sparsity), "
         f"NVLink 4 at 900 GB/s; {_NDR}",
+        topology_source="NVIDIA DGX H200 / HGX H200: 8 H200 SXM per node on NVSwitch (NVLink 4, 900 GB/s per "
+        "GPU), one ConnectX-7 400 Gb/s NDR InfiniBand port per GPU",
     ),
     "a100-80g": gpu_from_figures(
         name="a100-80g",
@@ -108,6 +147,9 @@ GPUS: dict[str, GpuSpec] = {
         source="NVIDIA A100 80GB SXM datasheet: 80 GB HBM2e, 312 dense BF16 TFLOP/s (624 with sparsity), "
         "NVLink 3 at 600 GB/s; "
         + _ASSUMED.format(dp=25.0, network="one 200 Gb/s HDR InfiniBand port per GPU, as in DGX A100"),
+        inter_node_gbits=HDR_GBITS,
+        topology_source="NVIDIA DGX A100: 8 A100 SXM4 per node on NVSwitch (NVLink 3, 600 GB/s per GPU), one "
+        "ConnectX-6 200 Gb/s HDR InfiniBand port per GPU",
     ),
     "l40s-48g": gpu_from_figures(
         name="l40s-48g",
@@ -117,6 +159,9 @@ GPUS: dict[str, GpuSpec] = {
         dp_bandwidth_gbs=25.0,
         source="NVIDIA L40S datasheet: 48 GB GDDR6, 362.05 dense BF16 TFLOP/s (733 with sparsity), no NVLink: "
         "PCIe Gen4 x16 at 64 GB/s; " + _ASSUMED.format(dp=25.0, network="one 200 Gb/s port per GPU"),
+        inter_node_gbits=HDR_GBITS,
+        topology_source="a PCIe server of 8 L40S (assumed; no NVLink, peers over PCIe Gen4 x16 at 64 GB/s), "
+        "one 200 Gb/s port per GPU (assumed)",
     ),
     "b200-180g": gpu_from_figures(
         name="b200-180g",
@@ -125,6 +170,10 @@ GPUS: dict[str, GpuSpec] = {
         link_bandwidth_gbs=1800.0,
         source="NVIDIA HGX B200 datasheet: 180 GB HBM3e per GPU (1.44 TB per 8 GPUs), 2.25 dense BF16 "
         f"PFLOP/s per GPU (4.5 with sparsity), NVLink 5 at 1.8 TB/s; {_NDR}",
+        inter_node_gbits=XDR_GBITS,
+        topology_source="NVIDIA HGX B200: 8 B200 per node on NVSwitch (NVLink 5, 1.8 TB/s per GPU); one 800 Gb/s "
+        "XDR InfiniBand port per GPU (NVIDIA Quantum-X800 / ConnectX-8, assumed; DGX B200 ships 400 Gb/s "
+        "ConnectX-7 ports: --inter-gbps 45)",
     ),
 }
 
@@ -133,3 +182,60 @@ def get_gpu(name: str) -> GpuSpec:
     if name not in GPUS:
         raise RequestError("--gpu", name, f"unknown GPU; known: {', '.join(GPUS)}")
     return GPUS[name]
+
+
+def _ms_per_mib(busbw_gbs: float) -> float:
+    """1 / bus bandwidth in ms per MiB (CONTRACT.md ``*_ms_per_mib``)."""
+    return round(2**20 / (busbw_gbs * 1e9) * 1e3, 8)
+
+
+def topology_for(
+    gpu: GpuSpec,
+    *,
+    gpus_per_node: int | None = None,
+    intra_gbps: float | None = None,
+    inter_gbps: float | None = None,
+) -> Topology:
+    """The ``topology`` section for a cluster of ``gpu`` (module doc), each figure with its source.
+
+    ``gpus_per_node``, ``intra_gbps`` (bus bandwidth of both collectives inside a node, GB/s) and
+    ``inter_gbps`` (the same across nodes, per GPU, GB/s; note: gigaBYTES, as nccl-tests reports busbw)
+    describe a user's own cluster and replace the published figures they name."""
+    if gpus_per_node is not None and (
+        isinstance(gpus_per_node, bool) or not isinstance(gpus_per_node, int) or gpus_per_node < 1
+    ):
+        raise RequestError("--gpus-per-node", gpus_per_node, "must be an integer >= 1")
+    for field, value in (("--intra-gbps", intra_gbps), ("--inter-gbps", inter_gbps)):
+        if value is not None:
+            check_figure(field, value)
+    per_node = gpu.gpus_per_node if gpus_per_node is None else gpus_per_node
+    intra = gpu.cp_bus_bandwidth_gbs if intra_gbps is None else float(intra_gbps)
+    inter = INTER_NODE_EFFICIENCY * gpu.inter_node_gbits / 8 if inter_gbps is None else float(inter_gbps)
+    parts = [gpu.topology_source or f"{gpu.name}: no published cluster figures"]
+    if gpus_per_node is not None:
+        parts.append(f"{per_node} GPUs per node (given)")
+    parts.append(
+        f"intra-node all-gather and all-to-all busbw {intra:g} GB/s "
+        + (
+            "(given)"
+            if intra_gbps is not None
+            else f"({ACHIEVED_LINK_FRACTION} x the link figure, assumed; all-to-all taken equal to all-gather, assumed)"
+        )
+    )
+    parts.append(
+        f"inter-node busbw {inter:g} GB/s per GPU for both collectives "
+        + (
+            "(given)"
+            if inter_gbps is not None
+            else f"({INTER_NODE_EFFICIENCY} x the {gpu.inter_node_gbits:g} Gb/s port, assumed)"
+        )
+        + "; all-to-all across nodes at one port per GPU (the node's other NICs not aggregated, the NVLink share "
+        "of the exchange not credited)"
+    )
+    intra_ms, inter_ms = _ms_per_mib(intra), _ms_per_mib(inter)
+    return Topology(
+        gpus_per_node=per_node,
+        intra_node=Link(allgather_ms_per_mib=intra_ms, alltoall_ms_per_mib=intra_ms),
+        inter_node=Link(allgather_ms_per_mib=inter_ms, alltoall_ms_per_mib=inter_ms),
+        source="; ".join(parts),
+    )

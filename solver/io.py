@@ -15,6 +15,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from skrull.solver.cost import CostModel
 from skrull.solver.cp_modes import DEFAULT_CP_MODE, DEFAULT_CP_MODES, ULYSSES, read_cp_modes, read_mode
 from skrull.solver.errors import MISSING, RequestError, SequenceTooLongError, UnknownSolverError
 from skrull.solver.jsonsafe import check_bounded, join_path, loads_json, read_int, read_ints
@@ -235,15 +236,28 @@ def check_cp_modes_profile(cp_modes: tuple[str, ...], profile: Profile) -> None:
         )
 
 
+def placeable_tokens(request: Request) -> int:
+    """The longest sequence one CP group holds: ``cp * bucket_tokens``, less, where only all-gather can run
+    it, the gathered K/V each GPU keeps (``CostModel.max_sequence_tokens``; CONTRACT.md)."""
+    model = CostModel(request.profile, bucket_tokens=request.bucket_tokens)
+    cp = request.parallel.cp
+    modes = [m for m in request.cp_modes if m != ULYSSES or model.mode_fits(cp, ULYSSES)]
+    return max(model.max_sequence_tokens(cp, m) for m in modes or [DEFAULT_CP_MODE])
+
+
 def check_placeable(request: Request) -> None:
-    """Refuse a sequence longer than ``cp * bucket_tokens``: no planner can place it."""
-    limit = request.parallel.cp * request.bucket_tokens
+    """Refuse a sequence longer than one CP group holds (``placeable_tokens``): no planner can place it."""
+    limit = placeable_tokens(request)
     seq_id = 0
     for b, batch in enumerate(request.batches):
         for k, length in enumerate(batch):
             if length > limit:
                 raise SequenceTooLongError(
-                    field=f"batches[{b}][{k}]", seq_id=seq_id, num_tokens=length, limit_tokens=limit
+                    field=f"batches[{b}][{k}]",
+                    seq_id=seq_id,
+                    num_tokens=length,
+                    limit_tokens=limit,
+                    gathered_kv=limit < request.parallel.cp * request.bucket_tokens,
                 )
             seq_id += 1
 

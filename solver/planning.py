@@ -19,6 +19,7 @@ from skrull.solver.cp_modes import CP_MODES, DEFAULT_CP_MODES, ULYSSES
 from skrull.solver.defer import plan_with_deferral
 from skrull.solver.equalize import equalize_microbatches
 from skrull.solver.errors import InvalidPlanError, PlannerBugError, RequestError
+from skrull.solver.gathered import fit_gathered_kv
 from skrull.solver.io import MAX_DEFER, check_cp_modes_profile, defer_refusal
 from skrull.solver.planners.base import Planner, PlannerOutput
 from skrull.solver.planners.registry import get_planner
@@ -241,6 +242,7 @@ def solve(request: Request, *, planner: Planner | None = None) -> Plan:
         output = plan_with_deferral(problem, request.defer, backend=request.backend)
     else:
         output = planner.plan(problem)
+    output = fit_gathered_kv(output, problem, modes)  # the gathered K/V's memory, whatever the planner checked
     if request.equal_microbatches:
         output = equalized(output, problem)
     if len(planner_cp_modes(planner)) > 1:  # planners that choose: the cheapest allowed mode per microbatch

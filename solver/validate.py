@@ -11,7 +11,9 @@ It knows nothing of how planners work; it checks a plan against the request and 
   steps; a known ``mode`` that the request's ``cp_modes`` allow for a microbatch that shards, and for
   ``ulysses`` a profile with ``heads`` and ``comm_a2a`` and a group size dividing ``heads.attention``;
 * memory (eq. 7): every GPU within ``bucket_tokens`` in every microbatch, counting the tokens it really
-  holds (its local sequences plus the pieces the microbatch's sharding mode cuts for it);
+  holds (its local sequences plus the pieces the microbatch's sharding mode cuts for it) and, for an
+  all-gather microbatch of a profile with ``memory.kv_bytes_per_token``, the gathered K/V of the rest of
+  the sharded sequences (``CostModel.gathered_kv_tokens``: ``r * (N-1)/N * T``, CONTRACT.md);
 * deferral (a request with ``defer``, solver/defer.py): every sequence runs in its own batch's iteration
   or within ``defer.max_wait`` (default 1) after it, the request's ``defer.carried`` first sequences in
   iteration 0; no batch defers more than ``defer.max_sequences`` of its own, and only a batch within
@@ -166,8 +168,10 @@ def microbatch_problems(
     sharded_lengths = [lengths[i] for i in mb.sharded]
     if mb.sharding in SHARDING_MODES:
         # each GPU's real tokens: its local sequences plus the pieces the microbatch's split cuts for it
+        # plus, in all-gather mode, the gathered K/V of the sharded sequences (CONTRACT.md, in bucket tokens)
         pieces = position_token_counts(mb.sharding, sharded_lengths, len(mb.ranks))
-        bucket = model.bucket_tokens
+        gathered = model.gathered_kv_tokens(sum(sharded_lengths), len(mb.ranks), mb.mode)
+        bucket = model.bucket_tokens - gathered
         over = [
             (sum(lens) + pieces[j], mb.ranks[j])
             for j, lens in enumerate(local_lengths)
@@ -175,7 +179,8 @@ def microbatch_problems(
         ]
         if over:
             tokens, g = max(over)
-            problems.append(f"{where}: GPU {g} holds {tokens} tokens, over bucket_tokens={model.bucket_tokens}")
+            kv = f" and {gathered} tokens' worth of gathered K/V" if gathered else ""
+            problems.append(f"{where}: GPU {g} holds {tokens} tokens{kv}, over bucket_tokens={model.bucket_tokens}")
     link = model.link_of(mb.ranks)  # the link its ranks use (None: the profile has no topology)
     if mb.link != link:
         problems.append(f"{where}: link {mb.link!r} != {link!r}, the link its ranks {_ranks_text(mb.ranks)} use")

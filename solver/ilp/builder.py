@@ -40,6 +40,17 @@ no allowed mode runs (Ulysses alone on a group not dividing the heads) shards no
 the bound are over plans whose microbatches each run their cheaper allowed mode, which is how the plan
 runs (``planning.with_modes`` assigns that mode after the solve).
 
+Memory per GPU is eq. 7 in integers, ``N*local_j + T <= N*C``, exact. With the gathered K/V
+(CONTRACT.md; ``CostModel.gathered_kv_tokens``, r = p/q) an all-gather microbatch also needs
+``local_j + ceil(T/N) + ceil(r*(N-1)*T/N) <= C``, which holds when (both ceilings bounded by
+``ceil(a/b) <= (a + b - 1)/b``)
+
+    q*N*local_j + (q + p*(N-1))*T + (q*(N-1) + q*N - 1)*hs - M_K * ul <= q*N*C
+
+(``ul`` only where the microbatch may run Ulysses, which keeps no gathered K/V; ``M_K`` makes the row
+redundant then). r is taken as p/q exactly where q <= ``KV_DENOMINATOR``, else rounded up to a multiple of
+1/KV_DENOMINATOR: the row is never looser than the rule, at most a few tokens stricter.
+
 Microbatch slots: a plan no worse than the hint's objective UB runs at most ``floor(UB / microbatch_ms)``
 microbatches on any load (each costs at least microbatch_ms), and at most K; ``M_g`` is the smaller of
 the two, plus one slot against the flooring of coefficients (and at least the hint's count on g).
@@ -60,6 +71,9 @@ from skrull.solver.cost import CostModel
 from skrull.solver.cp_modes import ALLGATHER, ULYSSES
 from skrull.solver.ilp.model import TIME_SCALE, LinearModel
 from skrull.solver.profile import OVERLAP_LOCAL_ATTENTION
+
+#: Largest denominator of the gathered-K/V ratio in the memory rows (module docstring).
+KV_DENOMINATOR = 4096
 
 #: One microbatch of a group, as sequence ids: (local ids per rank of the group, sharded ids).
 GroupMicrobatch = tuple[tuple[tuple[int, ...], ...], tuple[int, ...]]
@@ -274,6 +288,7 @@ class _Data:
     bucket: int
     offsets: tuple[int, ...]  # per load
     time_cap: int
+    kv: tuple[int, int] | None = None  # the gathered-K/V ratio p/q (rounded up), None without one
 
     def cells(self) -> list[tuple[int, int]]:
         """Every (group, slot)."""
@@ -440,7 +455,28 @@ def _prepare(
         bound = min(bound, max_slots)
     hinted = [len(grp) for grp in hint] + [0] * (len(layout.sizes) - len(hint))
     slots = tuple(max(bound, hinted[g], 1) for g in range(len(layout.sizes)))
-    return _Data(ids, index, sizes, layout, slots, coeffs, cost.bucket_tokens, offsets, upper if upper > 0 else 1)
+    return _Data(
+        ids,
+        index,
+        sizes,
+        layout,
+        slots,
+        coeffs,
+        cost.bucket_tokens,
+        offsets,
+        upper if upper > 0 else 1,
+        _kv_ratio(cost),
+    )
+
+
+def _kv_ratio(cost: CostModel) -> tuple[int, int] | None:
+    """The gathered-K/V ratio r as ``(p, q)`` with ``q <= KV_DENOMINATOR``, never below r; None for r = 0."""
+    ratio = cost.gathered_kv_ratio
+    if not ratio:
+        return None
+    if ratio.denominator <= KV_DENOMINATOR:
+        return ratio.numerator, ratio.denominator
+    return -(-ratio.numerator * KV_DENOMINATOR // ratio.denominator), KV_DENOMINATOR
 
 
 def _variables(m_: LinearModel, d: _Data) -> _Vars:
@@ -475,13 +511,26 @@ def _assignment(m_: LinearModel, d: _Data, v: _Vars) -> None:
 
 
 def _memory(m_: LinearModel, d: _Data, v: _Vars, g: int, m: int) -> None:
-    """Memory per GPU, exact in integers: N * local tokens + sharded tokens <= N * C (eq. 7)."""
+    """Memory per GPU, exact in integers: N * local tokens + sharded tokens <= N * C (eq. 7); with the
+    gathered K/V, an all-gather microbatch's row of the module docstring too."""
     n = d.layout.sizes[g]
     for j in range(n):
         mem = {v.y[k, g, m, j]: n * d.sizes[k] for k in range(len(d.ids))}
         if d.shards(g):
             mem.update({v.z[k, g, m]: d.sizes[k] for k in range(len(d.ids))})
         m_.add(mem, family="memory", upper=n * d.bucket)
+    if d.kv is None or not d.shards(g) or ALLGATHER not in (c.mode for c in d.coeffs[g].comms):
+        return
+    p, q = d.kv  # the gathered K/V of an all-gather microbatch (module docstring)
+    slack = q * (n - 1) + q * n - 1
+    big = p * (n - 1) * n * d.bucket + slack
+    for j in range(n):
+        row = {v.y[k, g, m, j]: q * n * d.sizes[k] for k in range(len(d.ids))}
+        row.update({v.z[k, g, m]: (q + p * (n - 1)) * d.sizes[k] for k in range(len(d.ids))})
+        row[v.has_shard[g, m]] = slack
+        if (g, m) in v.ulysses:
+            row[v.ulysses[g, m]] = -big
+        m_.add(row, family="memory-gathered-kv", upper=q * n * d.bucket)
 
 
 def _sharded_compute(d: _Data, v: _Vars, g: int, m: int) -> dict[int, int]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import random
 
+from skrull.solver.gathered import group_capacity_tokens
 from skrull.solver.planners.base import (
     PlannerOutput,
     all_sharded,
@@ -36,7 +37,7 @@ def deepspeed_batch(problem: Problem, _index: int, ids: tuple[int, ...]) -> list
 
 def packed_batch(problem: Problem, _index: int, ids: tuple[int, ...]) -> list[MicrobatchSpec]:
     par = problem.parallel
-    capacity = problem.group_capacity_tokens
+    capacity = group_capacity_tokens(problem)
     lengths = problem.lengths
     specs: list[MicrobatchSpec] = []
     for dp_rank, share in enumerate(contiguous_shares(ids, par.dp)):

@@ -17,6 +17,11 @@ Choices where the paper is ambiguous (written down here, pinned by tests):
   in order of least remaining bucket; if no local sequence anywhere can move, placement fails and GDS
   gives the rank one more microbatch (section 4.3.2: "GDS will restore the batching plan").
 * Ties in argmin/argmax go to the lowest CP rank.
+* The gathered K/V (CONTRACT.md; ``CostModel.gathered_kv_tokens``): an all-gather microbatch keeps
+  ``g(T)`` bucket tokens of K/V on every rank for its ``T`` sharded tokens, so a rank fits when
+  ``N*local + T <= N*(C - g(T))``: every check reserves ``N * g(T)`` of each rank's scaled bucket for the
+  sharded tokens so far (and, before sharding one more, for ``T + S``). Without ``gathered`` (or g = 0)
+  every check is the one above.
 """
 
 from __future__ import annotations
@@ -29,14 +34,26 @@ SHARDED = -1
 class _Buckets:
     """Remaining bucket (scaled by N) and compute load per CP rank, and who holds which local sequence."""
 
-    __slots__ = ("flops", "load", "local", "n", "remain")
+    __slots__ = ("flops", "gathered", "load", "local", "n", "remain", "sharded")
 
-    def __init__(self, group_size: int, bucket_tokens: int, flops: Callable[[int], float] | None) -> None:
+    def __init__(
+        self,
+        group_size: int,
+        bucket_tokens: int,
+        flops: Callable[[int], float] | None,
+        gathered: Callable[[int], int] | None = None,
+    ) -> None:
         self.n = group_size
         self.remain = [group_size * bucket_tokens] * group_size
         self.load = [0.0] * group_size
         self.local: list[list[int]] = [[] for _ in range(group_size)]
         self.flops = flops
+        self.gathered = gathered
+        self.sharded = 0
+
+    def reserve(self, sharded_tokens: int) -> int:
+        """``N * g(T)``: each rank's scaled bucket the gathered K/V of ``T`` sharded tokens takes (module doc)."""
+        return self.n * self.gathered(sharded_tokens) if self.gathered is not None else 0
 
     def argmin_load(self) -> int:
         load = self.load
@@ -58,6 +75,7 @@ class _Buckets:
 
     def put_sharded(self, length: int) -> None:  # Alg. 3 UpdateAll
         share = self.flops(length) / self.n if self.flops is not None else 0.0
+        self.sharded += length
         for j in range(self.n):
             self.remain[j] -= length
             self.load[j] += share
@@ -68,7 +86,10 @@ class _Buckets:
         for r in (rank, *others):
             for pos, idx in enumerate(self.local[r]):
                 s = lengths[idx]
-                if all(self.remain[j] >= s for j in range(self.n) if j != r):
+                need = s + self.reserve(self.sharded + s)
+                if self.remain[r] + (self.n - 1) * s >= need - s and all(
+                    self.remain[j] >= need for j in range(self.n) if j != r
+                ):
                     del self.local[r][pos]
                     self.remain[r] += self.n * s
                     if self.flops is not None:
@@ -98,12 +119,13 @@ def _place_in_order(
         i = order[pos]
         s = lengths[i]
         t = choose_rank(state)
-        if state.remain[t] < n * s:
+        need = n * s + state.reserve(state.sharded)
+        if state.remain[t] < need:
             t = state.argmax_remain()
-        if state.remain[t] >= n * s:
+        if state.remain[t] >= need:
             state.put_local(i, s, t)
             ret[i] = t
-        elif state.remain[state.argmin_remain()] >= s:
+        elif state.remain[state.argmin_remain()] >= s + state.reserve(state.sharded + s):
             state.put_sharded(s)
             ret[i] = SHARDED
         elif rollback and state.rollback(state.argmin_remain(), lengths, ret):
@@ -121,6 +143,7 @@ def dacp_place(
     bucket_tokens: int,
     flops: Callable[[int], float],
     rollback: bool = True,
+    gathered: Callable[[int], int] | None = None,
 ) -> list[int] | None:
     """Skrull's DACP heuristic (Alg. 1): ``ret[i]`` is the CP rank holding sequence i, or ``SHARDED``.
 
@@ -130,7 +153,7 @@ def dacp_place(
     microbatch cannot be placed (rollback impossible, or disabled with ``rollback=False``).
     """
     order = sorted(range(len(lengths)), key=lengths.__getitem__)
-    state = _Buckets(group_size, bucket_tokens, flops)
+    state = _Buckets(group_size, bucket_tokens, flops, gathered)
     return _place_in_order(lengths, order, state, choose_rank=_Buckets.argmin_load, rollback=rollback)
 
 
@@ -141,9 +164,10 @@ def round_robin_place(
     bucket_tokens: int,
     flops: Callable[[int], float] | None = None,
     rollback: bool = True,
+    gathered: Callable[[int], int] | None = None,
 ) -> list[int] | None:
     """Skrull appendix B.2 round-robin placement: in the given order, each sequence goes whole to the
     rank with the most bucket left if it fits, else it is sharded if every rank can take S/N, else a
     local sequence is rolled back (memory only: no compute balancing, ``L`` is None in Alg. 3)."""
-    state = _Buckets(group_size, bucket_tokens, None)
+    state = _Buckets(group_size, bucket_tokens, None, gathered)
     return _place_in_order(lengths, range(len(lengths)), state, choose_rank=_Buckets.argmax_remain, rollback=rollback)

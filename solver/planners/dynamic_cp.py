@@ -88,10 +88,12 @@ def block_start(gpu: int, size: int, num_gpus: int) -> int | None:
     return start if start + size <= num_gpus else None
 
 
-def cp_size_for(num_tokens: int, bucket_tokens: int, sizes: Sequence[int]) -> int:
-    """Smallest allowed size c with ``num_tokens <= c * bucket_tokens`` (``2^ceil(log2(S / C))``)."""
+def cp_size_for(num_tokens: int, bucket_tokens: int, sizes: Sequence[int], caps: dict[int, int] | None = None) -> int:
+    """Smallest allowed size c with ``num_tokens <= c * bucket_tokens`` (``2^ceil(log2(S / C))``); with
+    ``caps``, ``num_tokens <= caps[c]``, the most a group of c holds with its gathered K/V
+    (``CostModel.max_sequence_tokens``)."""
     for c in sizes:
-        if num_tokens <= c * bucket_tokens:
+        if num_tokens <= (c * bucket_tokens if caps is None else caps[c]):
             return c
     raise ValueError(f"{num_tokens} tokens fit no group of at most {sizes[-1]} GPUs")
 
@@ -120,6 +122,7 @@ def _fill_step(
     num_gpus: int,
     bucket_tokens: int,
     quota: float | None,
+    caps: dict[int, int] | None = None,
 ) -> tuple[list[_Group], list[int]]:
     """Place what fits into one step (``pending`` is in descending length); return groups and leftovers.
 
@@ -152,7 +155,7 @@ def _fill_step(
         k += 1
         s = lengths[i]
         c = need[i]
-        cap = c * bucket_tokens
+        cap = c * bucket_tokens if caps is None else caps[c]  # a group's sharded tokens (eq. 7, gathered K/V)
         best: _Group | None = None
         best_load = float("inf")
         heap = by_size.setdefault(c, [])
@@ -317,7 +320,9 @@ class DynamicCpPlanner:
         num_gpus = problem.parallel.num_gpus
         bucket = problem.bucket_tokens
         sizes = allowed_sizes(num_gpus)
-        memory_need = {i: cp_size_for(lengths[i], bucket, sizes) for i in ids}
+        # with the gathered K/V, the most each size holds (every sequence is sharded over its group)
+        caps = {c: model.max_sequence_tokens(c) for c in sizes} if model.gathered_kv_ratio else None
+        memory_need = {i: cp_size_for(lengths[i], bucket, sizes, caps) for i in ids}
         if self.workload == "flops":
             work: Callable[[int], float] = model.flops
         else:
@@ -348,6 +353,7 @@ class DynamicCpPlanner:
                     num_gpus=num_gpus,
                     bucket_tokens=bucket,
                     quota=None if last else quota,
+                    caps=caps,
                 )
                 steps.append(groups)
             specs = [

@@ -44,9 +44,11 @@ def split_rank(
     place: Placer,
     flops: Callable[[int], float],
     rollback: bool = True,
+    gathered: Callable[[int], int] | None = None,
 ) -> list[tuple[list[int], list[int]]]:
     """Alg. 2 lines 2-12 for one DP rank: microbatches as ``(ids, placement)`` pairs, where
-    ``placement[k]`` is the CP rank of ``ids[k]`` or ``SHARDED``."""
+    ``placement[k]`` is the CP rank of ``ids[k]`` or ``SHARDED``. ``gathered``: the gathered K/V's bucket
+    tokens per GPU for T sharded tokens (solver/planners/dacp.py), handed to ``place`` when given."""
     if not ids:
         return []
     subset = sorted(ids, key=lambda i: (lengths[i], i))
@@ -77,6 +79,7 @@ def split_rank(
                     bucket_tokens=bucket_tokens,
                     flops=flops,
                     rollback=rollback,
+                    **({} if gathered is None else {"gathered": gathered}),
                 )
                 if placement is None:
                     failed = max(pos for pos in range(j, len(subset), m))  # its longest sequence's position

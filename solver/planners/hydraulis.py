@@ -99,10 +99,18 @@ class StrategyCosts:
     cost model's ``sharded_terms(d)`` (``solver.cost.CostCoefficients``)."""
 
     model: CostCoefficients
+    #: per degree, the most tokens a microbatch of that degree shards with its gathered K/V
+    #: (``CostModel.max_sequence_tokens``); None where the profile charges none (``d * bucket``)
+    caps: dict[int, int] | None = None
 
     @classmethod
     def from_problem(cls, problem: Problem) -> StrategyCosts:
-        return cls(model=CostModel(problem.profile, bucket_tokens=problem.bucket_tokens).coefficients)
+        model = CostModel(problem.profile, bucket_tokens=problem.bucket_tokens)
+        caps = None
+        if model.gathered_kv_ratio:
+            degrees = candidate_degrees(problem.parallel.num_gpus, problem.parallel.cp)
+            caps = {d: model.max_sequence_tokens(d) for d in degrees}
+        return cls(model=model.coefficients, caps=caps)
 
     @property
     def bucket_tokens(self) -> int:
@@ -121,6 +129,8 @@ class StrategyCosts:
         return a * s * s + b * s + c * s / (degree * self.bucket_tokens)
 
     def cap(self, degree: int) -> int:
+        if self.caps is not None and degree in self.caps:
+            return self.caps[degree]
         return degree * self.bucket_tokens
 
 

@@ -8,7 +8,7 @@ microbatches when placement fails.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from skrull.solver.cost import CostModel
 from skrull.solver.cp_modes import CP_MODES
@@ -33,6 +33,7 @@ def gds_dacp_batch(
             f = flops_cache[s] = model.flops(s)
         return f
 
+    gathered = _gathered_kv(problem)
     bins = balance_dp(ids, [flops(lengths[i]) for i in ids], par.dp)
     specs: list[MicrobatchSpec] = []
     for dp_rank, rank_ids in enumerate(bins):
@@ -45,10 +46,22 @@ def gds_dacp_batch(
             place=place,
             flops=flops,
             rollback=rollback,
+            gathered=gathered,
         )
         for step, (mb_ids, placement) in enumerate(microbatches):
             specs.append(_spec(step, ranks, mb_ids, placement))
     return specs
+
+
+def _gathered_kv(problem: Problem) -> Callable[[int], int] | None:
+    """Bucket tokens each GPU of a CP group keeps of the gathered K/V for T sharded tokens, in the mode that
+    keeps least among those the problem allows (Ulysses none: ``with_modes`` then picks a mode that fits);
+    None where the profile charges none (every check as in the paper)."""
+    view = CostModel(problem.profile, bucket_tokens=problem.bucket_tokens, choose_modes=problem.cp_modes)
+    if not view.gathered_kv_ratio:
+        return None
+    cp = problem.parallel.cp
+    return lambda sharded_tokens: view.view_gathered_kv_tokens(sharded_tokens, cp)
 
 
 def _spec(step: int, ranks: tuple[int, ...], ids: Sequence[int], placement: Sequence[int]) -> MicrobatchSpec:

@@ -49,6 +49,7 @@ from collections.abc import Sequence
 
 from skrull.solver.cost import CostModel
 from skrull.solver.errors import InfeasibleError
+from skrull.solver.gathered import group_capacity_tokens
 from skrull.solver.planners.base import PlannerOutput, all_sharded
 from skrull.solver.types import MicrobatchSpec, Problem
 
@@ -107,7 +108,7 @@ def verl_kk_batch(
     model = CostModel(problem.profile, bucket_tokens=problem.bucket_tokens)
     lengths = problem.lengths
     par = problem.parallel
-    capacity = problem.group_capacity_tokens
+    capacity = group_capacity_tokens(problem)
     cache = flops if flops is not None else {}
 
     def work(i: int) -> float:

@@ -59,6 +59,7 @@ from dataclasses import dataclass
 
 from skrull.solver.attention_model import AttentionKernelModel
 from skrull.solver.cost import CostModel
+from skrull.solver.gathered import group_capacity_tokens
 from skrull.solver.planners.base import PlannerOutput, make_spec
 from skrull.solver.sharding import per_document_layout, per_sequence_layout
 from skrull.solver.types import MicrobatchSpec, Problem
@@ -235,7 +236,7 @@ class WlbPlanner:
     def plan(self, problem: Problem) -> PlannerOutput:
         lengths = problem.lengths
         par = problem.parallel
-        s_max = problem.group_capacity_tokens
+        s_max = group_capacity_tokens(problem)
         workload = document_workload(problem)
         model = CostModel(problem.profile, bucket_tokens=problem.bucket_tokens)
         mean_tokens = sum(lengths) / max(1, len(problem.batch_ids))

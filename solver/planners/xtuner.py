@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from skrull.solver.cp_modes import ULYSSES
 from skrull.solver.errors import RequestError
+from skrull.solver.gathered import group_capacity_tokens
 from skrull.solver.planners.base import PlannerOutput, all_sharded, plan_each_iteration
 from skrull.solver.planners.fixed_length import original_packing
 from skrull.solver.types import MicrobatchSpec, Problem
@@ -47,7 +48,7 @@ def xtuner_batch(problem: Problem, _index: int, ids: tuple[int, ...]) -> list[Mi
         )
     lengths = [problem.lengths[i] for i in ids]
     # XTuner's packed dataset: loader order, a new pack when the next sequence would overflow
-    packs = original_packing(lengths, problem.group_capacity_tokens)
+    packs = original_packing(lengths, group_capacity_tokens(problem))
     specs: list[MicrobatchSpec] = []
     for k, pack in enumerate(packs):
         spec = all_sharded(step=k // par.dp, ranks=par.cp_group(k % par.dp), ids=[ids[p] for p in pack])

@@ -129,7 +129,14 @@ class Placer:
             return out
         ret = None
         if len(ids) <= DACP_MAX_SEQUENCES:
-            ret = dacp_place([ls[i] for i in ids], group_size=n, bucket_tokens=cost.bucket_tokens, flops=cost.flops)
+            gathered = (lambda t: cost.view_gathered_kv_tokens(t, n)) if cost.gathered_kv_ratio else None
+            ret = dacp_place(
+                [ls[i] for i in ids],
+                group_size=n,
+                bucket_tokens=cost.bucket_tokens,
+                flops=cost.flops,
+                gathered=gathered,
+            )
         if ret is not None:
             local: list[list[int]] = [[] for _ in range(n)]
             sharded = []
@@ -146,7 +153,9 @@ class Placer:
         sharded too). Timed from the loads it keeps: ``microbatch_ms + max_j(max(T_comm, T_comp(local
         j))) + T_comp(sharded / n)`` (eqs. 1-5)."""
         n, ls, cost = self.n, self.lengths, self.cost
-        cap = n * cost.bucket_tokens - sum(ls[i] for i in sharded)  # per GPU, scaled by n
+        sharded_tokens = sum(ls[i] for i in sharded)
+        # per GPU, scaled by n, less the gathered K/V of the sharded tokens (CostModel.fits)
+        cap = n * (cost.bucket_tokens - cost.view_gathered_kv_tokens(sharded_tokens, n)) - sharded_tokens
         if cap < 0:
             return None
         room = [cap] * n

@@ -176,9 +176,7 @@ def test_a_malformed_profile_upload_is_a_problem(limited: TestClient) -> None:
     assert problem_of(r, 422).type.endswith("malformed-json")
 
 
-@pytest.mark.parametrize(
-    ("typo", "meant"), [("paralel", "parallel"), ("batch", "batches"), ("profil", "profile")]
-)
+@pytest.mark.parametrize(("typo", "meant"), [("paralel", "parallel"), ("batch", "batches"), ("profil", "profile")])
 def test_a_misspelt_field_is_named_before_the_field_it_leaves_missing(
     limited: TestClient, typo: str, meant: str
 ) -> None:
@@ -188,3 +186,26 @@ def test_a_misspelt_field_is_named_before_the_field_it_leaves_missing(
     assert problem["field"] == typo and "unknown field" in problem["detail"]
     fields = [e["field"] for e in problem["errors"]]
     assert fields[0] == typo and fields[1:] in ([], [meant])  # a required field it leaves missing comes second
+
+
+def test_a_sequence_all_gather_cannot_hold_with_its_gathered_kv_names_its_id_and_the_limit(
+    limited: TestClient,
+) -> None:
+    """The profile charges the gathered K/V (r = 0.5): on CP2 with bucket 100, ceil(S/2) + ceil(S/4) <= 100
+    holds up to S = 132 (66 + 33; 133 needs 67 + 34), under cp * bucket_tokens = 200; with Ulysses allowed on
+    a group dividing the heads the whole 200 is placeable."""
+    profile = {
+        **HAND_PROFILE,
+        "memory": {**HAND_PROFILE["memory"], "activation_bytes_per_token": 1000.0, "kv_bytes_per_token": 500.0},
+    }
+    doc = {**GOOD, "profile": profile, "batches": [[10], [5, 150]]}
+    problem = problem_of(limited.post("/v1/plans", json=doc), 422)
+    assert problem.field == "batches[1][1]" and problem.value == 150
+    assert "sequence 2 has 150 tokens, more than 132," in problem.detail and "gathered K/V" in problem.detail
+    ulysses = {
+        **profile,
+        "heads": {"attention": 4, "kv": 2},
+        "comm_a2a": {"bytes_per_token": 4096, "ms_per_mib": 0.001, "fixed_ms": 0.2},
+    }
+    r = limited.post("/v1/plans", json={**doc, "profile": ulysses, "cp_modes": ["allgather", "ulysses"]})
+    assert r.status_code == 202, r.text

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from skrull.cli.main import main
-from skrull.solver.derive import MODELS, TrainingSetup, derive_profile
+from skrull.solver.derive import MODELS, TrainingSetup, activation_bytes_per_token, derive_profile
 from skrull.solver.gpus import GPUS, gpu_from_figures
 from skrull.solver.hf_config import model_from_hf_config
 from skrull.solver.io import plan_from_dict, read_json
@@ -176,3 +176,101 @@ def test_tp_mistakes_name_the_flag(capsys: pytest.CaptureFixture[str]) -> None:
     assert "--tp: 0: must be an integer >= 1" in _error(capsys, "--tp", "0")
     assert "--tp: 4: must divide qwen2.5-0.5b's 14" in _error(capsys, "--all", "--tp", "4")
     assert "--tp: 2: the bundled profiles are for tp 1" in _error(capsys, "--all", "--tp", "2", "--write-bundled")
+
+
+# -- gathered K/V, topology, overlap, --paper-bucket, cluster flags ------------------------------------------
+
+
+QWEN_7B = Path(__file__).resolve().parents[2] / "examples" / "models" / "qwen2.5-7b.json"
+
+
+def _without_names(doc: dict[str, Any]) -> dict[str, Any]:
+    """A profile document less what only names it (the profile's and the model's name, the config's file)."""
+    out = json.loads(json.dumps(doc))
+    out.pop("name")
+    out["model"].pop("name")
+    out["model"].pop("source")
+    return out
+
+
+@pytest.mark.parametrize("paper", [False, True])
+def test_the_same_config_under_two_names_gives_the_same_profile(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, paper: bool
+) -> None:
+    """Issue: the paper's bucket was looked up by the file's name (13,000 tokens as qwen2.5-7b/config.json,
+    5,519 as my-model/config.json). Now the bucket comes from the shape and setup, the paper's only when
+    asked, and then for both names."""
+    docs = []
+    for folder in ("qwen2.5-7b", "my-model"):
+        path = tmp_path / folder / "config.json"
+        path.parent.mkdir()
+        path.write_text(QWEN_7B.read_text(encoding="utf-8"), encoding="utf-8")
+        code, out, err = run(capsys, "--hf-config", str(path), *(["--paper-bucket"] if paper else []))
+        assert code == 0, err
+        docs.append(json.loads(out))
+    assert _without_names(docs[0]) == _without_names(docs[1])
+    memory = docs[0]["memory"]
+    assert memory["bucket_rule"] == ("paper" if paper else "derived")
+    assert memory["bucket_tokens"] == (13_000 if paper else memory["derived_bucket_tokens"])
+    assert memory["paper_bucket_tokens"] == 13_000  # recorded either way: the shape is the paper's 7B
+
+
+def test_derive_fills_memory_topology_and_overlap(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "--model", "llama2-13b", "--gpu", "h100-80g")
+    assert code == 0, err
+    doc = json.loads(out)
+    model = MODELS["llama2-13b"]
+    kv = 2 * model.num_layers * model.num_kv_heads * model.head_dim * 2
+    assert doc["memory"]["kv_bytes_per_token"] == kv == 819_200
+    assert doc["memory"]["activation_bytes_per_token"] == activation_bytes_per_token(model)
+    profile = profile_from_dict(doc)
+    assert profile.gathered_kv_ratio == pytest.approx(kv / activation_bytes_per_token(model))
+    topology = doc["topology"]
+    assert topology["gpus_per_node"] == 8
+    assert topology["intra_node"]["allgather_ms_per_mib"] == pytest.approx(2**20 / 360e9 * 1e3, abs=1e-8)
+    assert topology["inter_node"]["alltoall_ms_per_mib"] == pytest.approx(2**20 / 45e9 * 1e3, abs=1e-8)
+    assert "NDR" in topology["source"] and "NVLink" in topology["source"] and "not aggregated" in topology["source"]
+    assert doc["overlap"]["with"] == "local_attention" and doc["overlap"]["ulysses_exposed"] == 0.5
+    assert "worker/dacp.py" in doc["overlap"]["source"]
+    assert profile_from_dict(json.loads(json.dumps(profile.to_dict()))).to_dict() == profile.to_dict()
+
+
+def test_tp_divides_the_kv_bytes_by_the_heads_each_rank_holds(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "--model", "llama2-7b", "--tp", "4")
+    assert code == 0, err
+    model = MODELS["llama2-7b"]
+    assert json.loads(out)["memory"]["kv_bytes_per_token"] == 2 * model.num_layers * (32 // 4) * model.head_dim * 2
+
+
+@pytest.mark.parametrize("gpu", sorted(GPUS))
+def test_every_bundled_gpu_has_published_cluster_figures(capsys: pytest.CaptureFixture[str], gpu: str) -> None:
+    code, out, err = run(capsys, "--model", "qwen2.5-0.5b", "--gpu", gpu)
+    assert code == 0, err
+    topology = json.loads(out)["topology"]
+    intra, inter = topology["intra_node"], topology["inter_node"]
+    assert intra["allgather_ms_per_mib"] == pytest.approx(
+        2**20 / (GPUS[gpu].cp_bus_bandwidth_gbs * 1e9) * 1e3, abs=1e-8
+    )
+    assert inter["allgather_ms_per_mib"] == inter["alltoall_ms_per_mib"] > 0
+    assert topology["gpus_per_node"] == 8 and topology["source"]
+
+
+def test_cluster_flags_describe_your_own_cluster(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ("--gpus-per-node", "4", "--intra-gbps", "150", "--inter-gbps", "22.5")
+    code, out, err = run(capsys, "--model", "qwen2.5-0.5b", "--gpu", "a100-80g", *args)
+    assert code == 0, err
+    topology = profile_from_dict(json.loads(out)).topology
+    assert topology is not None and topology.gpus_per_node == 4
+    assert topology.intra_node.allgather_ms_per_mib == round(2**20 / 150e9 * 1e3, 8)
+    assert topology.inter_node.alltoall_ms_per_mib == round(2**20 / 22.5e9 * 1e3, 8)
+    assert topology.link_name([0, 1, 2, 3]) == "intra_node" and topology.link_name([2, 3, 4, 5]) == "inter_node"
+    assert "(given)" in topology.source
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--gpus-per-node", "0"), ("--intra-gbps", "-3"), ("--inter-gbps", "0")])
+def test_a_bad_cluster_figure_is_refused_naming_the_flag(
+    capsys: pytest.CaptureFixture[str], flag: str, value: str
+) -> None:
+    code, out, err = run(capsys, "--model", "qwen2.5-0.5b", flag, value)
+    assert (code, out) == (2, "")
+    assert flag in err and err.count("\n") == 1

@@ -52,7 +52,7 @@ def test_bundled_profiles_are_the_derivation_output_and_the_measured_ones() -> N
     assert set(MEASURED) == {"h100-80g-measured/qwen2.5-0.5b", "h100-80g-measured/qwen2.5-7b"}
     assert set(bundled_profile_names()) == {*DERIVED, *MEASURED}
     for name in MODELS:
-        derived = derive_profile(MODELS[name], GPUS["h100-80g"]).to_dict()
+        derived = derive_profile(MODELS[name], GPUS["h100-80g"], paper_bucket=True).to_dict()
         path = profiles_dir() / profile_file_name(f"h100-80g/{name}")
         assert json.loads(path.read_text()) == json.loads(json.dumps(derived)), f"run `make profiles` ({name})"
 
@@ -101,9 +101,10 @@ def test_measured_profiles_are_the_fit_of_their_own_samples(name: str) -> None:
 H100 = GPUS["h100-80g"]
 
 
-def _tp(name: str, tp: int, model: ModelConfig | None = None) -> Profile:
+def _tp(name: str, tp: int, model: ModelConfig | None = None, *, paper_bucket: bool = False) -> Profile:
     model = model or MODELS[name]
-    return derive_profile(model, H100, dataclasses.replace(SETUPS.get(name, TrainingSetup()), tp=tp))
+    setup = dataclasses.replace(SETUPS.get(name, TrainingSetup()), tp=tp)
+    return derive_profile(model, H100, setup, paper_bucket=paper_bucket)
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
@@ -138,6 +139,8 @@ def test_tp_2_charges_each_gpu_half_of_every_split_term() -> None:
     assert dataclasses.asdict(tp2.comm) == {**dataclasses.asdict(plain.comm), "bytes_per_token": 2**19}
     assert tp2.extra["memory"] == pytest.approx(
         {
+            "bucket_rule": "derived",
+            "kv_bytes_per_token": plain.kv_bytes_per_token / 2,  # 16 of the 32 K/V heads per rank
             "derived_bucket_tokens": int((80 * 2**30 * 0.9 - static) // activation),
             "paper_bucket_tokens": None,
             "static_bytes": static,
@@ -187,7 +190,7 @@ def test_the_bucket_grows_with_the_tp_degree(name: str) -> None:
 def test_the_paper_bucket_is_scaled_by_the_tp_share_of_activations() -> None:
     """Qwen2.5-7B's measured 13K tokens give the measured bytes per token; at t = 2 (4 K/V heads: none
     replicated) a rank holds half of each token's activations in its own free memory."""
-    model, tp2 = MODELS["qwen2.5-7b"], _tp("qwen2.5-7b", 2)
+    model, tp2 = MODELS["qwen2.5-7b"], _tp("qwen2.5-7b", 2, paper_bucket=True)
     reference = free_memory_bytes(model, H100, TrainingSetup())
     free = free_memory_bytes(model, H100, TrainingSetup(tp=2))
     assert tp2.extra["memory"]["paper_bucket_tokens"] == 13_000

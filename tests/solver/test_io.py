@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import copy
 import json
+import math
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +14,7 @@ import pytest
 from skrull.solver.errors import RequestError, SequenceTooLongError, UnknownProfileError, UnknownSolverError
 from skrull.solver.io import plan_from_dict, plan_to_dict, read_json, request_from_dict, request_to_dict
 from skrull.solver.planning import solve
+from skrull.solver.profile import load_profile
 from tests.conftest import HAND_PROFILE
 
 GOOD: dict[str, Any] = {
@@ -69,7 +72,7 @@ def test_rejects_bad_field_naming_it(doc: dict[str, Any], field: str, value: Any
 
 
 def test_rejects_sequence_longer_than_group() -> None:
-    doc = with_(batches=[[10], [5, 208_001]], bucket_tokens=26000)
+    doc = with_(batches=[[10], [5, 208_001]], bucket_tokens=26000, profile=HAND_PROFILE)  # no gathered K/V
     with pytest.raises(SequenceTooLongError) as err:
         request_from_dict(doc)
     assert err.value.seq_id == 2
@@ -79,8 +82,24 @@ def test_rejects_sequence_longer_than_group() -> None:
 
 
 def test_accepts_sequence_exactly_group_capacity() -> None:
-    request = request_from_dict(with_(batches=[[208_000]]))
+    request = request_from_dict(with_(batches=[[208_000]], profile=HAND_PROFILE, bucket_tokens=26000))
     assert solve(request).iterations[0].microbatches[0].sharded == (0,)
+
+
+def test_the_group_capacity_is_less_the_gathered_kv_unless_ulysses_may_run_it() -> None:
+    """The bundled profile charges the gathered K/V (kv / activation bytes = r): a CP8 group holds in all-gather
+    the largest S with ceil(S/8) + ceil(r * 7/8 * S) <= 26000, below 8 * 26000; with Ulysses allowed (8 does
+    not divide Qwen2.5-0.5B's 14 heads, 2 does) on CP2, the whole 2 * 26000."""
+    profile = load_profile("h100-80g/qwen2.5-0.5b")
+    r = Fraction(profile.kv_bytes_per_token) / Fraction(profile.activation_bytes_per_token)  # type: ignore[arg-type]
+    limit = max(s for s in range(190_000, 208_001) if math.ceil(s / 8) + math.ceil(r * 7 * s / 8) <= 26000)
+    request_from_dict(with_(batches=[[limit]]))
+    with pytest.raises(SequenceTooLongError) as err:
+        request_from_dict(with_(batches=[[limit + 1]]))
+    assert err.value.limit_tokens == limit and "gathered K/V" in str(err.value)
+    both = {"parallel": {"dp": 1, "cp": 2}, "cp_modes": ["allgather", "ulysses"]}
+    plan = solve(request_from_dict(with_(batches=[[52_000]], **both)))
+    assert [(mb.sharded, mb.mode) for mb in plan.iterations[0].microbatches] == [((0,), "ulysses")]
 
 
 def test_rejects_unknown_profile_and_solver() -> None:

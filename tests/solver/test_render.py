@@ -87,10 +87,11 @@ def test_the_longest_gpu_fills_the_axis() -> None:
     solver=st.sampled_from(["skrull", "deepspeed", "dynamic-cp"]),
 )
 def test_split_and_bucket_follow_the_reference_model(lengths: list[int], cp: int, solver: str) -> None:
-    lengths = [min(n, cp * PROFILE.bucket_tokens) for n in lengths]  # placeable: at most one group's capacity
+    model = CostModel(PROFILE)
+    # placeable: at most what one group holds (cp * bucket less the gathered K/V the profile charges)
+    lengths = [min(n, model.max_sequence_tokens(cp)) for n in lengths]
     request = make_request([lengths], dp=2, cp=cp, solver=solver)
     plan = solve(request)
-    model = CostModel(PROFILE)
     timeline = iteration_timeline(plan, iteration=0, lengths=lengths, model=model)
     for index, mb in enumerate(plan.iterations[0].microbatches):
         bars = [b for b in timeline.bars if b.index == index]
@@ -99,9 +100,14 @@ def test_split_and_bucket_follow_the_reference_model(lengths: list[int], cp: int
         assert all(x is not None and x <= mb.estimated_ms + 1e-6 for x in busy)
         # the group waits for its slowest member: that member's split is the whole microbatch (eqs. 2-4)
         assert max(x for x in busy if x is not None) == pytest.approx(mb.estimated_ms, rel=1e-6, abs=1e-6)
-        uses = model.bucket_use_tokens(
-            [[lengths[i] for i in ids] for ids in mb.local], [lengths[i] for i in mb.sharded]
-        )
+        # the strip draws each GPU's own tokens; the gathered K/V the memory rule adds is not drawn
+        gathered = model.gathered_kv_tokens(sum(lengths[i] for i in mb.sharded), len(mb.ranks), mb.mode)
+        uses = [
+            use - gathered
+            for use in model.bucket_use_tokens(
+                [[lengths[i] for i in ids] for ids in mb.local], [lengths[i] for i in mb.sharded], mode=mb.mode
+            )
+        ]
         for b in bars:
             assert b.bucket_use is not None
             assert b.bucket_use * request.bucket_tokens == pytest.approx(uses[mb.ranks.index(b.gpu)])
