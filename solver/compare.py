@@ -21,12 +21,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from skrull.solver.budget import compare_budget_s
 from skrull.solver.cost import CostModel
 from skrull.solver.errors import PlannerBugError, SkrullError
 from skrull.solver.metrics import delay_iterations, imbalance_degree, peak_bucket_use, synchronized_makespan_ms, work_ms
 from skrull.solver.planners.registry import planner_names
 from skrull.solver.planning import solve
-from skrull.solver.search.budget import compare_budget_s
 from skrull.solver.types import Plan, Request
 
 REFERENCE_SOLVER = "deepspeed"
@@ -85,7 +85,7 @@ class CompareRow:
 
 def compare(request: Request, solvers: Sequence[str] | None = None) -> tuple[list[CompareRow], dict[str, Plan]]:
     """Plan ``request`` with every solver (default: all registered); speedups are over ``deepspeed``.
-    A request without ``time_budget_s`` gives each planner ``search.budget.compare_budget_s``.
+    A request without ``time_budget_s`` gives each planner ``solver.budget.compare_budget_s``.
 
     ``iteration_ms`` is the plan's total over all iterations (one per batch).
     """

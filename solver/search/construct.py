@@ -24,10 +24,10 @@ import numpy as np
 
 from skrull.solver.cost import CostModel
 from skrull.solver.cp_modes import CP_MODES
+from skrull.solver.plan import MicrobatchSpec, Problem
 from skrull.solver.planners.base import PlannerOutput, make_spec
 from skrull.solver.search.bound import tight_bound_ms
 from skrull.solver.search.improve import blocks_by_size
-from skrull.solver.types import MicrobatchSpec, Problem
 
 #: Shares of the bound above which a sequence is sharded over a wider group.
 ALPHAS = (0.35, 0.7)
