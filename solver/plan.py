@@ -89,12 +89,10 @@ class Problem:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class MicrobatchSpec:
-    """A planner's placement of one microbatch, before estimating its time.
-
-    ``local[j]`` stays whole on ``ranks[j]``; ``sharded`` is split evenly over all of ``ranks``, its
-    attention computed in ``mode`` (solver/cp_modes.py).
-    """
+class Placement:
+    """Where one microbatch's sequences go: ``local[j]`` stays whole on ``ranks[j]``; ``sharded`` is split
+    over all of ``ranks`` (cut as ``sharding`` says), its attention computed in ``mode`` (solver/cp_modes.py).
+    What a planner's ``MicrobatchSpec`` and a plan's ``Microbatch`` share."""
 
     step: int
     ranks: tuple[int, ...]
@@ -109,18 +107,19 @@ class MicrobatchSpec:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Microbatch:
-    step: int
-    ranks: tuple[int, ...]
-    local: tuple[tuple[int, ...], ...]
-    sharded: tuple[int, ...]
-    estimated_ms: float
-    sharding: str = DEFAULT_SHARDING
-    mode: str = DEFAULT_CP_MODE
+class MicrobatchSpec(Placement):
+    """A planner's placement of one microbatch, before estimating its time.
 
-    @property
-    def seq_ids(self) -> tuple[int, ...]:
-        return tuple(chain.from_iterable(self.local)) + self.sharded
+    ``local[j]`` stays whole on ``ranks[j]``; ``sharded`` is split evenly over all of ``ranks``, its
+    attention computed in ``mode`` (solver/cp_modes.py).
+    """
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Microbatch(Placement):
+    """A microbatch of a plan: its placement and its estimated time (``estimated_ms``, the cost model's)."""
+
+    estimated_ms: float
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

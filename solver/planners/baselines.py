@@ -94,7 +94,7 @@ class SortedPlanner:
     #: the shuffle is seeded with the iteration index
     streams_iterations = False
     #: as ``deepspeed``: one local list per GPU of every microbatch's group
-    budget = Cost(0.001, 20e-6, per_slot_s=1.6e-6)
+    budget = DeepSpeedPlanner.budget
 
     def plan(self, problem: Problem) -> PlannerOutput:
         return plan_each_iteration(problem, sorted_batch)

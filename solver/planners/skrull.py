@@ -84,7 +84,7 @@ class RoundRobinPlanner:
     #: each batch is placed from that batch alone
     streams_iterations = True
     #: as ``skrull``
-    budget = Cost(0.001, 6e-6, per_split_s=2e-9, per_slot_s=7e-8)
+    budget = SkrullPlanner.budget
 
     def plan(self, problem: Problem) -> PlannerOutput:
         return plan_each_iteration(problem, lambda p, _i, ids: gds_dacp_batch(p, ids, place=round_robin_place))
