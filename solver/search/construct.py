@@ -39,6 +39,8 @@ class SpreadStart:
     name = "spread"
     #: each batch is spread from that batch alone
     streams_iterations = True
+    #: no planner of the registry: its work is counted in ``auto``'s (``AutoPlanner.budget``)
+    budget = None
     #: priced in the request's modes (``choose_modes``), sharding only over groups one of them runs
     cp_modes = CP_MODES
 
