@@ -10,27 +10,27 @@ A planner's solve (planning, estimating and validating the plan: ``planning.solv
             + per_dp_rank_s * B * dp + FINISH_PER_SEQUENCE_S * K
 
 for K sequences in B batches of K_b over dp x cp GPUs (``Cost.seconds``: the raw estimate; each planner's
-figures are its ``budget``, next to its code). The terms are the
-shapes the planners' work was measured to follow (``bench/budget_estimates.py``, a loaded 2-core machine):
-linear for the packers and Skrull; ``K * cp`` for planners whose every microbatch spans a CP group
-(``deepspeed``, ``sorted``: one local list per GPU per microbatch to write and validate); ``(K_b / dp)^2`` and
-``(K_b / dp)^3`` for verl's Karmarkar-Karp split of each DP rank's share into microbatches; ``K_b^2 / dp``
-(``dp`` ranks of ``K_b / dp`` squared) for Skrull's GDS, which tries one microbatch count after another for
-each DP rank, re-placing its microbatches each time, where the bucket is tight (Qwen2.5-7B's 13,000 tokens
-with ShareGPT lengths: 8 counts for 64 sequences per rank, 66 for 16,384: 56 us a sequence against 10) and
-``K * cp`` for DACP's scan of the group per sequence; ``K_b^2 + K * G`` for dynamic CP's per-sequence group
-search; WLB-LLM's packing has linear, ``K_b^2``, ``K * cp`` and ``K * G`` parts. The raw estimate is within 2x
-of the measured wall for every fixed-work planner (the benchmark's table in docs/benchmarks.md); the smallest
-budget accepted is ``SAFETY`` times it. Planners that search (``auto``, ``ilp``, ``hydraulis``'s stage-2 ILP)
-scale their work to the budget, so for them this is only what their first constructive step and the final
-checks need. A request whose budget is below the figure is refused before any work, with a ``RequestError``
-naming ``time_budget_s`` and the smallest budget that can work (the service answers 422), instead of
-overrunning its budget.
+figures are its ``budget``, next to its code). The terms are the shapes the planners' work was measured to
+follow (``bench/budget_estimates.py``, a loaded 2-core machine): linear for the packers and Skrull; ``K * cp``
+for planners whose every microbatch spans a CP group (``deepspeed``, ``sorted``: one local list per GPU per
+microbatch to write and validate); ``(K_b / dp)^2`` and ``(K_b / dp)^3`` for verl's Karmarkar-Karp split of each
+DP rank's share into microbatches; ``K_b^2 / dp`` (``dp`` ranks of ``K_b / dp`` squared) for Skrull's GDS, which
+tries one microbatch count after another for each DP rank, re-placing its microbatches each time, where the
+bucket is tight (Qwen2.5-7B's 13,000 tokens with ShareGPT lengths: 8 counts for 64 sequences per rank, 66 for
+16,384: 56 us a sequence against 10) and ``K * cp`` for DACP's scan of the group per sequence; ``K_b^2 + K * G``
+for dynamic CP's per-sequence group search; WLB-LLM's packing has linear, ``K_b^2``, ``K * cp`` and ``K * G``
+parts. The raw estimate is within 2x of the measured wall for every fixed-work planner (the benchmark's table in
+docs/benchmarks.md); the smallest budget accepted is ``SAFETY`` times it. Planners that search (``auto``,
+``ilp``, ``hydraulis``'s stage-2 ILP) scale their work to the budget, so for them this is only what their first
+constructive step and the final checks need. A request whose budget is below the figure is refused before any
+work, with a ``RequestError`` naming ``time_budget_s`` and the smallest budget that can work (the service
+answers 422), instead of overrunning its budget.
 
 A request that names no budget gets ``default_budget_s``: 1 s (60 s for the exact planners ``ilp`` and
 ``ilp-flex``, which run until proven optimal or that cap), raised to the smallest budget the planner keeps
 for the request's size, and never more than ``MAX_DEFAULT_TIME_BUDGET_S``. A user who asked for no budget
-gets a plan, not a refusal for lack of one.
+gets a plan, not a refusal for lack of one. A request resolves that default once, when it is built
+(``solver.types.Request``); the service, the request's canonical JSON and the planner read the figure.
 """
 
 from __future__ import annotations
