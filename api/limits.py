@@ -26,9 +26,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from skrull.api.errors import ApiProblem, from_request_error, invalid_field, problem_response
 from skrull.api.schemas import PlanRequestIn
 from skrull.api.settings import Settings
+from skrull.solver.budget import check_budget, smallest_budget_s
 from skrull.solver.errors import RequestError
 from skrull.solver.jsonsafe import MalformedJsonError, loads_json
-from skrull.solver.search.budget import check_budget, smallest_budget_s
 from skrull.solver.types import Parallel, defers
 
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})

@@ -14,7 +14,13 @@ import sys
 from typing import Any
 
 from skrull.cli.flags import add_progress_flag, say_progress
-from skrull.cli.processes import TOLERANCE_16_BIT, TOLERANCE_FLOAT32, add_process_arguments, request_for_processes
+from skrull.cli.processes import (
+    TOLERANCE_16_BIT,
+    TOLERANCE_FLOAT32,
+    add_process_arguments,
+    plan_modes,
+    request_for_processes,
+)
 from skrull.solver.errors import RequestError, SkrullError
 from skrull.solver.planning import solve
 from skrull.solver.sharding import SHARDING_MODES
@@ -79,7 +85,8 @@ def _print_timings(plan: Plan, result: Any, args: argparse.Namespace, world_size
     num_mb = sum(len(it.microbatches) for it in plan.iterations)
     print(
         f"plan: {plan.solver}, {len(plan.iterations)} iteration(s), {num_mb} microbatches, DP{par.dp} x CP{par.cp}; "
-        f"{world_size} processes ({args.backend}), kernel {result.kernel}, cp {args.cp_mode}, {args.sharding} shards"
+        f"{world_size} processes ({args.backend}), kernel {result.kernel}, cp {plan_modes(plan)}, "
+        f"{args.sharding} shards"
     )
     print()
     print(f"timed pass after {args.warmup} warm-up pass(es):")
@@ -135,7 +142,6 @@ def cmd_execute(args: argparse.Namespace) -> int:
             hidden_size=args.hidden_size, num_heads=args.heads, num_kv_heads=args.kv_heads, head_dim=args.head_dim
         ),
         seed=args.seed,
-        cp_mode=args.cp_mode,
         kernel=args.kernel,
         sharding=args.sharding,
         dtype=args.dtype,

@@ -19,7 +19,13 @@ from pathlib import Path
 from typing import Any
 
 from skrull.cli.flags import add_progress_flag, say_progress
-from skrull.cli.processes import TOLERANCE_16_BIT, TOLERANCE_FLOAT32, add_process_arguments, request_for_processes
+from skrull.cli.processes import (
+    TOLERANCE_16_BIT,
+    TOLERANCE_FLOAT32,
+    add_process_arguments,
+    plan_modes,
+    request_for_processes,
+)
 from skrull.solver.errors import RequestError, SkrullError
 from skrull.solver.io import dumps, plan_from_dict, read_json, request_to_dict
 from skrull.solver.planning import solve
@@ -108,7 +114,7 @@ def _print_run(
     print(
         f"plan: {plan.solver}, {len(plan.iterations)} iteration(s), DP{par.dp} x CP{par.cp}, {sharded} sharded "
         f"sequence(s), {wide} microbatch(es) on groups wider than CP, {len(plan.pending)} pending; "
-        f"{world_size} processes ({args.backend}), kernel {result.kernel}, cp {args.cp_mode}, {args.dtype}"
+        f"{world_size} processes ({args.backend}), kernel {result.kernel}, cp {plan_modes(plan)}, {args.dtype}"
     )
     if result.kernel_line:
         how = "eager"
@@ -215,7 +221,6 @@ def cmd_finetune(args: argparse.Namespace) -> int:
         steps=args.steps,
         seed=args.seed,
         lr=args.lr,
-        cp_mode=args.cp_mode,
         kernel=args.kernel,
         dtype=args.dtype,
         record_grads=args.check,

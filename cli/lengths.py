@@ -173,7 +173,7 @@ def cmd_lengths(args: argparse.Namespace) -> int:
         extract=source.extract,
         max_length=args.max_length,
         batch_rows=args.batch_rows,
-        progress=Progress(total_bytes=source.total_bytes, unit=source.progress_unit, enabled=args.progress),
+        progress=Progress(total=source.total_bytes, unit=source.progress_unit, enabled=args.progress),
     )
     bucket = args.bucket_tokens or profile.bucket_tokens
     doc = lengths_request(

@@ -25,6 +25,7 @@ from skrull.cli import lengths as lengths_cli
 from skrull.cli import profile as profile_cli
 from skrull.cli import serve, solver_worker
 from skrull.cli import show as show_cli
+from skrull.solver.budget import EXACT_SOLVERS
 from skrull.solver.compare import LEGEND, bounds_line, compare, format_table, parse_solver_spec
 from skrull.solver.cost import CostModel
 from skrull.solver.cp_modes import read_cp_modes
@@ -48,7 +49,6 @@ from skrull.solver.io import (
 from skrull.solver.planners.registry import get_planner, planner_names
 from skrull.solver.planning import check_request, solve
 from skrull.solver.profile import bundled_profile_names, load_profile
-from skrull.solver.search.budget import EXACT_SOLVERS
 from skrull.solver.types import Parallel, Plan, Request
 from skrull.solver.validate import validate_plan
 

@@ -66,14 +66,14 @@ def encode_rows(
             yield cut
         texts.clear()
         if progress is not None:
-            progress.update(done_bytes=done, rows=num_rows, tokens=num_tokens)
+            progress.count(done=done, rows=num_rows, tokens=num_tokens)
     for ids in tokenizer.encode(texts) if texts else ():
         cut = ids[:max_length] if max_length else ids
         num_rows, num_tokens = num_rows + 1, num_tokens + len(cut)
         yield cut
     if progress is not None:
-        done = max(done, progress.total_bytes or 0)
-        progress.update(done_bytes=done, rows=num_rows, tokens=num_tokens, force=True)
+        done = max(done, progress.total or 0)
+        progress.count(done=done, rows=num_rows, tokens=num_tokens, force=True)
         progress.close()
 
 

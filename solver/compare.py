@@ -33,15 +33,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from skrull.solver.budget import EXACT_SOLVERS
 from skrull.solver.cost import CostModel
 from skrull.solver.errors import PlannerBugError, SkrullError
 from skrull.solver.metrics import delay_iterations, imbalance_degree, peak_bucket_use, synchronized_makespan_ms, work_ms
+from skrull.solver.plan import MicrobatchSpec
 from skrull.solver.planners.base import Planner
 from skrull.solver.planners.registry import planner_names
 from skrull.solver.planning import solve
 from skrull.solver.search.bound import sharding_floor_ms
-from skrull.solver.search.budget import EXACT_SOLVERS
-from skrull.solver.types import MicrobatchSpec, Plan, Request
+from skrull.solver.types import Plan, Request
 
 REFERENCE_SOLVER = "deepspeed"
 #: What ``compare`` runs by default: the heuristic, the exact model over both layouts (static DP x CP

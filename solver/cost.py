@@ -80,9 +80,9 @@ from typing import Protocol
 
 from skrull.solver.cp_modes import ALLGATHER, CP_MODES, DEFAULT_CP_MODE, ULYSSES, ulysses_divides
 from skrull.solver.errors import RequestError
+from skrull.solver.plan import Iteration, Microbatch, MicrobatchSpec, Parallel
 from skrull.solver.profile import INTER_NODE, INTRA_NODE, OVERLAP_LOCAL_COMPUTE, Link, Profile, Topology
 from skrull.solver.sharding import DEFAULT_SHARDING, max_position_tokens, position_token_counts
-from skrull.solver.types import Iteration, Microbatch, MicrobatchSpec, Parallel
 
 MIB = float(2**20)
 #: The profile gives compute speed in ms per TFLOP (10^12 FLOPs).

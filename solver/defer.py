@@ -310,7 +310,7 @@ def _start_peer(problem: Problem, *, end: float, clock: Clock) -> tuple[PlannerO
     (never with ``deterministic``); or neither.
 
     Its time: the start's (search/starts.py, learnt), with its ``K * cp`` term (4,096 sequences at CP 1024:
-    0.4 s by a prior without it, 30 s run). Not ``search.budget``'s figure for ``wlb``: that one is the
+    0.4 s by a prior without it, 30 s run). Not ``WlbPlanner.budget``: that one is the
     budget it is safe to accept (the worst bucket measured), 2-3 times what a 0.5 s request here takes."""
     start = next(s for s in STARTS if s.name == PEER)
     sizes = [len(ids) for ids in problem.batch_ids]

@@ -25,8 +25,8 @@ from collections.abc import Sequence
 
 from skrull.solver.cost import CostModel
 from skrull.solver.errors import RequestError
+from skrull.solver.plan import MicrobatchSpec, Problem
 from skrull.solver.planners.base import PlannerOutput
-from skrull.solver.types import MicrobatchSpec, Problem
 
 
 def group_capacity_tokens(problem: Problem) -> int:

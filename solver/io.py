@@ -15,12 +15,12 @@ import math
 from pathlib import Path
 from typing import Any
 
+from skrull.solver import budget as budget_defaults
 from skrull.solver.cost import CostModel
 from skrull.solver.cp_modes import DEFAULT_CP_MODE, DEFAULT_CP_MODES, ULYSSES, read_cp_modes, read_mode
 from skrull.solver.errors import MISSING, RequestError, SequenceTooLongError, UnknownSolverError
 from skrull.solver.jsonsafe import check_bounded, join_path, loads_json, read_int, read_ints
 from skrull.solver.profile import INTER_NODE, INTRA_NODE, Profile, load_profile, profile_from_dict
-from skrull.solver.search import budget as budget_defaults
 from skrull.solver.sharding import read_sharding
 from skrull.solver.types import (
     DEFAULT_SHARDING,
@@ -36,7 +36,7 @@ from skrull.solver.types import (
 )
 
 DEFAULT_PROFILE = "h100-80g/qwen2.5-0.5b"
-#: A request without ``time_budget_s`` gets this, raised for its size (``search.budget.default_budget_s``).
+#: A request without ``time_budget_s`` gets this, raised for its size (``solver.budget.default_budget_s``).
 DEFAULT_TIME_BUDGET_S = budget_defaults.DEFAULT_TIME_BUDGET_S
 #: The planner a request gets when it names none: the best plan within the budget (docs/auto.md).
 DEFAULT_SOLVER = "auto"

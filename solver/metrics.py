@@ -26,8 +26,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from skrull.solver.cost import CostModel
+from skrull.solver.plan import Iteration, Plan
 from skrull.solver.sharding import position_token_counts
-from skrull.solver.types import Iteration, Plan
 
 
 def iteration_imbalance(iteration: Iteration) -> float | None:

@@ -14,6 +14,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from skrull.solver.budget import batch_share_s, check_budget
 from skrull.solver.cost import CostModel
 from skrull.solver.cp_modes import CP_MODES, DEFAULT_CP_MODES, ULYSSES
 from skrull.solver.defer import plan_with_deferral
@@ -23,7 +24,6 @@ from skrull.solver.gathered import fit_gathered_kv
 from skrull.solver.io import MAX_DEFER, check_cp_modes_profile, defer_refusal
 from skrull.solver.planners.base import Planner, PlannerOutput
 from skrull.solver.planners.registry import get_planner
-from skrull.solver.search.budget import batch_share_s, check_budget
 from skrull.solver.types import Iteration, MicrobatchSpec, Parallel, Plan, Problem, Request, SolveInfo
 from skrull.solver.validate import validate_plan
 
@@ -231,7 +231,7 @@ def solve(request: Request, *, planner: Planner | None = None) -> Plan:
     passes the exact planners their warm starts this way).
 
     ``solve.wall_ms`` covers planning, estimation and validation (everything but reading and writing).
-    A budget the solver cannot keep is refused first (``search.budget.check_budget``).
+    A budget the solver cannot keep is refused first (``solver.budget.check_budget``).
     """
     modes = check_request(request)
     start = time.perf_counter()
@@ -291,7 +291,7 @@ def shift_iteration(iteration: Iteration, *, offset: int, index: int) -> Iterati
 
 
 def solve_batch(request: Request, index: int) -> IterationResult:
-    """Batch ``index`` of ``request`` planned alone, with its share of the budget (``search.budget.batch_share_s``:
+    """Batch ``index`` of ``request`` planned alone, with its share of the budget (``solver.budget.batch_share_s``:
     in proportion to what each batch needs, so the budget accepted for the whole request is enough for every
     batch), as iteration ``index`` in the request's global sequence ids (validated on its own)."""
     offset = sum(len(b) for b in request.batches[:index])

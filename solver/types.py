@@ -1,42 +1,31 @@
-"""Problems and plans as frozen values (docs/formats.md, "Request" and "Plan").
+"""Requests as frozen values (docs/formats.md, "Request"), and every type of ``solver.plan`` (the layout,
+the problem, the plan) under the names users import.
 
-Plans name GPUs by logical rank (``g = dp_rank * cp + cp_rank`` in the static layout) and sequences by
-global id (the index over the concatenation of all batches), so a plan serializes, compares and tests
-on a CPU with no process group around.
+A request's missing ``time_budget_s`` is resolved once, when the request is built (read or constructed):
+its planner's default for its size (``solver.budget.default_budget_s``, which reads the planner's declared
+needs from the registry), what ``resolved_time_budget_s`` answers. The planners import ``solver.plan``,
+never this module, so the rule reads one way: request -> budget -> registry -> planners -> plan.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from itertools import chain
-from typing import Literal
+from dataclasses import dataclass, field
 
-from skrull.solver.cp_modes import DEFAULT_CP_MODE, DEFAULT_CP_MODES, read_cp_modes
+from skrull.solver.budget import default_budget_s
+from skrull.solver.cp_modes import DEFAULT_CP_MODES, read_cp_modes
+from skrull.solver.plan import DEFAULT_SHARDING as DEFAULT_SHARDING
+from skrull.solver.plan import PLAN_SCHEMA as PLAN_SCHEMA
+from skrull.solver.plan import SHARDING_MODES as SHARDING_MODES
+from skrull.solver.plan import SOLVE_STATUSES as SOLVE_STATUSES
+from skrull.solver.plan import Iteration as Iteration
+from skrull.solver.plan import Microbatch as Microbatch
+from skrull.solver.plan import MicrobatchSpec as MicrobatchSpec
+from skrull.solver.plan import Parallel as Parallel
+from skrull.solver.plan import Plan as Plan
+from skrull.solver.plan import Problem as Problem
+from skrull.solver.plan import SolveInfo as SolveInfo
+from skrull.solver.plan import SolveStatus as SolveStatus
 from skrull.solver.profile import Profile
-
-# How a microbatch's sharded sequences are cut over its group: one vocabulary, ``solver.sharding``.
-from skrull.solver.sharding import DEFAULT_SHARDING as DEFAULT_SHARDING
-from skrull.solver.sharding import SHARDING_MODES as SHARDING_MODES
-
-PLAN_SCHEMA = "skrull.plan/v1"
-SolveStatus = Literal["heuristic", "optimal", "feasible", "timeout"]
-SOLVE_STATUSES: tuple[str, ...] = ("heuristic", "optimal", "feasible", "timeout")
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Parallel:
-    """DP x CP layout: ``dp * cp`` GPUs; DP rank ``i`` owns GPUs ``i*cp .. i*cp+cp-1`` (its CP group)."""
-
-    dp: int
-    cp: int
-
-    @property
-    def num_gpus(self) -> int:
-        return self.dp * self.cp
-
-    def cp_group(self, dp_rank: int) -> tuple[int, ...]:
-        """Global ranks of DP rank ``dp_rank``'s CP group."""
-        return tuple(range(dp_rank * self.cp, (dp_rank + 1) * self.cp))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -55,7 +44,7 @@ class Defer:
 
 def defers(max_sequences: int | None) -> bool:
     """Whether a ``defer`` of ``max_sequences`` (None: no ``defer``) lets sequences wait: ``auto`` then plans
-    batch by batch, and its budget is the sum of each batch's need (``search.budget``). The one rule the
+    batch by batch, and its budget is the sum of each batch's need (``solver.budget``). The one rule the
     request, the service's up-front check and the loader's adaptive budget share."""
     return max_sequences is not None and max_sequences > 0
 
@@ -64,8 +53,9 @@ def defers(max_sequences: int | None) -> bool:
 class Request:
     """A planning request: the lengths of one or more global batches, a layout and a profile.
 
-    ``time_budget_s=None``: the planner's default for a request this size (``search.budget.default_budget_s``),
-    what ``resolved_time_budget_s`` answers.
+    ``time_budget_s=None``: the planner's default for a request this size (``solver.budget.default_budget_s``),
+    resolved once when the request is built and answered by ``resolved_time_budget_s``; ``time_budget_s``
+    stays None, so the request writes back as it was read.
     """
 
     batches: tuple[tuple[int, ...], ...]
@@ -83,6 +73,8 @@ class Request:
     defer: Defer | None = None
     #: how sharded sequences' attention may run (solver/cp_modes.py), in ``CP_MODES`` order
     cp_modes: tuple[str, ...] = DEFAULT_CP_MODES
+    #: the planner's default budget for this request, resolved once when it is built (None: it names its own)
+    default_time_budget_s: float | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         # A Request built in Python gets the reader's check of its modes (a string such as "ulysses" would
@@ -90,6 +82,10 @@ class Request:
         modes = self.cp_modes
         if modes != DEFAULT_CP_MODES:
             object.__setattr__(self, "cp_modes", read_cp_modes(list(modes) if isinstance(modes, tuple) else modes))
+        if self.time_budget_s is None:
+            sizes = [len(b) for b in self.batches]
+            default = default_budget_s(self.solver, sizes, self.parallel, deferring=self.deferring)
+            object.__setattr__(self, "default_time_budget_s", default)
 
     @property
     def bucket_tokens(self) -> int:
@@ -104,153 +100,14 @@ class Request:
 
     @property
     def resolved_time_budget_s(self) -> float:
-        """The budget in force: the request's own, else its planner's default for its size."""
+        """The budget in force: the request's own, else its planner's default for its size (resolved when the
+        request was built)."""
         if self.time_budget_s is not None:
             return self.time_budget_s
-        from skrull.solver.search.budget import default_budget_s  # lazily: solver.types stays import-light
-
-        return default_budget_s(self.solver, [len(b) for b in self.batches], self.parallel, deferring=self.deferring)
+        assert self.default_time_budget_s is not None  # __post_init__ resolved it
+        return self.default_time_budget_s
 
     @property
     def deferring(self) -> bool:
         """Whether sequences may wait (``defer`` with ``max_sequences`` > 0): ``auto`` then plans batch by batch."""
         return defers(None if self.defer is None else self.defer.max_sequences)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Problem:
-    """What a planner sees: every sequence's length by global id, and which ids each batch holds."""
-
-    lengths: tuple[int, ...]
-    batch_ids: tuple[tuple[int, ...], ...]
-    parallel: Parallel
-    profile: Profile
-    bucket_tokens: int
-    time_budget_s: float = 1.0
-    seed: int = 0
-    backend: str | None = None
-    deterministic: bool = False
-    cp_modes: tuple[str, ...] = DEFAULT_CP_MODES
-
-    @classmethod
-    def from_request(cls, request: Request) -> Problem:
-        lengths: list[int] = []
-        batch_ids: list[tuple[int, ...]] = []
-        for batch in request.batches:
-            start = len(lengths)
-            lengths.extend(batch)
-            batch_ids.append(tuple(range(start, len(lengths))))
-        return cls(
-            lengths=tuple(lengths),
-            batch_ids=tuple(batch_ids),
-            parallel=request.parallel,
-            profile=request.profile,
-            bucket_tokens=request.bucket_tokens,
-            time_budget_s=request.resolved_time_budget_s,
-            seed=request.seed,
-            backend=request.backend,
-            deterministic=request.deterministic,
-            cp_modes=request.cp_modes,
-        )
-
-    @property
-    def group_capacity_tokens(self) -> int:
-        """Tokens one CP group holds in one microbatch: ``cp * bucket_tokens`` (Skrull eq. 10)."""
-        return self.parallel.cp * self.bucket_tokens
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class MicrobatchSpec:
-    """A planner's placement of one microbatch, before estimating its time.
-
-    ``local[j]`` stays whole on ``ranks[j]``; ``sharded`` is split evenly over all of ``ranks``, its
-    attention computed in ``mode`` (solver/cp_modes.py).
-    """
-
-    step: int
-    ranks: tuple[int, ...]
-    local: tuple[tuple[int, ...], ...]
-    sharded: tuple[int, ...]
-    sharding: str = DEFAULT_SHARDING
-    mode: str = DEFAULT_CP_MODE
-
-    @property
-    def seq_ids(self) -> tuple[int, ...]:
-        return tuple(chain.from_iterable(self.local)) + self.sharded
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Microbatch:
-    step: int
-    ranks: tuple[int, ...]
-    local: tuple[tuple[int, ...], ...]
-    sharded: tuple[int, ...]
-    estimated_ms: float
-    sharding: str = DEFAULT_SHARDING
-    mode: str = DEFAULT_CP_MODE
-    #: the link its group used (``intra_node`` / ``inter_node``) when the profile has a ``topology``; None without
-    link: str | None = None
-
-    @property
-    def seq_ids(self) -> tuple[int, ...]:
-        return tuple(chain.from_iterable(self.local)) + self.sharded
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Iteration:
-    """One global batch's microbatches. ``lower_bound_ms``: no plan of these sequences, with any groups,
-    beats it; ``static_bound_ms``: no plan in Skrull's static layout (groups of one CP group) beats it,
-    a plan with wider groups may (None when not given, e.g. a plan written elsewhere)."""
-
-    index: int
-    microbatches: tuple[Microbatch, ...]
-    estimated_ms: float
-    lower_bound_ms: float
-    static_bound_ms: float | None = None
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class SolveInfo:
-    """How the plan was found. ``gap = (objective - bound) / objective`` when a bound is known.
-
-    ``bound_ms`` holds for every layout: no plan of the request, with any groups, is faster.
-    ``model_bound_ms`` (exact planners only) is the solver's bound over the plans its model can express
-    (``ilp``: Skrull's static layout; ``ilp-flex``: its family of groups), and ``model_gap`` the gap to
-    it; ``status: optimal`` is proven against it, so a plan with other groups may beat it.
-
-    ``stats`` are planner-specific figures as ``(name, value)`` pairs (e.g. WLB-LLM's average delay in
-    iterations); empty for most planners.
-    """
-
-    wall_ms: float
-    status: str
-    objective_ms: float
-    bound_ms: float | None = None
-    gap: float | None = None
-    model_bound_ms: float | None = None
-    model_gap: float | None = None
-    stats: tuple[tuple[str, float], ...] = ()
-
-    @property
-    def stats_dict(self) -> dict[str, float]:
-        return dict(self.stats)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Plan:
-    solver: str
-    parallel: Parallel
-    bucket_tokens: int
-    iterations: tuple[Iteration, ...]
-    pending: tuple[int, ...]
-    solve: SolveInfo
-    schema: str = PLAN_SCHEMA
-
-    @property
-    def estimated_ms(self) -> float:
-        """Total estimated time over all iterations."""
-        return sum(it.estimated_ms for it in self.iterations)
-
-    @property
-    def lower_bound_ms(self) -> float:
-        return sum(it.lower_bound_ms for it in self.iterations)

@@ -32,18 +32,37 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 import torch.distributed as dist
 
+from skrull.solver.cp_modes import ALLGATHER, ULYSSES
+from skrull.solver.cp_modes import CP_MODES as CP_MODES
 from skrull.solver.errors import RequestError
 from skrull.worker.collectives import all_gather_slots, all_to_all_slots, reduce_scatter_slots, wait
 from skrull.worker.kernels import NO_FEATURES, AttentionKernel, Features
 from skrull.worker.layout import MicrobatchLayout
 
-CPMode = Literal["allgather", "ulysses"]
-CP_MODES: tuple[str, ...] = ("allgather", "ulysses")
+if TYPE_CHECKING:
+    from skrull.solver.types import Plan
+
+CPMode = Literal["allgather", "ulysses"]  # solver.cp_modes' ALLGATHER and ULYSSES, for type hints
+
+
+def refuse_unrunnable_modes(plan: Plan, *, heads: int) -> None:
+    """Refuse, before the first step and on every rank alike (each holds the whole plan), a plan whose
+    microbatch runs in a mode this model cannot: Ulysses over a group that does not divide its ``heads``
+    attention heads (the head split). The plan's ``mode`` is what runs; no run-level setting changes it, so
+    the refusal names the microbatch and its mode, and says how to plan one that runs."""
+    for it in plan.iterations:
+        for k, mb in enumerate(it.microbatches):
+            if mb.mode == ULYSSES and mb.sharded and len(mb.ranks) > 1 and heads % len(mb.ranks):
+                raise ValueError(
+                    f"iteration {it.index} microbatch {k} runs {ULYSSES} over {len(mb.ranks)} GPUs, which do not "
+                    f"divide the model's num_attention_heads = {heads}: plan with a profile whose heads are the "
+                    f"model's (skrull derive-profile --hf-config), or allow {ALLGATHER} (cp_modes)"
+                )
 
 
 def _int32(values: tuple[int, ...], device: torch.device) -> torch.Tensor:
@@ -81,15 +100,12 @@ class DACPPlan:
         group: dist.ProcessGroup | None,
         kernel: AttentionKernel,
         device: torch.device,
-        mode: str = "allgather",
     ) -> DACPPlan:
-        if mode not in CP_MODES:
-            raise RequestError("cp_mode", mode, f"unknown context-parallel mode; known: {', '.join(CP_MODES)}")
+        # The plan's mode is what runs (what the cost model priced): to run Ulysses, plan with
+        # cp_modes ["ulysses"]; no run-level setting overrides a microbatch.
         if layout.mode not in CP_MODES:
             raise RequestError("mode", layout.mode, f"unknown context-parallel mode; known: {', '.join(CP_MODES)}")
-        # The plan's mode wins: a microbatch planned as ulysses runs Ulysses; one planned as allgather (the
-        # default) runs the run's ``mode`` (``--cp-mode``, allgather unless asked otherwise).
-        mode = layout.mode if layout.mode == "ulysses" else mode
+        mode = layout.mode
         if layout.communicates and group is None:
             raise ValueError(f"microbatch step {layout.step} shards over {list(layout.ranks)} but no group was given")
         if layout.communicates:
@@ -152,7 +168,7 @@ def dacp_attention(
             softcap=softcap, window=window,
         )  # fmt: skip
     features = Features(softcap=softcap or 0.0, window=window) if softcap or window is not None else NO_FEATURES
-    fn = _AllGatherCP if plan.mode == "allgather" else _UlyssesCP
+    fn = _AllGatherCP if plan.mode == ALLGATHER else _UlyssesCP
     # The CP Functions keep a nested graph of their own (leaf copies in forward, torch.autograd.grad in
     # backward). Under activation checkpointing, the checkpoint's saved-tensor hooks would pack that graph's
     # tensors too, and unpacking them in the nested autograd.grad (a graph task of its own) recomputes the

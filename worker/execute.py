@@ -27,7 +27,7 @@ import torch.distributed as dist
 from skrull.solver.io import plan_from_dict, plan_to_dict
 from skrull.solver.types import Plan
 from skrull.worker.collectives import GroupRegistry
-from skrull.worker.dacp import DACPPlan, dacp_attention
+from skrull.worker.dacp import DACPPlan, dacp_attention, refuse_unrunnable_modes
 from skrull.worker.inputs import SyntheticData, pack, position_ids, unpack
 from skrull.worker.kernels import select_kernel
 from skrull.worker.launch import device_for, launch
@@ -50,7 +50,6 @@ class LayerConfig:
 class ExecuteConfig:
     layer: LayerConfig = LayerConfig()
     seed: int = 0
-    cp_mode: str = "allgather"
     kernel: str | None = None
     sharding: str = "zigzag"
     dtype: str = "float32"
@@ -132,6 +131,7 @@ def run_rank(
     Collective: every process of the world must call it with the same plan (process groups are created
     and weight gradients summed over the world).
     """
+    refuse_unrunnable_modes(plan, heads=config.layer.num_heads)  # every rank alike, before the first step
     lengths = tuple(lengths)
     dtype = DTYPES[config.dtype]
     registry = GroupRegistry.for_plan(plan)
@@ -154,7 +154,7 @@ def run_rank(
         for iteration in range(len(plan.iterations)):
             for layout in rank_layouts(plan, lengths, iteration=iteration, rank=rank, sharding=config.sharding):
                 group = registry.get(layout.ranks) if layout.communicates else None
-                dplan = DACPPlan.build(layout, group=group, kernel=kernel, device=device, mode=config.cp_mode)
+                dplan = DACPPlan.build(layout, group=group, kernel=kernel, device=device)
                 if layout.num_tokens:
                     x = pack(layout, lambda i: data.hidden(i, hidden)).to(device=device, dtype=dtype)
                     g_out = pack(layout, lambda i: data.grad_output(i, hidden)).to(device=device, dtype=dtype)

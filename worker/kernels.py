@@ -117,6 +117,45 @@ class Features:
 NO_FEATURES = Features()
 
 
+@dataclass(frozen=True, slots=True)
+class VarlenCall:
+    """One call in the varlen spelling (module doc), bundled: what every backend's body takes."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    cu_q: torch.Tensor
+    cu_k: torch.Tensor
+    max_q: int
+    max_k: int
+    causal: bool
+    scale: float
+    features: Features = NO_FEATURES
+
+
+def backend(body: Callable[[VarlenCall], torch.Tensor]) -> KernelFn:
+    """A backend's ``KernelFn``, the positional spelling ``AttentionKernel`` calls (``q, k, v, cu_q, cu_k,
+    max_q, max_k, causal, scale[, features]``), from a ``body`` that takes the call bundled: the one place
+    those ten arguments are spelt out."""
+
+    @functools.wraps(body)
+    def run(
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        cu_q: torch.Tensor,
+        cu_k: torch.Tensor,
+        max_q: int,
+        max_k: int,
+        causal: bool,
+        scale: float,
+        features: Features = NO_FEATURES,
+    ) -> torch.Tensor:
+        return body(VarlenCall(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, features))
+
+    return run
+
+
 def _visible(rows: torch.Tensor, cols: torch.Tensor, offset: int, window: int | None) -> torch.Tensor:
     """Bottom-right causal visibility (query row ``i`` at key position ``i + offset``), within ``window``."""
     visible = cols <= rows + offset
@@ -133,23 +172,13 @@ def _segments(cu_q: torch.Tensor, cu_k: torch.Tensor) -> list[tuple[int, int, in
     return [(qs[i], qs[i + 1], ks[i], ks[i + 1]) for i in range(len(qs) - 1)]
 
 
-def _reference(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    cu_q: torch.Tensor,
-    cu_k: torch.Tensor,
-    max_q: int,
-    max_k: int,
-    causal: bool,
-    scale: float,
-    features: Features = NO_FEATURES,
-) -> torch.Tensor:
+def _reference_of(call: VarlenCall) -> torch.Tensor:
     """softmax(softcap(q k^T * scale) + mask) v per segment, in float32; rows with no visible key give 0."""
+    q, k, v, scale, features = call.q, call.k, call.v, call.scale, call.features
     rep = q.shape[1] // k.shape[1]
     out = q.new_zeros(q.shape[0], q.shape[1], v.shape[2])
     pieces = []
-    for q0, q1, k0, k1 in _segments(cu_q, cu_k):
+    for q0, q1, k0, k1 in _segments(call.cu_q, call.cu_k):
         q_len, k_len = q1 - q0, k1 - k0
         if q_len == 0:
             continue
@@ -161,7 +190,7 @@ def _reference(
             scores = torch.matmul(qh, kh.transpose(1, 2)) * scale
             if features.softcap:
                 scores = torch.tanh(scores / features.softcap) * features.softcap
-            if causal:
+            if call.causal:
                 rows = torch.arange(b0, b1, device=q.device).unsqueeze(1)
                 cols = torch.arange(k_len, device=q.device).unsqueeze(0)
                 visible = _visible(rows, cols, k_len - q_len, features.window)
@@ -176,25 +205,17 @@ def _reference(
     return out.index_copy(0, index, torch.cat([p for _, _, p in pieces]))
 
 
-def _sdpa(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    cu_q: torch.Tensor,
-    cu_k: torch.Tensor,
-    max_q: int,
-    max_k: int,
-    causal: bool,
-    scale: float,
-    features: Features = NO_FEATURES,
-) -> torch.Tensor:
+_reference = backend(_reference_of)
+
+
+def _sdpa_of(call: VarlenCall) -> torch.Tensor:
     from torch.nn.attention.bias import causal_lower_right
 
-    if features.softcap:  # sdpa has no softcap: the scores written out
-        return _reference(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, features)
-
+    if call.features.softcap:  # sdpa has no softcap: the scores written out
+        return _reference_of(call)
+    q, k, v, causal, features = call.q, call.k, call.v, call.causal, call.features
     outs = []
-    for q0, q1, k0, k1 in _segments(cu_q, cu_k):
+    for q0, q1, k0, k1 in _segments(call.cu_q, call.cu_k):
         q_len, k_len = q1 - q0, k1 - k0
         if q_len == 0:
             continue
@@ -212,11 +233,14 @@ def _sdpa(
             vh,
             attn_mask=mask,
             is_causal=causal and q_len == k_len and mask is None,
-            scale=scale,
+            scale=call.scale,
             enable_gqa=True,
         )
         outs.append(o.squeeze(0).transpose(0, 1))
     return torch.cat(outs) if outs else q.new_zeros(q.shape[0], q.shape[1], v.shape[2])
+
+
+_sdpa = backend(_sdpa_of)
 
 
 def _torch_varlen() -> KernelFn | None:
@@ -229,24 +253,14 @@ def _torch_varlen() -> KernelFn | None:
         return None
     params = inspect.signature(varlen).parameters
 
-    def run(
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        cu_q: torch.Tensor,
-        cu_k: torch.Tensor,
-        max_q: int,
-        max_k: int,
-        causal: bool,
-        scale: float,
-        features: Features = NO_FEATURES,
-    ) -> torch.Tensor:
-        extra: dict[str, Any] = {"scale": scale}
-        left = -1 if features.window is None else features.window - 1
+    def run(call: VarlenCall) -> torch.Tensor:
+        q, k, v, causal, window = call.q, call.k, call.v, call.causal, call.features.window
+        extra: dict[str, Any] = {"scale": call.scale}
+        left = -1 if window is None else window - 1
         if "window_size" in params:
             extra["window_size"] = (left, 0) if causal else (-1, -1)
-        elif features.window is not None:  # no window argument: the scores written out
-            return _reference(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, features)
+        elif window is not None:  # no window argument: the scores written out
+            return _reference_of(call)
         else:
             extra["is_causal"] = causal
         if q.shape[1] != k.shape[1]:
@@ -255,10 +269,10 @@ def _torch_varlen() -> KernelFn | None:
             else:
                 rep = q.shape[1] // k.shape[1]
                 k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-        out: torch.Tensor = varlen(q, k, v, cu_q, cu_k, max_q, max_k, **extra)
+        out: torch.Tensor = varlen(q, k, v, call.cu_q, call.cu_k, call.max_q, call.max_k, **extra)
         return out
 
-    return run
+    return backend(run)
 
 
 def _import(name: str) -> Any:
@@ -268,6 +282,16 @@ def _import(name: str) -> Any:
 
 def _capability(device: torch.device) -> tuple[int, int]:
     return tuple(torch.cuda.get_device_capability(device))  # type: ignore[return-value]
+
+
+def _flash_features(features: Features) -> dict[str, Any]:
+    """flash-attn's spelling of the call's features (2 and 4 alike): ``softcap``, ``window_size``."""
+    extra: dict[str, Any] = {}
+    if features.softcap:
+        extra["softcap"] = features.softcap
+    if features.window is not None:
+        extra["window_size"] = (features.window - 1, 0)
+    return extra
 
 
 def _flash_attn() -> KernelFn | None:
@@ -280,27 +304,15 @@ def _flash_attn() -> KernelFn | None:
     if flash is None:
         return None
 
-    def run(
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        cu_q: torch.Tensor,
-        cu_k: torch.Tensor,
-        max_q: int,
-        max_k: int,
-        causal: bool,
-        scale: float,
-        features: Features = NO_FEATURES,
-    ) -> torch.Tensor:
-        extra: dict[str, Any] = {}
-        if features.softcap:
-            extra["softcap"] = features.softcap
-        if features.window is not None:
-            extra["window_size"] = (features.window - 1, 0)
-        out: torch.Tensor = flash(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=scale, causal=causal, **extra)
+    def run(call: VarlenCall) -> torch.Tensor:
+        extra = _flash_features(call.features)
+        out: torch.Tensor = flash(
+            call.q, call.k, call.v, call.cu_q, call.cu_k, call.max_q, call.max_k,
+            softmax_scale=call.scale, causal=call.causal, **extra,
+        )  # fmt: skip
         return out
 
-    return run
+    return backend(run)
 
 
 def _flash_attn_4() -> KernelFn | None:
@@ -320,36 +332,22 @@ def _flash_attn_4() -> KernelFn | None:
         params = {}
     scale_name = "softmax_scale" if "softmax_scale" in params or not params else "scale"
 
-    def run(
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        cu_q: torch.Tensor,
-        cu_k: torch.Tensor,
-        max_q: int,
-        max_k: int,
-        causal: bool,
-        scale: float,
-        features: Features = NO_FEATURES,
-    ) -> torch.Tensor:
+    def run(call: VarlenCall) -> torch.Tensor:
+        features = call.features
         missing = (features.softcap and "softcap" not in params) or (
             features.window is not None and "window_size" not in params
         )
         if missing:
             # this build has no such argument: the scores written out (exact, float32)
-            return _reference(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, features)
-        extra: dict[str, Any] = {scale_name: scale, "causal": causal}
-        if features.softcap:
-            extra["softcap"] = features.softcap
-        if features.window is not None:
-            extra["window_size"] = (features.window - 1, 0)
+            return _reference_of(call)
+        extra: dict[str, Any] = {scale_name: call.scale, "causal": call.causal, **_flash_features(features)}
         if not params or "max_seqlen_q" in params:
-            extra.update(max_seqlen_q=max_q, max_seqlen_k=max_k)
-        out: Any = flash(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, **extra)
+            extra.update(max_seqlen_q=call.max_q, max_seqlen_k=call.max_k)
+        out: Any = flash(call.q, call.k, call.v, cu_seqlens_q=call.cu_q, cu_seqlens_k=call.cu_k, **extra)
         result: torch.Tensor = out[0] if isinstance(out, tuple) else out
         return result
 
-    return run
+    return backend(run)
 
 
 def _factory(name: str) -> KernelFn | None:
@@ -396,6 +394,7 @@ def trial_error(kernel: AttentionKernel, device: torch.device, dtype: torch.dtyp
     q = torch.randn(12, 4, 64, generator=gen).to(device=device, dtype=dtype).requires_grad_(True)
     k = torch.randn(20, 2, 64, generator=gen).to(device=device, dtype=dtype).requires_grad_(True)
     v = torch.randn(20, 2, 64, generator=gen).to(device=device, dtype=dtype).requires_grad_(True)
+
     def call(kern: AttentionKernel, *qkv: torch.Tensor) -> torch.Tensor:
         return kern(*qkv, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=8, max_seqlen_k=12)
 

@@ -27,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from skrull.solver.cp_modes import DEFAULT_CP_MODE
 from skrull.solver.errors import RequestError
 from skrull.solver.sharding import (
     DEFAULT_SHARDING,
@@ -84,7 +85,7 @@ class MicrobatchLayout:
     local_lengths: tuple[int, ...]
     sharded: tuple[ShardedSequence, ...]
     #: how the sharded sequences' attention runs (the plan's ``mode``, solver/cp_modes.py)
-    mode: str = "allgather"
+    mode: str = DEFAULT_CP_MODE
 
     # --- the group --------------------------------------------------------------------------------
     @property

@@ -57,6 +57,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from skrull.solver.cp_modes import ALLGATHER
 from skrull.solver.errors import RequestError
 from skrull.worker.layout import MicrobatchLayout
 from skrull.worker.loss import IGNORE_INDEX
@@ -132,12 +133,12 @@ def megatron_microbatches(
     is collective), e.g. Megatron's ``parallel_state.get_context_parallel_group()`` keyed by
     ``get_context_parallel_global_ranks()``. A group whose members differ from the ranks is refused.
     """
-    if layout.mode != "allgather" and layout.communicates:
+    if layout.mode != ALLGATHER and layout.communicates:
         raise RequestError(
             f"microbatches[step={layout.step}].mode",
             layout.mode,
-            'Megatron-Core\'s context parallelism is ring / all-gather attention: plan with cp_modes ["allgather"] '
-            "to run under Megatron",
+            "Megatron-Core's context parallelism is ring / all-gather attention: plan with cp_modes "
+            f'["{ALLGATHER}"] to run under Megatron',
         )
     dev = device or torch.device("cpu")
     local_ids, local_lengths = list(layout.local_ids), list(layout.local_lengths)

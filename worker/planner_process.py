@@ -55,10 +55,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from skrull.solver.budget import smallest_budget_s
 from skrull.solver.errors import RequestError
 from skrull.solver.io import plan_from_dict, plan_to_dict, request_from_dict
 from skrull.solver.planning import solve
-from skrull.solver.search.budget import smallest_budget_s
 from skrull.solver.types import Parallel, Plan, Problem
 from skrull.solver.worker_view import plan_rank_view
 from skrull.worker.calibration import Calibration, RankTiming

@@ -38,7 +38,6 @@ def scheduled_backward(
     registry: GroupRegistry,
     kernel: AttentionKernel,
     device: torch.device,
-    cp_mode: str = "allgather",
 ) -> float:
     """Accumulate this GPU's gradients for ``iteration``, then sum gradients over the world.
 
@@ -50,7 +49,7 @@ def scheduled_backward(
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     for layout in rank_layouts(plan, lengths, iteration=iteration, rank=rank):
         group = registry.get(layout.ranks) if layout.communicates else None
-        dplan = DACPPlan.build(layout, group=group, kernel=kernel, device=device, mode=cp_mode)
+        dplan = DACPPlan.build(layout, group=group, kernel=kernel, device=device)
         if layout.num_tokens:
             ids = pack(layout, lambda i: data.tokens(i, vocab)[0]).to(device)
             labels = pack(layout, lambda i: data.tokens(i, vocab)[1]).to(device)

@@ -39,7 +39,8 @@ from collections.abc import Sequence
 from skrull.solver.cost import CostModel
 from skrull.solver.cp_modes import CP_MODES
 from skrull.solver.ilp.backends import backend_installed, require_backend
-from skrull.solver.planners.base import OPTIMAL_TOLERANCE, PlannerOutput
+from skrull.solver.plan import MicrobatchSpec, Problem
+from skrull.solver.planners.base import OPTIMAL_TOLERANCE, Cost, PlannerOutput
 from skrull.solver.planners.exact import (
     DEFAULT_BACKEND,
     groups_to_specs,
@@ -59,7 +60,6 @@ from skrull.solver.search.starts import (
     launch_starts,
     run_starts,
 )
-from skrull.solver.types import MicrobatchSpec, Problem
 
 #: Batches are planned together up to this many sequences per chunk (whole batches; one at least).
 CHUNK_SEQUENCES = 4096
@@ -90,6 +90,10 @@ class AutoPlanner:
     name = "auto"
     #: one time budget is shared over the batches (and the exact stage may take a batch's unused share)
     streams_iterations = False
+    #: the ``packed`` and ``skrull`` starts (always run; ``skrull`` in a killable child where it is predicted
+    #: long), then it stops at its deadline: 15.7 us a sequence in all on 65,536 ShareGPT sequences (7B);
+    #: pricing a plan is K * cp (CP 1,024 with ``defer``: 0.19 s where 0.09 s was accepted)
+    budget = Cost(0.004, 1e-5, per_slot_s=2e-8)
     #: per microbatch the cheaper of all-gather CP and Ulysses the request allows: the search prices both
     cp_modes = CP_MODES
 

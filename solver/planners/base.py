@@ -1,4 +1,5 @@
-"""The one Protocol every planner implements, and helpers shared by the per-iteration planners."""
+"""The one Protocol every planner implements (with the shape of its budget needs, ``Cost``), and helpers
+shared by the per-iteration planners."""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from skrull.solver.types import DEFAULT_SHARDING, MicrobatchSpec, Problem
+from skrull.solver.plan import MicrobatchSpec, Parallel, Problem
+from skrull.solver.sharding import DEFAULT_SHARDING
 
 #: Seeds of per-iteration random streams are ``seed * SEED_STRIDE + iteration``: a prime above any
 #: iteration count a request may hold, so no two (seed, iteration) pairs share a stream.
@@ -41,6 +43,51 @@ class PlannerOutput:
     stats: tuple[tuple[str, float], ...] = ()
 
 
+#: Estimating and validating a plan, per sequence (measured 1.2 us on one core): part of every planner's need.
+FINISH_PER_SEQUENCE_S = 1.2e-6
+
+
+@dataclass(frozen=True, slots=True)
+class Cost:
+    """A planner's measured raw cost of its unavoidable work (``Planner.budget``; the rule that turns it into
+    the smallest budget and a request's default is ``solver.budget``), for K sequences in B batches of K_b
+    over dp x cp GPUs::
+
+        fixed_s + per_sequence_s * K + per_square_s * sum_b K_b^2 + per_rank_square_s * sum_b (K_b / dp)^2
+                + per_rank_cube_s * sum_b (K_b / dp)^3 + per_split_s * sum_b K_b^2 / dp
+                + per_slot_s * K * cp + per_gpu_s * K * dp * cp
+                + per_dp_rank_s * B * dp + FINISH_PER_SEQUENCE_S * K
+
+    (the shapes each planner's work was measured to follow: bench/budget_estimates.py)."""
+
+    fixed_s: float
+    per_sequence_s: float
+    per_square_s: float = 0.0
+    per_rank_square_s: float = 0.0
+    per_rank_cube_s: float = 0.0
+    per_split_s: float = 0.0
+    per_slot_s: float = 0.0
+    per_gpu_s: float = 0.0
+    per_dp_rank_s: float = 0.0
+
+    def seconds(self, batch_sizes: Sequence[int], parallel: Parallel | None = None) -> float:
+        """The raw estimate (above); without ``parallel``, one GPU."""
+        dp, cp = (parallel.dp, parallel.cp) if parallel is not None else (1, 1)
+        num = sum(batch_sizes)
+        return (
+            self.fixed_s
+            + self.per_sequence_s * num
+            + self.per_square_s * sum(b * b for b in batch_sizes)
+            + self.per_rank_square_s * sum((b / dp) ** 2 for b in batch_sizes)
+            + self.per_rank_cube_s * sum((b / dp) ** 3 for b in batch_sizes)
+            + self.per_split_s * sum(b * b for b in batch_sizes) / dp
+            + self.per_slot_s * num * cp
+            + self.per_gpu_s * num * dp * cp
+            + self.per_dp_rank_s * len(batch_sizes) * dp
+            + FINISH_PER_SEQUENCE_S * num
+        )
+
+
 class Planner(Protocol):
     """Turns a problem into microbatch placements. Must never place more than a bucket holds.
 
@@ -48,10 +95,17 @@ class Planner(Protocol):
     batches, their count, the iteration index or the time budget's split), so a multi-batch request may
     be solved one batch at a time (``solver.planning.solve_batch``) and each iteration published as
     soon as it is solved, with no change to the plan's meaning. The planner declares it; no setting can.
+
+    ``budget``: the measured raw cost of its unavoidable work (``Cost``), from which ``solver.budget`` derives
+    the smallest ``time_budget_s`` it keeps and a request's default; None (a plug-in that declares none,
+    ``registry.register``): no floor, the default budget.
     """
 
     name: str
     streams_iterations: bool
+
+    @property
+    def budget(self) -> Cost | None: ...
 
     def plan(self, problem: Problem) -> PlannerOutput: ...
 

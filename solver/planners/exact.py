@@ -27,12 +27,12 @@ from skrull.solver.ilp.backends import require_backend
 from skrull.solver.ilp.builder import GroupMicrobatch, Layout
 from skrull.solver.ilp.runner import Report, Work, run_with_deadline
 from skrull.solver.ilp.search import EXACT_MAX_BINARIES, improve_lns, model_size, plan_time_ms, solve_exact
-from skrull.solver.planners.base import OPTIMAL_TOLERANCE, PlannerOutput, make_spec
+from skrull.solver.plan import MicrobatchSpec, Parallel, Problem
+from skrull.solver.planners.base import OPTIMAL_TOLERANCE, Cost, PlannerOutput, make_spec
 from skrull.solver.planners.dacp import dacp_place
 from skrull.solver.planners.skrull import gds_dacp_batch
 from skrull.solver.search.bound import layout_free_bound_ms, sharding_floor_ms
 from skrull.solver.search.budget import FINISH_RESERVE_PER_SEQUENCE_S
-from skrull.solver.types import MicrobatchSpec, Parallel, Problem
 
 Groups = list[list[GroupMicrobatch]]
 #: Plans to start from: each a plan's iterations, each iteration its microbatches (global sequence ids).
@@ -264,6 +264,9 @@ class IlpPlanner:
     name = "ilp"
     #: one time budget is split over the iterations of the whole request
     streams_iterations = False
+    #: the ``skrull`` start (its GDS and DACP terms) and a forked solver process building its model (per batch
+    #: only where the batch's share holds one: ``MIN_SOLVE_S``)
+    budget = Cost(0.06, 2e-5, per_split_s=2e-9, per_slot_s=7e-8)
     #: the mode is a decision of the model per microbatch (solver/ilp/builder.py), assigned to the plan by
     #: ``planning.with_modes``
     cp_modes = CP_MODES

@@ -32,12 +32,12 @@ from skrull.solver.ilp.backends import require_backend
 from skrull.solver.ilp.builder import GroupMicrobatch, Layout
 from skrull.solver.ilp.runner import run_with_deadline
 from skrull.solver.ilp.search import EXACT_MAX_BINARIES, model_size
+from skrull.solver.plan import MicrobatchSpec, Parallel, Problem
 from skrull.solver.planners.auto import AutoPlanner
-from skrull.solver.planners.base import OPTIMAL_TOLERANCE, PlannerOutput, make_spec
+from skrull.solver.planners.base import OPTIMAL_TOLERANCE, Cost, PlannerOutput, make_spec
 from skrull.solver.planners.exact import DEFAULT_BACKEND, Starts, exact_work, plan_within_budget, starts_for
 from skrull.solver.search.bound import sharding_floor_ms
 from skrull.solver.search.improve import iteration_ms
-from skrull.solver.types import MicrobatchSpec, Parallel, Problem
 
 #: Share of an iteration's time spent on the warm start (``auto`` on that batch).
 START_SHARE = 0.3
@@ -82,6 +82,8 @@ class FlexibleIlpPlanner:
     name = "ilp-flex"
     #: one time budget is split over the iterations of the whole request
     streams_iterations = False
+    #: ``auto``'s start and a forked solver process
+    budget = Cost(0.03, 1.5e-5, per_slot_s=1e-8)
     #: the mode is a decision of the model per microbatch (solver/ilp/builder.py), assigned to the plan by
     #: ``planning.with_modes``
     cp_modes = CP_MODES

@@ -21,12 +21,15 @@ from skrull.solver.planners.xtuner import XtunerPlanner
 
 def solved_whole(factory: Callable[[], Any]) -> Callable[[], Planner]:
     """A planner (a plug-in's) that does not declare ``Planner.streams_iterations``: planned whole, the
-    choice that never changes its plan."""
+    choice that never changes its plan; one that declares no ``Planner.budget``: no measured need (no floor
+    on its budget, the default budget)."""
 
     def make() -> Planner:
         planner = factory()
         if not hasattr(planner, "streams_iterations"):
             planner.streams_iterations = False
+        if not hasattr(planner, "budget"):
+            planner.budget = None
         return cast(Planner, planner)
 
     return make

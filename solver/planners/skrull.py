@@ -12,10 +12,10 @@ from collections.abc import Callable, Sequence
 
 from skrull.solver.cost import CostModel
 from skrull.solver.cp_modes import CP_MODES
-from skrull.solver.planners.base import PlannerOutput, make_spec, plan_each_iteration
+from skrull.solver.plan import MicrobatchSpec, Problem
+from skrull.solver.planners.base import Cost, PlannerOutput, make_spec, plan_each_iteration
 from skrull.solver.planners.dacp import SHARDED, dacp_place, round_robin_place
 from skrull.solver.planners.gds import Placer, balance_dp, split_rank
-from skrull.solver.types import MicrobatchSpec, Problem
 
 
 def gds_dacp_batch(
@@ -81,6 +81,8 @@ class SkrullPlanner:
     name = "skrull"
     #: GDS + DACP place each batch from that batch alone
     streams_iterations = True
+    #: GDS tries microbatch counts per DP rank (``K_b^2 / dp``), DACP scans the group per sequence (``K * cp``)
+    budget = Cost(0.001, 6e-6, per_split_s=2e-9, per_slot_s=7e-8)
     #: DACP extended: each microbatch's sharded sequences run all-gather or Ulysses, whichever is cheaper
     cp_modes = CP_MODES
 
@@ -94,6 +96,8 @@ class RoundRobinPlanner:
     name = "round-robin"
     #: each batch is placed from that batch alone
     streams_iterations = True
+    #: as ``skrull``
+    budget = SkrullPlanner.budget
 
     def plan(self, problem: Problem) -> PlannerOutput:
         return plan_each_iteration(problem, lambda p, _i, ids: gds_dacp_batch(p, ids, place=round_robin_place))

@@ -50,8 +50,8 @@ from collections.abc import Sequence
 from skrull.solver.cost import CostModel
 from skrull.solver.errors import InfeasibleError
 from skrull.solver.gathered import group_capacity_tokens
-from skrull.solver.planners.base import PlannerOutput, all_sharded
-from skrull.solver.types import MicrobatchSpec, Problem
+from skrull.solver.plan import MicrobatchSpec, Problem
+from skrull.solver.planners.base import Cost, PlannerOutput, all_sharded
 
 _State = list[tuple[float, list[int]]]  # k (sum, item positions) pairs, heaviest first
 
@@ -147,6 +147,9 @@ class VerlKkPlanner:
     name = "verl-kk"
     #: its ``solve.stats`` (repartitions) count over the whole request
     streams_iterations = False
+    #: each DP rank's split set up per batch (64 ranks: 0.14 s for 8,192 sequences); 0.78 s for 8,192 ShareGPT
+    #: sequences on Qwen2.5-7B at DP 4, 15.2 s for 16,384 at DP 2
+    budget = Cost(0.002, 5e-6, per_rank_square_s=1.2e-7, per_rank_cube_s=8.6e-12, per_dp_rank_s=1.5e-3)
 
     def plan(self, problem: Problem) -> PlannerOutput:
         cache: dict[int, float] = {}

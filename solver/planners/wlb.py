@@ -60,9 +60,9 @@ from dataclasses import dataclass
 from skrull.solver.attention_model import AttentionKernelModel
 from skrull.solver.cost import CostModel
 from skrull.solver.gathered import group_capacity_tokens
-from skrull.solver.planners.base import PlannerOutput, make_spec
+from skrull.solver.plan import MicrobatchSpec, Problem
+from skrull.solver.planners.base import Cost, PlannerOutput, make_spec
 from skrull.solver.sharding import per_document_layout, per_sequence_layout
-from skrull.solver.types import MicrobatchSpec, Problem
 
 PENDING = -1
 #: Candidate first thresholds, as fractions of a balanced microbatch's workload (module docstring).
@@ -209,12 +209,19 @@ def choose_sharding(lengths: Sequence[int], group_size: int, kernel: AttentionKe
     return ("per-document" if per_doc < per_seq else "per-sequence"), per_seq, per_doc
 
 
+#: ``auto``'s start ``wlb-keep`` (search/starts.py): WLB-LLM without the outlier queues (no queue search; about
+#: 0.8 of ``wlb``'s need); ``solver.budget.START_COSTS``.
+KEEP_BUDGET = Cost(0.005, 7e-5, per_square_s=7.4e-9, per_slot_s=1.3e-5, per_gpu_s=1.4e-7)
+
+
 class WlbPlanner:
     """WLB-LLM variable-length packing with multi-level outlier queues and adaptive CP sharding."""
 
     name = "wlb"
     #: outlier queues carry sequences across batches
     streams_iterations = False
+    #: WLB-LLM 2.5-4x its earlier fit (pricing both CP modes, tight buckets): 7.2 s for 16,384 ShareGPT sequences
+    budget = Cost(0.005, 9e-5, per_square_s=9e-9, per_slot_s=1.7e-5, per_gpu_s=1.8e-7)
 
     def __init__(
         self,

@@ -30,9 +30,9 @@ from __future__ import annotations
 from skrull.solver.cp_modes import ULYSSES
 from skrull.solver.errors import RequestError
 from skrull.solver.gathered import group_capacity_tokens
-from skrull.solver.planners.base import PlannerOutput, all_sharded, plan_each_iteration
+from skrull.solver.plan import MicrobatchSpec, Problem
+from skrull.solver.planners.base import Cost, PlannerOutput, all_sharded, plan_each_iteration
 from skrull.solver.planners.fixed_length import original_packing
-from skrull.solver.types import MicrobatchSpec, Problem
 
 
 def xtuner_batch(problem: Problem, _index: int, ids: tuple[int, ...]) -> list[MicrobatchSpec]:
@@ -68,6 +68,8 @@ class XtunerPlanner:
     name = "xtuner"
     #: each batch is packed and dealt from that batch alone
     streams_iterations = True
+    #: packing as ``packed`` does
+    budget = Cost(0.001, 2e-6)
     #: every pack runs Ulysses
     cp_modes = (ULYSSES,)
 

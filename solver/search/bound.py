@@ -19,7 +19,7 @@ import math
 from collections.abc import Sequence
 
 from skrull.solver.cost import CostModel
-from skrull.solver.types import Parallel
+from skrull.solver.plan import Parallel
 
 
 def layout_free_bound_ms(lengths: Sequence[int], cost: CostModel, parallel: Parallel) -> float:

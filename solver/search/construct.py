@@ -24,10 +24,10 @@ import numpy as np
 
 from skrull.solver.cost import CostModel
 from skrull.solver.cp_modes import CP_MODES
+from skrull.solver.plan import MicrobatchSpec, Problem
 from skrull.solver.planners.base import PlannerOutput, make_spec
 from skrull.solver.search.bound import tight_bound_ms
 from skrull.solver.search.improve import blocks_by_size
-from skrull.solver.types import MicrobatchSpec, Problem
 
 #: Shares of the bound above which a sequence is sharded over a wider group.
 ALPHAS = (0.35, 0.7)
@@ -39,6 +39,8 @@ class SpreadStart:
     name = "spread"
     #: each batch is spread from that batch alone
     streams_iterations = True
+    #: no planner of the registry: its work is counted in ``auto``'s (``AutoPlanner.budget``)
+    budget = None
     #: priced in the request's modes (``choose_modes``), sharding only over groups one of them runs
     cp_modes = CP_MODES
 

@@ -34,11 +34,11 @@ from dataclasses import dataclass
 
 from skrull.solver.cost import CostModel
 from skrull.solver.ilp.builder import GroupMicrobatch
+from skrull.solver.plan import DEFAULT_SHARDING, MicrobatchSpec
 from skrull.solver.planners.base import make_spec
 from skrull.solver.profile import INTER_NODE
 from skrull.solver.search.clock import Clock
 from skrull.solver.search.placement import Placer, mb_ids
-from skrull.solver.types import DEFAULT_SHARDING, MicrobatchSpec
 
 EPS_MS = 1e-9
 #: Candidate destination microbatches tried per move (the least-loaded ones).

@@ -35,6 +35,7 @@ from skrull.solver.cp_modes import DEFAULT_CP_MODES
 from skrull.solver.errors import SkrullError
 from skrull.solver.ilp.backends import module_installed
 from skrull.solver.ilp.runner import Child, Report, run_with_deadline, start_child
+from skrull.solver.plan import Problem
 from skrull.solver.planners.base import Planner, PlannerOutput
 from skrull.solver.planners.baselines import DeepSpeedPlanner, PackedPlanner, SortedPlanner
 from skrull.solver.planners.dynamic_cp import DynamicCpPlanner
@@ -45,7 +46,6 @@ from skrull.solver.planners.verl_kk import VerlKkPlanner
 from skrull.solver.planners.wlb import WlbPlanner
 from skrull.solver.planners.xtuner import XtunerPlanner
 from skrull.solver.search.construct import SpreadStart
-from skrull.solver.types import Problem
 
 #: Weight of the newest measurement in a start's time scale.
 SCALE_SMOOTHING = 0.5
@@ -86,7 +86,7 @@ class Start:
     #: Runs whatever the time left (in process; in a child with all the time left where it is predicted over
     #: ``ISOLATE_ABOVE_S``, the first one always in process): ``auto`` never returns a plan worse than these
     #: that finish, however little CPU it gets (``packed`` and ``skrull``;
-    #: ``search.budget.COSTS["auto"]`` counts them in the smallest budget ``auto`` accepts).
+    #: ``AutoPlanner.budget`` counts them in the smallest budget ``auto`` accepts).
     always: bool = False
 
     #: Per GPU (``hydraulis`` packs every replica; 0.35 s for 256 sequences on 512 GPUs, 20 ms on 32).

@@ -47,8 +47,6 @@ def test_check_beyond_tolerance_exits_1_with_one_line(small_request: Path) -> No
         "--check",
         "--tolerance",
         "1e-15",
-        "--cp-mode",
-        "ulysses",
     )
     assert out.returncode == 1
     assert "NO" in out.stdout
@@ -87,7 +85,7 @@ def test_no_progress_prints_only_the_report(small_request: Path) -> None:
         (["--world-size", "3"], "--world-size: 3: must equal parallel.dp * parallel.cp = 4"),
         (["--backend", "mpi"], "--backend: 'mpi': unknown backend"),
         (["--backend", "nccl"], "--backend: 'nccl': needs CUDA GPUs"),
-        (["--cp-mode", "ring"], "--cp-mode: 'ring': unknown"),
+        (["--cp-modes", "ring"], "--cp-modes[0]: 'ring': must be one of allgather, ulysses"),
         (["--kv-heads", "3"], "--kv-heads: 3: must divide --heads (4)"),
         (["--dtype", "bfloat16"], "--dtype: 'bfloat16': gloo runs on CPU"),
         (["--solver", "magic"], "solver: 'magic': unknown solver"),
@@ -127,3 +125,15 @@ def test_a_plan_mixing_allgather_and_ulysses_passes_the_check(tmp_path: Path) ->
     out = skrull("execute", "--request", str(path), "--world-size", "4", "--backend", "gloo", "--check")
     assert out.returncode == 0, out.stderr
     assert "check passed" in out.stdout
+
+
+@pytest.mark.parametrize("command", ["execute", "finetune"])
+def test_the_removed_run_level_cp_mode_says_to_plan_with_cp_modes(command: str) -> None:
+    """Each microbatch runs its plan's mode: ``--cp-mode`` (which overrode every all-gather microbatch) is a
+    usage error that names what to use instead, before anything is planned or spawned."""
+    model = ["-m", str(EXAMPLES.parent / "models" / "qwen2-tiny.json")] if command == "finetune" else []
+    out = skrull(command, *model, "-r", str(EXAMPLES / "tiny-cpu-dp2-cp2.json"), "--cp-mode", "ulysses")
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.strip().count("\n") == 0
+    assert f"skrull {command}: error: --cp-mode was removed" in out.stderr
+    assert "plan with --cp-modes ulysses" in out.stderr

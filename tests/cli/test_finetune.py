@@ -125,7 +125,7 @@ def test_a_piped_run_says_each_phase_as_it_starts() -> None:
         (["--world-size", "3"], "--world-size: 3: must equal parallel.dp * parallel.cp = 4"),
         (["--backend", "nccl"], "--backend: 'nccl': needs CUDA GPUs"),
         (["--steps", "0"], "--steps: 0: must be an integer >= 1"),
-        (["--cp-mode", "ring"], "--cp-mode: 'ring': unknown"),
+        (["--cp-modes", "ring"], "--cp-modes[0]: 'ring': must be one of allgather, ulysses"),
         (["--dtype", "bfloat16"], "--dtype: 'bfloat16': gloo runs on CPU"),
         (["--solver", "magic"], "solver: 'magic': unknown solver"),
         (["--lr", "nan"], "--lr: nan: must be a number > 0"),

@@ -19,9 +19,11 @@ from skrull.solver.planners.base import PlannerOutput
 from skrull.solver.planning import assemble_plan, solve
 from skrull.solver.types import MicrobatchSpec, Plan, Problem
 from skrull.solver.validate import validate_plan
+from skrull.worker.dacp import DACPPlan
 from skrull.worker.execute import ExecuteConfig, LayerConfig, collect, compare, run_rank
 from skrull.worker.launch import launch
 from tests.conftest import HAND_PROFILE, make_request
+from tests.worker.modes import run_in
 
 WORLD = 4
 TOLERANCE = 1e-4
@@ -42,9 +44,11 @@ def random_case(seed: int, solver: str, *, dp: int, cp: int, cp_mode: str, shard
     rng = random.Random(seed)
     batches = [[rng.choice([rng.randint(1, 12), rng.randint(13, 70)]) for _ in range(rng.randint(4, 9))]]
     request = make_request(batches, dp=dp, cp=cp, bucket=36, solver=solver)
-    config = ExecuteConfig(layer=LAYER, seed=seed, cp_mode=cp_mode, sharding=sharding)
+    config = ExecuteConfig(layer=LAYER, seed=seed, sharding=sharding)
     name = f"{solver}-dp{dp}cp{cp}-{cp_mode}-{sharding}-{seed}"
-    return Case(name=name, plan=solve(request), lengths=Problem.from_request(request).lengths, config=config)
+    return Case(
+        name=name, plan=run_in(solve(request), cp_mode), lengths=Problem.from_request(request).lengths, config=config
+    )
 
 
 def dynamic_case(cp_mode: str) -> Case:
@@ -61,8 +65,8 @@ def dynamic_case(cp_mode: str) -> Case:
     lonely = (MicrobatchSpec(step=0, ranks=(1,), local=((8,),), sharded=()),)
     plan = assemble_plan(problem, PlannerOutput(iterations=(specs, lonely)), solver="skrull", wall_ms=0.0)
     validate_plan(plan, request)
-    config = ExecuteConfig(layer=LAYER, seed=11, cp_mode=cp_mode)
-    return Case(name=f"dynamic-{cp_mode}", plan=plan, lengths=problem.lengths, config=config)
+    config = ExecuteConfig(layer=LAYER, seed=11)
+    return Case(name=f"dynamic-{cp_mode}", plan=run_in(plan, cp_mode), lengths=problem.lengths, config=config)
 
 
 def plan_sharding_case(cp_mode: str) -> Case:
@@ -76,14 +80,14 @@ def plan_sharding_case(cp_mode: str) -> Case:
     problem = Problem.from_request(request)
     plan = assemble_plan(problem, PlannerOutput(iterations=(specs,)), solver="wlb", wall_ms=0.0)
     validate_plan(plan, request)
-    config = ExecuteConfig(layer=LAYER, seed=13, cp_mode=cp_mode)
-    return Case(name=f"plan-sharding-{cp_mode}", plan=plan, lengths=problem.lengths, config=config)
+    config = ExecuteConfig(layer=LAYER, seed=13)
+    return Case(name=f"plan-sharding-{cp_mode}", plan=run_in(plan, cp_mode), lengths=problem.lengths, config=config)
 
 
 def mixed_modes_case() -> Case:
     """One iteration mixing the plan's modes: Ulysses over the world with local work beside, all-gather over
-    the world, Ulysses over the group (2, 0, 3) (3 divides the 12 heads and the 3 K/V heads), and GPU 1 alone;
-    the run's own ``cp_mode`` is allgather, so every Ulysses here comes from the plan."""
+    the world, Ulysses over the group (2, 0, 3) (3 divides the 12 heads and the 3 K/V heads), and GPU 1 alone:
+    each microbatch runs its plan's mode (there is no run-level one)."""
     profile = {
         **HAND_PROFILE,
         "memory": {"bucket_tokens": 40},
@@ -103,7 +107,7 @@ def mixed_modes_case() -> Case:
     problem = Problem.from_request(request)
     plan = assemble_plan(problem, PlannerOutput(iterations=(specs,)), solver="skrull", wall_ms=0.0)
     validate_plan(plan, request)
-    config = ExecuteConfig(layer=LAYER, seed=17, cp_mode="allgather")
+    config = ExecuteConfig(layer=LAYER, seed=17)
     return Case(name="mixed-modes", plan=plan, lengths=problem.lengths, config=config)
 
 
@@ -171,7 +175,7 @@ def test_every_rank_reports_its_own_tokens(executed: list[tuple[Case, list[objec
             assert timing.rank == rank and timing.local_tokens == layouts_tokens
 
 
-def test_the_plans_mode_reaches_every_layout_and_wins_over_the_runs_default() -> None:
+def test_the_plans_mode_reaches_every_layout_and_is_what_runs() -> None:
     from skrull.worker.dacp import DACPPlan
     from skrull.worker.kernels import select_kernel
     from skrull.worker.layout import rank_layouts
@@ -188,9 +192,7 @@ def test_the_plans_mode_reaches_every_layout_and_wins_over_the_runs_default() ->
     ulysses = dataclasses.replace(alone, mode="ulysses")
     kernel = select_kernel(torch.device("cpu"), torch.float32, "reference")
     assert DACPPlan.build(ulysses, group=None, kernel=kernel, device=torch.device("cpu")).mode == "ulysses"
-    assert (
-        DACPPlan.build(alone, group=None, kernel=kernel, device=torch.device("cpu"), mode="ulysses").mode == "ulysses"
-    )
+    assert DACPPlan.build(alone, group=None, kernel=kernel, device=torch.device("cpu")).mode == "allgather"
 
 
 def test_ulysses_replicates_kv_heads_so_every_query_head_reads_its_own() -> None:
@@ -211,3 +213,46 @@ def test_ulysses_replicates_kv_heads_so_every_query_head_reads_its_own() -> None
                     for i in range(hq):
                         local_kv = r * per_gpu + i // (hq // per_gpu)
                         assert local_kv // copies == (r * hq + i) // (heads // kv), (heads, kv, n, r, i)
+
+
+def test_each_microbatch_runs_its_plans_mode_and_no_run_level_setting_overrides_it() -> None:
+    """The worker's run-level ``cp_mode`` is gone: ``DACPPlan`` takes the microbatch's ``mode`` (an all-gather
+    microbatch runs all-gather whatever), and neither the execute nor the finetune config has a mode."""
+    from skrull.worker.hf.finetune import FinetuneConfig
+    from skrull.worker.kernels import select_kernel
+    from skrull.worker.layout import MicrobatchLayout
+
+    kernel = select_kernel(torch.device("cpu"), torch.float32)
+    for mode in ("allgather", "ulysses"):
+        layout = MicrobatchLayout(
+            step=0, ranks=(0,), position=0, local_ids=(0,), local_lengths=(5,), sharded=(), mode=mode
+        )
+        built = DACPPlan.build(layout, group=None, kernel=kernel, device=torch.device("cpu"))
+        assert built.mode == mode
+    for config in (ExecuteConfig, FinetuneConfig):
+        assert "cp_mode" not in {f.name for f in dataclasses.fields(config)}
+    with pytest.raises(TypeError, match="mode"):
+        DACPPlan.build(layout, group=None, kernel=kernel, device=torch.device("cpu"), mode="ulysses")  # type: ignore[call-arg]
+
+
+def test_a_ulysses_plan_the_layer_cannot_run_is_refused_before_the_first_step() -> None:
+    """Ulysses over 4 GPUs with 6 attention heads cannot split them: ``run_rank`` refuses the whole plan on
+    every rank (each holds the whole plan) before it builds a process group or runs a microbatch, naming the
+    microbatch and the mode."""
+    case = mixed_modes_case()
+    six = dataclasses.replace(case.config, layer=dataclasses.replace(LAYER, num_heads=6, num_kv_heads=3))
+    with pytest.raises(ValueError, match=r"iteration 0 microbatch 0 runs ulysses over 4 GPUs.*num_attention_heads = 6"):
+        run_rank(case.plan, case.lengths, config=six, rank=0, device=torch.device("cpu"))
+    # planned all-gather, the same placement runs with any heads: refused only where the plan says Ulysses
+    allgather = dataclasses.replace(
+        case.plan,
+        iterations=tuple(
+            dataclasses.replace(
+                it, microbatches=tuple(dataclasses.replace(mb, mode="allgather") for mb in it.microbatches)
+            )
+            for it in case.plan.iterations
+        ),
+    )
+    from skrull.worker.dacp import refuse_unrunnable_modes
+
+    refuse_unrunnable_modes(allgather, heads=6)

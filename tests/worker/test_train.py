@@ -22,6 +22,7 @@ from skrull.worker.loss import count_supervised_tokens, per_token_loss
 from skrull.worker.model import TinyCausalLM
 from skrull.worker.train import scheduled_backward, unscheduled_backward
 from tests.conftest import make_request
+from tests.worker.modes import run_in
 
 WORLD = 4
 LR = 0.5
@@ -50,8 +51,8 @@ def train_ranks(rank: int, world_size: int, backend: str, out_dir: str) -> None:
         for iteration in range(len(plan.iterations)):
             model = tiny_model()
             loss = scheduled_backward(
-                model, plan, data, iteration=iteration, rank=rank, registry=registry, kernel=kernel, device=device,
-                cp_mode=mode,
+                model, run_in(plan, mode), data, iteration=iteration, rank=rank, registry=registry, kernel=kernel,
+                device=device,
             )  # fmt: skip
             grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
             torch.optim.SGD(model.parameters(), lr=LR).step()

@@ -49,7 +49,6 @@ class FinetuneConfig:
     steps: int = 1
     seed: int = 0
     lr: float = 0.05
-    cp_mode: str = "allgather"
     kernel: str | None = None
     dtype: str = "float32"
     record_grads: bool = False
@@ -127,7 +126,7 @@ def run_finetune_rank(
     )
     bar.set_postfix_str("building the model", refresh=True)
     base = build_model(config.model_config, seed=config.seed, device=device, dtype=dtype)
-    refuse_unrunnable_plan(base, plan, cp_mode=config.cp_mode)  # every rank alike, before the first step
+    refuse_unrunnable_plan(base, plan)  # every rank alike, before the first step
     compiled = compile_model(base, compile=config.compile, device=device)  # the fast step: layers compiled
     vocab = int(base.config.vocab_size)
     model: Any = grad_sync.wrap(base, config.grad_sync)
@@ -148,7 +147,7 @@ def run_finetune_rank(
             ready_microbatch(layout, lambda i: data.lm_tokens(i, vocab), loss_normalizer=0, device=device)
             for layout in rank_layouts(step_plan, lengths, iteration=iteration, rank=rank)
         ]
-        plans = dacp_plans(ready, registry=registry, kernel=kernel, device=device, cp_mode=config.cp_mode)
+        plans = dacp_plans(ready, registry=registry, kernel=kernel, device=device)
         optimizer.zero_grad(set_to_none=False)
         timings: list[float] | None = [] if calibrating is not None and step >= 0 else None
         compiles_before = compile_count()
@@ -158,7 +157,6 @@ def run_finetune_rank(
             registry=registry,
             kernel=kernel,
             device=device,
-            cp_mode=config.cp_mode,
             loss_chunk_tokens=config.loss_chunk_tokens,
             plans=plans,
             microbatch_ms=timings,

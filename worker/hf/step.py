@@ -30,10 +30,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from skrull.solver.cp_modes import ALLGATHER, ULYSSES
 from skrull.solver.types import Plan
 from skrull.worker import grad_sync
 from skrull.worker.collectives import GroupRegistry
-from skrull.worker.dacp import DACPPlan
+from skrull.worker.dacp import DACPPlan, refuse_unrunnable_modes
 from skrull.worker.dataloader import ReadyMicrobatch, refuse_other_heads
 from skrull.worker.fused_ce import linear_cross_entropy_sum
 from skrull.worker.hf.inputs import model_inputs
@@ -161,11 +162,11 @@ def _refuse_ulysses_group(heads: int, group_size: int, *, where: str) -> None:
         raise ValueError(
             f"{where} runs ulysses over {group_size} GPUs, which do not divide the model's num_attention_heads = "
             f"{heads}: plan with a profile whose heads are the model's (skrull derive-profile --hf-config), or "
-            "allow allgather only (cp_modes)"
+            f"allow {ALLGATHER} only (cp_modes)"
         )
 
 
-def refuse_unrunnable_ulysses(model: Any, microbatches: Sequence[ReadyMicrobatch], *, cp_mode: str) -> None:
+def refuse_unrunnable_ulysses(model: Any, microbatches: Sequence[ReadyMicrobatch]) -> None:
     """Every microbatch this step runs in Ulysses shards over a group dividing the model's attention heads,
     checked before the step's first forward. Else its attention fails inside the step, after this rank's
     earlier microbatches ran (found: a model with other heads than its profile's, whose plans chose Ulysses
@@ -183,22 +184,17 @@ def refuse_unrunnable_ulysses(model: Any, microbatches: Sequence[ReadyMicrobatch
             refuse_other_heads(heads, mb.plan_heads)
     for mb in microbatches:
         layout = mb.layout
-        mode = layout.mode if layout.mode == "ulysses" else cp_mode
-        if mode == "ulysses" and layout.communicates:
+        if layout.mode == ULYSSES and layout.communicates:
             _refuse_ulysses_group(heads[0], layout.group_size, where=f"microbatch {layout.step}")
 
 
-def refuse_unrunnable_plan(model: Any, plan: Plan, *, cp_mode: str) -> None:
+def refuse_unrunnable_plan(model: Any, plan: Plan) -> None:
     """``refuse_unrunnable_ulysses`` over every microbatch of the whole plan, on every rank alike (so all of
-    them stop before the first step, none waits in a collective for a rank that stopped)."""
+    them stop before the first step, none waits in a collective for a rank that stopped): the plan's
+    ``mode`` is what runs (``worker.dacp.refuse_unrunnable_modes``)."""
     heads = model_heads(model)
-    if heads is None:
-        return
-    for it in plan.iterations:
-        for k, mb in enumerate(it.microbatches):
-            mode = mb.mode if mb.mode == "ulysses" else cp_mode
-            if mode == "ulysses" and mb.sharded and len(mb.ranks) > 1:
-                _refuse_ulysses_group(heads[0], len(mb.ranks), where=f"iteration {it.index} microbatch {k}")
+    if heads is not None:
+        refuse_unrunnable_modes(plan, heads=heads[0])
 
 
 def dacp_plans(
@@ -207,7 +203,6 @@ def dacp_plans(
     registry: GroupRegistry,
     kernel: AttentionKernel,
     device: torch.device,
-    cp_mode: str = "allgather",
 ) -> list[DACPPlan]:
     """Each microbatch's DACP plan (index tensors on ``device``; needs no communication)."""
     return [
@@ -216,7 +211,6 @@ def dacp_plans(
             group=registry.get(mb.layout.ranks) if mb.layout.communicates else None,
             kernel=kernel,
             device=device,
-            mode=cp_mode,
         )
         for mb in microbatches
     ]
@@ -229,7 +223,6 @@ def scheduled_step(
     registry: GroupRegistry,
     kernel: AttentionKernel,
     device: torch.device,
-    cp_mode: str = "allgather",
     loss_chunk_tokens: int | None = None,
     plans: Sequence[DACPPlan] | None = None,
     microbatch_ms: list[float] | None = None,
@@ -245,7 +238,7 @@ def scheduled_step(
     (worker/calibration.py).
     """
     try:  # raised after every rank has said whether it refuses (global_target_count): all stop alike
-        refuse_unrunnable_ulysses(model, microbatches, cp_mode=cp_mode)
+        refuse_unrunnable_ulysses(model, microbatches)
         refusal: Exception | None = None
     except ValueError as exc:
         refusal = exc
@@ -253,7 +246,7 @@ def scheduled_step(
         torch.cuda.synchronize(device)
     start = time.perf_counter()
     if plans is None and refusal is None:
-        plans = dacp_plans(microbatches, registry=registry, kernel=kernel, device=device, cp_mode=cp_mode)
+        plans = dacp_plans(microbatches, registry=registry, kernel=kernel, device=device)
     if plans is not None and len(plans) != len(microbatches):
         raise ValueError(f"{len(plans)} DACP plans for {len(microbatches)} microbatches")
     # refuses a stock wrapper, or plans with unequal counts under DDP / FSDP2

@@ -17,11 +17,13 @@ from skrull.worker.launch import launch
 from skrull.worker.layout import rank_layouts
 from tests.conftest import make_request
 from tests.worker.hf.test_finetune import model_config
+from tests.worker.modes import run_in
 
 WORLD = 2
 #: compiled vs eager: the same float32 arithmetic up to inductor's fusion and reordering
 TOLERANCE_VS_EAGER = 1e-5
 TOLERANCE_VS_PLAIN = 1e-4
+#: (name, compile, the mode the plan's sharded microbatches run in: ``tests.worker.modes.run_in``)
 CASES = (("eager", "off", "allgather"), ("compiled", "on", "allgather"), ("compiled-ulysses", "on", "ulysses"))
 
 
@@ -31,14 +33,13 @@ def sharded_plan() -> tuple[Plan, tuple[int, ...]]:
     return solve(request), Problem.from_request(request).lengths
 
 
-def config(compile: str, cp_mode: str) -> FinetuneConfig:
+def config(compile: str) -> FinetuneConfig:
     return FinetuneConfig(
         model_config=model_config("qwen2-tiny"),
         steps=3,
         warmup_steps=1,
         seed=5,
         lr=0.1,
-        cp_mode=cp_mode,
         record_grads=True,
         loss_chunk_tokens=16,
         compile=compile,
@@ -48,7 +49,9 @@ def config(compile: str, cp_mode: str) -> FinetuneConfig:
 def run_cases(rank: int, world_size: int, backend: str, out_dir: str) -> None:
     plan, lengths = sharded_plan()
     for name, compile, cp_mode in CASES:
-        part = run_finetune_rank(plan, lengths, config=config(compile, cp_mode), rank=rank, device=torch.device("cpu"))
+        part = run_finetune_rank(
+            run_in(plan, cp_mode), lengths, config=config(compile), rank=rank, device=torch.device("cpu")
+        )
         torch.save(part, Path(out_dir) / f"{name}-rank{rank}.pt")
 
 
@@ -81,8 +84,7 @@ def test_the_compiled_step_equals_the_eager_step_and_the_plain_step(runs: Path, 
             err = float((b.grads[param] - want).abs().max()) / float(want.abs().max())
             assert err <= TOLERANCE_VS_EAGER, (param, err)
     plan, lengths = sharded_plan()
-    cp_mode = "ulysses" if "ulysses" in name else "allgather"
-    for check in check_steps(plan, lengths, fast, config=config("on", cp_mode)):
+    for check in check_steps(plan, lengths, fast, config=config("on")):
         assert check.max_rel_error <= TOLERANCE_VS_PLAIN, check
 
 

@@ -25,6 +25,7 @@ from skrull.worker.hf.finetune import FinetuneConfig, check_steps, result_from_p
 from skrull.worker.launch import launch
 from skrull.worker.layout import rank_layouts
 from tests.conftest import HAND_PROFILE, make_request
+from tests.worker.modes import run_in
 
 ROOT = Path(__file__).resolve().parents[3]
 MODELS = ROOT / "examples" / "models"
@@ -114,7 +115,8 @@ PLANS = {
     "mixed": mixed_plan,
     "mixed-long": mixed_long_plan,
 }
-#: (case name, plan, model, steps, cp mode, loss chunk rows)
+#: (case name, plan, model, steps, the mode its sharded microbatches run in (``tests.worker.modes.run_in``:
+#: ``ulysses`` marks them all so, ``allgather`` runs the plan as planned), loss chunk rows, gradient sync)
 CASES: tuple[tuple[str, str, str, int, str, int | None, str], ...] = (
     ("qwen2-skrull", "skrull", "qwen2-tiny", 2, "allgather", None, "allreduce"),
     ("llama-skrull", "skrull", "llama-tiny", 1, "allgather", None, "allreduce"),
@@ -122,7 +124,7 @@ CASES: tuple[tuple[str, str, str, int, str, int | None, str], ...] = (
     ("llama-wide-ulysses", "wide", "llama-tiny", 1, "ulysses", None, "allreduce"),
     ("qwen2-hand-ulysses", "hand", "qwen2-tiny", 1, "ulysses", 16, "allreduce"),
     ("llama-hand", "hand", "llama-tiny", 2, "allgather", None, "allreduce"),
-    # both modes in one iteration, whatever the run's default mode: each microbatch runs its plan's
+    # both modes in one iteration: each microbatch runs its plan's
     ("llama-mixed", "mixed", "llama-tiny", 1, "allgather", None, "allreduce"),
     ("qwen2-mixed", "mixed", "qwen2-tiny", 1, "ulysses", None, "allreduce"),
     # and over the other families' attention: Gemma 2's soft-capping and sliding window, Mistral's window,
@@ -138,13 +140,12 @@ CASES: tuple[tuple[str, str, str, int, str, int | None, str], ...] = (
 )
 
 
-def config_of(model: str, steps: int, cp_mode: str, chunk: int | None, grad_sync: str = "allreduce") -> FinetuneConfig:
+def config_of(model: str, steps: int, chunk: int | None, grad_sync: str = "allreduce") -> FinetuneConfig:
     return FinetuneConfig(
         model_config=model_config(model),
         steps=steps,
         seed=11,
         lr=0.1,
-        cp_mode=cp_mode,
         record_grads=True,
         loss_chunk_tokens=chunk,
         grad_sync=grad_sync,
@@ -154,8 +155,8 @@ def config_of(model: str, steps: int, cp_mode: str, chunk: int | None, grad_sync
 def run_cases(rank: int, world_size: int, backend: str, out_dir: str) -> None:
     for name, plan_name, model, steps, cp_mode, chunk, grad_sync in CASES:
         plan, lengths = PLANS[plan_name]()
-        run = config_of(model, steps, cp_mode, chunk, grad_sync)
-        part = run_finetune_rank(plan, lengths, config=run, rank=rank, device=torch.device("cpu"))
+        run = config_of(model, steps, chunk, grad_sync)
+        part = run_finetune_rank(run_in(plan, cp_mode), lengths, config=run, rank=rank, device=torch.device("cpu"))
         torch.save(part, Path(out_dir) / f"{name}-rank{rank}.pt")
 
 
@@ -190,7 +191,7 @@ def test_loss_and_every_gradient_equal_the_plain_hf_step(
     # every token of every step's global batch was computed once: the ranks' tokens add up
     per_step = sum(lengths[i] for s in range(steps) for i in _seq_ids(plan, s))
     assert sum(tokens for _, tokens in result.work) == per_step
-    checks = check_steps(plan, lengths, result, config=config_of(model, steps, cp_mode, chunk, grad_sync))
+    checks = check_steps(run_in(plan, cp_mode), lengths, result, config=config_of(model, steps, chunk, grad_sync))
     assert len(checks) == steps
     for c in checks:
         assert c.grads_checked == len(parts[0]["records"][0].grads)

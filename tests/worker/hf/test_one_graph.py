@@ -20,6 +20,7 @@ from skrull.worker.hf.finetune import check_steps, result_from_parts, run_finetu
 from skrull.worker.hf.model import build_model
 from skrull.worker.launch import launch
 from tests.worker.hf.test_fast import TOLERANCE_VS_EAGER, TOLERANCE_VS_PLAIN, config, sharded_plan
+from tests.worker.modes import run_in
 
 WORLD = 2
 CASES = (
@@ -39,13 +40,13 @@ def run_cases(rank: int, world_size: int, backend: str, out_dir: str) -> None:
     plan, lengths = sharded_plan()
     for name, compile, cp_mode, grad_sync in CASES:
         breaks = sum(counters["graph_break"].values())
-        run = dataclasses.replace(config(compile, cp_mode), grad_sync=grad_sync)
-        part = run_finetune_rank(plan, lengths, config=run, rank=rank, device=torch.device("cpu"))
+        run = dataclasses.replace(config(compile), grad_sync=grad_sync)
+        part = run_finetune_rank(run_in(plan, cp_mode), lengths, config=run, rank=rank, device=torch.device("cpu"))
         part["graph_breaks"] = sum(counters["graph_break"].values()) - breaks
         torch.save(part, Path(out_dir) / f"{name}-rank{rank}.pt")
     (Path(out_dir) / f"breaks-rank{rank}.json").write_text(json.dumps(dict(counters["graph_break"])))
     try:  # the whole stack under FSDP2 is refused at the first forward, before any step
-        run = dataclasses.replace(config("stack", "allgather"), grad_sync="fsdp", loss_chunk_tokens=None)
+        run = dataclasses.replace(config("stack"), grad_sync="fsdp", loss_chunk_tokens=None)
         run_finetune_rank(plan, lengths, config=run, rank=rank, device=torch.device("cpu"))
         refusal = "not refused"
     except ValueError as exc:
@@ -76,9 +77,7 @@ def test_one_graph_layers_equal_the_eager_step_and_the_plain_step(runs: Path, na
             err = float((b.grads[param] - want).abs().max()) / float(want.abs().max())
             assert err <= TOLERANCE_VS_EAGER, (param, err)
     plan, lengths = sharded_plan()
-    for check in check_steps(
-        plan, lengths, fast, config=config(name.split("-")[0], "ulysses" if "ulysses" in name else "allgather")
-    ):
+    for check in check_steps(plan, lengths, fast, config=config(name.split("-")[0])):
         assert check.max_rel_error <= TOLERANCE_VS_PLAIN, check
 
 

@@ -3,6 +3,7 @@ taken, a logit scale is refused naming the field (a chunked loss without it woul
 
 from __future__ import annotations
 
+import inspect
 from types import SimpleNamespace
 from typing import Any
 
@@ -56,16 +57,16 @@ def test_a_ulysses_microbatch_over_a_group_not_dividing_the_models_heads_is_refu
             sharded=(ShardedSequence(seq_id=0, num_tokens=9, ranges=ranges),), mode=mode,
         )  # fmt: skip
 
-    def step(*layouts: MicrobatchLayout, cp_mode: str = "allgather") -> None:
+    def step(*layouts: MicrobatchLayout) -> None:
         mbs = [ready_microbatch(lay, fetch, loss_normalizer=18, device=cpu) for lay in layouts]
         kernel = select_kernel(cpu, torch.float32)
-        scheduled_step(model, mbs, registry=None, kernel=kernel, device=cpu, cp_mode=cp_mode)  # type: ignore[arg-type]
+        scheduled_step(model, mbs, registry=None, kernel=kernel, device=cpu)  # type: ignore[arg-type]
 
     with pytest.raises(ValueError, match=r"microbatch 1 runs ulysses over 3 GPUs.*num_attention_heads = 4"):
         step(local, sharded(3, "ulysses"))
-    with pytest.raises(ValueError, match=r"runs ulysses over 3 GPUs"):  # the run's default mode counts too
-        step(local, sharded(3, "allgather"), cp_mode="ulysses")
     assert all(p.grad is None for p in model.parameters())  # refused before the first microbatch ran
+    # the plan's mode is what runs: no run-level setting turns an all-gather microbatch into Ulysses
+    assert "cp_mode" not in inspect.signature(scheduled_step).parameters
 
 
 def test_a_model_with_other_heads_than_the_plans_is_refused_by_the_step_on_every_rank_alike(tmp_path: Any) -> None:
@@ -165,15 +166,16 @@ def test_a_plan_with_ulysses_over_a_group_not_dividing_the_models_heads_is_refus
 
     from skrull.worker.hf.step import refuse_unrunnable_plan
     from tests.worker.hf.test_finetune import hand_plan, mixed_plan
+    from tests.worker.modes import all_ulysses
 
     plan, _ = mixed_plan()  # Ulysses over 4 GPUs, all-gather over 2
     six = SimpleNamespace(config=SimpleNamespace(num_attention_heads=6, num_key_value_heads=2))
     with pytest.raises(ValueError, match=r"iteration 0 microbatch \d runs ulysses over 4 GPUs.*heads = 6"):
-        refuse_unrunnable_plan(six, plan, cp_mode="allgather")
+        refuse_unrunnable_plan(six, plan)
     five = SimpleNamespace(config=SimpleNamespace(num_attention_heads=5))
-    allgather_plan, _ = hand_plan()  # every microbatch all-gather: runs as it is, but not as the run's default
-    refuse_unrunnable_plan(five, allgather_plan, cp_mode="allgather")
-    with pytest.raises(ValueError, match=r"runs ulysses over \d GPUs.*heads = 5"):
-        refuse_unrunnable_plan(five, allgather_plan, cp_mode="ulysses")
+    allgather_plan, _ = hand_plan()  # every microbatch all-gather: runs as planned whatever the heads
+    refuse_unrunnable_plan(five, allgather_plan)
+    with pytest.raises(ValueError, match=r"iteration 0 microbatch \d runs ulysses over \d GPUs.*heads = 5"):
+        refuse_unrunnable_plan(five, all_ulysses(allgather_plan))  # planned with cp_modes ["ulysses"]
     eight = SimpleNamespace(config=SimpleNamespace(num_attention_heads=8, num_key_value_heads=2))
-    refuse_unrunnable_plan(eight, plan, cp_mode="ulysses")  # 4 and 2 divide 8: runs
+    refuse_unrunnable_plan(eight, all_ulysses(plan))  # 4 and 2 divide 8: runs
