@@ -283,12 +283,17 @@ class _AllGatherCP(torch.autograd.Function):
         if plan.has_sharded:
             send = _pad_rows(torch.stack([k[n:], v[n:]], dim=1), plan.layout.padded_piece_tokens)  # [P, 2, H_kv, D]
         gathered, out_local = _overlapped_forward(ctx, q, k, v, plan, features, send=send, collective=all_gather_slots)
+        ctx.gathered_shape = None if gathered is None else gathered.shape
         sharded_saved = None
         out_pieces = q.new_zeros(0, q.shape[1], v.shape[2])
         if gathered is not None and num_pieces > 0:
+            # the key prefix of every piece, packed for the varlen kernel, is the leaf: the gathered buffer
+            # itself is not kept to backward (its gradient is the prefixes' gradient summed back by row), so
+            # what this layer keeps of the group's K/V is the prefixes the kernel keeps, once
+            keys = _leaf(gathered.index_select(0, plan.key_index))
+            del gathered
             with torch.enable_grad():
-                qp, g = _leaf(q[n:]), _leaf(gathered)
-                keys = g.index_select(0, plan.key_index)
+                qp = _leaf(q[n:])
                 out = plan.kernel(
                     qp,
                     keys[:, 0],
@@ -300,10 +305,9 @@ class _AllGatherCP(torch.autograd.Function):
                     causal=True,
                     **_kernel_features(features),
                 )
-            sharded_saved = (qp, g, out)
+            sharded_saved = (qp, keys, out)
             out_pieces = out.detach()
         ctx.sharded_saved = sharded_saved
-        ctx.gathered_shape = None if gathered is None else gathered.shape
         return torch.cat([out_local, out_pieces])
 
     @staticmethod
@@ -317,10 +321,12 @@ class _AllGatherCP(torch.autograd.Function):
         dq_pieces = grad.new_zeros(num_pieces, *q_shape[1:])
         if ctx.gathered_shape is not None:
             if ctx.sharded_saved is not None:
-                qp, g, out = ctx.sharded_saved
-                dqp, dg = torch.autograd.grad(out, (qp, g), grad[n:], allow_unused=True)
+                qp, keys, out = ctx.sharded_saved
+                dqp, dkeys = torch.autograd.grad(out, (qp, keys), grad[n:], allow_unused=True)
                 dq_pieces = dqp if dqp is not None else torch.zeros_like(qp)
-                dg = dg if dg is not None else torch.zeros_like(g)
+                dg = grad.new_zeros(ctx.gathered_shape)
+                if dkeys is not None:  # index_select's backward: each prefix row's gradient back to its row
+                    dg.index_add_(0, plan.key_index, dkeys)
             else:  # this member holds no piece but the group still reduces
                 dg = grad.new_zeros(ctx.gathered_shape)
         d_own, (dql, dkl, dvl) = _overlapped_backward(ctx, grad, send=dg, collective=reduce_scatter_slots)
