@@ -31,8 +31,11 @@ previous fit (each reweighting round).
 
 A coefficient the run cannot identify keeps the starting profile's value, as it is, and the log and
 ``calibrated.kept_starting`` say which and why: a collective (on a link) shown by fewer than
-``MIN_COMMUNICATING`` microbatches; a fixed cost whose collective's MiB varied by less than 25% over the
-run (it cannot be told from the per-MiB term); a mode the run never ran. It is never scaled by another
+``MIN_COMMUNICATING`` microbatches; a fixed cost whose collective's largest MiB was less than
+``MIN_MIB_SPREAD`` times its smallest over the run (the two cannot be told apart: in a DP1 x CP2 run on
+the loaded 2-core VM with sharded microbatches of 1.0-1.3 MiB, a free fit put the whole injected delay
+in the fixed cost and none per MiB; the per-MiB term is then fitted alone, as the bandwidth a planner
+scales by); a mode the run never ran. It is never scaled by another
 coefficient's ratio (a slower compute says nothing of a link). The model's overlap (``max(T_comm,
 local attention)``) is fitted as a sum: exact when a sharded microbatch has no local work (DACP's usual
 case), an upper bound otherwise.
@@ -83,6 +86,8 @@ WARMUP_ITERATIONS = 1
 MIN_MICROBATCHES = 6
 #: Fewest communicating microbatches (sharded over a group) the communication terms are fitted from.
 MIN_COMMUNICATING = 4
+#: Largest over smallest MiB of a collective's microbatches from which its fixed cost is fitted too.
+MIN_MIB_SPREAD = 2.0
 #: Reweighting rounds of the least-absolute-error fit (each picks the critical GPU anew).
 IRLS_ROUNDS = 8
 #: Iterations over which a microbatch's weight in the fit halves: the fit follows the machine as it is now.
@@ -377,7 +382,7 @@ def fit_profile(
         if term.fixed and term.name not in kept:
             mibs = [cols[cols[:, 3 + i] > 0, 3 + i] for i, t in enumerate(terms) if t.mode == term.mode and not t.fixed]
             values = np.concatenate(mibs) if mibs else np.zeros(0)
-            if values.size and values.max() < 1.25 * values.min():
+            if values.size and values.max() < MIN_MIB_SPREAD * values.min():
                 kept[term.name] = "the run's MiB varied too little to tell the fixed cost from the per-MiB one"
     start_coef = np.asarray([_starting_value(start, t) for t in terms])
     keep = np.ones(len(data), dtype=bool)

@@ -207,3 +207,20 @@ def test_the_loader_plans_later_requests_with_the_calibrated_profile() -> None:
     )
     after = float(line.split("-> ")[1].split("%")[0])
     assert after < 5.0  # a noiseless machine is learnt exactly
+
+
+def test_a_fixed_cost_the_run_cannot_tell_from_the_per_mib_one_keeps_its_start() -> None:
+    """Sharded microbatches of nearly one size: the fixed cost stays the starting one (said in the log and
+    the profile) and the per-MiB coefficient takes the time, as the bandwidth a planner scales by."""
+    start = load_profile(START)
+    truth = {**TRUTH_BOTH, "comm": {**TRUTH_BOTH["comm"], "fixed_ms": start.comm.fixed_ms}}
+    data = [
+        dataclasses.replace(mb, sharded=(1000 + mb.sharded[0] % 300,)) if mb.sharded else mb
+        for mb in _mixed(random.Random(24), 150, truth)
+        if mb.mode == "allgather"
+    ]
+    model = CostModel(profile_from_dict(truth))
+    data = [dataclasses.replace(mb, ms=model.microbatch_time_ms(mb.local, mb.sharded)) for mb in data]
+    fit = fit_profile(start, data, half_life_iterations=None)
+    assert "varied too little" in fit.kept["comm.fixed_ms"] and fit.profile["comm"]["fixed_ms"] == start.comm.fixed_ms
+    assert fit.profile["comm"]["ms_per_mib"] == pytest.approx(20.0, rel=0.05)
