@@ -235,7 +235,7 @@ def _link(start: Profile, ranks: Sequence[int]) -> str | None:
 
 
 def comm_mib(start: Profile, mb: MeasuredMicrobatch) -> float:
-    """The MiB a microbatch's communication term is priced per (CONTRACT.md): all-gather ``T * bytes_per_token``
+    """The MiB a microbatch's communication term is priced per (docs/formats.md): all-gather ``T * bytes_per_token``
     of its sharded tokens, all-to-all ``(T/N) * B_a2a(N)``; with ``topology``, times ``(N-1)/N`` (the bus
     traffic a busbw coefficient is per). 0 for a microbatch that does not communicate."""
     if not mb.communicates:

@@ -1,6 +1,6 @@
 """What an all-gather microbatch keeps from forward to backward, measured, against the model's charge.
 
-CONTRACT.md ("Cluster topology and gathered K/V") charges each GPU of an all-gather group, besides its own
+The cost model (docs/formats.md, gathered K/V) charges each GPU of an all-gather group, besides its own
 tokens, the gathered K/V of the rest of the sharded sequences: ``(N-1)/N * sum(sharded S)`` tokens at
 ``kv_bytes_per_token`` (K and V of one token, every layer; here one layer). Here one sharded layer runs
 forward on one process (the group's collective replaced by its result: a GPU of a group of N holds the
@@ -12,7 +12,7 @@ activations (its q, k, v and attention outputs) are the gathered K/V it keeps.
 What the worker keeps (worker/dacp.py): the key prefix ``[0, end)`` of every piece it holds, gathered
 and laid out for the varlen kernel (``key_prefix_index``): ``sum over its pieces of end`` tokens of K/V.
 Under the default zigzag split (piece p and 2N-1-p of 2N chunks) that is ``S * (2N+1) / (2N)`` tokens
-of a sequence of S: more than the contract's ``S * (N-1)/N`` (x2.5 at N=2, x1.21 at N=8, -> 1 as N
+of a sequence of S: more than the model's ``S * (N-1)/N`` (x2.5 at N=2, x1.21 at N=8, -> 1 as N
 grows), because each piece's prefix is its own copy (the varlen kernel reads keys packed per piece) and
 because the GPU's own pieces are in it again. ``test_the_model_charges_less_than_the_worker_keeps``
 records the gap, so a change to either side shows.
@@ -33,7 +33,7 @@ from skrull.worker.layout import MicrobatchLayout, ShardedSequence, zigzag_range
 CPU = torch.device("cpu")
 HEADS, KV_HEADS, DIM = 4, 2, 8
 FP32 = 4
-#: K and V of one token of one layer: the contract's kv_bytes_per_token for this one-layer model
+#: K and V of one token of one layer: the profile's kv_bytes_per_token for this one-layer model
 KV_BYTES_PER_TOKEN = 2 * KV_HEADS * DIM * FP32
 
 

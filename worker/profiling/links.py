@@ -1,6 +1,6 @@
 """Measuring the cluster's links: all-gather and all-to-all bus bandwidth per group size (``skrull profile --links``).
 
-The cost model prices a context-parallel group with the link its ranks use (CONTRACT.md, "Cluster
+The cost model prices a context-parallel group with the link its ranks use (docs/formats.md, "Cluster
 topology and gathered K/V"): ``intra_node`` when all of them are on one node, else ``inter_node``, each
 with ``allgather_ms_per_mib`` and ``alltoall_ms_per_mib``, 1 / bus bandwidth in ms per MiB. Bus bandwidth
 as nccl-tests defines it (its PERFORMANCE.md): for an all-gather of ``B`` gathered bytes taking ``t``,
@@ -183,7 +183,7 @@ def topology_section(
     backend: str,
     start: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The profile's ``topology`` (CONTRACT.md) from measured samples; a link not measured keeps ``start``'s
+    """The profile's ``topology`` (docs/formats.md) from measured samples; a link not measured keeps ``start``'s
     figure (and ``source`` says so), or, with none, the measured intra-node one (said too)."""
     when = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     on = f"{nodes} node(s) x {gpus_per_node} {device} rank(s), {backend}, host {platform.node()}, {when}"
