@@ -36,9 +36,10 @@ A coefficient the run cannot identify keeps the starting profile's value, as it 
 the loaded 2-core VM with sharded microbatches of 1.0-1.3 MiB, a free fit put the whole injected delay
 in the fixed cost and none per MiB; the per-MiB term is then fitted alone, as the bandwidth a planner
 scales by); a mode the run never ran. It is never scaled by another
-coefficient's ratio (a slower compute says nothing of a link). The model's overlap (``max(T_comm,
-local attention)``) is fitted as a sum: exact when a sharded microbatch has no local work (DACP's usual
-case), an upper bound otherwise.
+coefficient's ratio (a slower compute says nothing of a link). Each row follows the overlap the worker
+runs (worker/dacp.py): a collective hides behind the local attention of its layer only, and Ulysses'
+second exchange in each direction behind nothing (``ULYSSES_EXPOSED``, or the profile's ``overlap``); of
+each ``max`` the row keeps the side that dominates at the previous round's coefficients.
 
 Recency: a microbatch measured ``k`` iterations before the latest weighs ``2^(-k / half_life_iterations)``
 in the fit (``HALF_LIFE_ITERATIONS``, 8). A machine's speed drifts over a run (other jobs, clocks, caches
@@ -86,6 +87,9 @@ WARMUP_ITERATIONS = 1
 MIN_MICROBATCHES = 6
 #: Fewest communicating microbatches (sharded over a group) the communication terms are fitted from.
 MIN_COMMUNICATING = 4
+#: The share of Ulysses' all-to-all volume no local work hides (worker/dacp.py: outputs back in forward,
+#: dQ/dK/dV back in backward), where the profile has no ``overlap`` section to say it.
+ULYSSES_EXPOSED = 0.5
 #: Largest over smallest MiB of a collective's microbatches from which its fixed cost is fitted too.
 MIN_MIB_SPREAD = 2.0
 #: Reweighting rounds of the least-absolute-error fit (each picks the critical GPU anew).
@@ -275,14 +279,16 @@ def _columns(
 ) -> np.ndarray:
     """One row per microbatch: ``tokens``, ``tokens_sq``, ``1``, then one column per communication term (its
     MiB, or an indicator for a fixed cost), linearised at ``coef`` (the previous round's fit; None: the
-    first round, which takes communication as hidden wherever a GPU of the group has local work).
+    first round, which takes every collective as showing).
 
-    The model overlaps: ``max(T_comm, T_comp(local_j)) + T_comp(sharded / N)`` (with the profile's
-    ``overlap``: ``max((1-e) T_comm, A_j) + e T_comm + (T_comp(local_j) - A_j) + ...``, ``A_j`` the local
-    attention, ``e`` the exposed share). Of the ``max``, the row keeps the side that dominates at ``coef``,
-    on the GPU whose time is the largest there (module doc)."""
+    The rows follow the overlap the worker runs (worker/dacp.py; the profile section ``overlap``):
+    ``max((1-e) T_comm, A_j) + e T_comm + (T_comp(local_j) - A_j) + T_comp(sharded / N)``, ``A_j`` the local
+    attention, ``e`` the exposed share (0 for all-gather, the profile's ``overlap.ulysses_exposed`` or
+    ``ULYSSES_EXPOSED`` for Ulysses). Of the ``max``, the row keeps the side that dominates at ``coef``, on
+    the GPU whose time is the largest there (module doc)."""
+    # the overlap the worker runs (worker/dacp.py), whatever the starting profile prices: a collective hides
+    # behind the local attention only, and half of Ulysses' exchanges (the second in each direction) never do
     overlap = getattr(start, "overlap", None)
-    refined = overlap is not None
     rows = []
     for mb in mbs:
         n = len(mb.ranks)
@@ -298,23 +304,21 @@ def _columns(
             )
             for term in terms
         ]
-        exposed = float(getattr(overlap, "ulysses_exposed", 0.0)) if refined and mb.mode == ULYSSES else 0.0
+        exposed = float(getattr(overlap, "ulysses_exposed", ULYSSES_EXPOSED)) if mb.mode == ULYSSES else 0.0
         best: list[float] | None = None
         best_ms = -1.0
         for lens in mb.local:
             tok_l, sq_l = float(sum(lens)), float(sum(s * s for s in lens))
-            if coef is None:
-                hidden = bool(lens) or not mb.communicates
+            if coef is None:  # first round: the collective shows (the local attention under it is short)
+                hidden = not mb.communicates
             else:
                 comm = float(np.dot(coef[3:], comm_cols))
-                covering = coef[1] * sq_l if refined else coef[0] * tok_l + coef[1] * sq_l
+                covering = coef[1] * sq_l
                 hidden = (1 - exposed) * comm <= covering
             if hidden:  # communication under the local work: only its exposed share shows
                 row = [tok_l + tok_sh, sq_l + sq_sh, 1.0, *(exposed * c for c in comm_cols)]
-            elif refined:  # it shows whole; the local attention under it does not
+            else:  # it shows whole; the local attention under it does not
                 row = [tok_l + tok_sh, sq_sh, 1.0, *comm_cols]
-            else:  # it shows whole; the local work under it does not
-                row = [tok_sh, sq_sh, 1.0, *comm_cols]
             ms = float(np.dot(coef, row)) if coef is not None else tok_l
             if ms > best_ms:
                 best, best_ms = row, ms
