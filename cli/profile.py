@@ -28,6 +28,19 @@ RECORD_LIMIT = 0.15
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("profile", help="measure this GPU for a model and write a profile; --check PROFILE")
     p.add_argument("--check", metavar="PROFILE", default=None, help="check a profile's predictions on this device")
+    p.add_argument(
+        "--links",
+        action="store_true",
+        help="measure all-gather and all-to-all bus bandwidth per group size (inside a node; across nodes under a "
+        "multi-node torchrun) and write the profile's topology (docs/profiles.md)",
+    )
+    p.add_argument(
+        "--base",
+        metavar="PROFILE",
+        default=None,
+        help="with --links: the profile (name or file) the topology is written into; its inter_node is kept "
+        "where no cross-node group can be timed (default: write the topology section alone)",
+    )
     p.add_argument("--model", default="qwen2.5-0.5b", help="model shape (qwen2.5-0.5b, qwen2.5-7b, ...; tiny)")
     p.add_argument("--device", default="cuda", help="cuda (default) or cpu (pipeline dry run only)")
     p.add_argument("--dtype", default=None, help="bfloat16 on cuda, float32 on cpu by default")
@@ -111,6 +124,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
         raise RequestError("--gpus", args.gpus, f"only {torch.cuda.device_count()} GPU(s) visible")
     if args.max_median_error is not None and not args.max_median_error > 0:
         raise RequestError("--max-median-error", args.max_median_error, "must be a fraction > 0")
+    if args.links:
+        return _links(args, device=device)
     if args.check:
         return _check(args, device=device, dtype=dtype, model_from_doc=model_from_doc, run_check=run_check)
     if args.model not in PROFILE_MODELS:
@@ -144,6 +159,45 @@ def cmd_profile(args: argparse.Namespace) -> int:
         print(
             f"wrote {args.output}: {doc['name']} on {doc['measured']['device']}; ms_per_tflop {c['ms_per_tflop']:.4g}, "
             f"fixed_ms {c['fixed_ms']:.4g} (R^2 {c['r2']:.3f}); bucket_tokens {m['bucket_tokens']}"
+        )
+    else:
+        sys.stdout.write(text + "\n")
+    return 0
+
+
+def _links(args: argparse.Namespace, *, device: Any) -> int:
+    """``skrull profile --links``: the ``topology`` section measured on this machine or torchrun job."""
+    from skrull.solver.profile import bundled_profile_names, load_profile
+    from skrull.worker.profiling.links import measure_topology, under_torchrun
+
+    start: dict[str, Any] | None = None
+    if args.base is not None:
+        if args.base in bundled_profile_names():
+            start = load_profile(args.base).to_dict()
+        else:
+            doc = read_json(args.base, field="--base")
+            parse_profile(doc, field="--base")
+            start = doc
+    if not under_torchrun() and args.gpus < 2:
+        raise RequestError("--gpus", args.gpus, "--links times groups of at least 2 processes: give --gpus >= 2")
+    section = measure_topology(
+        num_processes=args.gpus, backend="nccl" if device.type == "cuda" else "gloo", repeats=args.repeats,
+        start=start,
+    )  # fmt: skip
+    if section is None:  # a torchrun rank other than 0: rank 0 writes
+        return 0
+    doc = dict(start) if start is not None else {}
+    doc["topology"] = section
+    if start is not None:
+        parse_profile(doc)  # the specification's reader must accept what we write
+    text = dumps(doc)
+    if args.output:
+        Path(args.output).write_text(text + "\n", encoding="utf-8")
+        intra, inter = section["intra_node"], section["inter_node"]
+        print(
+            f"wrote {args.output}: topology of {section['gpus_per_node']} rank(s) per node; intra_node all-gather "
+            f"{intra['allgather_ms_per_mib']:.4g} / all-to-all {intra['alltoall_ms_per_mib']:.4g} ms per MiB; "
+            f"inter_node {inter['allgather_ms_per_mib']:.4g} / {inter['alltoall_ms_per_mib']:.4g}"
         )
     else:
         sys.stdout.write(text + "\n")

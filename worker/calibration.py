@@ -10,31 +10,36 @@ the job, the ranks' parts of one microbatch make one measurement, its time the s
 group waits for it in its collectives, as the model's ``max_j`` says).
 
 The fit (``fit_profile``) is ``fit_nonnegative`` of worker/profiling/fit.py, the same relative,
-non-negative least squares ``skrull profile`` fits its compute with, over one row per microbatch::
+non-negative least squares ``skrull profile`` fits its compute with, over one row per microbatch, with
+ONE COEFFICIENT PER TERM::
 
-    ms = a * tokens + b * tokens_sq + m * sharded_MiB + f * [sharded] + c
+    ms = a * tokens + b * tokens_sq + c
+         + sum over the run's (collective, link) of m[collective, link] * MiB + f[collective] * [it ran]
 
 with ``tokens`` and ``tokens_sq`` the token and squared-token work of the microbatch's critical GPU
-(its local sequences whole, plus each sharded sequence's ``S / N`` and ``S^2 / N``: eqs. 3-5), the K/V
-bytes of the sharded tokens (eq. 16), an indicator of communication, and one per microbatch. The
-coefficients map onto the profile's: ``ms_per_tflop = a * 1e12 / flops_per_token`` (the FLOP count per
-token is the starting profile's, so ``ms_per_tflop * FLOPs`` reproduces the fit), ``flops_per_token_sq =
-b * 1e12 / ms_per_tflop``, ``comm.ms_per_mib = m``, ``comm.fixed_ms = f``, ``microbatch_ms = c`` and
-``compute.fixed_ms = 0`` (the per-microbatch constant takes it: a microbatch with both local and sharded
-work would otherwise pay it twice). The critical GPU is the one with the most local work under the
-previous fit (each reweighting round). Terms the run did not show are not fitted: with fewer than
-``MIN_COMMUNICATING`` microbatches sharded over a group, the communication coefficients are the starting
-profile's scaled by the compute's ratio (the machine is as much slower), the fixed cost taken from the
-median excess time of the few that did communicate, if any, so a planner is not told that communication
-it hardly measured is free. From ``MIN_COMMUNICATING`` on, the communication terms are fitted and then
-shrunk towards that scaled start as a prior worth ``MIN_COMMUNICATING`` microbatches: with ``n``
-communicating microbatches, ``m = (n * m_fit + MIN_COMMUNICATING * m_start) / (n + MIN_COMMUNICATING)``,
-``f`` alike. A few noisy communicating microbatches otherwise let the non-negative fit call communication
-free (in bench/calibration.py on the shared 2-core VM, of nine runs fitted on 4-9 of them, all nine said
-``m = 0`` and seven ``m = f = 0``; the planner then shards as if gathers cost nothing); as they
-accumulate the run's own figures take over (40 of them weigh 91%). The model's ``max(T_comm,
-T_comp_local)`` is fitted as a sum: exact when a sharded microbatch has no local work (DACP's usual case),
-an upper bound otherwise.
+(its local sequences whole, plus each sharded sequence's ``S / N`` and ``S^2 / N``: eqs. 3-5), and the
+MiB the contract prices the microbatch's collective per (``comm_mib``): all-gather ``T * comm.bytes_per_token``,
+all-to-all ``(T/N) * B_a2a(N)``, with ``topology`` times ``(N-1)/N`` (bus traffic) and one ``m`` per link
+the run's groups used. The coefficients map onto the profile's: ``ms_per_tflop = a * 1e12 / flops_per_token``
+(the FLOP count per token is the starting profile's, so ``ms_per_tflop * FLOPs`` reproduces the fit),
+``flops_per_token_sq = b * 1e12 / ms_per_tflop``, ``microbatch_ms = c``, ``compute.fixed_ms = 0`` (the
+per-microbatch constant takes it: a microbatch with both local and sharded work would otherwise pay it
+twice); ``m`` goes to ``comm.ms_per_mib`` / ``comm_a2a.ms_per_mib``, or with ``topology`` to the link's
+``allgather_ms_per_mib`` / ``alltoall_ms_per_mib``; ``f`` to ``comm.fixed_ms`` / ``comm_a2a.fixed_ms``.
+Memory, heads and topology are kept. The critical GPU is the one with the most local work under the
+previous fit (each reweighting round).
+
+A coefficient the run cannot identify keeps the starting profile's value, as it is, and the log and
+``calibrated.kept_starting`` say which and why: a collective (on a link) shown by fewer than
+``MIN_COMMUNICATING`` microbatches; a fixed cost whose collective's largest MiB was less than
+``MIN_MIB_SPREAD`` times its smallest over the run (the two cannot be told apart: in a DP1 x CP2 run on
+the loaded 2-core VM with sharded microbatches of 1.0-1.3 MiB, a free fit put the whole injected delay
+in the fixed cost and none per MiB; the per-MiB term is then fitted alone, as the bandwidth a planner
+scales by); a mode the run never ran. It is never scaled by another
+coefficient's ratio (a slower compute says nothing of a link). Each row follows the overlap the worker
+runs (worker/dacp.py): a collective hides behind the local attention of its layer only, and Ulysses'
+second exchange in each direction behind nothing (``ULYSSES_EXPOSED``, or the profile's ``overlap``); of
+each ``max`` the row keeps the side that dominates at the previous round's coefficients.
 
 Recency: a microbatch measured ``k`` iterations before the latest weighs ``2^(-k / half_life_iterations)``
 in the fit (``HALF_LIFE_ITERATIONS``, 8). A machine's speed drifts over a run (other jobs, clocks, caches
@@ -60,16 +65,19 @@ when and where), readable by every planner and by ``skrull profile --check``.
 from __future__ import annotations
 
 import datetime
+import logging
+import math
 import platform
 import statistics
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from skrull.solver.cost import CostModel
+from skrull.solver.cp_modes import ALLGATHER, ULYSSES
 from skrull.solver.profile import Profile, load_profile, profile_from_dict
 from skrull.worker.profiling.fit import MIB, FitError, fit_nonnegative
 
@@ -79,6 +87,11 @@ WARMUP_ITERATIONS = 1
 MIN_MICROBATCHES = 6
 #: Fewest communicating microbatches (sharded over a group) the communication terms are fitted from.
 MIN_COMMUNICATING = 4
+#: The share of Ulysses' all-to-all volume no local work hides (worker/dacp.py: outputs back in forward,
+#: dQ/dK/dV back in backward), where the profile has no ``overlap`` section to say it.
+ULYSSES_EXPOSED = 0.5
+#: Largest over smallest MiB of a collective's microbatches from which its fixed cost is fitted too.
+MIN_MIB_SPREAD = 2.0
 #: Reweighting rounds of the least-absolute-error fit (each picks the critical GPU anew).
 IRLS_ROUNDS = 8
 #: Iterations over which a microbatch's weight in the fit halves: the fit follows the machine as it is now.
@@ -96,17 +109,20 @@ class RankTiming:
     local_lengths: tuple[int, ...]
     sharded_lengths: tuple[int, ...]
     ms: float
+    #: how the sharded part ran (the plan's ``mode``): which communication term the time shows
+    mode: str = ALLGATHER
 
     def to_list(self) -> list[Any]:
         return [self.iteration, self.step, list(self.ranks), self.position, list(self.local_lengths),
-                list(self.sharded_lengths), self.ms]  # fmt: skip
+                list(self.sharded_lengths), self.ms, self.mode]  # fmt: skip
 
     @classmethod
     def from_list(cls, row: Sequence[Any]) -> RankTiming:
-        it, step, ranks, position, local, sharded, ms = row
+        it, step, ranks, position, local, sharded, ms, *rest = row
         return cls(
             iteration=int(it), step=int(step), ranks=tuple(int(r) for r in ranks), position=int(position),
             local_lengths=tuple(int(s) for s in local), sharded_lengths=tuple(int(s) for s in sharded), ms=float(ms),
+            mode=str(rest[0]) if rest else ALLGATHER,
         )  # fmt: skip
 
 
@@ -127,6 +143,7 @@ def rank_timings(iteration: int, microbatches: Sequence[Any], ms: Sequence[float
                 local_lengths=tuple(layout.local_lengths),
                 sharded_lengths=tuple(s.num_tokens for s in layout.sharded),
                 ms=float(t),
+                mode=str(getattr(layout, "mode", ALLGATHER)),
             )
         )
     return out
@@ -142,6 +159,11 @@ class MeasuredMicrobatch:
     local: tuple[tuple[int, ...], ...]
     sharded: tuple[int, ...]
     ms: float
+    mode: str = ALLGATHER
+
+    @property
+    def communicates(self) -> bool:
+        return len(self.ranks) > 1 and bool(self.sharded)
 
 
 def measured_microbatches(timings: Iterable[RankTiming]) -> list[MeasuredMicrobatch]:
@@ -158,7 +180,7 @@ def measured_microbatches(timings: Iterable[RankTiming]) -> list[MeasuredMicroba
             MeasuredMicrobatch(
                 iteration=iteration, step=step, ranks=ranks,
                 local=tuple(parts[p].local_lengths for p in range(len(ranks))), sharded=first.sharded_lengths,
-                ms=max(p.ms for p in parts.values()),
+                ms=max(p.ms for p in parts.values()), mode=first.mode,
             )
         )  # fmt: skip
     return out
@@ -166,7 +188,7 @@ def measured_microbatches(timings: Iterable[RankTiming]) -> list[MeasuredMicroba
 
 def estimate_ms(model: CostModel, mb: MeasuredMicrobatch) -> float:
     """The reference model's time of a measured microbatch (exactly what a plan's ``estimated_ms`` says)."""
-    return model.microbatch_time_ms(mb.local, mb.sharded)
+    return model.microbatch_time_ms(mb.local, mb.sharded, mb.mode)
 
 
 def iteration_times(mbs: Sequence[MeasuredMicrobatch], model: CostModel) -> dict[int, tuple[float, float]]:
@@ -195,20 +217,122 @@ def iteration_error(mbs: Sequence[MeasuredMicrobatch], model: CostModel) -> floa
     return float(statistics.median(abs(e - m) / m for e, m in times.values())) if times else float("nan")
 
 
-def _columns(mbs: Sequence[MeasuredMicrobatch], bytes_per_token: float, weights: tuple[float, float]) -> np.ndarray:
-    a, b = weights
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Term:
+    """One communication coefficient of the fit: a collective's ms per MiB on one link, or its fixed cost."""
+
+    mode: str  # ALLGATHER or ULYSSES
+    link: str | None  # a topology link name, None for the profile's comm / comm_a2a (no topology); fixed: None
+    fixed: bool
+
+    @property
+    def name(self) -> str:
+        what = "fixed_ms" if self.fixed else "ms_per_mib"
+        section = "comm" if self.mode == ALLGATHER else "comm_a2a"
+        if self.fixed or self.link is None:
+            return f"{section}.{what}"
+        return f"topology.{self.link}.{'allgather' if self.mode == ALLGATHER else 'alltoall'}_ms_per_mib"
+
+
+def _link(start: Profile, ranks: Sequence[int]) -> str | None:
+    return start.topology.link_name(ranks) if start.topology is not None else None
+
+
+def comm_mib(start: Profile, mb: MeasuredMicrobatch) -> float:
+    """The MiB a microbatch's communication term is priced per (docs/formats.md): all-gather ``T * bytes_per_token``
+    of its sharded tokens, all-to-all ``(T/N) * B_a2a(N)``; with ``topology``, times ``(N-1)/N`` (the bus
+    traffic a busbw coefficient is per). 0 for a microbatch that does not communicate."""
+    if not mb.communicates:
+        return 0.0
+    n = len(mb.ranks)
+    tokens = float(sum(mb.sharded))
+    if mb.mode == ULYSSES:
+        a2a, heads = start.comm_a2a, start.heads
+        if a2a is None or heads is None:
+            raise FitError(f"calibration: a ulysses microbatch measured, but {start.name} has no comm_a2a/heads")
+        copies = math.lcm(heads.kv, n) // heads.kv
+        per_token = a2a.bytes_per_token + a2a.kv_bytes_per_token * (copies - 1)
+        mib = tokens / n * per_token / MIB
+    else:
+        mib = tokens * start.comm.bytes_per_token / MIB
+    return mib * (n - 1) / n if start.topology is not None else mib
+
+
+def _starting_value(start: Profile, term: _Term) -> float:
+    if term.mode == ALLGATHER:
+        if term.fixed:
+            return start.comm.fixed_ms
+        if term.link is not None and start.topology is not None:
+            return start.topology.link(term.link).allgather_ms_per_mib
+        return start.comm.ms_per_mib
+    a2a = start.comm_a2a
+    assert a2a is not None, "ulysses rows need comm_a2a (comm_mib checks)"
+    if term.fixed:
+        return a2a.fixed_ms
+    if term.link is not None and start.topology is not None:
+        return start.topology.link(term.link).alltoall_ms_per_mib
+    return a2a.ms_per_mib
+
+
+def _columns(
+    start: Profile, mbs: Sequence[MeasuredMicrobatch], terms: Sequence[_Term], coef: np.ndarray | None
+) -> np.ndarray:
+    """One row per microbatch: ``tokens``, ``tokens_sq``, ``1``, then one column per communication term (its
+    MiB, or an indicator for a fixed cost), linearised at ``coef`` (the previous round's fit; None: the
+    first round, which takes every collective as showing).
+
+    The rows follow the overlap the worker runs (worker/dacp.py; the profile section ``overlap``):
+    ``max((1-e) T_comm, A_j) + e T_comm + (T_comp(local_j) - A_j) + T_comp(sharded / N)``, ``A_j`` the local
+    attention, ``e`` the exposed share (0 for all-gather, the profile's ``overlap.ulysses_exposed`` or
+    ``ULYSSES_EXPOSED`` for Ulysses). Of the ``max``, the row keeps the side that dominates at ``coef``, on
+    the GPU whose time is the largest there (module doc)."""
+    # the overlap the worker runs (worker/dacp.py), whatever the starting profile prices: a collective hides
+    # behind the local attention only, and half of Ulysses' exchanges (the second in each direction) never do
+    overlap = getattr(start, "overlap", None)
     rows = []
     for mb in mbs:
         n = len(mb.ranks)
         tok_sh = sum(mb.sharded) / n
         sq_sh = sum(s * s for s in mb.sharded) / n
-        best = max(mb.local, key=lambda lens: a * sum(lens) + b * sum(s * s for s in lens))
-        tokens = sum(best) + tok_sh
-        tokens_sq = sum(s * s for s in best) + sq_sh
-        comm = n > 1 and bool(mb.sharded)
-        mib = sum(mb.sharded) * bytes_per_token / MIB if comm else 0.0
-        rows.append([tokens, tokens_sq, mib, 1.0 if comm else 0.0, 1.0])
+        mib = comm_mib(start, mb)
+        link = _link(start, mb.ranks)
+        comm_cols = [
+            (
+                (1.0 if term.fixed else mib)
+                if mb.communicates and mb.mode == term.mode and (term.fixed or term.link == link)
+                else 0.0
+            )
+            for term in terms
+        ]
+        exposed = float(getattr(overlap, "ulysses_exposed", ULYSSES_EXPOSED)) if mb.mode == ULYSSES else 0.0
+        best: list[float] | None = None
+        best_ms = -1.0
+        for lens in mb.local:
+            tok_l, sq_l = float(sum(lens)), float(sum(s * s for s in lens))
+            if coef is None:  # first round: the collective shows (the local attention under it is short)
+                hidden = not mb.communicates
+            else:
+                comm = float(np.dot(coef[3:], comm_cols))
+                covering = coef[1] * sq_l
+                hidden = (1 - exposed) * comm <= covering
+            if hidden:  # communication under the local work: only its exposed share shows
+                row = [tok_l + tok_sh, sq_l + sq_sh, 1.0, *(exposed * c for c in comm_cols)]
+            else:  # it shows whole; the local attention under it does not
+                row = [tok_l + tok_sh, sq_sh, 1.0, *comm_cols]
+            ms = float(np.dot(coef, row)) if coef is not None else tok_l
+            if ms > best_ms:
+                best, best_ms = row, ms
+        assert best is not None, "a microbatch has at least one GPU"
+        rows.append(best)
     return np.asarray(rows, dtype=np.float64)
+
+
+def _identified(cols: np.ndarray, j: int) -> str | None:
+    """Why column ``j`` cannot be fitted from these rows (None: it can)."""
+    shown = cols[:, j] > 0
+    if int(shown.sum()) < MIN_COMMUNICATING:
+        return f"{int(shown.sum())} microbatch(es) showed it, fewer than {MIN_COMMUNICATING}"
+    return None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -217,6 +341,8 @@ class CalibrationFit:
     used: int
     dropped: int
     median_abs_rel_error: float
+    #: coefficients the run could not identify, kept at the starting profile's value: name -> why
+    kept: Mapping[str, str] = field(default_factory=dict)
 
 
 def fit_profile(
@@ -227,7 +353,8 @@ def fit_profile(
     half_life_iterations: float | None = HALF_LIFE_ITERATIONS,
     provenance: Mapping[str, Any] | None = None,
 ) -> CalibrationFit:
-    """Refit ``start``'s time coefficients on measured microbatches (module doc); memory is kept.
+    """Refit ``start``'s time coefficients on measured microbatches (module doc); memory and topology are kept,
+    a fitted link coefficient written into the link the run used.
 
     ``half_life_iterations``: the recency weighting (module doc); None weighs every iteration alike."""
     if half_life_iterations is not None and not half_life_iterations > 0:
@@ -236,7 +363,6 @@ def fit_profile(
     data = [mb for mb in mbs if mb.iteration >= first + warmup_iterations and mb.ms > 0]
     if len(data) < MIN_MICROBATCHES:
         raise FitError(f"calibration: need at least {MIN_MICROBATCHES} microbatches after warm-up, got {len(data)}")
-    bpt = start.comm.bytes_per_token
     ys = np.asarray([mb.ms for mb in data])
     latest = max(mb.iteration for mb in data)
     # row factors: squared in the objective, so sqrt of the weight 2^(-age / half-life)
@@ -245,48 +371,51 @@ def fit_profile(
         if half_life_iterations is None
         else np.asarray([2.0 ** (-(latest - mb.iteration) / (2.0 * half_life_iterations)) for mb in data])
     )
-    weights = (1.0, 0.0)
+    # one MiB and one fixed term per collective the run used, the MiB one per link with a topology
+    shown = {(mb.mode, _link(start, mb.ranks)) for mb in data if mb.communicates}
+    terms = [_Term(mode=m, link=link, fixed=False) for m, link in sorted(shown, key=str)]
+    terms += [_Term(mode=m, link=None, fixed=True) for m in sorted({m for m, _ in shown})]
+    cols = _columns(start, data, terms, None)
+    kept: dict[str, str] = {}
+    for j, term in enumerate(terms):
+        why = _identified(cols, 3 + j)
+        if why is not None:
+            kept[term.name] = why
+    # a fixed cost and a per-MiB cost of the same collective cannot be told apart when the MiB hardly vary
+    for term in terms:
+        if term.fixed and term.name not in kept:
+            mibs = [cols[cols[:, 3 + i] > 0, 3 + i] for i, t in enumerate(terms) if t.mode == term.mode and not t.fixed]
+            values = np.concatenate(mibs) if mibs else np.zeros(0)
+            if values.size and values.max() < MIN_MIB_SPREAD * values.min():
+                kept[term.name] = "the run's MiB varied too little to tell the fixed cost from the per-MiB one"
+    start_coef = np.asarray([_starting_value(start, t) for t in terms])
     keep = np.ones(len(data), dtype=bool)
     irls = np.ones(len(data))
-    # communication is fitted only when the run showed it: else the starting profile's, scaled (below)
-    communicating = sum(1 for mb in data if len(mb.ranks) > 1 and mb.sharded)
-    active = [0, 1, 2, 3, 4] if communicating >= MIN_COMMUNICATING else [0, 1, 4]
     fpt = start.compute.flops_per_token
+    coef: np.ndarray | None = None
     for _ in range(IRLS_ROUNDS):  # least absolute relative error, by iteratively reweighted least squares
-        cols = _columns(data, bpt, weights)
+        cols = _columns(start, data, terms, coef)
+        # a term hidden under local work in every kept microbatch shows nowhere: it keeps its start this round
+        hidden = {t.name for j, t in enumerate(terms) if not (cols[keep, 3 + j] > 0).any()} - set(kept)
+        fitted = [0, 1, 2] + [3 + j for j, t in enumerate(terms) if t.name not in kept and t.name not in hidden]
+        pinned = [3 + j for j, t in enumerate(terms) if t.name in kept or t.name in hidden]
         coef = np.zeros(cols.shape[1])
-        row = irls * recency
-        coef[active], _ = fit_nonnegative(cols[keep][:, active], ys[keep], what="calibration", weights=row[keep])
-        weights = (float(coef[0]), float(coef[1]))
+        coef[pinned] = start_coef[[j - 3 for j in pinned]]
+        # the pinned terms at their starting values; the rest fitted to what they leave, weighed by the
+        # whole time (a relative fit)
+        rest = np.maximum(ys - cols[:, pinned] @ coef[pinned], 1e-3 * ys)
+        row = irls * recency * rest / ys
+        coef[fitted], _ = fit_nonnegative(cols[keep][:, fitted], rest[keep], what="calibration", weights=row[keep])
         rel = np.abs(cols @ coef - ys) / ys
         irls = 1.0 / np.sqrt(np.maximum(rel, 0.01))  # row factor: squared, it weighs r^2 by 1/|r|
         keep = rel <= max(4.0 * float(np.median(rel)), 0.25)
         if keep.sum() < MIN_MICROBATCHES:
             keep = np.ones(len(data), dtype=bool)
-    a, b, m, f, c = (float(x) for x in coef)
+    assert coef is not None
+    for name in hidden:
+        kept[name] = "hidden under the local work of every microbatch that ran it"
+    a, b, c = (float(x) for x in coef[:3])
     ms_per_tflop = a * 1e12 / fpt
-    comm_source = "calibrated from the run: sharded K/V MiB and an indicator of communication per microbatch"
-    ratio = ms_per_tflop / start.compute.ms_per_tflop
-    if 2 in active:  # fitted, and shrunk towards the scaled start by as much as the few rows weigh (module doc)
-        share = communicating / (communicating + MIN_COMMUNICATING)
-        m = share * m + (1 - share) * start.comm.ms_per_mib * ratio
-        f = share * f + (1 - share) * start.comm.fixed_ms * ratio
-        comm_source += (
-            f", {communicating} microbatches weighing {share:.0%} against the starting profile's x {ratio:.4g} "
-            f"(the compute's ratio), worth {MIN_COMMUNICATING}"
-        )
-    else:  # not shown by the run: the machine is as much slower as its compute
-        m, f = start.comm.ms_per_mib * ratio, start.comm.fixed_ms * ratio
-        comm_source = (
-            f"the starting profile's, x {ratio:.4g} (the compute's ratio): only {communicating} microbatch(es) "
-            f"of the run communicated, fewer than {MIN_COMMUNICATING}"
-        )
-        shown = cols[:, 3] > 0
-        if shown.any():  # what the few that did communicate show of the fixed cost
-            excess = ys[shown] - cols[shown] @ np.asarray([a, b, m, 0.0, c])
-            f = max(0.0, float(np.median(excess)))
-            comm_source += f"; fixed_ms the median excess time of those {int(shown.sum())}"
-    coef = np.asarray([a, b, m, f, c])
     residual = float(np.median(np.abs(cols[keep] @ coef - ys[keep]) / ys[keep]))
     doc = start.to_dict()
     for key in ("check", "estimated", "measured"):  # what described the starting profile no longer holds
@@ -300,12 +429,37 @@ def fit_profile(
         "fixed_ms": 0.0,
         "source": "calibrated from the run (worker/calibration.py): a * tokens + b * tokens^2 of the critical GPU",
     }
-    doc["comm"] = {
-        "bytes_per_token": bpt,
-        "ms_per_mib": m,
-        "fixed_ms": f,
-        "source": comm_source,
-    }
+    calibrated_terms = {}
+    sources: dict[str, list[str]] = {}
+    for j, term in enumerate(terms):
+        value = float(coef[3 + j])
+        calibrated_terms[term.name] = value
+        section = "comm" if term.mode == ALLGATHER else "comm_a2a"
+        how = (
+            f"kept from {start.name}: {kept[term.name]}"
+            if term.name in kept
+            else f"calibrated from the run's {term.mode} microbatches (worker/calibration.py)"
+        )
+        if term.fixed:
+            doc[section]["fixed_ms"] = value
+        elif term.link is None:
+            doc[section]["ms_per_mib"] = value
+        else:
+            doc["topology"][term.link]["allgather_ms_per_mib" if term.mode == ALLGATHER else "alltoall_ms_per_mib"] = (
+                value
+            )
+        sources.setdefault("topology" if term.link is not None and not term.fixed else section, []).append(
+            f"{term.name}: {how}"
+        )
+    for section, lines in sources.items():
+        doc[section]["source"] = "; ".join(lines) + (
+            f" (before: {doc[section]['source']})" if doc[section].get("source") else ""
+        )
+    # the terms the run never showed keep the starting profile's values as they are (never scaled by another
+    # coefficient's ratio: a slower compute says nothing of a link)
+    for mode, section in ((ALLGATHER, "comm"), (ULYSSES, "comm_a2a")):
+        if section in doc and not any(t.mode == mode for t in terms):
+            kept[f"{section}.*"] = "the run had no communicating microbatch of this mode"
     doc["microbatch_ms"] = c
     doc["calibrated"] = {
         "from": start.name,
@@ -315,19 +469,34 @@ def fit_profile(
         "half_life_iterations": half_life_iterations,
         "iterations": sorted({mb.iteration for mb in data}),
         "median_abs_rel_error": round(residual, 6),
+        "communication": {name: round(v, 9) for name, v in calibrated_terms.items()},
+        "kept_starting": dict(kept),
         "samples": {
-            "columns": ["tokens", "tokens_sq", "sharded_mib", "communicates", "ms", "kept"],
+            "columns": ["tokens", "tokens_sq", "communication_ms", "communicates", "ms", "kept"],
             "rows": [
-                [*(round(float(x), 6) for x in row), round(float(y), 4), bool(k)]
-                for row, y, k in zip(cols[-512:, :4], ys[-512:], keep[-512:], strict=True)
+                [
+                    round(float(row[0]), 6),
+                    round(float(row[1]), 6),
+                    round(float(row[3:] @ coef[3:]), 6),
+                    bool(row[3:].any()),
+                    round(float(y), 4),
+                    bool(k),
+                ]
+                for row, y, k in zip(cols[-512:], ys[-512:], keep[-512:], strict=True)
             ],
         },
         "when": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "host": platform.node(),
         **dict(provenance or {}),
     }
+    if kept:
+        logging.getLogger("skrull.calibration").info(
+            "calibration kept the starting profile's %s", "; ".join(f"{k} ({v})" for k, v in kept.items())
+        )
     profile_from_dict(doc)  # the specification's reader must accept it
-    return CalibrationFit(profile=doc, used=int(keep.sum()), dropped=int((~keep).sum()), median_abs_rel_error=residual)
+    return CalibrationFit(
+        profile=doc, used=int(keep.sum()), dropped=int((~keep).sum()), median_abs_rel_error=residual, kept=kept
+    )
 
 
 def starting_profile(profile: str | Mapping[str, Any]) -> Profile:
@@ -463,8 +632,6 @@ class LoaderCalibration:
         return proposal
 
     def record(self, ready: Any, microbatch_ms: Sequence[float]) -> CalibrationReport:
-        import logging
-
         import torch.distributed as dist
 
         mine = [t.to_list() for t in rank_timings(ready.iteration, ready.microbatches, microbatch_ms)]

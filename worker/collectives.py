@@ -9,10 +9,22 @@ worker/layout.py), which is how ``new_group`` orders them.
 
 Every collective here moves slot-major buffers of equal size per member (padded by the caller), since
 gloo refuses uneven all-gathers and equal sizes keep NCCL on its fast path.
+
+Test-only slow collectives: with ``SKRULL_TEST_COLLECTIVE_DELAY_MS_PER_MIB`` set (or ``set_test_delay``),
+every collective here takes at least ``delay * (N-1)/N * MiB`` ms from the moment it is issued, ``MiB``
+the bytes of its whole buffer (all-gather: the gathered output; reduce-scatter: its input; all-to-all:
+what each member sends): the time a link of bus bandwidth ``1 / delay`` MiB per ms needs (busbw as
+nccl-tests defines it). An asynchronous collective stays asynchronous: the real one runs on gloo's own
+thread and ``wait`` sleeps only for what is left of the delay when it is called, so compute issued in
+between overlaps it exactly as it would a slow link. It exists to prove on CPU that the cost model's
+overlap is the worker's (tests/worker/test_overlap_timing.py) and to calibrate communication with a
+known answer (worker/calibration.py); it is never set in training.
 """
 
 from __future__ import annotations
 
+import os
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -77,7 +89,11 @@ def all_gather_slots(send: torch.Tensor, *, group: dist.ProcessGroup, async_op: 
     """Gather ``send`` (``[P, ...]``) from every member into ``[N * P, ...]``, slot-major."""
     size = dist.get_world_size(group)
     out = send.new_empty((size * send.shape[0], *send.shape[1:]))
-    work = _all_gather_single(out, send.contiguous(), group=group, async_op=async_op)
+    inp = send.contiguous()
+    work = _slowed(
+        lambda: _all_gather_single(out, inp, group=group, async_op=async_op),
+        num_bytes=out.numel() * out.element_size(), group=group, async_op=async_op,
+    )  # fmt: skip
     return out, work
 
 
@@ -85,15 +101,83 @@ def reduce_scatter_slots(send: torch.Tensor, *, group: dist.ProcessGroup, async_
     """Sum ``send`` (``[N * P, ...]``, slot-major) over the members; member ``i`` keeps slot ``i``."""
     size = dist.get_world_size(group)
     out = send.new_empty((send.shape[0] // size, *send.shape[1:]))
-    work = _reduce_scatter_single(out, send.contiguous(), group=group, async_op=async_op)
+    inp = send.contiguous()
+    work = _slowed(
+        lambda: _reduce_scatter_single(out, inp, group=group, async_op=async_op),
+        num_bytes=inp.numel() * inp.element_size(), group=group, async_op=async_op,
+    )  # fmt: skip
     return out, work
 
 
 def all_to_all_slots(send: torch.Tensor, *, group: dist.ProcessGroup, async_op: bool) -> tuple[torch.Tensor, Any]:
     """Slot ``i`` of ``send`` (``[N * P, ...]``) goes to member ``i``; slot ``j`` of the result came from ``j``."""
     out = torch.empty_like(send)
-    work = dist.all_to_all_single(out, send.contiguous(), group=group, async_op=async_op)
+    inp = send.contiguous()
+    work = _slowed(
+        lambda: dist.all_to_all_single(out, inp, group=group, async_op=async_op),
+        num_bytes=inp.numel() * inp.element_size(), group=group, async_op=async_op,
+    )  # fmt: skip
     return out, work
+
+
+#: The environment variable of the test-only slow collective (module doc): milliseconds per MiB of busbw.
+DELAY_ENV = "SKRULL_TEST_COLLECTIVE_DELAY_MS_PER_MIB"
+_MIB = float(2**20)
+_delay_override: float | None = None
+
+
+def set_test_delay(ms_per_mib: float | None) -> None:
+    """Make every collective of this process slow by ``ms_per_mib`` (None: back to the environment's)."""
+    global _delay_override
+    if ms_per_mib is not None and not ms_per_mib >= 0:
+        raise ValueError(f"ms_per_mib must be >= 0, got {ms_per_mib}")
+    _delay_override = ms_per_mib
+
+
+def injected_delay_ms_per_mib() -> float:
+    """The injected delay in ms per MiB of bus traffic, 0 when none is set (the normal case)."""
+    if _delay_override is not None:
+        return _delay_override
+    raw = os.environ.get(DELAY_ENV)
+    if not raw:
+        return 0.0
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{DELAY_ENV}={raw!r}: not a number of ms per MiB") from None
+    if not value >= 0:
+        raise ValueError(f"{DELAY_ENV}={raw!r}: must be >= 0")
+    return value
+
+
+class _DelayedWork:
+    """A collective's ``Work`` that completes no earlier than ``issued + delay_s`` (the slow link)."""
+
+    def __init__(self, work: Any, issued: float, delay_s: float) -> None:
+        self.work, self.done_at = work, issued + delay_s
+
+    def wait(self) -> bool:
+        if self.work is not None:
+            self.work.wait()
+        left = self.done_at - time.perf_counter()
+        if left > 0:
+            time.sleep(left)
+        return True
+
+
+def _slowed(run: Any, *, num_bytes: int, group: dist.ProcessGroup, async_op: bool) -> Any:
+    """Run the collective ``run()``; with the test-only delay set, make it last the link's time (module doc)."""
+    delay = injected_delay_ms_per_mib()
+    if delay <= 0:
+        return run()
+    size = dist.get_world_size(group)
+    delay_s = delay * (size - 1) / size * num_bytes / _MIB / 1e3
+    issued = time.perf_counter()
+    slow = _DelayedWork(run(), issued, delay_s)
+    if async_op:
+        return slow
+    slow.wait()
+    return None
 
 
 def wait(work: Any) -> None:

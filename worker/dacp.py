@@ -236,6 +236,56 @@ def _pad_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
     return torch.cat([t, t.new_zeros(rows - t.shape[0], *t.shape[1:])])
 
 
+Collective = Any  # (send, *, group, async_op) -> (received, work): one of worker/collectives.py's *_slots
+
+
+def _overlapped_forward(
+    ctx: Any,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    plan: DACPPlan,
+    features: Features,
+    *,
+    send: torch.Tensor | None,
+    collective: Collective,
+) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """The forward both schemes share: issue the sharded part's collective on ``send`` asynchronously (None:
+    nothing sharded), run the local attention under it, then wait: ``(received, local output)``. What the
+    cost model's ``overlap`` section prices (docs/profiles.md): this collective hides behind the local
+    attention call, nothing else. Keeps ``plan``, the input shapes and the local graph on ``ctx``."""
+    ctx.plan = plan
+    ctx.shapes = (q.shape, k.shape, v.shape)
+    work = None
+    received = None
+    if send is not None:
+        if plan.group is not None:
+            received, work = collective(send, group=plan.group, async_op=True)
+        else:
+            received = send
+    ctx.local_saved, out_local = _local_forward(q, k, v, plan, features)  # overlaps the collective
+    wait(work)
+    return received, out_local
+
+
+def _overlapped_backward(
+    ctx: Any, grad: torch.Tensor, *, send: torch.Tensor | None, collective: Collective
+) -> tuple[torch.Tensor | None, tuple[torch.Tensor, ...]]:
+    """The backward both schemes share: issue the collective on ``send`` asynchronously, run the local
+    backward under it, wait: ``(received, (dq, dk, dv) of the local rows)``."""
+    plan: DACPPlan = ctx.plan
+    work = None
+    received = None
+    if send is not None:
+        if plan.group is not None:
+            received, work = collective(send, group=plan.group, async_op=True)
+        else:
+            received = send
+    grads = _local_backward(ctx.local_saved, grad[: plan.num_local_tokens], ctx.shapes)  # overlaps the collective
+    wait(work)
+    return received, grads
+
+
 class _AllGatherCP(torch.autograd.Function):
     """Llama-3 all-gather context parallelism for the sharded part, varlen attention for the local part."""
 
@@ -245,23 +295,21 @@ class _AllGatherCP(torch.autograd.Function):
     ) -> torch.Tensor:
         n = plan.num_local_tokens
         num_pieces = q.shape[0] - n
-        work = None
-        gathered = None
+        send = None
         if plan.has_sharded:
-            padded = plan.layout.padded_piece_tokens
-            send = _pad_rows(torch.stack([k[n:], v[n:]], dim=1), padded)  # [P, 2, H_kv, D]
-            if plan.group is not None:
-                gathered, work = all_gather_slots(send, group=plan.group, async_op=True)
-            else:
-                gathered = send
-        local_saved, out_local = _local_forward(q, k, v, plan, features)  # overlaps the all-gather
-        wait(work)
+            send = _pad_rows(torch.stack([k[n:], v[n:]], dim=1), plan.layout.padded_piece_tokens)  # [P, 2, H_kv, D]
+        gathered, out_local = _overlapped_forward(ctx, q, k, v, plan, features, send=send, collective=all_gather_slots)
+        ctx.gathered_shape = None if gathered is None else gathered.shape
         sharded_saved = None
         out_pieces = q.new_zeros(0, q.shape[1], v.shape[2])
         if gathered is not None and num_pieces > 0:
+            # the key prefix of every piece, packed for the varlen kernel, is the leaf: the gathered buffer
+            # itself is not kept to backward (its gradient is the prefixes' gradient summed back by row), so
+            # what this layer keeps of the group's K/V is the prefixes the kernel keeps, once
+            keys = _leaf(gathered.index_select(0, plan.key_index))
+            del gathered
             with torch.enable_grad():
-                qp, g = _leaf(q[n:]), _leaf(gathered)
-                keys = g.index_select(0, plan.key_index)
+                qp = _leaf(q[n:])
                 out = plan.kernel(
                     qp,
                     keys[:, 0],
@@ -273,13 +321,9 @@ class _AllGatherCP(torch.autograd.Function):
                     causal=True,
                     **_kernel_features(features),
                 )
-            sharded_saved = (qp, g, out)
+            sharded_saved = (qp, keys, out)
             out_pieces = out.detach()
-        ctx.plan = plan
-        ctx.local_saved = local_saved
         ctx.sharded_saved = sharded_saved
-        ctx.gathered_shape = None if gathered is None else gathered.shape
-        ctx.shapes = (q.shape, k.shape, v.shape)
         return torch.cat([out_local, out_pieces])
 
     @staticmethod
@@ -289,23 +333,19 @@ class _AllGatherCP(torch.autograd.Function):
         q_shape, k_shape, _ = ctx.shapes
         num_pieces = q_shape[0] - n
         grad = grad.contiguous()
-        work = None
-        d_own = None
+        dg = None
         dq_pieces = grad.new_zeros(num_pieces, *q_shape[1:])
         if ctx.gathered_shape is not None:
             if ctx.sharded_saved is not None:
-                qp, g, out = ctx.sharded_saved
-                dqp, dg = torch.autograd.grad(out, (qp, g), grad[n:], allow_unused=True)
+                qp, keys, out = ctx.sharded_saved
+                dqp, dkeys = torch.autograd.grad(out, (qp, keys), grad[n:], allow_unused=True)
                 dq_pieces = dqp if dqp is not None else torch.zeros_like(qp)
-                dg = dg if dg is not None else torch.zeros_like(g)
+                dg = grad.new_zeros(ctx.gathered_shape)
+                if dkeys is not None:  # index_select's backward: each prefix row's gradient back to its row
+                    dg.index_add_(0, plan.key_index, dkeys)
             else:  # this member holds no piece but the group still reduces
                 dg = grad.new_zeros(ctx.gathered_shape)
-            if plan.group is not None:
-                d_own, work = reduce_scatter_slots(dg, group=plan.group, async_op=True)
-            else:
-                d_own = dg
-        dql, dkl, dvl = _local_backward(ctx.local_saved, grad[:n], ctx.shapes)  # overlaps the reduce-scatter
-        wait(work)
+        d_own, (dql, dkl, dvl) = _overlapped_backward(ctx, grad, send=dg, collective=reduce_scatter_slots)
         if d_own is not None:
             dk_pieces, dv_pieces = d_own[:num_pieces, 0], d_own[:num_pieces, 1]
         else:
@@ -335,10 +375,7 @@ class _UlyssesCP(torch.autograd.Function):
         num_pieces = q.shape[0] - n
         heads, kv_heads, dim = q.shape[1], k.shape[1], q.shape[2]
         size = plan.layout.group_size
-        ctx.plan = plan
-        ctx.shapes = (q.shape, k.shape, v.shape)
-        work = None
-        recv = None
+        send = None
         if plan.has_sharded:
             if heads % size != 0:
                 raise RequestError("cp_mode", "ulysses", f"needs heads ({heads}) divisible by the group size ({size})")
@@ -353,14 +390,8 @@ class _UlyssesCP(torch.autograd.Function):
             )  # [T_p, N, hq + 2 hk, D]
             padded = plan.layout.padded_piece_tokens
             send = _pad_rows(send, padded).transpose(0, 1).reshape(size * padded, hq + 2 * hk, dim)
-            if plan.group is not None:
-                recv, work = all_to_all_slots(send, group=plan.group, async_op=True)
-            else:
-                recv = send
             ctx.heads_split = (hq, hk, k_rep, padded)
-        local_saved, out_local = _local_forward(q, k, v, plan, features)  # overlaps the all-to-all
-        wait(work)
-        ctx.local_saved = local_saved
+        recv, out_local = _overlapped_forward(ctx, q, k, v, plan, features, send=send, collective=all_to_all_slots)
         ctx.sharded_saved = None
         out_pieces = q.new_zeros(0, heads, v.shape[2])
         if recv is not None:
@@ -396,18 +427,12 @@ class _UlyssesCP(torch.autograd.Function):
         heads, kv_heads, dim = q_shape[1], k_shape[1], q_shape[2]
         size = plan.layout.group_size
         grad = grad.contiguous()
-        work = None
-        g_recv = None
+        g_send = None
         if ctx.sharded_saved is not None:
             hq, hk, k_rep, padded = ctx.heads_split
             g_send = _pad_rows(grad[n:].reshape(num_pieces, size, hq, dim), padded)
             g_send = g_send.transpose(0, 1).reshape(size * padded, hq, dim)
-            if plan.group is not None:
-                g_recv, work = all_to_all_slots(g_send, group=plan.group, async_op=True)
-            else:
-                g_recv = g_send
-        dql, dkl, dvl = _local_backward(ctx.local_saved, grad[:n], ctx.shapes)  # overlaps the all-to-all
-        wait(work)
+        g_recv, (dql, dkl, dvl) = _overlapped_backward(ctx, grad, send=g_send, collective=all_to_all_slots)
         if g_recv is None:
             empty_k = grad.new_zeros(0, *k_shape[1:])
             return (

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -135,3 +137,97 @@ def test_gpu_profile_of_a_small_model_fits_well(tmp_path: Path) -> None:
     # Small packs of a small model are bound by the host launching eager kernels (a flat floor), so R^2
     # says little there; what planning needs is that the fit predicts each measured pack.
     assert doc["compute"]["median_abs_rel_error"] <= 0.15 and doc["memory"]["bucket_tokens"] > 4096
+
+
+# --- skrull profile --links: the cluster's links, measured --------------------------------------------
+def _base_with_topology(tmp_path: Path) -> Path:
+    from skrull.solver.profile import load_profile
+
+    doc = load_profile("h100-80g/qwen2.5-0.5b").to_dict()
+    doc["topology"] = {
+        "gpus_per_node": 8,
+        "intra_node": {"allgather_ms_per_mib": 0.0027, "alltoall_ms_per_mib": 0.0031},
+        "inter_node": {"allgather_ms_per_mib": 0.0208, "alltoall_ms_per_mib": 0.0227},
+        "source": "published figures",
+    }
+    path = tmp_path / "base.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def _torchrun(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
+    return subprocess.run(
+        [str(ROOT / ".venv/bin/torchrun"), *args], capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT
+    )
+
+
+def test_links_without_two_processes_is_refused_in_one_line() -> None:
+    out = skrull("profile", "--links", "--device", "cpu", "--gpus", "1")
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and "--gpus: 1:" in out.stderr
+
+
+def test_links_group_plan_is_intra_node_then_across_nodes() -> None:
+    from skrull.worker.profiling.links import INTER_NODE, INTRA_NODE, link_groups
+
+    assert link_groups(8, 8) == [(INTRA_NODE, (0, 1)), (INTRA_NODE, (0, 1, 2, 3)), (INTRA_NODE, tuple(range(8)))]
+    two_nodes = link_groups(4, 2)
+    assert two_nodes[0] == (INTRA_NODE, (0, 1))
+    assert (INTER_NODE, (0, 2)) in two_nodes and (INTER_NODE, (0, 1, 2, 3)) in two_nodes
+    for link, ranks in two_nodes:  # an inter-node group really spans nodes, an intra-node one does not
+        assert (len({r // 2 for r in ranks}) > 1) == (link == INTER_NODE)
+
+
+def test_links_fit_is_busbw_as_nccl_tests_defines_it() -> None:
+    from skrull.worker.profiling.links import MIB, LinkSample, fit_link
+
+    # 10 GB/s of bus bandwidth plus 0.05 ms latency, group of 4: t = (3/4 * B) / busbw + 0.05
+    busbw = 10e9
+    rows = [LinkSample(link="intra_node", collective="allgather", group_size=4, num_bytes=b,
+                       ms=0.75 * b / busbw * 1e3 + 0.05) for b in (1 << 18, 1 << 20, 1 << 22)]  # fmt: skip
+    ms_per_mib, fixed = fit_link(rows)
+    assert ms_per_mib == pytest.approx(MIB / busbw * 1e3, rel=1e-6) and fixed == pytest.approx(0.05, rel=1e-6)
+
+
+def test_links_under_torchrun_measures_the_node_and_keeps_the_starting_inter_node(tmp_path: Path) -> None:
+    base = _base_with_topology(tmp_path)
+    target = tmp_path / "links.json"
+    out = _torchrun(
+        "--standalone", "--nproc-per-node", "2", str(ROOT / ".venv/bin/skrull"), "profile", "--links",
+        "--device", "cpu", "--repeats", "2", "--base", str(base), "-o", str(target),
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    doc = json.loads(target.read_text())
+    profile = profile_from_dict(doc)
+    topo = doc["topology"]
+    assert profile.topology is not None and profile.topology.gpus_per_node == 2
+    assert topo["intra_node"]["allgather_ms_per_mib"] > 0.0027  # gloo on a shared CPU is no NVLink
+    assert topo["inter_node"] == {"allgather_ms_per_mib": 0.0208, "alltoall_ms_per_mib": 0.0227}
+    assert "inter_node: not measured" in topo["source"] and "kept from h100-80g/qwen2.5-0.5b" in topo["source"]
+    assert "gloo" in topo["source"] and topo["measured"]["intra_node.allgather"][0]["group_size"] == 2
+    assert doc["compute"] == json.loads(base.read_text())["compute"]  # the rest of the base is as it was
+
+
+def test_links_across_two_simulated_nodes_measures_the_inter_node_link(tmp_path: Path) -> None:
+    """Two torchrun invocations, --nnodes 2 on 127.0.0.1, one process each: the only group crosses nodes."""
+    from skrull.worker.launch import free_port
+
+    base = _base_with_topology(tmp_path)
+    target = tmp_path / "links.json"
+    port = str(free_port())
+    common = ["--nnodes", "2", "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port", port]
+    cmd = [str(ROOT / ".venv/bin/skrull"), "profile", "--links", "--device", "cpu", "--repeats", "2",
+           "--base", str(base), "-o", str(target)]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
+    second = subprocess.Popen(
+        [str(ROOT / ".venv/bin/torchrun"), *common, "--node-rank", "1", *cmd],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
+    )  # fmt: skip
+    first = _torchrun(*common, "--node-rank", "0", *cmd)
+    _, err = second.communicate(timeout=600)
+    assert first.returncode == 0 and second.returncode == 0, (first.stderr[-2000:], err[-2000:])
+    topo = json.loads(target.read_text())["topology"]
+    assert topo["gpus_per_node"] == 1
+    assert topo["inter_node"]["allgather_ms_per_mib"] > 0.0208 and topo["inter_node"]["alltoall_ms_per_mib"] > 0
+    assert topo["intra_node"] == {"allgather_ms_per_mib": 0.0027, "alltoall_ms_per_mib": 0.0031}
+    assert "inter_node: measured" in topo["source"] and "2 node(s) x 1" in topo["source"]

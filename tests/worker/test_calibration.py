@@ -16,7 +16,6 @@ from examples.train_tiny import TINY_PROFILE, make_dataset
 from skrull.solver.cost import CostModel
 from skrull.solver.profile import load_profile, profile_from_dict
 from skrull.worker.calibration import (
-    HALF_LIFE_ITERATIONS,
     MIN_COMMUNICATING,
     Calibration,
     MeasuredMicrobatch,
@@ -81,66 +80,83 @@ def test_the_refit_recovers_the_machine_despite_warm_up_and_outliers() -> None:
     assert "check" not in fit.profile and fit.profile["memory"]["bucket_tokens"] == 26000
 
 
-def test_communication_the_run_never_showed_is_scaled_from_the_starting_profile_not_fitted_to_zero() -> None:
+def test_communication_the_run_never_showed_keeps_the_starting_value_unscaled_and_says_so() -> None:
     data = [mb for mb in _microbatches(random.Random(7), 120) if not mb.sharded][:40]
     fit = fit_profile(load_profile(START), data)
     start = load_profile(START)
-    ratio = fit.profile["compute"]["ms_per_tflop"] / start.compute.ms_per_tflop
-    assert ratio > 100  # the "CPU" is far slower
-    assert fit.profile["comm"]["fixed_ms"] == pytest.approx(start.comm.fixed_ms * ratio)
-    assert fit.profile["comm"]["ms_per_mib"] == pytest.approx(start.comm.ms_per_mib * ratio)
-    assert "starting profile" in fit.profile["comm"]["source"]
-    few = [dataclasses.replace(mb, iteration=99) for mb in _microbatches(random.Random(8), 200) if mb.sharded][:2]
-    with_few = fit_profile(load_profile(START), data + few)
-    assert with_few.profile["comm"]["fixed_ms"] != pytest.approx(start.comm.fixed_ms * ratio)  # what they showed
-    assert median_error(few, CostModel(profile_from_dict(with_few.profile))) < median_error(
-        few, CostModel(profile_from_dict(fit.profile))
-    )
+    assert fit.profile["compute"]["ms_per_tflop"] / start.compute.ms_per_tflop > 100  # the "CPU" is far slower
+    assert fit.profile["comm"]["ms_per_mib"] == start.comm.ms_per_mib  # never scaled by the compute's ratio
+    assert fit.profile["comm"]["fixed_ms"] == start.comm.fixed_ms
+    assert fit.profile["comm_a2a"]["ms_per_mib"] == start.comm_a2a.ms_per_mib  # type: ignore[union-attr]
+    assert set(fit.kept) == {"comm.*", "comm_a2a.*"} and fit.profile["calibrated"]["kept_starting"] == fit.kept
+    few = [dataclasses.replace(mb, iteration=9) for mb in _microbatches(random.Random(8), 200) if mb.sharded]
+    with_few = fit_profile(load_profile(START), data + few[: MIN_COMMUNICATING - 1])
+    assert with_few.profile["comm"]["ms_per_mib"] == start.comm.ms_per_mib
+    assert "fewer than" in with_few.kept["comm.ms_per_mib"] and "fewer than" in with_few.kept["comm.fixed_ms"]
+    assert "kept from" in with_few.profile["comm"]["source"]
 
 
-def test_the_fit_follows_a_machine_that_slowed_down_rather_than_its_average() -> None:
-    """Twenty iterations, the last ten on a machine twice as slow (another job arrived): the next iteration
-    runs on the slow one, and the recency-weighted fit predicts it; weighing every iteration alike predicts
-    the average machine, a third too fast."""
-    data = _microbatches(random.Random(9), 80)
-    slow = [dataclasses.replace(mb, ms=2.0 * mb.ms) for mb in _microbatches(random.Random(10), 80, first_iteration=20)]
-    history = data + slow
-    upcoming = [dataclasses.replace(mb, ms=2.0 * mb.ms) for mb in _microbatches(random.Random(11), 40)]
-    recent = CostModel(profile_from_dict(fit_profile(load_profile(START), history).profile))
-    flat = CostModel(profile_from_dict(fit_profile(load_profile(START), history, half_life_iterations=None).profile))
-    assert median_error(upcoming, recent) < 0.10
-    assert median_error(upcoming, flat) > 0.20
-    assert (
-        fit_profile(load_profile(START), history).profile["calibrated"]["half_life_iterations"] == HALF_LIFE_ITERATIONS
-    )
-    with pytest.raises(ValueError, match="half_life_iterations"):
-        fit_profile(load_profile(START), history, half_life_iterations=0.0)
+#: the truth of the separate fits: a machine whose collectives cost a few seconds per microbatch, the
+#: all-to-all a quarter of the all-gather's per MiB (one coefficient scaled from the other would miss it)
+TRUTH_BOTH = {
+    **TRUTH,
+    "heads": {"attention": 14, "kv": 2},
+    "comm": {"bytes_per_token": 24576, "ms_per_mib": 20.0, "fixed_ms": 40.0},
+    "comm_a2a": {"bytes_per_token": 196608, "kv_bytes_per_token": 24576, "ms_per_mib": 5.0, "fixed_ms": 60.0},
+}
 
 
-def test_a_few_communicating_microbatches_refit_communication_only_as_far_as_they_weigh() -> None:
-    """Communicating microbatches whose times show no communication at all (noise can hide it): four weigh
-    as much as the scaled starting communication, so it stays at least half of that, never free; a hundred
-    and twenty outweigh it and bring the fixed cost near zero."""
-    free = CostModel(profile_from_dict({**TRUTH, "comm": {**TRUTH["comm"], "ms_per_mib": 0.0, "fixed_ms": 0.0}}))
-    lone = [mb for mb in _microbatches(random.Random(13), 200) if not mb.sharded][:40]
-    rng = random.Random(12)
+def _mixed(rng: random.Random, count: int, truth: dict[str, Any], *, spread: float = 0.03) -> list[MeasuredMicrobatch]:
+    """Microbatches of both modes on groups of 2, timed by ``truth``'s model (compute, all-gather, all-to-all)."""
+    model = CostModel(profile_from_dict(truth))
+    out = []
+    for k in range(count):
+        mode = ("allgather", "ulysses", None)[k % 3]
+        n = 2 if mode else rng.choice([1, 2])
+        # DACP's usual sharded microbatch holds its long sequences alone: the communication shows
+        local = tuple(tuple(rng.randint(16, 900) for _ in range(0 if mode else rng.randint(0, 2))) for _ in range(n))
+        sharded = tuple(rng.randint(500, 6000) for _ in range(rng.randint(1, 2))) if mode else ()
+        if not any(local) and not sharded:
+            local = ((64,), *local[1:])
+        ms = model.microbatch_time_ms(local, sharded, mode or "allgather") * rng.uniform(1 - spread, 1 + spread)
+        out.append(MeasuredMicrobatch(iteration=k // 4, step=k % 4, ranks=tuple(range(n)), local=local,
+                                      sharded=sharded, ms=ms, mode=mode or "allgather"))  # fmt: skip
+    return out
 
-    def comm(count: int) -> dict[str, Any]:
-        sharded = []
-        for k in range(count):
-            mb = MeasuredMicrobatch(iteration=1 + k // 4, step=10 + k % 4, ranks=(0, 1), local=((), ()),
-                                    sharded=(rng.randint(500, 3000),), ms=0.0)  # fmt: skip
-            sharded.append(dataclasses.replace(mb, ms=free.microbatch_time_ms(mb.local, mb.sharded)))
-        doc = fit_profile(load_profile(START), lone + sharded, half_life_iterations=None).profile
-        return dict(doc["comm"])
 
-    scaled = comm(0)  # none communicated: the starting communication, scaled by the compute's ratio
-    few, many = comm(MIN_COMMUNICATING), comm(30 * MIN_COMMUNICATING)
-    for term in ("ms_per_mib", "fixed_ms"):  # 0.45: the compute's ratio moves a little between the fits
-        assert few[term] >= 0.45 * scaled[term] and many[term] < few[term]
-    assert many["fixed_ms"] < 0.1 * scaled["fixed_ms"]
-    assert "4 microbatches weighing 50%" in few["source"] and "120 microbatches weighing 97%" in many["source"]
-    assert scaled["ms_per_mib"] > load_profile(START).comm.ms_per_mib  # the "CPU" is slower at all of it
+def test_all_gather_and_all_to_all_are_fitted_separately() -> None:
+    """Both collectives recovered each with its own coefficient, from one run that ran both (no compute ratio,
+    no shared term); the microbatches' times then follow the fit."""
+    data = _mixed(random.Random(21), 150, TRUTH_BOTH)
+    fit = fit_profile(load_profile(START), data, half_life_iterations=None)
+    comm, a2a = fit.profile["comm"], fit.profile["comm_a2a"]
+    assert not fit.kept
+    assert comm["ms_per_mib"] == pytest.approx(20.0, rel=0.15) and a2a["ms_per_mib"] == pytest.approx(5.0, rel=0.15)
+    assert fit.profile["memory"]["bucket_tokens"] == 26000 and fit.profile["heads"]["attention"] == 14
+    assert median_error(_mixed(random.Random(22), 60, TRUTH_BOTH), CostModel(profile_from_dict(fit.profile))) < 0.08
+
+
+def test_with_a_topology_the_fitted_link_is_the_one_the_run_used_and_the_rest_is_kept() -> None:
+    start = load_profile(START).to_dict()
+    start["topology"] = {
+        "gpus_per_node": 8,
+        "intra_node": {"allgather_ms_per_mib": 0.0027, "alltoall_ms_per_mib": 0.0031},
+        "inter_node": {"allgather_ms_per_mib": 0.0208, "alltoall_ms_per_mib": 0.0227},
+        "source": "published",
+    }
+    start["memory"] = {**start["memory"], "activation_bytes_per_token": 786432, "kv_bytes_per_token": 24576}
+    truth = dict(TRUTH_BOTH)
+    # the truth's link as the contract prices it with a topology: (N-1)/N of the traffic, N = 2
+    truth["comm"] = {**TRUTH_BOTH["comm"], "ms_per_mib": 10.0}
+    truth["comm_a2a"] = {**TRUTH_BOTH["comm_a2a"], "ms_per_mib": 2.5}
+    data = _mixed(random.Random(23), 150, truth)
+    fit = fit_profile(profile_from_dict(start), data, half_life_iterations=None)
+    topo = fit.profile["topology"]
+    assert topo["intra_node"]["allgather_ms_per_mib"] == pytest.approx(20.0, rel=0.15)  # 10 / ((N-1)/N)
+    assert topo["intra_node"]["alltoall_ms_per_mib"] == pytest.approx(5.0, rel=0.15)
+    assert topo["inter_node"] == start["topology"]["inter_node"]  # the run never crossed a node
+    assert "topology.intra_node.allgather_ms_per_mib: calibrated" in topo["source"]
+    assert fit.profile["memory"]["kv_bytes_per_token"] == 24576
 
 
 def test_too_few_microbatches_refuse_to_fit_and_keep_the_previous_profile() -> None:
@@ -151,6 +167,7 @@ def test_too_few_microbatches_refuse_to_fit_and_keep_the_previous_profile() -> N
 
 
 def test_rank_parts_make_one_microbatch_timed_by_its_slowest_member() -> None:
+    assert RankTiming.from_list([0, 0, [0], 0, [5], [], 1.0]).mode == "allgather"  # rows of before the mode
     parts = [
         RankTiming(
             iteration=0, step=0, ranks=(2, 3), position=p, local_lengths=(10 * (p + 1),), sharded_lengths=(99,), ms=ms
@@ -161,6 +178,8 @@ def test_rank_parts_make_one_microbatch_timed_by_its_slowest_member() -> None:
     (mb,) = measured_microbatches([*parts, lone])  # the other member of step 1 did not report: left out
     assert mb.local == ((10,), (20,)) and mb.sharded == (99,) and mb.ms == 7.0
     assert RankTiming.from_list(parts[0].to_list()) == parts[0]
+    ulysses = dataclasses.replace(parts[0], mode="ulysses")
+    assert RankTiming.from_list(ulysses.to_list()) == ulysses
 
 
 def test_the_loader_plans_later_requests_with_the_calibrated_profile() -> None:
@@ -188,3 +207,20 @@ def test_the_loader_plans_later_requests_with_the_calibrated_profile() -> None:
     )
     after = float(line.split("-> ")[1].split("%")[0])
     assert after < 5.0  # a noiseless machine is learnt exactly
+
+
+def test_a_fixed_cost_the_run_cannot_tell_from_the_per_mib_one_keeps_its_start() -> None:
+    """Sharded microbatches of nearly one size: the fixed cost stays the starting one (said in the log and
+    the profile) and the per-MiB coefficient takes the time, as the bandwidth a planner scales by."""
+    start = load_profile(START)
+    truth = {**TRUTH_BOTH, "comm": {**TRUTH_BOTH["comm"], "fixed_ms": start.comm.fixed_ms}}
+    data = [
+        dataclasses.replace(mb, sharded=(1000 + mb.sharded[0] % 300,)) if mb.sharded else mb
+        for mb in _mixed(random.Random(24), 150, truth)
+        if mb.mode == "allgather"
+    ]
+    model = CostModel(profile_from_dict(truth))
+    data = [dataclasses.replace(mb, ms=model.microbatch_time_ms(mb.local, mb.sharded)) for mb in data]
+    fit = fit_profile(start, data, half_life_iterations=None)
+    assert "varied too little" in fit.kept["comm.fixed_ms"] and fit.profile["comm"]["fixed_ms"] == start.comm.fixed_ms
+    assert fit.profile["comm"]["ms_per_mib"] == pytest.approx(20.0, rel=0.05)

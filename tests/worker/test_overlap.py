@@ -113,3 +113,44 @@ def test_collectives_are_issued_before_local_attention_and_awaited_after(
     out.backward(torch.ones_like(out))
     assert log == backward
     assert q.grad is not None and k.grad is not None and v.grad is not None
+
+
+def test_the_test_only_slow_collective_is_off_unless_asked_and_refuses_a_bad_delay(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from skrull.worker import collectives
+
+    monkeypatch.delenv(collectives.DELAY_ENV, raising=False)
+    assert collectives.injected_delay_ms_per_mib() == 0.0
+    monkeypatch.setenv(collectives.DELAY_ENV, "12.5")
+    assert collectives.injected_delay_ms_per_mib() == 12.5
+    collectives.set_test_delay(3.0)
+    try:
+        assert collectives.injected_delay_ms_per_mib() == 3.0  # the process's own setting wins
+    finally:
+        collectives.set_test_delay(None)
+    monkeypatch.setenv(collectives.DELAY_ENV, "fast")
+    with pytest.raises(ValueError, match=collectives.DELAY_ENV):
+        collectives.injected_delay_ms_per_mib()
+    with pytest.raises(ValueError, match="ms_per_mib"):
+        collectives.set_test_delay(-1.0)
+
+
+def test_a_slowed_asynchronous_collective_overlaps_what_runs_before_its_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The delay counts from the issue: work done before ``wait`` hides it, as on a slow link (the clock is
+    a fake one here, so the machine's load cannot decide it)."""
+    from skrull.worker import collectives
+
+    now = [100.0]
+    slept: list[float] = []
+    monkeypatch.setattr(collectives.time, "perf_counter", lambda: now[0])
+    monkeypatch.setattr(collectives.time, "sleep", slept.append)
+    log: list[str] = []
+    hidden = collectives._DelayedWork(Work(log, "real"), issued=100.0, delay_s=0.05)
+    now[0] = 100.08  # compute longer than the link's time ran before the wait
+    hidden.wait()
+    assert slept == [] and log == ["wait real"]
+    exposed = collectives._DelayedWork(None, issued=100.08, delay_s=0.05)
+    now[0] = 100.09  # 10 ms of compute under it
+    exposed.wait()
+    assert slept == [pytest.approx(0.04)]  # the rest of the link's time shows
