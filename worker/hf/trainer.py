@@ -35,6 +35,7 @@ import torch.distributed as dist
 from transformers import Trainer, TrainerCallback, TrainingArguments
 from transformers.trainer_utils import EvalLoopOutput
 
+from skrull.worker import grad_sync
 from skrull.worker.dataloader import PlannedBatches, ReadyIteration
 from skrull.worker.groups import IterationGroups
 from skrull.worker.hf.attention import ATTN_IMPLEMENTATION, refuse_unsupported_attention
@@ -362,6 +363,7 @@ class SkrullTrainerMixin(_TrainerBase):
             if timer is not None:
                 timer.start()
             with sync:
+                grad_sync.fresh_autocast_casts()  # an autocast around the step: each forward casts afresh
                 kwargs, labels = model_inputs(mb, plan)
                 loss = self.microbatch_loss(model, kwargs, labels, num_items_in_batch)
                 self.accelerator.backward(loss)
