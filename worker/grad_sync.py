@@ -94,6 +94,7 @@ def begin(model: nn.Module, *, microbatches: int, equal_counts: bool = True) -> 
     One all-reduce of three integers tells every rank, idle ones included, so all of them stop together,
     before any forward.
     """
+    refuse_compiled_wrapper(model)
     wrapped = _wrapper_kind(model)
     if wrapped is None:
         return
@@ -123,6 +124,29 @@ def begin(model: nn.Module, *, microbatches: int, equal_counts: bool = True) -> 
             f"equal_microbatches: ranks run {fewest} to {most} microbatches in this iteration under "
             f"{sync}, which needs the same count on every rank (else it hangs); "
             "plan with PlannedBatches(..., equal_microbatches=True)"
+        )
+
+
+def refuse_compiled_wrapper(model: nn.Module) -> None:
+    """Refuse ``torch.compile`` applied after ``wrap``: an ``OptimizedModule`` around the DDP wrapper or the
+    FSDP2 root. Dynamo traces through DDP's and FSDP2's hooks, which are not meant to be traced from the
+    outside: under DDP the loss came out right and every gradient about 150x too large (relative error
+    2.4e+02, silently), under FSDP2 the step crashed before its first forward with a DTensor error naming no
+    setting. Compiling the bare model first (``model.compile()`` or ``skrull.worker.hf.fast.compile_model``),
+    then wrapping, trains exactly. Every rank sees the same model, so all refuse alike, before any collective."""
+    inner = getattr(model, "_orig_mod", None)
+    if not isinstance(model, torch._dynamo.eval_frame.OptimizedModule) or inner is None:
+        return
+    if isinstance(inner, nn.parallel.DistributedDataParallel) or _fsdp_units(inner):
+        kind = (
+            "wrapped in DistributedDataParallel"
+            if isinstance(inner, nn.parallel.DistributedDataParallel)
+            else ("sharded with FSDP2")
+        )
+        raise ValueError(
+            f"model: torch.compile was applied after grad_sync.wrap (an OptimizedModule around a model {kind}), "
+            "which trains wrong gradients or crashes; compile the bare model in place first, then wrap: "
+            "model.compile() (or skrull.worker.hf.fast.compile_model(model)), then model = grad_sync.wrap(model, mode)"
         )
 
 

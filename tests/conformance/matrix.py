@@ -26,7 +26,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 MODELS = Path(__file__).resolve().parent / "models"
-ARCHS = ("llama-1kv-tied", "qwen2", "mistral-window", "phi3", "gemma2-softcap", "olmo2")
+ARCHS = (
+    "llama-1kv-tied", "qwen2", "mistral-window", "phi3", "gemma2-softcap", "olmo2", "gemma3-window",
+    "qwen2-moe", "mixtral", "qwen3-moe", "qwen2-moe-router-aux",
+)  # fmt: skip
 LAYOUTS = ((1, 4), (2, 2), (4, 1))
 INTEGRATIONS = ("trainer", "trl", "ddp", "fsdp")
 TOLERANCE = 1e-4
