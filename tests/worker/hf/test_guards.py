@@ -183,7 +183,7 @@ def test_the_routers_auxiliary_loss_is_refused_on_every_path(tmp_path: Path, nam
     from skrull.worker.hf.step import refuse_untrained_model
 
     doc = {**read_model_config(str(MODELS / f"{name}.json")), "output_router_logits": True}
-    with pytest.raises(ValueError, match="output_router_logits.*True.*set output_router_logits=False"):
+    with pytest.raises(ValueError, match=r"output_router_logits.*True.*set output_router_logits=False"):
         build_model(doc, seed=0)
     fields = {k: v for k, v in doc.items() if k != "model_type"}
     model = AutoModelForCausalLM.from_config(
