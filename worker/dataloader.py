@@ -207,6 +207,84 @@ def _as_tensor(value: Any, field: str, index: int, name: str = "dataset") -> tor
     return t.long()
 
 
+def arrow_columns(dataset: Any) -> Any:
+    """The ``pyarrow.Table`` holding a columnar dataset's rows in its own order: a ``pyarrow.Table``, or a
+    ``datasets.Dataset`` without an indices mapping (after ``select`` / ``shuffle`` its table is in another
+    order; its rows are then checked as read, with every other dataset). None otherwise, or without an
+    ``input_ids`` column."""
+    try:
+        import pyarrow as pa
+    except ImportError:  # pragma: no cover - pyarrow comes with datasets
+        return None
+    table = dataset if isinstance(dataset, pa.Table) else None
+    if table is None and hasattr(dataset, "column_names") and getattr(dataset, "_indices", True) is None:
+        inner = getattr(getattr(dataset, "data", None), "table", None)
+        table = inner if isinstance(inner, pa.Table) else None
+    if table is None or "input_ids" not in table.column_names:
+        return None
+    return table
+
+
+def check_columnar_rows(table: Any, lengths: Sequence[int], *, vocab_size: int | None, name: str = "dataset") -> None:
+    """Every row's ``input_ids`` (and ``labels``, when a column) checked in one vectorised pass over the Arrow
+    columns: integer ids, ``>= 0``, below ``vocab_size`` when given, as many as ``lengths`` says, labels as many
+    as the ids and each ``-100`` or ``>= 0``. The first bad row is named as ``dataset[i]``, the same line the
+    row would give when read (``PlannedBatches._sample``), but before any step."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    def flat(column: str) -> tuple[Any, Any]:
+        chunked = table.column(column).combine_chunks()
+        if not (pa.types.is_list(chunked.type) or pa.types.is_large_list(chunked.type)):
+            raise RequestError(f"{name}.{column}", str(chunked.type), "must be a column of lists of token ids")
+        if not pa.types.is_integer(chunked.type.value_type):
+            raise RequestError(
+                f"{name}[0].{column}",
+                str(chunked.type.value_type),
+                "token ids must be integers (a column of lists of ints)",
+            )
+        sizes = pc.fill_null(pc.list_value_length(chunked), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+        return pc.list_flatten(chunked).to_numpy(zero_copy_only=False).astype(np.int64), sizes
+
+    ids, sizes = flat("input_ids")
+    want = np.asarray(lengths, dtype=np.int64)
+    wrong = np.flatnonzero(sizes != want)
+    if wrong.size:
+        i = int(wrong[0])
+        raise RequestError(
+            f"{name}[{i}].input_ids",
+            int(sizes[i]),
+            f"tokens: a length other than lengths[{i}] = {int(want[i])}, which the plan was made for",
+        )
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+
+    def first_row(bad: Any) -> tuple[int, int]:
+        position = int(np.flatnonzero(bad)[0])
+        return int(np.searchsorted(starts, position, side="right") - 1), position
+
+    if ids.size and bool((ids < 0).any()):
+        row, at = first_row(ids < 0)
+        raise RequestError(f"{name}[{row}].input_ids", int(ids[at]), "token ids must be >= 0")
+    if vocab_size is not None and ids.size and bool((ids >= vocab_size).any()):
+        row, at = first_row(ids >= vocab_size)
+        raise RequestError(
+            f"{name}[{row}].input_ids", int(ids[at]), f"is out of the vocabulary (vocab_size={vocab_size})"
+        )
+    if "labels" in table.column_names:
+        labels, label_sizes = flat("labels")
+        wrong = np.flatnonzero(label_sizes != sizes)
+        if wrong.size:
+            i = int(wrong[0])
+            raise RequestError(
+                f"{name}[{i}].labels", int(label_sizes[i]), f"labels for {int(sizes[i])} input_ids: one per token"
+            )
+        bad = (labels < 0) & (labels != IGNORE_INDEX)
+        if labels.size and bool(bad.any()):
+            row, at = first_row(bad)
+            raise RequestError(f"{name}[{row}].labels", int(labels[at]), f"labels are token ids or {IGNORE_INDEX}")
+
+
 def parse_profile(profile: str | Mapping[str, Any]) -> Profile:
     """``profile``, a bundled name or a profile document, read (once per loader)."""
     return load_profile(profile) if isinstance(profile, str) else profile_from_dict(dict(profile))
@@ -390,6 +468,9 @@ class PlannedBatches:
         self.global_batch_size = global_batch_size
         #: keep (False, torch's default) or drop the last global batch of an epoch when it is partial
         self.drop_last = drop_last
+        #: the dataset's columns when it is columnar (a ``datasets.Dataset`` or a ``pyarrow.Table``):
+        #: checked in one vectorised pass at construction (``check_columnar_rows``)
+        self._columns = arrow_columns(dataset)
         #: token ids must be below it when given (the model's ``config.vocab_size``)
         self.vocab_size = vocab_size
         self.num_iterations = num_iterations
@@ -411,6 +492,30 @@ class PlannedBatches:
         self.calibration: LoaderCalibration | None = None
         if calibrate:
             self.calibration = LoaderCalibration(self, store=self._calibration_store())
+
+    @property
+    def vocab_size(self) -> int | None:
+        """Token ids must be below it when given; a columnar dataset is checked whenever it is set (the
+        SkrullTrainer sets the model's after construction)."""
+        return self._vocab_size
+
+    @vocab_size.setter
+    def vocab_size(self, value: int | None) -> None:
+        self._vocab_size = value
+        if self._columns is not None:
+            check_columnar_rows(self._columns, self.lengths, vocab_size=value, name=self.dataset_name)
+
+    def __getitem__(self, index: Any) -> Any:
+        """Refused: ``torch.utils.data.DataLoader(planned, ...)`` treats a loader with ``__len__`` as a map-style
+        dataset and asks it for items (found: ``TypeError: 'PlannedBatches' object is not subscriptable``, or a
+        worker process per ``num_workers`` each packing every rank's rows again). It is the loader itself:
+        threads of this process pack ``prefetch`` iterations ahead and the node's planner process makes each
+        plan once, so it needs no DataLoader or worker processes around it."""
+        raise TypeError(
+            "PlannedBatches is the data loader itself, not a dataset: iterate it directly (for ready in planned: "
+            "...); it packs ahead on threads (prefetch) and plans once per node, so torch.utils.data.DataLoader "
+            "and its num_workers are not used around it"
+        )
 
     def _agreement(self) -> tuple[Any, str | None]:
         """Where the ranks agree on each request's budget: the job's ``torch.distributed`` store (None: this
@@ -859,12 +964,14 @@ class PlannedBatches:
             normalizer = sum(self.supervised_tokens(i) for i in samples)
         else:
             normalizer = num_tokens
-        cache: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        # every row of the global batch is read and checked on every rank, in the same order, not only the rows
+        # this rank packs: a bad row then stops every rank at this iteration with the same line naming
+        # dataset[i], before the step that would use it (found: the packing rank stopped alone and the others
+        # died in their next collective with gloo's "Connection closed by peer")
+        rows = {i: self._sample(i) for i in samples}
 
         def fetch(seq_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-            if seq_id not in cache:
-                cache[seq_id] = self._sample(index_of[seq_id])
-            return cache[seq_id]
+            return rows[index_of[seq_id]]
 
         equal_counts = self.equal_microbatches or self.dp == 1  # one DP rank: its CP group runs one count
         heads = self.profile_heads
@@ -903,6 +1010,8 @@ class PlannedBatches:
         return self._ready(iteration, plan_id, view, 0.0)
 
     def __iter__(self) -> Iterator[ReadyIteration]:
+        if torch.utils.data.get_worker_info() is not None:  # a DataLoader worker process iterating it
+            self.__getitem__(0)
         if self._finished_pass:  # the last pass ran to the epoch's end: this one is the next epoch
             self._start_epoch(self.epoch + 1)
         todo = deque(range(self.next_iteration, len(self.batches)))

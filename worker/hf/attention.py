@@ -208,8 +208,8 @@ def unsupported_model_setting(config: Any) -> tuple[str, Any, str] | None:
             "output_router_logits",
             get("output_router_logits", None),
             "the router's auxiliary (load-balancing) loss is taken over the whole global batch by the plain step "
-            "and per microbatch under plans, a different loss; set output_router_logits=False (the expert "
-            "layers themselves train exactly)",
+            "and per microbatch under plans, a different loss; set output_router_logits=False "
+            "(TRL: SFTConfig(router_aux_loss_coef=0.0)); the expert layers themselves train exactly",
         )
     unsupported = unsupported_attention_features(config)
     if unsupported:
