@@ -117,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     compile_model(model, compile=args.compile, device=device)  # skrull: the fast step (layers compiled; CUDA default)
     model = grad_sync.wrap(model, args.grad_sync)  # skrull: DDP / FSDP2 that sum over the world
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
+    model.train()  # dropout on where the model has it (from_pretrained returns a model in eval mode)
     groups = IterationGroups(planned)  # skrull
     kernel = select_kernel(device, torch.float32)  # skrull
     first_grads: dict[str, torch.Tensor] = {}
