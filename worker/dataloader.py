@@ -208,21 +208,25 @@ def _as_tensor(value: Any, field: str, index: int, name: str = "dataset") -> tor
 
 
 def arrow_columns(dataset: Any) -> Any:
-    """The ``pyarrow.Table`` holding a columnar dataset's rows in its own order: a ``pyarrow.Table``, or a
+    """The Arrow table holding a columnar dataset's rows in its own order: a ``pyarrow.Table``, or a
     ``datasets.Dataset`` without an indices mapping (after ``select`` / ``shuffle`` its table is in another
     order; its rows are then checked as read, with every other dataset). None otherwise, or without an
-    ``input_ids`` column."""
-    try:
-        import pyarrow as pa
-    except ImportError:  # pragma: no cover - pyarrow comes with datasets
-        return None
-    table = dataset if isinstance(dataset, pa.Table) else None
+    ``input_ids`` column. Recognised by type name, so a [worker] install without pyarrow imports nothing."""
+
+    def is_table(value: Any) -> bool:
+        return type(value).__module__.startswith("pyarrow") and type(value).__name__ == "Table"
+
+    table = dataset if is_table(dataset) else None
     if table is None and hasattr(dataset, "column_names") and getattr(dataset, "_indices", True) is None:
         inner = getattr(getattr(dataset, "data", None), "table", None)
-        table = inner if isinstance(inner, pa.Table) else None
+        table = inner if is_table(inner) else None
     if table is None or "input_ids" not in table.column_names:
         return None
     return table
+
+
+#: Arrow's integer types by name (``pyarrow.DataType.__str__``)
+_ARROW_INTEGERS = frozenset(f"{sign}int{bits}" for sign in ("", "u") for bits in (8, 16, 32, 64))
 
 
 def check_columnar_rows(table: Any, lengths: Sequence[int], *, vocab_size: int | None, name: str = "dataset") -> None:
@@ -231,21 +235,16 @@ def check_columnar_rows(table: Any, lengths: Sequence[int], *, vocab_size: int |
     as the ids and each ``-100`` or ``>= 0``. The first bad row is named as ``dataset[i]``, the same line the
     row would give when read (``PlannedBatches._sample``), but before any step."""
     import numpy as np
-    import pyarrow as pa
-    import pyarrow.compute as pc
 
     def flat(column: str) -> tuple[Any, Any]:
-        chunked = table.column(column).combine_chunks()
-        if not (pa.types.is_list(chunked.type) or pa.types.is_large_list(chunked.type)):
-            raise RequestError(f"{name}.{column}", str(chunked.type), "must be a column of lists of token ids")
-        if not pa.types.is_integer(chunked.type.value_type):
-            raise RequestError(
-                f"{name}[0].{column}",
-                str(chunked.type.value_type),
-                "token ids must be integers (a column of lists of ints)",
-            )
-        sizes = pc.fill_null(pc.list_value_length(chunked), 0).to_numpy(zero_copy_only=False).astype(np.int64)
-        return pc.list_flatten(chunked).to_numpy(zero_copy_only=False).astype(np.int64), sizes
+        lists = table.column(column).combine_chunks()  # a ListArray: offsets into one flat array of values
+        value_type = getattr(lists.type, "value_type", None)
+        if value_type is None:
+            raise RequestError(f"{name}.{column}", str(lists.type), "must be a column of lists of token ids")
+        if str(value_type) not in _ARROW_INTEGERS:
+            raise RequestError(f"{name}[0].{column}", str(value_type), "token ids must be integers (lists of ints)")
+        sizes = lists.value_lengths().fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+        return lists.flatten().to_numpy(zero_copy_only=False).astype(np.int64), sizes
 
     ids, sizes = flat("input_ids")
     want = np.asarray(lengths, dtype=np.int64)
