@@ -51,3 +51,15 @@ def test_the_routers_auxiliary_loss_is_refused_before_the_first_step() -> None:
     cell = run_cell("qwen2-moe-router-aux", 2, 2, "ddp", timeout_s=600)
     assert cell.outcome == "refused", cell
     assert "output_router_logits" in cell.detail
+
+
+@pytest.mark.parametrize(
+    ("arch", "dp", "cp", "integration"),
+    [("llama-1kv-tied", 1, 4, "trainer"), ("qwen2", 2, 2, "fsdp")],
+)
+def test_the_first_step_of_lora_adapters_equals_the_plain_step(arch: str, dp: int, cp: int, integration: str) -> None:
+    """PEFT LoRA (the examples' ``--lora``: adapters of rank 4 on every projection, both factors random, the
+    base weights frozen): every adapter's gradient against the plain step of the same PEFT model."""
+    cell = run_cell(arch, dp, cp, integration, timeout_s=600, lora=True)
+    assert cell.outcome == "pass", cell
+    assert float(cell.detail) <= TOLERANCE

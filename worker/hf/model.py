@@ -95,3 +95,27 @@ def build_model(
     model.to(device=device or torch.device("cpu"), dtype=dtype)
     model.train()
     return model
+
+
+#: The projections LoRA adapts in ``with_lora``: attention's and the dense MLP's (a mixture of experts' fused
+#: expert weights are parameters, not linear modules, and stay frozen).
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def with_lora(model: Any, *, rank: int, seed: int) -> Any:
+    """``peft.get_peft_model(model, LoraConfig(r=rank, ...))`` with both factors drawn from ``seed``, as the
+    examples' ``--lora`` and the conformance matrix use it: the base weights frozen, only the adapters train.
+
+    PEFT's default zero-initialises ``B``, so the first step's gradient of every ``A`` is exactly 0 and a check
+    of it would compare zeros; here ``B`` is random too (``init_lora_weights=False``), which makes the adapted
+    model differ from the base one and every adapter's first gradient non-zero. ``lora_dropout`` stays 0: a
+    random mask per token, drawn on other ranks under plans than in the plain step."""
+    from peft import LoraConfig, get_peft_model
+
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+        raise ValueError(f"lora rank {rank!r}: must be an integer >= 1")
+    torch.manual_seed(seed)
+    config = LoraConfig(
+        r=rank, lora_alpha=2 * rank, lora_dropout=0.0, target_modules=list(LORA_TARGETS), init_lora_weights=False
+    )
+    return get_peft_model(model, config)

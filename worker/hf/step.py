@@ -408,9 +408,12 @@ def step_errors(
 
 
 def model_gradients(model: Any) -> dict[str, torch.Tensor]:
-    """Every parameter's gradient by name (after ``plain_step``'s backward)."""
+    """Every trained parameter's gradient by name (after ``plain_step``'s backward); frozen ones (a LoRA
+    model's base weights) have none."""
     out = {}
     for name, param in model.named_parameters():
+        if not param.requires_grad:
+            continue
         assert param.grad is not None, name
         out[name] = param.grad
     return out
