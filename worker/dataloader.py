@@ -207,19 +207,34 @@ def _as_tensor(value: Any, field: str, index: int, name: str = "dataset") -> tor
     return t.long()
 
 
+def _is_arrow_table(value: Any) -> bool:
+    """A ``pyarrow.Table``, recognised by type name: a [worker] install without pyarrow imports nothing."""
+    return type(value).__module__.startswith("pyarrow") and type(value).__name__ == "Table"
+
+
+class ArrowRows:
+    """A ``pyarrow.Table`` read as a map-style dataset of rows (``table[i]`` is its i-th column, not row)."""
+
+    def __init__(self, table: Any) -> None:
+        self.table = table
+
+    def __len__(self) -> int:
+        return int(self.table.num_rows)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        row: dict[str, Any] = self.table.slice(index, 1).to_pylist()[0]
+        return row
+
+
 def arrow_columns(dataset: Any) -> Any:
     """The Arrow table holding a columnar dataset's rows in its own order: a ``pyarrow.Table``, or a
     ``datasets.Dataset`` without an indices mapping (after ``select`` / ``shuffle`` its table is in another
     order; its rows are then checked as read, with every other dataset). None otherwise, or without an
-    ``input_ids`` column. Recognised by type name, so a [worker] install without pyarrow imports nothing."""
-
-    def is_table(value: Any) -> bool:
-        return type(value).__module__.startswith("pyarrow") and type(value).__name__ == "Table"
-
-    table = dataset if is_table(dataset) else None
+    ``input_ids`` column."""
+    table = dataset.table if isinstance(dataset, ArrowRows) else dataset if _is_arrow_table(dataset) else None
     if table is None and hasattr(dataset, "column_names") and getattr(dataset, "_indices", True) is None:
         inner = getattr(getattr(dataset, "data", None), "table", None)
-        table = inner if is_table(inner) else None
+        table = inner if _is_arrow_table(inner) else None
     if table is None or "input_ids" not in table.column_names:
         return None
     return table
@@ -413,6 +428,8 @@ class PlannedBatches:
         check_cp_modes_profile(self.cp_modes, parsed)
         #: the profile's head counts, which the plans' Ulysses groups divide (``check_model_heads``)
         self.profile_heads = parsed.heads
+        if _is_arrow_table(dataset):  # rows by index, as every other dataset
+            dataset = ArrowRows(dataset)
         if len(dataset) != len(lengths):
             raise RequestError("lengths", len(lengths), f"must have one entry per dataset sample ({len(dataset)})")
         if client is not None and plans is not None:
@@ -967,10 +984,16 @@ class PlannedBatches:
         # this rank packs: a bad row then stops every rank at this iteration with the same line naming
         # dataset[i], before the step that would use it (found: the packing rank stopped alone and the others
         # died in their next collective with gloo's "Connection closed by peer")
-        rows = {i: self._sample(i) for i in samples}
+        # (a columnar dataset without labels had every row's ids checked at construction, vectorised: each rank
+        # then reads its own rows only; labels keep the pass, the convention check being per row)
+        checked = self._columns is not None and "labels" not in self._columns.column_names
+        rows = {} if checked else {i: self._sample(i) for i in samples}
 
         def fetch(seq_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-            return rows[index_of[seq_id]]
+            index = index_of[seq_id]
+            if index not in rows:
+                rows[index] = self._sample(index)
+            return rows[index]
 
         equal_counts = self.equal_microbatches or self.dp == 1  # one DP rank: its CP group runs one count
         heads = self.profile_heads

@@ -65,6 +65,11 @@ def test_a_columnar_dataset_is_checked_at_construction_in_one_pass(kind: str) ->
     negative = Dataset.from_list(data) if kind == "datasets" else pa.Table.from_pylist(data)
     with pytest.raises(RequestError, match=r"^dataset\[4\]\.input_ids: -3: token ids must be >= 0"):
         loader(negative, lengths)
+    data[4]["input_ids"][0] = 4
+    good = Dataset.from_list(data) if kind == "datasets" else pa.Table.from_pylist(data)
+    planned = loader(good, lengths, vocab_size=128)  # checked at construction: each rank reads its own rows
+    assert sum(mb.num_tokens for ready in planned for mb in ready.microbatches) > 0
+    planned.close()
     short = [*lengths[:-1], lengths[-1] + 1]
     with pytest.raises(RequestError, match=rf"^dataset\[23\]\.input_ids: {lengths[-1]}: tokens: a length other"):
         loader(negative if kind == "arrow" else Dataset.from_list(data), short)
