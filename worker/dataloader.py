@@ -88,7 +88,7 @@ from skrull.worker.inputs import pack
 from skrull.worker.layout import MicrobatchLayout, layouts_from_view_dict
 from skrull.worker.loss import IGNORE_INDEX
 from skrull.worker.plan_sources import PlanSource, ServicePlans, plan_key
-from skrull.worker.planner_process import PlanningBudget, ProcessPlans
+from skrull.worker.planner_process import PlanningBudget, ProcessPlans, unagreed_budget_s
 
 if TYPE_CHECKING:  # the client (httpx, the api extra) is the caller's: a [worker] install imports this module
     from torch.distributed.device_mesh import DeviceMesh
@@ -821,6 +821,19 @@ class PlannedBatches:
                 key=self._budget_key,
                 deferring=defers(doc.get("defer", {}).get("max_sequences")),
             )
+        if self.time_budget_s is None and self._budget_key is None:
+            # ranks given explicitly, no torch.distributed group: nothing to agree a step-derived budget through,
+            # and ranks asking with different budgets would get different plans. The planner's minimum for the
+            # request is what every rank computes alike from the request itself, and it keeps planning ahead
+            # of a fast step (the planner's 1 s default made such a loop wait 575 ms per iteration)
+            floor = unagreed_budget_s(
+                self.solver,
+                [len(b) for b in batches],
+                Parallel(dp=self.dp, cp=self.cp),
+                deferring=defers(doc.get("defer", {}).get("max_sequences")),
+            )
+            if floor is not None:
+                doc["time_budget_s"] = floor
         if self.equal_microbatches:
             doc["equal_microbatches"] = True
         if self.cp_modes != DEFAULT_CP_MODES:
