@@ -51,7 +51,8 @@ _sum_hook.__annotations__["return"] = torch.futures.Future[torch.Tensor]
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
     """The repeated blocks FSDP shards one by one: a Hugging Face causal LM's ``model.layers`` (inside a
     PEFT model, its base model's)."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    unwrap: Any = getattr(model, "get_base_model", None)  # a PEFT model's
+    base = unwrap() if callable(unwrap) else model
     inner = getattr(base, "model", None)
     layers = getattr(inner, "layers", None)
     return list(layers) if layers is not None else []
