@@ -121,6 +121,17 @@ def _refusals(args: Any) -> list[tuple[str, Any, str]]:
                 "averages over each forward's tokens and shifts the loader's next-token targets again)",
             )
         )
+    if arg("fp16", False):
+        # float16 with loss scaling (accelerate's GradScaler) has run under plans on no device yet; bfloat16 has
+        # (tests/worker/hf/test_trainer_arguments.py)
+        found.append(
+            (
+                "fp16",
+                True,
+                "use bf16=True (checked under plans) or float32; float16 with loss scaling is "
+                "not checked against the plain step under plans",
+            )
+        )
     if not arg("average_tokens_across_devices", True):
         found.append(
             (

@@ -158,6 +158,7 @@ MODELS = ROOT / "tests" / "conformance" / "models"
         ({"label_smoothing_factor": 0.1}, "label_smoothing_factor=0.1"),
         ({"average_tokens_across_devices": False}, "average_tokens_across_devices=False"),
         ({"neftune_noise_alpha": 5.0}, "neftune_noise_alpha=5.0"),
+        ({"fp16": True}, "fp16=True"),
         ({"auto_find_batch_size": True}, "auto_find_batch_size=True"),
         ({"dataloader_drop_last": True}, "dataloader_drop_last=True"),
         ({"train_sampling_strategy": "group_by_length"}, "train_sampling_strategy='group_by_length'"),
