@@ -8,6 +8,8 @@ along, as a GPU step launching kernels does. Three feeds:
 - ``defaults``: ``PlannedBatches`` as a user writes it (the node's planner process, ``auto``, budgets from
   the measured step; a one-process gloo group stands for the job, so budgets are agreed as under torchrun);
 - ``precomputed``: the same loader over plans solved before the loop starts (``LocalPlans``, waited for);
+- ``no group (ranks given)``: the defaults as a loader without a ``torch.distributed`` group sees them (ranks
+  given explicitly): each request at the planner's minimum for it (``unagreed_budget_s``);
 - ``thread (old default)``: plans made on a thread of the training process with the planner's default
   budget, what the loader did before the planner process (for comparison).
 
@@ -137,13 +139,17 @@ def main() -> None:
     fixed = PlannedBatches(rows, lengths, plans=pre, time_budget_s=0.5, **kw)
     for chunk in range(len(fixed)):  # every plan solved before the loop starts
         pre.plan(pre.submit(fixed.request_document(chunk)), timeout_s=600)
-    rounds: dict[str, list[dict[str, Any]]] = {"precomputed": [], "defaults": []}
+    rounds: dict[str, list[dict[str, Any]]] = {"precomputed": [], "defaults": [], "no group (ranks given)": []}
     for _ in range(args.rounds):  # alternated, so drifting load hits both feeds alike
         fixed.next_iteration = 0
         rounds["precomputed"].append(run(fixed, step_s=step_s, warmup=args.warmup))
         loader = PlannedBatches(rows, lengths, **kw)
         rounds["defaults"].append(run(loader, step_s=step_s, warmup=args.warmup))
         loader.close()
+        alone = PlannedBatches(rows, lengths, **kw)  # a launcher of one's own: no group to agree budgets through
+        alone._budget_store, alone._budget_key = None, None
+        rounds["no group (ranks given)"].append(run(alone, step_s=step_s, warmup=args.warmup))
+        alone.close()
     fixed.close()
     pre.close()
     for name, runs in rounds.items():  # the round with the median loop iteration

@@ -33,7 +33,7 @@ if str(ROOT) not in sys.path:  # run from a checkout without installing
     sys.path.insert(0, str(ROOT))
 
 from skrull.worker.dataloader import PlannedBatches  # noqa: E402  # skrull
-from skrull.worker.hf.model import build_model, read_model_config  # noqa: E402
+from skrull.worker.hf.model import build_model, read_model_config, with_lora  # noqa: E402
 from skrull.worker.hf.step import model_gradients, plain_step, print_check, step_errors  # noqa: E402
 from skrull.worker.hf.trainer import SkrullTrainer  # noqa: E402  # skrull
 
@@ -100,6 +100,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )  # fmt: skip
     p.add_argument("--check", action="store_true", help="first step against the plain step; 'check passed'")
     p.add_argument("--activation-checkpointing", action="store_true", help="recompute each layer in backward")
+    p.add_argument("--lora", type=int, default=0, metavar="RANK", help="train LoRA adapters of this rank (PEFT)")
     p.add_argument("--save-steps", type=int, default=0, help="save a Trainer checkpoint every N steps")
     p.add_argument("--resume-from", default=None, help="a checkpoint directory to resume from")
     p.add_argument("--final-weights", default=None, help="write the final weights here (torch.save, rank 0)")
@@ -179,10 +180,12 @@ def resume_check(args: argparse.Namespace, argv: list[str]) -> int:
 def plain_model(args: argparse.Namespace) -> Any:
     """The reference of ``--check``: the same weights with the model's own eager attention."""
     if args.model_config:
-        return build_model(read_model_config(args.model_config), seed=args.seed, attn_implementation="eager")
-    from transformers import AutoModelForCausalLM
+        plain = build_model(read_model_config(args.model_config), seed=args.seed, attn_implementation="eager")
+    else:
+        from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(args.model, attn_implementation="eager", dtype=torch.float32)
+        plain = AutoModelForCausalLM.from_pretrained(args.model, attn_implementation="eager", dtype=torch.float32)
+    return with_lora(plain, rank=args.lora, seed=args.seed) if args.lora else plain
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -245,12 +248,20 @@ def main(argv: list[str] | None = None) -> int:
             args.model, attn_implementation=register(), dtype=torch.float32
         )
         model = loaded.to(device)
+    if args.lora:  # PEFT LoRA: the base weights frozen, the adapters trained (peft.get_peft_model)
+        model = with_lora(model, rank=args.lora, seed=args.seed)
     grads: dict[str, torch.Tensor] = {}
 
     class FirstStepGradients(TrainerCallback):
         def on_pre_optimizer_step(self, *a: Any, **kw: Any) -> None:
             if not grads:
-                grads.update({n: p.grad.detach().float().cpu().clone() for n, p in model.named_parameters()})
+                grads.update(
+                    {
+                        n: p.grad.detach().float().cpu().clone()
+                        for n, p in model.named_parameters()
+                        if p.grad is not None
+                    }
+                )
 
     trainer = SkrullTrainer(  # skrull
         model=model, args=training, planned=planned, compile=args.compile,

@@ -34,7 +34,7 @@ from skrull.worker import grad_sync  # noqa: E402  # skrull
 from skrull.worker.dataloader import PlannedBatches  # noqa: E402  # skrull
 from skrull.worker.groups import IterationGroups  # noqa: E402  # skrull
 from skrull.worker.hf.fast import compile_model  # noqa: E402  # skrull
-from skrull.worker.hf.model import build_model, read_model_config  # noqa: E402  # skrull
+from skrull.worker.hf.model import build_model, read_model_config, with_lora  # noqa: E402  # skrull
 from skrull.worker.hf.step import (  # noqa: E402
     model_gradients,
     model_heads,
@@ -85,6 +85,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--check", action="store_true", help="first step against the plain step; 'check passed'")
     p.add_argument("--activation-checkpointing", action="store_true", help="recompute each layer in backward")
+    p.add_argument("--lora", type=int, default=0, metavar="RANK", help="train LoRA adapters of this rank (PEFT)")
     p.add_argument("--calibrate", action="store_true", help="refit the profile from the run's microbatch times")
     p.add_argument("--calibrated-profile-out", default=None, help="with --calibrate: write the calibrated profile")
     return p.parse_args(argv)
@@ -112,11 +113,14 @@ def main(argv: list[str] | None = None) -> int:
         )
     model = build_model(read_model_config(args.model_config), seed=args.seed, device=device)  # skrull: DACP attention
     planned.check_model_heads(model_heads(model))  # skrull: with Ulysses allowed, the profile's heads are the model's
+    if args.lora:  # PEFT LoRA: the base weights frozen, the adapters trained (peft.get_peft_model), before wrap
+        model = with_lora(model, rank=args.lora, seed=args.seed)
     if args.activation_checkpointing:  # any CP: every rank recomputes each layer at the same point
         model.activation_checkpointing_enable()
     compile_model(model, compile=args.compile, device=device)  # skrull: the fast step (layers compiled; CUDA default)
     model = grad_sync.wrap(model, args.grad_sync)  # skrull: DDP / FSDP2 that sum over the world
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
+    model.train()  # dropout on where the model has it (from_pretrained returns a model in eval mode)
     groups = IterationGroups(planned)  # skrull
     kernel = select_kernel(device, torch.float32)  # skrull
     first_grads: dict[str, torch.Tensor] = {}
@@ -158,6 +162,8 @@ def check(
 ) -> int:
     """The first step against Hugging Face's plain step over the same global batch, in one process."""
     reference = build_model(read_model_config(args.model_config), seed=args.seed, attn_implementation="eager")
+    if args.lora:
+        reference = with_lora(reference, rank=args.lora, seed=args.seed)
     batch = planned.batches[0]
     want = plain_step(
         reference,

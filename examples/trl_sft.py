@@ -189,6 +189,9 @@ def sft_config(args: argparse.Namespace, **overrides: Any) -> SFTConfig:
         "assistant_only_loss": True,  # only the assistant turns are trained
         "max_length": args.max_length,
         "average_tokens_across_devices": True,
+        # a mixture of experts' router loss off (TRL turns it on for MoE models; under plans it is refused:
+        # docs/integrations/trl.md); 0.0 changes nothing for a dense model
+        "router_aux_loss_coef": 0.0,
     }
     fields.update(overrides)
     return SFTConfig(**fields)

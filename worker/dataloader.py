@@ -88,7 +88,7 @@ from skrull.worker.inputs import pack
 from skrull.worker.layout import MicrobatchLayout, layouts_from_view_dict
 from skrull.worker.loss import IGNORE_INDEX
 from skrull.worker.plan_sources import PlanSource, ServicePlans, plan_key
-from skrull.worker.planner_process import PlanningBudget, ProcessPlans
+from skrull.worker.planner_process import PlanningBudget, ProcessPlans, unagreed_budget_s
 
 if TYPE_CHECKING:  # the client (httpx, the api extra) is the caller's: a [worker] install imports this module
     from torch.distributed.device_mesh import DeviceMesh
@@ -205,6 +205,98 @@ def _as_tensor(value: Any, field: str, index: int, name: str = "dataset") -> tor
     if t.dtype == torch.bool or t.is_floating_point() or t.is_complex():
         raise RequestError(f"{name}[{index}].{field}", str(t.dtype), "token ids and labels must be integers")
     return t.long()
+
+
+def _is_arrow_table(value: Any) -> bool:
+    """A ``pyarrow.Table``, recognised by type name: a [worker] install without pyarrow imports nothing."""
+    return type(value).__module__.startswith("pyarrow") and type(value).__name__ == "Table"
+
+
+class ArrowRows:
+    """A ``pyarrow.Table`` read as a map-style dataset of rows (``table[i]`` is its i-th column, not row)."""
+
+    def __init__(self, table: Any) -> None:
+        self.table = table
+
+    def __len__(self) -> int:
+        return int(self.table.num_rows)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        row: dict[str, Any] = self.table.slice(index, 1).to_pylist()[0]
+        return row
+
+
+def arrow_columns(dataset: Any) -> Any:
+    """The Arrow table holding a columnar dataset's rows in its own order: a ``pyarrow.Table``, or a
+    ``datasets.Dataset`` without an indices mapping (after ``select`` / ``shuffle`` its table is in another
+    order; its rows are then checked as read, with every other dataset). None otherwise, or without an
+    ``input_ids`` column."""
+    table = dataset.table if isinstance(dataset, ArrowRows) else dataset if _is_arrow_table(dataset) else None
+    if table is None and hasattr(dataset, "column_names") and getattr(dataset, "_indices", True) is None:
+        inner = getattr(getattr(dataset, "data", None), "table", None)
+        table = inner if _is_arrow_table(inner) else None
+    if table is None or "input_ids" not in table.column_names:
+        return None
+    return table
+
+
+#: Arrow's integer types by name (``pyarrow.DataType.__str__``)
+_ARROW_INTEGERS = frozenset(f"{sign}int{bits}" for sign in ("", "u") for bits in (8, 16, 32, 64))
+
+
+def check_columnar_rows(table: Any, lengths: Sequence[int], *, vocab_size: int | None, name: str = "dataset") -> None:
+    """Every row's ``input_ids`` (and ``labels``, when a column) checked in one vectorised pass over the Arrow
+    columns: integer ids, ``>= 0``, below ``vocab_size`` when given, as many as ``lengths`` says, labels as many
+    as the ids and each ``-100`` or ``>= 0``. The first bad row is named as ``dataset[i]``, the same line the
+    row would give when read (``PlannedBatches._sample``), but before any step."""
+    import numpy as np
+
+    def flat(column: str) -> tuple[Any, Any]:
+        lists = table.column(column).combine_chunks()  # a ListArray: offsets into one flat array of values
+        value_type = getattr(lists.type, "value_type", None)
+        if value_type is None:
+            raise RequestError(f"{name}.{column}", str(lists.type), "must be a column of lists of token ids")
+        if str(value_type) not in _ARROW_INTEGERS:
+            raise RequestError(f"{name}[0].{column}", str(value_type), "token ids must be integers (lists of ints)")
+        sizes = lists.value_lengths().fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+        return lists.flatten().to_numpy(zero_copy_only=False).astype(np.int64), sizes
+
+    ids, sizes = flat("input_ids")
+    want = np.asarray(lengths, dtype=np.int64)
+    wrong = np.flatnonzero(sizes != want)
+    if wrong.size:
+        i = int(wrong[0])
+        raise RequestError(
+            f"{name}[{i}].input_ids",
+            int(sizes[i]),
+            f"tokens: a length other than lengths[{i}] = {int(want[i])}, which the plan was made for",
+        )
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+
+    def first_row(bad: Any) -> tuple[int, int]:
+        position = int(np.flatnonzero(bad)[0])
+        return int(np.searchsorted(starts, position, side="right") - 1), position
+
+    if ids.size and bool((ids < 0).any()):
+        row, at = first_row(ids < 0)
+        raise RequestError(f"{name}[{row}].input_ids", int(ids[at]), "token ids must be >= 0")
+    if vocab_size is not None and ids.size and bool((ids >= vocab_size).any()):
+        row, at = first_row(ids >= vocab_size)
+        raise RequestError(
+            f"{name}[{row}].input_ids", int(ids[at]), f"is out of the vocabulary (vocab_size={vocab_size})"
+        )
+    if "labels" in table.column_names:
+        labels, label_sizes = flat("labels")
+        wrong = np.flatnonzero(label_sizes != sizes)
+        if wrong.size:
+            i = int(wrong[0])
+            raise RequestError(
+                f"{name}[{i}].labels", int(label_sizes[i]), f"labels for {int(sizes[i])} input_ids: one per token"
+            )
+        bad = (labels < 0) & (labels != IGNORE_INDEX)
+        if labels.size and bool(bad.any()):
+            row, at = first_row(bad)
+            raise RequestError(f"{name}[{row}].labels", int(labels[at]), f"labels are token ids or {IGNORE_INDEX}")
 
 
 def parse_profile(profile: str | Mapping[str, Any]) -> Profile:
@@ -336,6 +428,8 @@ class PlannedBatches:
         check_cp_modes_profile(self.cp_modes, parsed)
         #: the profile's head counts, which the plans' Ulysses groups divide (``check_model_heads``)
         self.profile_heads = parsed.heads
+        if _is_arrow_table(dataset):  # rows by index, as every other dataset
+            dataset = ArrowRows(dataset)
         if len(dataset) != len(lengths):
             raise RequestError("lengths", len(lengths), f"must have one entry per dataset sample ({len(dataset)})")
         if client is not None and plans is not None:
@@ -390,6 +484,9 @@ class PlannedBatches:
         self.global_batch_size = global_batch_size
         #: keep (False, torch's default) or drop the last global batch of an epoch when it is partial
         self.drop_last = drop_last
+        #: the dataset's columns when it is columnar (a ``datasets.Dataset`` or a ``pyarrow.Table``):
+        #: checked in one vectorised pass at construction (``check_columnar_rows``)
+        self._columns = arrow_columns(dataset)
         #: token ids must be below it when given (the model's ``config.vocab_size``)
         self.vocab_size = vocab_size
         self.num_iterations = num_iterations
@@ -411,6 +508,30 @@ class PlannedBatches:
         self.calibration: LoaderCalibration | None = None
         if calibrate:
             self.calibration = LoaderCalibration(self, store=self._calibration_store())
+
+    @property
+    def vocab_size(self) -> int | None:
+        """Token ids must be below it when given; a columnar dataset is checked whenever it is set (the
+        SkrullTrainer sets the model's after construction)."""
+        return self._vocab_size
+
+    @vocab_size.setter
+    def vocab_size(self, value: int | None) -> None:
+        self._vocab_size = value
+        if self._columns is not None:
+            check_columnar_rows(self._columns, self.lengths, vocab_size=value, name=self.dataset_name)
+
+    def __getitem__(self, index: Any) -> Any:
+        """Refused: ``torch.utils.data.DataLoader(planned, ...)`` treats a loader with ``__len__`` as a map-style
+        dataset and asks it for items (found: ``TypeError: 'PlannedBatches' object is not subscriptable``, or a
+        worker process per ``num_workers`` each packing every rank's rows again). It is the loader itself:
+        threads of this process pack ``prefetch`` iterations ahead and the node's planner process makes each
+        plan once, so it needs no DataLoader or worker processes around it."""
+        raise TypeError(
+            "PlannedBatches is the data loader itself, not a dataset: iterate it directly (for ready in planned: "
+            "...); it packs ahead on threads (prefetch) and plans once per node, so torch.utils.data.DataLoader "
+            "and its num_workers are not used around it"
+        )
 
     def _agreement(self) -> tuple[Any, str | None]:
         """Where the ranks agree on each request's budget: the job's ``torch.distributed`` store (None: this
@@ -700,6 +821,19 @@ class PlannedBatches:
                 key=self._budget_key,
                 deferring=defers(doc.get("defer", {}).get("max_sequences")),
             )
+        if self.time_budget_s is None and self._budget_key is None:
+            # ranks given explicitly, no torch.distributed group: nothing to agree a step-derived budget through,
+            # and ranks asking with different budgets would get different plans. The planner's minimum for the
+            # request is what every rank computes alike from the request itself, and it keeps planning ahead
+            # of a fast step (the planner's 1 s default made such a loop wait 575 ms per iteration)
+            floor = unagreed_budget_s(
+                self.solver,
+                [len(b) for b in batches],
+                Parallel(dp=self.dp, cp=self.cp),
+                deferring=defers(doc.get("defer", {}).get("max_sequences")),
+            )
+            if floor is not None:
+                doc["time_budget_s"] = floor
         if self.equal_microbatches:
             doc["equal_microbatches"] = True
         if self.cp_modes != DEFAULT_CP_MODES:
@@ -859,12 +993,20 @@ class PlannedBatches:
             normalizer = sum(self.supervised_tokens(i) for i in samples)
         else:
             normalizer = num_tokens
-        cache: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        # every row of the global batch is read and checked on every rank, in the same order, not only the rows
+        # this rank packs: a bad row then stops every rank at this iteration with the same line naming
+        # dataset[i], before the step that would use it (found: the packing rank stopped alone and the others
+        # died in their next collective with gloo's "Connection closed by peer")
+        # (a columnar dataset without labels had every row's ids checked at construction, vectorised: each rank
+        # then reads its own rows only; labels keep the pass, the convention check being per row)
+        checked = self._columns is not None and "labels" not in self._columns.column_names
+        rows = {} if checked else {i: self._sample(i) for i in samples}
 
         def fetch(seq_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-            if seq_id not in cache:
-                cache[seq_id] = self._sample(index_of[seq_id])
-            return cache[seq_id]
+            index = index_of[seq_id]
+            if index not in rows:
+                rows[index] = self._sample(index)
+            return rows[index]
 
         equal_counts = self.equal_microbatches or self.dp == 1  # one DP rank: its CP group runs one count
         heads = self.profile_heads
@@ -903,6 +1045,8 @@ class PlannedBatches:
         return self._ready(iteration, plan_id, view, 0.0)
 
     def __iter__(self) -> Iterator[ReadyIteration]:
+        if torch.utils.data.get_worker_info() is not None:  # a DataLoader worker process iterating it
+            self.__getitem__(0)
         if self._finished_pass:  # the last pass ran to the epoch's end: this one is the next epoch
             self._start_epoch(self.epoch + 1)
         todo = deque(range(self.next_iteration, len(self.batches)))

@@ -628,6 +628,17 @@ def _two_digits_up(seconds: float) -> float:
     return math.ceil(seconds * factor) / factor
 
 
+def unagreed_budget_s(
+    solver: str, batch_sizes: Sequence[int], parallel: Parallel, *, deferring: bool = False
+) -> float | None:
+    """The budget of a request when the ranks have nothing to agree through (no ``torch.distributed`` group,
+    ranks given explicitly, several of them): the planner's own minimum for the request (``smallest_budget_s``,
+    two significant digits up), a function of the request alone, so every rank asks for the same plan. None
+    for a planner without an estimate (the planner's default then)."""
+    floor = smallest_budget_s(solver, batch_sizes, parallel, deferring=deferring)
+    return _two_digits_up(floor) if floor > 0 else None
+
+
 class PlanningBudget:
     """``time_budget_s`` of each request, derived from the measured step time so planning keeps up.
 
@@ -649,7 +660,8 @@ class PlanningBudget:
     budget in the job's ``torch.distributed`` store with ``compare_set``, and the first proposal of a request
     is the one every rank uses (``decide``). Without ``torch.distributed`` (ranks given explicitly) nothing
     can be agreed, so the loader adapts only when it is the job's one rank (DP1 x CP1) and otherwise asks
-    for the planner's default budget. Decisions are kept (``state_dict``), so a resumed run asks for the
+    for the planner's minimum for each request (``unagreed_budget_s``), which every rank computes alike.
+    Decisions are kept (``state_dict``), so a resumed run asks for the
     same plans.
     """
 

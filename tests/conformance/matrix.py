@@ -26,12 +26,19 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 MODELS = Path(__file__).resolve().parent / "models"
-ARCHS = ("llama-1kv-tied", "qwen2", "mistral-window", "phi3", "gemma2-softcap", "olmo2")
+ARCHS = (
+    "llama-1kv-tied", "qwen2", "mistral-window", "phi3", "gemma2-softcap", "olmo2", "gemma3-window",
+    "qwen2-moe", "mixtral", "qwen3-moe", "qwen2-moe-router-aux",
+)  # fmt: skip
 LAYOUTS = ((1, 4), (2, 2), (4, 1))
 INTEGRATIONS = ("trainer", "trl", "ddp", "fsdp")
 TOLERANCE = 1e-4
 #: cp x bucket = 128 tokens: the longest row (120) always fits, and shards whenever cp > 1
 BUCKET_TIMES_CP = 128
+#: the adapters' rank of a ``--lora`` cell
+LORA_RANK = 4
+#: the integrations whose scripts take ``--lora`` (TRL's example does not)
+LORA_INTEGRATIONS = ("trainer", "ddp", "fsdp")
 
 
 @dataclass(frozen=True)
@@ -44,6 +51,8 @@ class Cell:
     detail: str
     #: run with activation checkpointing (``--activation-checkpointing`` of the scripts: every layer recomputed)
     checkpointing: bool = False
+    #: train PEFT LoRA adapters of rank ``LORA_RANK`` (``--lora`` of the Trainer and own-loop scripts)
+    lora: bool = False
 
 
 def write_rows(path: Path, *, n: int = 32, seed: int = 3, vocab: int = 128) -> Path:
@@ -53,12 +62,15 @@ def write_rows(path: Path, *, n: int = 32, seed: int = 3, vocab: int = 128) -> P
     return path
 
 
-def command(arch: str, dp: int, cp: int, integration: str, tmp: Path, *, checkpointing: bool = False) -> list[str]:
+def command(
+    arch: str, dp: int, cp: int, integration: str, tmp: Path, *, checkpointing: bool = False, lora: bool = False
+) -> list[str]:
     launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={dp * cp}"]
     common = [
         "--model-config", str(MODELS / f"{arch}.json"), "--dp", str(dp), "--cp", str(cp),
         "--bucket-tokens", str(BUCKET_TIMES_CP // cp), "--check",
         *(["--activation-checkpointing"] if checkpointing else []),
+        *(["--lora", str(LORA_RANK)] if lora else []),
     ]  # fmt: skip
     if integration == "trainer":
         data = write_rows(tmp / "train.jsonl")
@@ -79,20 +91,29 @@ def command(arch: str, dp: int, cp: int, integration: str, tmp: Path, *, checkpo
 
 
 def run_cell(
-    arch: str, dp: int, cp: int, integration: str, *, timeout_s: float = 600, checkpointing: bool = False
+    arch: str,
+    dp: int,
+    cp: int,
+    integration: str,
+    *,
+    timeout_s: float = 600,
+    checkpointing: bool = False,
+    lora: bool = False,
 ) -> Cell:
+    if lora and integration not in LORA_INTEGRATIONS:
+        raise ValueError(f"lora: the {integration} script takes no --lora; one of {LORA_INTEGRATIONS}")
     with tempfile.TemporaryDirectory(prefix="skrull-conformance-") as name:
         tmp = Path(name)
-        command_line = command(arch, dp, cp, integration, tmp, checkpointing=checkpointing)
+        command_line = command(arch, dp, cp, integration, tmp, checkpointing=checkpointing, lora=lora)
         try:
             out = subprocess.run(command_line, capture_output=True, text=True, timeout=timeout_s, cwd=tmp)
         except subprocess.TimeoutExpired:
             return Cell(arch, dp, cp, integration, "fail", f"no result in {timeout_s:.0f} s (a hang?)")
     cell = dataclasses.replace(
-        judge(arch, dp, cp, integration, out.returncode, out.stdout, out.stderr), checkpointing=checkpointing
+        judge(arch, dp, cp, integration, out.returncode, out.stdout, out.stderr), checkpointing=checkpointing, lora=lora
     )
     if cell.outcome == "fail":  # the whole output stays for a look: a failed cell is never only a last line
-        suffix = "-checkpointing" if checkpointing else ""
+        suffix = ("-checkpointing" if checkpointing else "") + ("-lora" if lora else "")
         log = Path(tempfile.gettempdir()) / f"skrull-conformance-{arch}-DP{dp}xCP{cp}-{integration}{suffix}.log"
         log.write_text(f"$ {' '.join(command_line)}\nexit {out.returncode}\n{out.stdout}\n{out.stderr}")
         cell = dataclasses.replace(cell, detail=f"{cell.detail} (output: {log})")
@@ -116,7 +137,7 @@ def judge(arch: str, dp: int, cp: int, integration: str, returncode: int, stdout
 def table(cells: list[Cell]) -> str:
     lines = ["| architecture | layout | integration | outcome | figure / refusal |", "|---|---|---|---|---|"]
     for c in cells:
-        integration = f"{c.integration} + checkpointing" if c.checkpointing else c.integration
+        integration = c.integration + (" + checkpointing" if c.checkpointing else "") + (" + LoRA" if c.lora else "")
         lines.append(f"| {c.arch} | DP{c.dp}xCP{c.cp} | {integration} | {c.outcome} | {c.detail} |")
     return "\n".join(lines) + "\n"
 
@@ -138,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cell", action="append", help="one cell, ARCH:DPxCP:INTEGRATION (instead of the product)")
     p.add_argument("--out", default=None, help="write the markdown table here too")
     p.add_argument("--checkpointing", action="store_true", help="every cell with activation checkpointing on")
+    p.add_argument("--lora", action="store_true", help="every cell trains PEFT LoRA adapters (TRL cells left out)")
     args = p.parse_args(argv)
     layouts = [tuple(int(x) for x in s.split("x")) for s in args.layout] if args.layout else list(LAYOUTS)
     todo = [
@@ -148,10 +170,12 @@ def main(argv: list[str] | None = None) -> int:
     ]
     if args.cell:
         todo = [parse_cell(text) for text in args.cell]
+    if args.lora:
+        todo = [cell for cell in todo if cell[3] in LORA_INTEGRATIONS]
     cells = []
     for arch, dp, cp, integration in todo:
-        cell = run_cell(arch, dp, cp, integration, checkpointing=args.checkpointing)
-        with_ = " + checkpointing" if args.checkpointing else ""
+        cell = run_cell(arch, dp, cp, integration, checkpointing=args.checkpointing, lora=args.lora)
+        with_ = (" + checkpointing" if args.checkpointing else "") + (" + LoRA" if args.lora else "")
         print(f"{arch} DP{dp}xCP{cp} {integration}{with_}: {cell.outcome} {cell.detail}", flush=True)
         cells.append(cell)
     text = table(cells)

@@ -171,6 +171,67 @@ def refuse_unsupported_attention(config: Any) -> None:
         )
 
 
+#: ``model_type`` values that train exactly under plans, each a conformance cell against the plain step
+#: (tests/conformance, docs/integrations/conformance.md): one list for ``build_model``, ``skrull finetune``,
+#: ``SkrullTrainer`` / TRL and the own loop's ``scheduled_step`` (a model from ``from_pretrained(...,
+#: attn_implementation=register())``). ``gemma3_text`` is Gemma 3's causal LM (the multimodal ``gemma3`` is
+#: not); the mixtures of experts train with the router's auxiliary loss off (``refuse_unsupported_model``).
+SUPPORTED_MODEL_TYPES: tuple[str, ...] = (
+    "llama", "qwen2", "mistral", "qwen3", "phi3", "gemma2", "gemma3_text", "olmo2", "qwen2_moe", "mixtral", "qwen3_moe",
+)  # fmt: skip
+
+
+def unsupported_model_setting(config: Any) -> tuple[str, Any, str] | None:
+    """``(field, value, why)`` for the first setting of a model config (a ``PretrainedConfig`` or its dict)
+    that plans would train differently from the plain step; None when it trains exactly.
+
+    - ``model_type`` outside ``SUPPORTED_MODEL_TYPES``: not checked against the plain step.
+    - ``output_router_logits`` true (a mixture of experts' load-balancing loss, Switch Transformer eq. 4:
+      ``coef * E * sum_e f_e * P_e`` with ``f_e`` the fraction of tokens routed to expert ``e`` and ``P_e``
+      the mean router probability, both over the tokens of one forward): the model adds it to the loss of
+      each forward. The plain step takes ``f_e`` and ``P_e`` over the whole global batch; under plans each
+      microbatch's forward sees its own rows only, and the sum over microbatches and ranks counts the
+      term once per microbatch (found: loss 9.68 against 6.51, the router gate's gradient 71x off). The
+      global statistics are known only after every microbatch's forward, so no per-microbatch loss
+      reproduces them; refused until a per-microbatch semantics is offered as an explicit option.
+    - an attention feature the DACP attention does not compute (``unsupported_attention_features``)."""
+    get = config.get if isinstance(config, dict) else lambda key, default=None: getattr(config, key, default)
+    model_type = get("model_type", None)
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        return (
+            "model_type",
+            model_type,
+            f"not one of the architectures checked under plans ({', '.join(SUPPORTED_MODEL_TYPES)})",
+        )
+    if get("output_router_logits", False):
+        return (
+            "output_router_logits",
+            get("output_router_logits", None),
+            "the router's auxiliary (load-balancing) loss is taken over the whole global batch by the plain step "
+            "and per microbatch under plans, a different loss; set output_router_logits=False "
+            "(TRL: SFTConfig(router_aux_loss_coef=0.0)); the expert layers themselves train exactly",
+        )
+    unsupported = unsupported_attention_features(config)
+    if unsupported:
+        field, value = unsupported[0]
+        return (
+            field,
+            value,
+            f"an attention feature the DACP attention does not compute (it computes {', '.join(IMPLEMENTED_FIELDS)})",
+        )
+    return None
+
+
+def refuse_unsupported_model(config: Any) -> None:
+    """A ``ValueError`` naming the first setting ``unsupported_model_setting`` finds, before any step."""
+    found = unsupported_model_setting(config)
+    if found is not None:
+        field, value, why = found
+        raise ValueError(
+            f"model config {field}={value!r}: {why}; training under plans would differ from the plain model"
+        )
+
+
 def register() -> str:
     """Register the implementation with ``transformers`` (idempotent); returns its name."""
     from transformers import AttentionInterface

@@ -3,8 +3,10 @@
 Every process of a run builds the model on the CPU from the same seed, so all hold the same weights
 without broadcasting them, then moves it to its device. The architectures whose attention goes through
 ``transformers``' attention interface with rotary positions from ``position_ids`` qualify: Llama, Qwen2,
-Qwen3, Mistral, Phi-3, Gemma 2 (logit soft-capping and sliding windows computed by the DACP attention) and
-OLMo 2, each checked against the plain step under torchrun (tests/conformance, docs/integrations/conformance.md).
+Qwen3, Mistral, Phi-3, Gemma 2 (logit soft-capping and sliding windows computed by the DACP attention),
+Gemma 3, OLMo 2 and the mixtures of experts Qwen2-MoE, Qwen3-MoE and Mixtral (the router's auxiliary loss
+off; ``SUPPORTED_MODEL_TYPES``), each checked against the plain step under torchrun (tests/conformance,
+docs/integrations/conformance.md).
 """
 
 from __future__ import annotations
@@ -17,10 +19,9 @@ import torch
 
 from skrull.solver.errors import RequestError
 from skrull.solver.io import read_json
-from skrull.worker.hf.attention import register, unsupported_attention_features
+from skrull.worker.hf.attention import SUPPORTED_MODEL_TYPES, register, unsupported_model_setting
 
-#: ``model_type`` values of config.json that run under DACP.
-SUPPORTED_MODEL_TYPES: tuple[str, ...] = ("llama", "qwen2", "mistral", "qwen3", "phi3", "gemma2", "olmo2")
+__all__ = ["SUPPORTED_MODEL_TYPES", "build_model", "check_model_config", "read_model_config"]
 #: Largest size field accepted (int32: tensor dimensions and token ids).
 MAX_SIZE = 2**31 - 1
 
@@ -63,10 +64,10 @@ def check_model_config(doc: Any, *, field: str = "--model-config") -> None:
     dropout = doc.get("attention_dropout", 0.0)
     if dropout not in (0, 0.0):
         raise RequestError(f"{field}.attention_dropout", dropout, "must be 0 (no attention dropout under DACP)")
-    unsupported = unsupported_attention_features(doc)
-    if unsupported:
-        key, value = unsupported[0]
-        raise RequestError(f"{field}.{key}", value, "an attention feature the DACP attention does not compute")
+    found = unsupported_model_setting(doc)  # the router's auxiliary loss, attention features
+    if found is not None:
+        key, value, why = found
+        raise RequestError(f"{field}.{key}", value, why)
 
 
 def build_model(
@@ -94,3 +95,27 @@ def build_model(
     model.to(device=device or torch.device("cpu"), dtype=dtype)
     model.train()
     return model
+
+
+#: The projections LoRA adapts in ``with_lora``: attention's and the dense MLP's (a mixture of experts' fused
+#: expert weights are parameters, not linear modules, and stay frozen).
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def with_lora(model: Any, *, rank: int, seed: int) -> Any:
+    """``peft.get_peft_model(model, LoraConfig(r=rank, ...))`` with both factors drawn from ``seed``, as the
+    examples' ``--lora`` and the conformance matrix use it: the base weights frozen, only the adapters train.
+
+    PEFT's default zero-initialises ``B``, so the first step's gradient of every ``A`` is exactly 0 and a check
+    of it would compare zeros; here ``B`` is random too (``init_lora_weights=False``), which makes the adapted
+    model differ from the base one and every adapter's first gradient non-zero. ``lora_dropout`` stays 0: a
+    random mask per token, drawn on other ranks under plans than in the plain step."""
+    from peft import LoraConfig, get_peft_model
+
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+        raise ValueError(f"lora rank {rank!r}: must be an integer >= 1")
+    torch.manual_seed(seed)
+    config = LoraConfig(
+        r=rank, lora_alpha=2 * rank, lora_dropout=0.0, target_modules=list(LORA_TARGETS), init_lora_weights=False
+    )
+    return get_peft_model(model, config)

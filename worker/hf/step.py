@@ -23,6 +23,7 @@ mean-reduced cross-entropy.
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +38,7 @@ from skrull.worker.collectives import GroupRegistry
 from skrull.worker.dacp import DACPPlan, refuse_unrunnable_modes
 from skrull.worker.dataloader import ReadyMicrobatch, refuse_other_heads
 from skrull.worker.fused_ce import linear_cross_entropy_sum
+from skrull.worker.hf.attention import refuse_unsupported_model
 from skrull.worker.hf.inputs import model_inputs
 from skrull.worker.kernels import AttentionKernel
 from skrull.worker.loss import IGNORE_INDEX, own_supervised_tokens
@@ -197,6 +199,43 @@ def refuse_unrunnable_plan(model: Any, plan: Plan) -> None:
         refuse_unrunnable_modes(plan, heads=heads[0])
 
 
+def refuse_untrained_model(model: Any) -> None:
+    """The model's architecture and settings are ones plans train exactly (``refuse_unsupported_model``: one
+    list for every path, ``from_pretrained(..., attn_implementation=register())`` included), and it is in
+    training mode where dropout would act (``warn_eval_mode_dropout``). A model without a Hugging Face
+    config (a module of one's own) is not checked."""
+    config = getattr(grad_sync.unwrapped(model), "config", None)
+    if config is None or getattr(config, "model_type", None) is None:
+        return
+    refuse_unsupported_model(config)
+    warn_eval_mode_dropout(model)
+
+
+_WARNED_EVAL_MODE: set[int] = set()
+
+
+def warn_eval_mode_dropout(model: Any) -> None:
+    """Warn once per model when it trains in eval mode with a dropout probability above 0: ``from_pretrained``
+    returns a model in eval mode, and a loop that never calls ``model.train()`` trains with dropout silently
+    off (the loss and gradients of a model without dropout, not of the model configured)."""
+    inner = grad_sync.unwrapped(model)
+    if inner.training or id(inner) in _WARNED_EVAL_MODE:
+        return
+    rates = [float(m.p) for m in inner.modules() if isinstance(m, torch.nn.Dropout) and float(m.p) > 0]
+    config = getattr(inner, "config", None)
+    for name in ("hidden_dropout", "hidden_dropout_prob", "resid_pdrop", "embd_pdrop", "dropout"):
+        value = getattr(config, name, None)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+            rates.append(float(value))
+    if rates:
+        _WARNED_EVAL_MODE.add(id(inner))
+        warnings.warn(
+            f"the model trains in eval mode with dropout {max(rates)}: dropout is off, unlike the model "
+            "configured; call model.train() before the loop (from_pretrained returns a model in eval mode)",
+            stacklevel=3,
+        )
+
+
 def dacp_plans(
     microbatches: Sequence[ReadyMicrobatch],
     *,
@@ -239,6 +278,7 @@ def scheduled_step(
     """
     try:  # raised after every rank has said whether it refuses (global_target_count): all stop alike
         refuse_unrunnable_ulysses(model, microbatches)
+        refuse_untrained_model(model)
         refusal: Exception | None = None
     except ValueError as exc:
         refusal = exc
@@ -361,9 +401,12 @@ def step_errors(
 
 
 def model_gradients(model: Any) -> dict[str, torch.Tensor]:
-    """Every parameter's gradient by name (after ``plain_step``'s backward)."""
+    """Every trained parameter's gradient by name (after ``plain_step``'s backward); frozen ones (a LoRA
+    model's base weights) have none."""
     out = {}
     for name, param in model.named_parameters():
+        if not param.requires_grad:
+            continue
         assert param.grad is not None, name
         out[name] = param.grad
     return out

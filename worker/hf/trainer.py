@@ -35,9 +35,10 @@ import torch.distributed as dist
 from transformers import Trainer, TrainerCallback, TrainingArguments
 from transformers.trainer_utils import EvalLoopOutput
 
+from skrull.worker import grad_sync
 from skrull.worker.dataloader import PlannedBatches, ReadyIteration
 from skrull.worker.groups import IterationGroups
-from skrull.worker.hf.attention import ATTN_IMPLEMENTATION, refuse_unsupported_attention
+from skrull.worker.hf.attention import ATTN_IMPLEMENTATION, refuse_unsupported_model
 from skrull.worker.hf.evaluation import plain_eval_loss, reduce_rows, row_losses
 from skrull.worker.hf.fast import compile_model, compiled_how
 from skrull.worker.hf.inputs import model_inputs
@@ -100,6 +101,123 @@ class _Steps(torch.utils.data.Dataset[int]):
         return index
 
 
+# ``TrainingArguments`` fields that change the loss or the gradient and that plans do not train exactly,
+# with the value that does: refused before the first step (docs/integrations/hf-trainer.md has the table of
+# every field that changes the loss or the gradient, with its status).
+def _refusals(args: Any) -> list[tuple[str, Any, str]]:
+    found: list[tuple[str, Any, str]] = []
+
+    def arg(name: str, default: Any = None) -> Any:
+        return getattr(args, name, default)
+
+    if arg("label_smoothing_factor", 0.0):
+        # the Trainer's LabelSmoother: (1 - eps) * NLL + eps * mean over the vocabulary of -log p, averaged over
+        # each forward's own supervised tokens (not the global batch's count), on labels it shifts again
+        found.append(
+            (
+                "label_smoothing_factor",
+                arg("label_smoothing_factor"),
+                "set 0 (the label smoother "
+                "averages over each forward's tokens and shifts the loader's next-token targets again)",
+            )
+        )
+    if arg("fp16", False):
+        # float16 with loss scaling (accelerate's GradScaler) has run under plans on no device yet; bfloat16 has
+        # (tests/worker/hf/test_trainer_arguments.py)
+        found.append(
+            (
+                "fp16",
+                True,
+                "use bf16=True (checked under plans) or float32; float16 with loss scaling is "
+                "not checked against the plain step under plans",
+            )
+        )
+    if not arg("average_tokens_across_devices", True):
+        found.append(
+            (
+                "average_tokens_across_devices",
+                False,
+                "set True (the loss of a step is normalised by "
+                "the global batch's target count over every rank: docs/finetune.md, the loss rule)",
+            )
+        )
+    if arg("neftune_noise_alpha") is not None:
+        # NEFTune scales its embedding noise by alpha / sqrt(sequence length x hidden): a packed microbatch's
+        # length is not the plain batch's padded width, so the noise would differ
+        found.append(
+            (
+                "neftune_noise_alpha",
+                arg("neftune_noise_alpha"),
+                "leave it None (its noise scale depends on the batch's padded length, which packing changes)",
+            )
+        )
+    if arg("use_liger_kernel", False):
+        found.append(
+            (
+                "use_liger_kernel",
+                True,
+                "set False (its patched loss has not been checked against the plain step under plans)",
+            )
+        )
+    if arg("auto_find_batch_size", False):
+        found.append(
+            (
+                "auto_find_batch_size",
+                True,
+                "set False (the plan, not the Trainer, decides what a rank "
+                "trains; lower bucket_tokens against memory errors)",
+            )
+        )
+    if arg("deepspeed") is not None:
+        found.append(
+            (
+                "deepspeed",
+                arg("deepspeed"),
+                "leave it None (DeepSpeed's engine has not been checked "
+                "under plans; shard with FSDP2: fsdp_config={'version': 2} or grad_sync.wrap)",
+            )
+        )
+    parallelism = arg("parallelism_config")
+    sizes = {k: getattr(parallelism, k, 1) for k in ("cp_size", "sp_size", "tp_size", "dp_shard_size")}
+    if parallelism is not None and any(isinstance(v, int) and v > 1 for k, v in sizes.items() if k != "dp_shard_size"):
+        found.append(
+            (
+                "parallelism_config",
+                parallelism,
+                "leave it None (the plan's mesh decides the context and data parallel ranks)",
+            )
+        )
+    if arg("dataloader_drop_last", False):
+        found.append(
+            (
+                "dataloader_drop_last",
+                True,
+                "set False and pass PlannedBatches(..., drop_last=True) (the planned loader decides the batches)",
+            )
+        )
+    if (
+        str(getattr(arg("train_sampling_strategy", "random"), "value", arg("train_sampling_strategy", "random")))
+        != "random"
+    ):
+        found.append(
+            (
+                "train_sampling_strategy",
+                arg("train_sampling_strategy"),
+                "leave it 'random' (the planned loader orders the rows: seed and shuffle of PlannedBatches)",
+            )
+        )
+    return found
+
+
+def refuse_loss_changing_arguments(args: Any) -> None:
+    """A ``ValueError`` naming the first ``TrainingArguments`` field that would train a loss or gradient other
+    than the plain Trainer's under plans, or that plans would silently ignore (``_refusals``)."""
+    found = _refusals(args)
+    if found:
+        field, value, fix = found[0]
+        raise ValueError(f"TrainingArguments({field}={value!r}): not trained exactly under plans; {fix}")
+
+
 class SkrullTrainerMixin(_TrainerBase):
     """What makes a ``Trainer`` train one plan iteration of ``planned`` per optimizer step (module doc).
 
@@ -121,6 +239,13 @@ class SkrullTrainerMixin(_TrainerBase):
                 f"gradient_accumulation_steps={self.args.gradient_accumulation_steps}: "
                 f"{type(self).__name__} runs one plan iteration per step, give 1"
             )
+        refuse_loss_changing_arguments(self.args)
+        if getattr(self, "compute_loss_func", None) is not None:
+            raise ValueError(
+                "compute_loss_func is given: under plans each microbatch's loss is microbatch_loss (the loader's "
+                "next-token targets over the global target count), which would ignore it; subclass and override "
+                "microbatch_loss instead"
+            )
         model: Any = self.model
         implementation = getattr(model.config, "_attn_implementation", None)
         if implementation != ATTN_IMPLEMENTATION:
@@ -132,7 +257,9 @@ class SkrullTrainerMixin(_TrainerBase):
         # activation checkpointing (TrainingArguments' activation_checkpointing / gradient_checkpointing, or
         # turned on on the model) runs with any CP: the DACP attention keeps its nested graph out of the
         # checkpoint's hooks, so every rank recomputes each layer once, at the same point (worker/dacp.py)
-        refuse_unsupported_attention(model.config)  # softcapping and sliding windows are computed; the rest refused
+        # the architectures checked against the plain step; the router's auxiliary loss and attention features
+        # the DACP attention does not compute (softcapping and sliding windows it does) refused
+        refuse_unsupported_model(model.config)
         planned.check_model_heads(model_heads(model))  # with Ulysses allowed, the profile's heads are the model's
         if planned.vocab_size is None and isinstance(getattr(model.config, "vocab_size", None), int):
             # a token id out of the vocabulary is then refused naming its row, not an embedding IndexError
@@ -362,6 +489,7 @@ class SkrullTrainerMixin(_TrainerBase):
             if timer is not None:
                 timer.start()
             with sync:
+                grad_sync.fresh_autocast_casts()  # an autocast around the step: each forward casts afresh
                 kwargs, labels = model_inputs(mb, plan)
                 loss = self.microbatch_loss(model, kwargs, labels, num_items_in_batch)
                 self.accelerator.backward(loss)

@@ -147,3 +147,88 @@ def test_epochs_reshuffle_count_real_tokens_and_size_the_schedule(tmp_path: Path
     epochs = [log["epoch"] for log in trainer.state.log_history if "loss" in log]
     assert epochs == [0.5, 1.0, 1.5, 2.0]
     assert trainer.lr_scheduler.get_last_lr()[0] == 0.0  # the linear schedule ran its whole length
+
+
+MODELS = ROOT / "tests" / "conformance" / "models"
+
+
+@pytest.mark.parametrize(
+    ("args", "field"),
+    [
+        ({"label_smoothing_factor": 0.1}, "label_smoothing_factor=0.1"),
+        ({"average_tokens_across_devices": False}, "average_tokens_across_devices=False"),
+        ({"neftune_noise_alpha": 5.0}, "neftune_noise_alpha=5.0"),
+        ({"fp16": True}, "fp16=True"),
+        ({"auto_find_batch_size": True}, "auto_find_batch_size=True"),
+        ({"dataloader_drop_last": True}, "dataloader_drop_last=True"),
+        ({"train_sampling_strategy": "group_by_length"}, "train_sampling_strategy='group_by_length'"),
+    ],
+)
+def test_training_arguments_that_change_the_loss_are_refused_naming_the_field(
+    tmp_path: Path, args: dict, field: str
+) -> None:
+    """Found: label_smoothing_factor=0.1 trained unsmoothed under SkrullTrainer (gradient error 0.12 against the
+    plain Trainer), silently; every field of the table in docs/integrations/hf-trainer.md marked refused."""
+    with pytest.raises(ValueError, match=re.escape(f"TrainingArguments({field}): not trained exactly under plans")):
+        make(tmp_path, **args)
+
+
+@pytest.mark.parametrize("name", ["qwen2-moe", "mixtral", "qwen3-moe"])
+def test_the_routers_auxiliary_loss_is_refused_on_every_path(tmp_path: Path, name: str) -> None:
+    """Found: Qwen2-MoE with output_router_logits=True, loss 9.68 against the plain step's 6.51 and the router
+    gate's gradient 71x off, through from_pretrained(..., attn_implementation=register()) which nothing checked.
+    build_model (and skrull finetune, which reads the config with it) and the Trainer refuse it alike."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from skrull.worker.hf.attention import register
+    from skrull.worker.hf.step import refuse_untrained_model
+
+    doc = {**read_model_config(str(MODELS / f"{name}.json")), "output_router_logits": True}
+    with pytest.raises(ValueError, match=r"output_router_logits.*True.*set output_router_logits=False"):
+        build_model(doc, seed=0)
+    fields = {k: v for k, v in doc.items() if k != "model_type"}
+    model = AutoModelForCausalLM.from_config(
+        AutoConfig.for_model(doc["model_type"], **fields), attn_implementation=register()
+    )
+    with pytest.raises(ValueError, match="model config output_router_logits=True: the router's auxiliary"):
+        refuse_untrained_model(model)  # what scheduled_step runs before its first collective
+    model.config.output_router_logits = False
+    refuse_untrained_model(model)  # the expert layers themselves train exactly (conformance cells)
+
+
+def test_one_list_of_architectures_for_build_model_and_the_register_path() -> None:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from skrull.worker.hf.attention import SUPPORTED_MODEL_TYPES, register
+    from skrull.worker.hf.model import check_model_config
+    from skrull.worker.hf.step import refuse_untrained_model
+
+    assert "gemma3_text" in SUPPORTED_MODEL_TYPES  # trains exactly (a conformance cell), once refused by a list
+    check_model_config(read_model_config(str(MODELS / "gemma3-window.json")))
+    gpt2 = AutoModelForCausalLM.from_config(
+        AutoConfig.for_model("gpt2", n_layer=1, n_embd=16, n_head=2, vocab_size=64), attn_implementation=register()
+    )
+    with pytest.raises(ValueError, match="model config model_type='gpt2': not one of the architectures"):
+        refuse_untrained_model(gpt2)
+    with pytest.raises(ValueError, match="model_type"):
+        check_model_config({**read_model_config(str(CONFIG)), "model_type": "gpt2"})
+
+
+def test_a_model_with_dropout_training_in_eval_mode_is_warned_once() -> None:
+    """from_pretrained returns a model in eval mode: a loop without model.train() trained with dropout off."""
+    import warnings
+
+    from skrull.worker.hf.step import warn_eval_mode_dropout
+
+    model = build_model(read_model_config(str(MODELS / "phi3.json")), seed=0)
+    model.config.resid_pdrop = 0.1
+    model.train()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        warn_eval_mode_dropout(model)  # training mode: silent
+    model.eval()
+    with pytest.warns(UserWarning, match=r"trains in eval mode with dropout 0.1.*call model.train\(\)"):
+        warn_eval_mode_dropout(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        warn_eval_mode_dropout(model)  # once per model
