@@ -674,6 +674,10 @@ class CostModel:
             return DEFAULT_CP_MODE
         local = [[lengths[i] for i in ids] for ids in spec.local]
         sharded = [lengths[i] for i in spec.sharded]
+        if self._kv_num and len(fitting) > 1:  # only the modes whose memory holds (gathered K/V: all-gather's)
+            fitting = [m for m in fitting if self.fits(local, sharded, m)] or fitting
+        if len(fitting) == 1:
+            return fitting[0]
         link = self.link_of(spec.ranks)
         times = [self.microbatch_time_ms(local, sharded, m, link=link) for m in fitting]
         return fitting[min(range(len(fitting)), key=lambda k: (times[k], k))]

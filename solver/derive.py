@@ -77,7 +77,7 @@ from skrull.solver.errors import RequestError
 from skrull.solver.gpus import GPUS as GPUS  # re-exported: callers take models and GPUs from here
 from skrull.solver.gpus import GpuSpec as GpuSpec
 from skrull.solver.gpus import topology_for
-from skrull.solver.profile import CommCoeffs, ComputeCoeffs, HeadCounts, Profile, Topology
+from skrull.solver.profile import CommCoeffs, ComputeCoeffs, HeadCounts, Overlap, Profile, Topology
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -531,6 +531,7 @@ def derive_profile(
         topology=topology,
         activation_bytes_per_token=activation,
         kv_bytes_per_token=extra["memory"]["kv_bytes_per_token"],
+        overlap=Overlap(scope=OVERLAP["with"], ulysses_exposed=OVERLAP["ulysses_exposed"], source=OVERLAP["source"]),
         extra=extra,
     )
 

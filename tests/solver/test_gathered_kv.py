@@ -212,9 +212,10 @@ def one_microbatch_plan(profile: Profile, length: int, mode: str) -> tuple[Plan,
         ranks=(0, 1),
         local=((), ()),
         sharded=(0,),
-        estimated_ms=model.microbatch_time_ms([[], []], [length], mode),
+        estimated_ms=model.microbatch_time_ms([[], []], [length], mode, link=model.link_of((0, 1))),
         sharding=SHARDING_MODES[0],
         mode=mode,
+        link=model.link_of((0, 1)),
     )
     iteration = Iteration(
         index=0,
