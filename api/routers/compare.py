@@ -68,19 +68,26 @@ async def compare_planners(request: Request) -> Response:
             slug="limit-exceeded",
         )
     # without a budget every planner gets the same quick default (auto's), as `skrull compare` gives
+    tenant = caller_tenant(request)
     request_obj, canonical = await svc.blocking(
-        functools.partial(svc.prepare, budget_solver="auto"), request_document(body)
+        functools.partial(svc.prepare, budget_solver="auto", tenant=tenant), request_document(body)
     )
     num_solvers = len(solvers or known) + 1
     assert request_obj.time_budget_s is not None
     timeout_s = svc.settings.hard_limit_s(request_obj.time_budget_s) * num_solvers
-    table = await svc.compare_pool().run(
-        timeout_s,
-        compare_table,
-        canonical,
-        solvers,
-        tenant=caller_tenant(request),
-        max_per_tenant=svc.settings.tenant_max_compares,
-        client_gone=functools.partial(client_gone, request),
-    )
+    # every planner gets the budget: the compare holds that many of the tenant's solver seconds while it runs
+    solver_s = request_obj.time_budget_s * num_solvers
+    await svc.blocking(svc.reserve_compare, tenant, solver_s)
+    try:
+        table = await svc.compare_pool().run(
+            timeout_s,
+            compare_table,
+            canonical,
+            solvers,
+            tenant=tenant,
+            max_per_tenant=svc.settings.tenant_max_compares,
+            client_gone=functools.partial(client_gone, request),
+        )
+    finally:
+        svc.release_compare(tenant, solver_s)
     return Response(CompareTable.model_validate(table).model_dump_json(), media_type=JSON)
