@@ -179,8 +179,12 @@ class Service:
 
     @property
     def tenant_max_queued(self) -> int:
-        """Queued jobs one tenant may hold: its quota, and at most its share of the shared queue
-        (``tenant_queue_share * max_queued_jobs``), so one tenant cannot fill the queue for all."""
+        """Queued jobs one tenant may hold: its quota, and, where tokens name two tenants or more, at most its
+        share of the shared queue (``tenant_queue_share * max_queued_jobs``), so one tenant cannot fill the
+        queue for all (a server of one tenant lets it fill the queue)."""
+        tenants = {*self.settings.submit_token_tenants.values(), *self.settings.read_token_tenants.values()}
+        if len(tenants) < 2:
+            return self.settings.tenant_max_queued_jobs
         share = max(1, int(self.settings.max_queued_jobs * self.settings.tenant_queue_share))
         return min(self.settings.tenant_max_queued_jobs, share)
 

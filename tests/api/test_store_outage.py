@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import httpx
 import pytest
@@ -41,7 +42,7 @@ def _through(url: str, proxy: TcpProxy) -> str:
     return f"postgresql://{user}@127.0.0.1:{proxy.port}/{info['dbname']}"
 
 
-def _probes(plan_id: str) -> list[tuple[str, str, dict | None]]:
+def _probes(plan_id: str) -> list[tuple[str, str, dict[str, Any] | None]]:
     upload = {**HAND_PROFILE, "name": "lab/outage"}
     return [
         ("POST", "/v1/plans", plan_request([[11, 12]])),
@@ -62,7 +63,7 @@ def _probes(plan_id: str) -> list[tuple[str, str, dict | None]]:
     ]
 
 
-def _ask(url: str, probe: tuple[str, str, dict | None]) -> httpx.Response:
+def _ask(url: str, probe: tuple[str, str, dict[str, Any] | None]) -> httpx.Response:
     method, path, body = probe
     return httpx.request(method, f"{url}{path}", json=body, timeout=60)
 
