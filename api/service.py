@@ -188,11 +188,12 @@ class Service:
         share = max(1, int(self.settings.max_queued_jobs * self.settings.tenant_queue_share))
         return min(self.settings.tenant_max_queued_jobs, share)
 
-    def reserve_compare(self, tenant: str, seconds: float) -> None:
+    def reserve_compare(self, tenant: str, seconds: float, *, in_store_s: float) -> None:
         """Count a compare of ``seconds`` (its budget times its planners) in ``tenant``'s solver seconds while
-        it runs (blocking: reads the store); 429 ``quota-exceeded`` if it would take the tenant past
-        ``tenant_max_solver_s``. ``release_compare`` gives them back."""
-        held = self.store.tenant_solver_s(tenant_prefix(tenant)) + self.compare_seconds.get(tenant, 0.0)
+        it runs, on top of the ``in_store_s`` its jobs hold (``store.tenant_solver_s``); 429 ``quota-exceeded``
+        if that takes the tenant past ``tenant_max_solver_s``. On the event loop (checked and counted at
+        once); ``release_compare`` gives them back."""
+        held = in_store_s + self.compare_seconds.get(tenant, 0.0)
         if held + seconds > self.settings.tenant_max_solver_s:
             raise quota_problem(
                 QuotaExceededError(

@@ -249,7 +249,7 @@ def crowding(tmp: str) -> None:
         def poll() -> None:
             try:
                 codes.append(
-                    httpx.get(f"{url}/v1/plans/{a_plan}?wait=30", headers=auth("team-a"), timeout=120).status_code
+                    httpx.get(f"{url}/v1/plans/{a_plan}?wait=60", headers=auth("team-a"), timeout=180).status_code
                 )
             except httpx.HTTPError as exc:
                 codes.append(type(exc).__name__)

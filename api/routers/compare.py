@@ -17,6 +17,7 @@ from skrull.api.execute import compare_table
 from skrull.api.limits import check_request_limits, validated_body
 from skrull.api.routers.common import JSON, body_schema, problems, service
 from skrull.api.schemas import CompareRequestIn, CompareTable, request_document
+from skrull.api.tenants import tenant_prefix
 from skrull.solver.planners.registry import planner_names
 
 router = APIRouter(prefix="/v1", tags=["compare"])
@@ -77,7 +78,8 @@ async def compare_planners(request: Request) -> Response:
     timeout_s = svc.settings.hard_limit_s(request_obj.time_budget_s) * num_solvers
     # every planner gets the budget: the compare holds that many of the tenant's solver seconds while it runs
     solver_s = request_obj.time_budget_s * num_solvers
-    await svc.blocking(svc.reserve_compare, tenant, solver_s)
+    in_store_s = await svc.blocking(svc.store.tenant_solver_s, tenant_prefix(tenant))
+    svc.reserve_compare(tenant, solver_s, in_store_s=in_store_s)
     try:
         table = await svc.compare_pool().run(
             timeout_s,
