@@ -42,7 +42,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from skrull.api.errors import ApiProblem, invalid_field, problem_response
 from skrull.api.settings import Settings
@@ -270,8 +270,33 @@ def client_address(scope: Scope) -> str:
     return str(client[0]) if client else "unknown"
 
 
+#: The routes that read a request body (method, path); any other request that brings one is answered without
+#: reading it (``Authenticate``).
+BODY_ROUTES = frozenset({("POST", "/v1/plans"), ("POST", "/v1/compare"), ("POST", "/v1/profiles")})
+
+
+def declares_body(headers: list[tuple[bytes, bytes]]) -> bool:
+    """Whether the request says a body follows (a ``Content-Length`` other than 0, or chunked)."""
+    for name, value in headers:
+        if name == b"transfer-encoding":
+            return True
+        if name == b"content-length" and value.strip() not in (b"0", b""):
+            return True
+    return False
+
+
+async def _no_body() -> Message:
+    return {"type": "http.request", "body": b"", "more_body": False}
+
+
 class Authenticate:
-    """ASGI middleware: a ``/v1`` request with a body is authenticated from its headers before the body
+    """ASGI middleware, first to see a request after the connection's bookkeeping.
+
+    * A request that brings a body to a route that takes none (``/healthz``, ``/metrics``, an unknown path or
+      method, ``//v1/plans``, a GET with a body) is answered as if it had none: its body is never read, let
+      alone parsed, and the connection is closed after the answer (``Connection: close``, the unread bytes
+      go with it). Only ``BODY_ROUTES`` read bodies.
+    * A ``/v1`` request with a body is authenticated from its headers before the body
     size limit and the JSON reader see it. A refusal (401, 403, 429) is answered at once with
     ``Connection: close``, its body never read; an accepted caller's tenant is left in the request state
     for ``require_access``. Requests without a body are checked by ``require_access`` as before."""
@@ -284,6 +309,12 @@ class Authenticate:
         self.on_problem = on_problem
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and (scope["method"], scope.get("path")) not in BODY_ROUTES:
+            headers = list(scope.get("headers") or ())
+            if declares_body(headers):
+                scope["headers"] = [(n, v) for n, v in headers if n not in (b"content-length", b"transfer-encoding")]
+                await self.app(scope, _no_body, _closing(send))
+                return
         if (
             scope["type"] != "http"
             or scope["method"] in READ_METHODS
@@ -303,6 +334,18 @@ class Authenticate:
             return
         scope.setdefault("state", {})[TENANT_STATE] = tenant
         await self.app(scope, receive, send)
+
+
+def _closing(send: Send) -> Send:
+    """``send`` with ``Connection: close`` added to the answer's headers."""
+
+    async def send_closing(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            headers = [(n, v) for n, v in message.get("headers", []) if n.lower() != b"connection"]
+            message = {**message, "headers": [*headers, (b"connection", b"close")]}
+        await send(message)
+
+    return send_closing
 
 
 async def require_access(

@@ -21,7 +21,7 @@ from skrull.api.access import AccessControl, Authenticate, require_access
 from skrull.api.errors import install_error_handlers
 from skrull.api.http_semantics import BoundedWrites, HeadAsGet, PrivateAnswers
 from skrull.api.limits import BodySizeLimit, JsonBody
-from skrull.api.metrics import Metrics
+from skrull.api.metrics import Metrics, method_label
 from skrull.api.notify import Notifier
 from skrull.api.openapi import published_openapi
 from skrull.api.profiles import ProfileCatalog
@@ -35,7 +35,9 @@ from skrull.api.store.open import open_store
 from skrull.api.views import RankViews
 
 API_VERSION = "1.0.0"
-SHUTDOWN_GRACE_S = 5.0
+#: How long running solves may finish after SIGTERM before they are killed (their jobs queued again,
+#: uncharged); with ``server.GRACEFUL_SHUTDOWN_S`` the server is gone within 5 s of the signal.
+SHUTDOWN_GRACE_S = 2.0
 
 DESCRIPTION = """Plans DP x CP data scheduling for long-context fine-tuning (Skrull GDS + DACP and baselines).
 
@@ -70,7 +72,9 @@ class HttpMetrics:
         finally:
             route = scope.get("route")
             template = getattr(route, "path", None) or "unmatched"
-            self.metrics.http_seconds.labels(template, scope["method"], str(code)).observe(time.perf_counter() - start)
+            self.metrics.http_seconds.labels(template, method_label(scope["method"]), str(code)).observe(
+                time.perf_counter() - start
+            )
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -95,7 +99,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 cache_bytes=settings.cache_bytes,
                 max_view_tokens=settings.max_view_tokens,
             ),
-            profiles=ProfileCatalog(store, max_profile_bytes=settings.max_profile_bytes),
+            profiles=ProfileCatalog(
+                store, max_profile_bytes=settings.max_profile_bytes, max_profiles=settings.tenant_max_profiles
+            ),
             loop=loop,
         )
         pool = SolverPool.from_settings(settings, store=store, on_event=svc.on_solver_event)

@@ -7,6 +7,10 @@ requests, or other compares:
 * ``compare_processes`` slots, each one single-process executor. A compare waits for a free slot; at
   most ``max_queued_compares`` may wait, and any beyond get 503 with ``Retry-After`` at once, instead of
   a 504 after waiting behind slow ones.
+* Slots are shared between tenants: one tenant runs at most ``running_share`` compares at once (half the
+  slots, at least one), and a freed slot goes to the waiting compare of the tenant running the fewest
+  (the oldest of those), not to the oldest overall. With two slots (the default), a tenant's compare
+  never waits behind another single tenant's compares.
 * The deadline counts from when the compare got its slot, not from when it arrived. A compare past it
   answers 504 and its process is killed and replaced, so the slot is free for the next at once.
 * A tenant may have at most ``tenant_max_compares`` compares running or waiting (beyond: 429
@@ -58,7 +62,13 @@ class ComparePool:
         self._initializer = initializer
         self._initargs = tuple(initargs)
         self._slots: list[concurrent.futures.ProcessPoolExecutor | None] = [None] * processes
-        self._free: asyncio.Queue[int] | None = None
+        self._free: list[int] = list(range(processes))
+        #: compares waiting for a slot, oldest first: (tenant, the future its slot is handed through)
+        self._waiters: list[tuple[str, asyncio.Future[int]]] = []
+        #: compares one tenant may run at once: half the slots, at least one
+        self.running_share = max(1, processes // 2)
+        #: compares running, by tenant
+        self.running_by_tenant: dict[str, int] = {}
         self.waiting = 0
         self.running = 0
         #: compares running or waiting, by tenant
@@ -115,7 +125,7 @@ class ComparePool:
         self.by_tenant[tenant] = held + 1
         gone: asyncio.Task[None] | None = asyncio.ensure_future(client_gone()) if client_gone is not None else None
         try:
-            return await self._run(timeout_s, fn, args, gone)
+            return await self._run(timeout_s, fn, args, gone, tenant)
         finally:
             if gone is not None:
                 gone.cancel()
@@ -156,16 +166,44 @@ class ComparePool:
             if self._slots[slot] is not None and self.running:
                 self._kill(slot)
 
-    async def _run(
-        self, timeout_s: float, fn: Callable[..., T], args: tuple[Any, ...], gone: asyncio.Task[None] | None
-    ) -> T:
-        if self._free is None:
-            self._free = asyncio.Queue()
-            for slot in range(self._processes):
-                self._free.put_nowait(slot)
+    def _take(self, tenant: str) -> int:
+        self.running_by_tenant[tenant] = self.running_by_tenant.get(tenant, 0) + 1
+        return self._free.pop(0)
+
+    def _give_back(self, slot: int, tenant: str) -> None:
+        left = self.running_by_tenant.get(tenant, 1) - 1
+        if left > 0:
+            self.running_by_tenant[tenant] = left
+        else:
+            self.running_by_tenant.pop(tenant, None)
+        self._free.append(slot)
+        self._dispatch()
+
+    def _dispatch(self) -> None:
+        """Hand free slots to waiting compares: the tenant running the fewest (under its share) first, then
+        the oldest."""
+        while self._free:
+            best: tuple[int, int] | None = None
+            for k, (tenant, future) in enumerate(self._waiters):
+                running = self.running_by_tenant.get(tenant, 0)
+                if not future.done() and running < self.running_share and (best is None or running < best[0]):
+                    best = (running, k)
+            if best is None:
+                return
+            tenant, future = self._waiters.pop(best[1])
+            future.set_result(self._take(tenant))
+
+    async def _acquire(self, tenant: str, gone: asyncio.Task[None] | None) -> int:
         if self._stopping_event().is_set():
             raise ServerStopping()
-        if self._free.empty() and self.waiting >= self._max_waiting:
+        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        entry = (tenant, future)
+        self._waiters.append(entry)
+        self._dispatch()
+        if future.done():  # a slot was free for this tenant
+            return future.result()
+        if self.waiting >= self._max_waiting:
+            self._waiters.remove(entry)
             raise ApiProblem(
                 status=503,
                 slug="compare-queue-full",
@@ -175,11 +213,26 @@ class ComparePool:
                 headers={"Retry-After": "5"},
             )
         self.waiting += 1
-        free = self._free
         try:
-            slot = await self._race(free.get(), gone)
+            return await self._race(future, gone)
+        except BaseException:
+            if entry in self._waiters:
+                self._waiters.remove(entry)
+            if future.done() and not future.cancelled():  # a slot was handed over as the caller left
+                self._give_back(future.result(), tenant)
+            raise
         finally:
             self.waiting -= 1
+
+    async def _run(
+        self,
+        timeout_s: float,
+        fn: Callable[..., T],
+        args: tuple[Any, ...],
+        gone: asyncio.Task[None] | None,
+        tenant: str = "",
+    ) -> T:
+        slot = await self._acquire(tenant, gone)
         self.running += 1
         try:
             future = self._executor(slot).submit(fn, *args)
@@ -207,7 +260,7 @@ class ComparePool:
                 ) from None
         finally:
             self.running -= 1
-            self._free.put_nowait(slot)
+            self._give_back(slot, tenant)
 
     def close(self) -> None:
         """Stop every compare process and wait for it to exit. An idle one exits at once and releases what

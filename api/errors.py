@@ -12,7 +12,13 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from skrull.api.store.base import DamagedRecordError, IdempotencyConflictError, ProfileConflictError
+from skrull.api.store.base import (
+    DamagedRecordError,
+    IdempotencyConflictError,
+    ProfileConflictError,
+    ProfileQuotaError,
+    is_store_unavailable,
+)
 from skrull.solver.errors import InfeasibleError, InvalidPlanError, PlannerBugError, RequestError, SkrullError
 
 if TYPE_CHECKING:  # the web framework is imported where answers are rendered, so solver processes stay light
@@ -271,19 +277,29 @@ def _damaged_problem(plan_id: str | None, reason: str) -> ApiProblem:
     )
 
 
-def _store_problem(request: Request, exc: Exception) -> ApiProblem:
-    """The store failed underneath a request: busy (retry) or damaged pages (named, not internal)."""
-    import sqlite3
+#: Retry-After of a 503 ``store-unavailable``: a pooled connection is replaced, a lock released or a
+#: server back within seconds, or the next try finds it still down and waits again.
+STORE_RETRY_AFTER_S = 2
 
-    if isinstance(exc, sqlite3.OperationalError):
-        log.warning("store busy on %s %s: %s", request.method, request.url.path, exc)
-        return ApiProblem(
-            status=503,
-            slug="store-unavailable",
-            title="store unavailable",
-            detail=f"the job store could not answer ({exc}); retry later",
-            headers={"Retry-After": "1"},
-        )
+
+def store_unavailable(exc: BaseException) -> ApiProblem:
+    """503 ``store-unavailable`` with ``Retry-After``: the store cannot answer now (``is_store_unavailable``)."""
+    reason = " ".join(str(exc).split())[:200] or type(exc).__name__
+    return ApiProblem(
+        status=503,
+        slug="store-unavailable",
+        title="store unavailable",
+        detail=f"the job store could not answer ({reason}); nothing was lost, retry after Retry-After",
+        headers={"Retry-After": str(STORE_RETRY_AFTER_S)},
+        retry_after_s=STORE_RETRY_AFTER_S,
+    )
+
+
+def _store_problem(request: Request, exc: Exception) -> ApiProblem:
+    """The store failed underneath a request: unavailable (retry) or damaged pages (named, not internal)."""
+    if is_store_unavailable(exc):
+        log.warning("store unavailable on %s %s: %s", request.method, request.url.path, exc)
+        return store_unavailable(exc)
     log.error("damaged store read on %s %s: %s", request.method, request.url.path, exc)
     plan_id = request.path_params.get("plan_id")
     return _damaged_problem(None if plan_id is None else str(plan_id), str(exc))
@@ -306,11 +322,22 @@ def _problem_for(request: Request, exc: Exception) -> ApiProblem:
         return _idempotency_problem(exc)
     if isinstance(exc, ProfileConflictError):
         return _profile_conflict_problem(exc)
+    if isinstance(exc, ProfileQuotaError):
+        return ApiProblem(
+            status=429,
+            slug="quota-exceeded",
+            title="tenant quota exceeded",
+            detail=str(exc),
+            headers={"Retry-After": "60"},
+            field="SKRULL_TENANT_MAX_PROFILES",
+            limit=exc.limit,
+            retry_after_s=60,
+        )
     if isinstance(exc, StarletteHTTPException):
         return _http_problem(request, exc)
     if isinstance(exc, DamagedRecordError):
         return _damaged_problem(exc.job_id, exc.reason)
-    if isinstance(exc, sqlite3.DatabaseError):
+    if isinstance(exc, sqlite3.DatabaseError) or is_store_unavailable(exc):
         return _store_problem(request, exc)
     log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
     return ApiProblem(
@@ -338,6 +365,7 @@ def install_error_handlers(app: FastAPI, *, on_problem: Any = None) -> None:
         RequestValidationError,
         IdempotencyConflictError,
         ProfileConflictError,
+        ProfileQuotaError,
         DamagedRecordError,
         sqlite3.DatabaseError,
         StarletteHTTPException,

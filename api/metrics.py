@@ -34,6 +34,13 @@ SOLVE_BUCKETS_S: tuple[float, ...] = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0
 #: Request-latency buckets (s).
 HTTP_BUCKETS_S: tuple[float, ...] = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5, 30, 60)
 JOB_STATUSES = ("queued", "solving", "solved", "failed")
+#: The ``method`` label's values: any other method (made up by a client) is counted as ``other``, so no
+#: client can add label values (and memory, and scrape time) to the exposition.
+HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+
+
+def method_label(method: str) -> str:
+    return method if method in HTTP_METHODS else "other"
 
 
 def multiprocess_dir() -> str | None:
@@ -117,7 +124,7 @@ class Metrics:
             "skrull_plans_deleted_total", "Plans deleted, by reason (request|expired).", ("reason",), registry=r
         )
 
-    def render(self, *, jobs_by_status: Mapping[str, int], solver_processes: int) -> bytes:
+    def render(self, *, jobs_by_status: Mapping[str, int], solver_processes: int, long_polls: int = 0) -> bytes:
         """The exposition of one scrape (text format 0.0.4), with the store's and the pool's state now."""
         shared = multiprocess_dir()
         if shared is not None:  # every process's files, this server's included
@@ -133,6 +140,8 @@ class Metrics:
             jobs.add_metric([status], jobs_by_status.get(status, 0))
         live = GaugeMetricFamily("skrull_solver_processes", "Live solver processes of this server.")
         live.add_metric([], solver_processes)
+        polls = GaugeMetricFamily("skrull_long_polls_waiting", "Long-polls waiting on this server now.")
+        polls.add_metric([], long_polls)
         scrape = CollectorRegistry(auto_describe=False)
-        scrape.register(_Snapshot([*families, queue_depth, jobs, live]))
+        scrape.register(_Snapshot([*families, queue_depth, jobs, live, polls]))
         return generate_latest(scrape)

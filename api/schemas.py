@@ -25,6 +25,7 @@ from skrull.solver.io import (
     request_from_dict,
     request_to_dict,
 )
+from skrull.solver.profile import MAX_BUCKET_TOKENS, MAX_COEFFICIENT
 from skrull.solver.sharding import DEFAULT_SHARDING, SHARDING_MODES
 from skrull.solver.types import Request
 
@@ -129,7 +130,7 @@ class PlanRequestIn(BaseModel):
         "refuses even that, it defers by its own queues): let sequences wait one iteration (up to max_wait) "
         "when that lowers the estimated time per unit of work; left out or null, nothing waits",
     )
-    cp_modes: list[CpModeName] | None = Field(
+    cp_modes: Annotated[list[CpModeName], Field(min_length=1, json_schema_extra={"uniqueItems": True})] | None = Field(
         None,
         description="how a sharded sequence's attention may run: allgather (DACP, the default) and/or ulysses "
         "(all-to-all over heads; needs the profile's heads and comm_a2a, and the group size to divide the attention "
@@ -310,24 +311,29 @@ class ProfileList(BaseModel):
     profiles: list[ProfileSummary]
 
 
+#: A profile coefficient as the planning library's profile reader accepts it (``solver.profile``): finite,
+#: at least 0, at most ``MAX_COEFFICIENT``; the published schema says so, so no schema-valid profile is refused.
+Coefficient = Annotated[float, Field(ge=0, le=MAX_COEFFICIENT)]
+
+
 class ComputeModel(BaseModel):
     model_config = ConfigDict(extra="allow")
-    flops_per_token: float
-    flops_per_token_sq: float
-    ms_per_tflop: float
-    fixed_ms: float
+    flops_per_token: Coefficient
+    flops_per_token_sq: Coefficient
+    ms_per_tflop: Annotated[float, Field(gt=0, le=MAX_COEFFICIENT)]
+    fixed_ms: Coefficient
 
 
 class CommModel(BaseModel):
     model_config = ConfigDict(extra="allow")
-    bytes_per_token: float
-    ms_per_mib: float
-    fixed_ms: float
+    bytes_per_token: Coefficient
+    ms_per_mib: Coefficient
+    fixed_ms: Coefficient
 
 
 class MemoryModel(BaseModel):
     model_config = ConfigDict(extra="allow")
-    bucket_tokens: int
+    bucket_tokens: int = Field(ge=1, le=MAX_BUCKET_TOKENS)
 
 
 class ProfileModel(BaseModel):
@@ -341,7 +347,7 @@ class ProfileModel(BaseModel):
     compute: ComputeModel
     comm: CommModel
     memory: MemoryModel
-    microbatch_ms: float
+    microbatch_ms: Coefficient
 
 
 class Health(BaseModel):

@@ -41,6 +41,9 @@ from skrull.api.settings import Settings
 
 #: Files the server holds besides its connections (store, solver processes' pipes, logs, the listener).
 OTHER_FILES = 512
+#: After SIGTERM, how long uvicorn waits for running requests before cancelling them (long-polls and compares
+#: end at the signal, so only short store calls are left).
+GRACEFUL_SHUTDOWN_S = 2
 logger = logging.getLogger("skrull.server")
 
 _CURRENT: contextvars.ContextVar[ReadDeadline | None] = contextvars.ContextVar("skrull_connection", default=None)
@@ -233,7 +236,9 @@ def uvicorn_options(settings: Settings) -> dict[str, Any]:
         "limit_concurrency": settings.limit_concurrency,
         "timeout_keep_alive": settings.timeout_keep_alive_s,
         "h11_max_incomplete_event_size": settings.max_header_bytes,
-        "timeout_graceful_shutdown": 10,
+        # long-polls answer at SIGTERM and compares are stopped (Service.server_stopping): what is left are short
+        # store calls, so a short wait; then the solver processes' grace (app.SHUTDOWN_GRACE_S): exit within 5 s
+        "timeout_graceful_shutdown": GRACEFUL_SHUTDOWN_S,
         # uvicorn believes X-Forwarded-For from 127.0.0.1 unless told otherwise: only the named proxies
         "proxy_headers": bool(settings.forwarded_allow_ips.strip()),
         "forwarded_allow_ips": settings.forwarded_allow_ips.strip() or "",

@@ -11,7 +11,7 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -37,6 +37,7 @@ from skrull.api.store.base import (
 )
 from skrull.api.tenants import DEFAULT_TENANT, scoped_key, tenant_prefix
 from skrull.api.views import LRU, RankViews
+from skrull.solver.planning import check_request
 from skrull.solver.types import Request
 
 #: Bytes of finished plans' envelopes kept in memory, shared by their readers.
@@ -78,6 +79,13 @@ class Service:
     pool: SolverPool | None = None
     loop: asyncio.AbstractEventLoop | None = None
     _compare_pool: ComparePool | None = field(default=None)
+    #: Long-polls waiting now, by tenant (on the event loop only): each tenant's share of the server's
+    #: connections is ``SKRULL_TENANT_MAX_LONG_POLLS``.
+    long_polls: dict[str, int] = field(default_factory=dict)
+    #: Solver seconds of the compares running or waiting on this server, by tenant (counted in its quota).
+    compare_seconds: dict[str, float] = field(default_factory=dict)
+    #: Set at SIGTERM (``server_stopping``): long-polls answer what they have at once, new ones do not wait.
+    stopping: bool = False
     #: The running ``read_job`` per plan id (on the event loop only).
     _job_reads: dict[str, asyncio.Future[JobRecord | None]] = field(default_factory=dict)
     #: Envelopes of finished plans, shared by every reader (``envelope``).
@@ -111,19 +119,26 @@ class Service:
 
     # -- submissions -----------------------------------------------------------------------------------
 
-    def prepare(self, doc: dict[str, Any], *, budget_solver: str | None = None) -> tuple[Request, str]:
-        """Validate a request document (profile names resolved); the request and its canonical JSON. A request
-        without ``time_budget_s`` is stored with a planner's default (``budget_solver``'s, else its own
-        planner's), at most SKRULL_MAX_TIME_BUDGET_S (``api.limits`` refused it if the planner needs more)."""
-        request = request_from_document(self.profiles.inline(doc))
+    def prepare(
+        self, doc: dict[str, Any], *, budget_solver: str | None = None, tenant: str = DEFAULT_TENANT
+    ) -> tuple[Request, str]:
+        """Validate a request document (``tenant``'s profile names resolved); the request and its canonical
+        JSON. A request without ``time_budget_s`` is stored with a planner's default (``budget_solver``'s,
+        else its own planner's), at most SKRULL_MAX_TIME_BUDGET_S (``api.limits`` refused it if the planner
+        needs more). A plan request also passes every check its planner makes before planning
+        (``solver.planning.check_request``: the budget, ``cp_modes`` the planner plans, heads the CP group
+        divides, ``defer``), so nothing accepted fails later for what it asked."""
+        request = request_from_document(self.profiles.inline(doc, tenant))
         if request.time_budget_s is None:  # the job's hard limit and its id need the figure
             default = dataclasses.replace(request, solver=budget_solver or request.solver).resolved_time_budget_s
             request = dataclasses.replace(request, time_budget_s=min(default, self.settings.max_time_budget_s))
+        if budget_solver is None:  # what the planner would refuse is refused now, not after the 202
+            check_request(request)
         return request, canonical_request_json(request)
 
     def submit(self, doc: dict[str, Any], idempotency_key: str | None, tenant: str = DEFAULT_TENANT) -> SubmitOutcome:
         """Store a job under its id within ``tenant`` (``api.tenants``); Idempotency-Keys are the tenant's."""
-        request, canonical = self.prepare(doc)
+        request, canonical = self.prepare(doc, tenant=tenant)
         job_id = job_id_for(canonical, tenant)
         job = NewJob(
             job_id=job_id,
@@ -136,8 +151,10 @@ class Service:
         )
         quota = TenantQuota(
             tenant=tenant_prefix(tenant),
-            max_queued=self.settings.tenant_max_queued_jobs,
+            max_queued=self.tenant_max_queued,
             max_solver_s=self.settings.tenant_max_solver_s,
+            held_elsewhere_s=self.compare_seconds.get(tenant, 0.0),
+            max_idempotency_keys=self.settings.tenant_max_idempotency_keys,
         )
         try:
             return self.store.submit(
@@ -159,6 +176,41 @@ class Service:
                 detail=str(exc),
                 limit=exc.max_queued,
             ) from None
+
+    @property
+    def tenant_max_queued(self) -> int:
+        """Queued jobs one tenant may hold: its quota, and, where tokens name two tenants or more, at most its
+        share of the shared queue (``tenant_queue_share * max_queued_jobs``), so one tenant cannot fill the
+        queue for all (a server of one tenant lets it fill the queue)."""
+        tenants = {*self.settings.submit_token_tenants.values(), *self.settings.read_token_tenants.values()}
+        if len(tenants) < 2:
+            return self.settings.tenant_max_queued_jobs
+        share = max(1, int(self.settings.max_queued_jobs * self.settings.tenant_queue_share))
+        return min(self.settings.tenant_max_queued_jobs, share)
+
+    def reserve_compare(self, tenant: str, seconds: float, *, in_store_s: float) -> None:
+        """Count a compare of ``seconds`` (its budget times its planners) in ``tenant``'s solver seconds while
+        it runs, on top of the ``in_store_s`` its jobs hold (``store.tenant_solver_s``); 429 ``quota-exceeded``
+        if that takes the tenant past ``tenant_max_solver_s``. On the event loop (checked and counted at
+        once); ``release_compare`` gives them back."""
+        held = in_store_s + self.compare_seconds.get(tenant, 0.0)
+        if held + seconds > self.settings.tenant_max_solver_s:
+            raise quota_problem(
+                QuotaExceededError(
+                    field="solver seconds (time budgets of queued and solving jobs and running compares)",
+                    used=round(held, 3),
+                    limit=self.settings.tenant_max_solver_s,
+                    setting="SKRULL_TENANT_MAX_SOLVER_S",
+                )
+            )
+        self.compare_seconds[tenant] = self.compare_seconds.get(tenant, 0.0) + seconds
+
+    def release_compare(self, tenant: str, seconds: float) -> None:
+        left = self.compare_seconds.get(tenant, 0.0) - seconds
+        if left > 1e-9:
+            self.compare_seconds[tenant] = left
+        else:
+            self.compare_seconds.pop(tenant, None)
 
     # -- retention -------------------------------------------------------------------------------------
 
@@ -212,12 +264,12 @@ class Service:
         waited for (the last state read is answered), so a loaded thread pool cannot stretch a long-poll."""
         deadline = time.monotonic() + wait_s
         job = await self.read_job(job_id)
-        if job is None or wait_s <= 0 or job.is_final:
+        if job is None or wait_s <= 0 or job.is_final or self.stopping:
             return job
         baseline = None if until_final else job.state_token
         while True:
             remaining = deadline - time.monotonic()
-            if remaining <= 0:
+            if remaining <= 0 or self.stopping:  # a stopping server answers every long-poll now
                 return job
             with self.notifier.listen(job_id) as listener:
                 try:
@@ -230,6 +282,40 @@ class Service:
                 if job.is_final or (baseline is not None and job.state_token != baseline):
                     return job
                 await listener.wait(min(remaining, self.recheck_s))
+
+    @contextlib.contextmanager
+    def long_poll(self, tenant: str, wait_s: float) -> Iterator[None]:
+        """Count one long-poll of ``tenant`` while it waits; past its share (``tenant_max_long_polls``) the
+        request is refused at once with 429 ``quota-exceeded`` and ``Retry-After``, so one tenant's thousands of
+        waiting requests cannot crowd out another tenant's first request (a GET without ``wait`` is never
+        counted or refused)."""
+        if wait_s <= 0:
+            yield
+            return
+        held = self.long_polls.get(tenant, 0)
+        limit = self.settings.tenant_max_long_polls
+        if held >= limit:
+            raise ApiProblem(
+                status=429,
+                slug="quota-exceeded",
+                title="tenant quota exceeded",
+                headers={"Retry-After": "1"},
+                detail=f"this tenant has {held} long-polls waiting on this server, its share of "
+                f"{limit} (SKRULL_TENANT_MAX_LONG_POLLS); retry after Retry-After, or poll with a smaller wait",
+                field="wait",
+                value=wait_s,
+                limit=limit,
+                retry_after_s=1,
+            )
+        self.long_polls[tenant] = held + 1
+        try:
+            yield
+        finally:
+            left = self.long_polls.get(tenant, 1) - 1
+            if left > 0:
+                self.long_polls[tenant] = left
+            else:
+                self.long_polls.pop(tenant, None)
 
     @property
     def recheck_s(self) -> float:
@@ -285,7 +371,9 @@ class Service:
 
     def server_stopping(self) -> None:
         """SIGTERM (or the end of the lifespan): running and waiting compares stop now and answer 503
-        ``server-stopping``; long-polls are woken to answer what they have (on the event loop)."""
+        ``server-stopping``; long-polls are woken and answer what they have at once (on the event loop), so
+        uvicorn's graceful wait finds no request left to cancel (a cancelled request is a plain-text 500)."""
+        self.stopping = True
         if self._compare_pool is not None:
             self._compare_pool.stop_running()
         self.notifier.notify_all()

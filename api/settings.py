@@ -49,6 +49,16 @@ class Settings(BaseSettings):
     solver_processes: int = Field(
         default_factory=_default_solver_processes, ge=0, description="solver processes (0: accept, never solve)"
     )
+    short_solver_processes: int = Field(
+        1,
+        ge=0,
+        description="solver processes kept for short work, besides solver_processes (none when that is 0): they "
+        "take only jobs whose time_budget_s is at most short_job_budget_s, so a short job of any tenant starts "
+        "while long solves hold every other process",
+    )
+    short_job_budget_s: float = Field(
+        10.0, gt=0, description="the largest time_budget_s a solver process kept for short work takes"
+    )
     lease_s: float = Field(15.0, gt=0, description="a claimed job's lease; renewed every lease_s/3 while solving")
     max_attempts: int = Field(2, ge=1, description="claims per job: 2 means a job whose process dies is retried once")
     solve_timeout_factor: float = Field(3.0, ge=1, description="hard limit = factor * time_budget_s + grace")
@@ -84,8 +94,33 @@ class Settings(BaseSettings):
     tenant_max_compares: int = Field(
         2, ge=1, description="compares one tenant may have running or waiting at once (beyond: 429 quota-exceeded)"
     )
+    tenant_queue_share: float = Field(
+        0.5,
+        gt=0,
+        le=1,
+        description="the share of max_queued_jobs one tenant may hold (beyond: 429 quota-exceeded), so another "
+        "tenant's submission finds room in the shared queue",
+    )
+    tenant_max_profiles: int = Field(100, ge=1, description="uploaded profiles one tenant may hold (beyond: 429)")
+    tenant_max_idempotency_keys: int = Field(
+        10_000,
+        ge=1,
+        description="Idempotency-Keys kept per tenant; past it the tenant's oldest keys are forgotten (a resubmission "
+        "of the same request still answers the same plan: ids are content addresses)",
+    )
+    tenant_max_long_polls: int = Field(
+        1_000,
+        ge=1,
+        description="long-polls (?wait=S) one tenant may have waiting on one server at once (beyond: 429 "
+        "quota-exceeded with Retry-After), its share of limit_concurrency",
+    )
     max_compare_solvers: int = Field(16, ge=1, description="solvers per POST /v1/compare")
-    compare_processes: int = Field(1, ge=1, description="processes that run POST /v1/compare")
+    compare_processes: int = Field(
+        2,
+        ge=1,
+        description="processes that run POST /v1/compare; one tenant runs at most half of them at once (at least "
+        "one), so another tenant's compare does not wait behind it",
+    )
     rank_view_cache_entries: int = Field(65_536, ge=0, description="rendered rank views kept in memory")
     cache_bytes: int = Field(
         DEFAULT_CACHE_BYTES,

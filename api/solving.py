@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import gc
 import importlib
 import json
@@ -47,7 +48,7 @@ from skrull.api.sizes import (
     DEFAULT_MAX_PLAN_TOKENS,
     check_plan_tokens,
 )
-from skrull.api.store.base import ClaimedJob, IterationRecord, JobStore
+from skrull.api.store.base import ClaimedJob, IterationRecord, JobStore, is_store_unavailable
 from skrull.api.store.open import open_store
 from skrull.solver.planners.minmax_ilp import preload_cp_sat
 
@@ -56,7 +57,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("skrull.solving")
 
-#: Events a solver process sends: ("claimed", job_id), ("iteration", job_id, index),
+#: Events a solver process sends: ("claimed", job_id, pid, cpu_s at the claim), ("iteration", job_id, index),
 #: ("done", job_id, outcome, solver, seconds, recorded) with outcome solved|failed|lost; ``recorded`` is
 #: True when the solver process counted the solve's duration itself (``api.metrics``, multi-process mode).
 Event = tuple[Any, ...]
@@ -80,6 +81,8 @@ class WorkerConfig:
     max_plan_tokens: int = DEFAULT_MAX_PLAN_TOKENS
     max_plan_bytes: int = DEFAULT_MAX_PLAN_BYTES
     max_iteration_tokens: int = DEFAULT_MAX_ITERATION_TOKENS
+    #: A process kept for short work claims only jobs of at most this time budget (None: any job).
+    max_budget_s: float | None = None
 
 
 #: A lease is renewed this many times per lease period, so two renewals can be lost (a stalled store,
@@ -91,6 +94,46 @@ RENEWALS_PER_LEASE = 3
 EXIT_ORPHANED = 75
 #: Exit status of a solver process whose lease was lost mid-solve (its plan deleted, or its job taken back).
 EXIT_LEASE_LOST = 76
+#: Exit status of a solver process whose store failed under its solve (a full disk, a database that went
+#: away): its job is given back without charging the attempt, once the store takes writes again.
+EXIT_STORE_FAILED = 77
+#: A solve whose wall time passes this many times its hard limit is stopped even if it received little CPU
+#: (it waits on something that will not come); the hard limit itself is judged on CPU time received.
+WALL_LIMIT_FACTOR = 4.0
+
+
+class StoreFailedError(RuntimeError):
+    """The store failed under a solve (``store.base.is_store_unavailable``): not the job's fault."""
+
+
+def _out_of_space(exc: BaseException) -> bool:
+    return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+def tree_cpu_s(pid: int) -> float | None:
+    """CPU seconds (user + system) of process ``pid``, its reaped children and its live descendants (an
+    exact solver's forked child), from ``/proc``; None where ``/proc`` cannot tell (the caller then judges
+    on wall time)."""
+    total_ticks = 0
+    stack, seen = [pid], set()
+    while stack:
+        p = stack.pop()
+        if p in seen:
+            continue
+        seen.add(p)
+        try:
+            with open(f"/proc/{p}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except OSError:
+            if p == pid:
+                return None
+            continue
+        total_ticks += sum(int(x) for x in fields[11:15])  # utime, stime, cutime, cstime
+        with contextlib.suppress(OSError):
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children") as fh:
+                    stack.extend(int(c) for c in fh.read().split())
+    return total_ticks / os.sysconf("SC_CLK_TCK")
 
 
 class _Heartbeat:
@@ -113,7 +156,14 @@ class _Heartbeat:
             if self._parent is not None and not self._parent.is_alive():
                 log.warning("job %s: the server is gone; this solver stops, its lease expires", self._job_id)
                 os._exit(EXIT_ORPHANED)
-            if not self._store.heartbeat(job_id=self._job_id, owner=self._owner, lease_s=self._lease_s):
+            try:
+                renewed = self._store.heartbeat(job_id=self._job_id, owner=self._owner, lease_s=self._lease_s)
+            except Exception as exc:
+                if not is_store_unavailable(exc):
+                    raise
+                log.warning("job %s: the store failed (%s); its job is given back uncharged", self._job_id, exc)
+                os._exit(EXIT_STORE_FAILED)
+            if not renewed:
                 # The lease is gone: the plan was deleted, or the job was taken back. Nothing this solve
                 # writes would be accepted (fencing), so it stops now rather than burn CPU to its budget;
                 # the exact solver's forked child dies with this process (solver.ilp.runner).
@@ -144,7 +194,12 @@ def run_claimed(store: JobStore, job: ClaimedJob, config: WorkerConfig, events: 
             what=f"iteration {record.index}",
             max_bytes=config.max_plan_bytes,
         )
-        ok = store.publish_iteration(record, owner=owner)
+        try:
+            ok = store.publish_iteration(record, owner=owner)
+        except Exception as exc:
+            if is_store_unavailable(exc):
+                raise StoreFailedError(str(exc)) from exc
+            raise
         if ok:
             events.put(("iteration", job.job_id, record.index))
         return ok
@@ -164,7 +219,11 @@ def run_claimed(store: JobStore, job: ClaimedJob, config: WorkerConfig, events: 
             check_plan_tokens(plan_json, config.max_plan_tokens, what="the plan", max_bytes=config.max_plan_bytes)
         except LeaseLostError:
             return "lost"
+        except StoreFailedError:
+            raise
         except Exception as exc:  # every failure of a solve is stored with the job, never re-raised
+            if _out_of_space(exc):  # the planner's own files met a full disk: not the job's fault either
+                raise StoreFailedError(str(exc)) from exc
             log.info("job %s failed: %s", job.job_id, exc)
             return "failed" if store.fail(job_id=job.job_id, owner=owner, error_json=_failure(exc)) else "lost"
         return (
@@ -189,7 +248,7 @@ def worker_main(config: WorkerConfig, wake: Any, events: Any, stop: Any) -> None
         # heartbeat (_Heartbeat) and taken back by a live server once its lease expires.
         while not stop.is_set() and (parent is None or parent.is_alive()):
             try:
-                job = store.claim(owner=config.owner, lease_s=config.lease_s)
+                job = store.claim(owner=config.owner, lease_s=config.lease_s, max_budget_s=config.max_budget_s)
             except Exception as exc:  # the store is full or unreachable: wait for it rather than die
                 log.warning("claiming a job failed (%s); retrying in %.1f s", exc, config.idle_poll_s)
                 stop.wait(config.idle_poll_s)
@@ -201,9 +260,18 @@ def worker_main(config: WorkerConfig, wake: Any, events: Any, stop: Any) -> None
                     with contextlib.suppress(queue.Empty):
                         wake.get(timeout=config.idle_poll_s)
                 continue
-            events.put(("claimed", job.job_id))
+            events.put(("claimed", job.job_id, os.getpid(), tree_cpu_s(os.getpid()) or 0.0))
             start = time.perf_counter()
-            outcome = run_claimed(store, job, config, events)
+            try:
+                outcome = run_claimed(store, job, config, events)
+            except Exception as exc:
+                if not (isinstance(exc, StoreFailedError) or is_store_unavailable(exc)):
+                    raise
+                # The store (or the disk) failed under this job: it is not the job's fault, so it must not
+                # spend an attempt. The process ends; its supervisor gives the job back uncharged as soon as
+                # the store takes writes again (SolverPool._release_pending), and it is solved then.
+                log.warning("job %s: the store failed under the solve (%s); given back uncharged", job.job_id, exc)
+                os._exit(EXIT_STORE_FAILED)
             seconds = time.perf_counter() - start
             recorded = metrics.solved(solver=job.solver, outcome=outcome, seconds=seconds)
             events.put(("done", job.job_id, outcome, job.solver, seconds, recorded))
@@ -221,6 +289,8 @@ def describe_exit(exitcode: int | None) -> str:
             return f"was killed by signal {-exitcode}"
     if exitcode == EXIT_LEASE_LOST:
         return "stopped its solve: the lease was lost (the plan was deleted or taken back)"
+    if exitcode == EXIT_STORE_FAILED:
+        return "stopped its solve: the store failed (full or unreachable)"
     return f"exited with status {exitcode}"
 
 
@@ -262,9 +332,15 @@ class SolverPool:
         max_plan_tokens: int = DEFAULT_MAX_PLAN_TOKENS,
         max_plan_bytes: int = DEFAULT_MAX_PLAN_BYTES,
         max_iteration_tokens: int = DEFAULT_MAX_ITERATION_TOKENS,
+        short_processes: int = 0,
+        short_budget_s: float = 10.0,
     ) -> None:
         self._store = store
-        self.num_processes = num_processes
+        #: ``num_processes`` take any job; ``short_processes`` more (only when there are solver processes at
+        #: all) take only jobs of at most ``short_budget_s``, so a short job never waits behind long solves.
+        self.short_processes = short_processes if num_processes > 0 else 0
+        self.short_budget_s = short_budget_s
+        self.num_processes = num_processes + self.short_processes
         self._max_attempts = max_attempts
         self._interval_s = supervise_interval_s
         self._hard_limit_s = hard_limit_s
@@ -286,8 +362,11 @@ class SolverPool:
         self._stop: Any = self._ctx.Event()
         self._stopping = False
         self._slots: list[_Slot] = []
-        #: owners of dead solver processes whose jobs are still to be released (the store failed): {owner: reason}
-        self._unreleased: dict[str, str] = {}
+        #: owners of dead solver processes whose jobs are still to be released (the store failed):
+        #: {owner: (reason, whether the attempt counts)}
+        self._unreleased: dict[str, tuple[str, bool]] = {}
+        #: CPU seconds of each solver process's tree when it claimed its current job: {job_id: (pid, cpu_s)}
+        self._claim_cpu: dict[str, tuple[int, float]] = {}
         self._lock = threading.Lock()
         self.instance = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._threads: list[threading.Thread] = []
@@ -310,6 +389,8 @@ class SolverPool:
             max_plan_tokens=settings.max_plan_tokens,
             max_plan_bytes=settings.max_plan_bytes,
             max_iteration_tokens=settings.max_iteration_tokens,
+            short_processes=settings.short_solver_processes,
+            short_budget_s=settings.short_job_budget_s,
         )
 
     # -- lifecycle -------------------------------------------------------------------------------------
@@ -325,11 +406,12 @@ class SolverPool:
 
     def _spawn(self, slot: int, *, generation: int, fast_deaths: int = 0) -> _Slot:
         owner = f"{self.instance}:{slot}:{generation}"
-        config = dataclasses.replace(self._config, owner=owner)
+        short = slot >= self.num_processes - self.short_processes
+        config = dataclasses.replace(self._config, owner=owner, max_budget_s=self.short_budget_s if short else None)
         process = self._ctx.Process(
             target=worker_main,
             args=(config, self._wake, self._events, self._stop),
-            name=f"skrull-solver-{slot}",
+            name=f"skrull-solver-{slot}{'-short' if short else ''}",
             daemon=True,
         )
         process.start()
@@ -393,6 +475,10 @@ class SolverPool:
                 return
             if event is None:
                 return
+            if event[0] == "claimed" and len(event) > 2:
+                self._claim_cpu[str(event[1])] = (int(event[2]), float(event[3]))
+            elif event[0] == "done":
+                self._claim_cpu.pop(str(event[1]), None)
             try:
                 self._on_event(event)
             except Exception:  # a bad handler must not stop the reader
@@ -434,15 +520,17 @@ class SolverPool:
         slot.process.join()
         what = describe_exit(slot.process.exitcode)
         log.warning("solver process %s (%s) %s", slot.process.pid, slot.owner, what)
+        store_failed = slot.process.exitcode == EXIT_STORE_FAILED
         reason = ApiProblem(
-            status=500,
-            slug="solver-died",
-            title="the solver process died",
-            detail=f"solver process {slot.process.pid} {what} while solving this job",
+            status=503 if store_failed else 500,
+            slug="store-unavailable" if store_failed else "solver-died",
+            title="the store failed under the solve" if store_failed else "the solver process died",
+            detail=f"solver process {slot.process.pid} {what} while solving this job"
+            + ("; it was queued again without spending an attempt" if store_failed else ""),
         )
         # The replacement is scheduled before the store is written: a store that fails now (disk full) must
         # not leave the slot without a process; its jobs are released on a later pass (_release_pending).
-        self._unreleased[slot.owner] = json.dumps(reason.document())
+        self._unreleased[slot.owner] = (json.dumps(reason.document()), not store_failed)
         now = time.monotonic()
         fast = now - slot.started_at < FAST_DEATH_S and slot.process.exitcode != EXIT_LEASE_LOST
         slot.fast_deaths = slot.fast_deaths + 1 if fast else 0
@@ -459,9 +547,11 @@ class SolverPool:
     def _release_pending(self) -> None:
         """Queue again (or fail) the jobs of dead solver processes; an owner whose release fails (the store
         is full or unreachable) stays pending for the next supervision pass."""
-        for owner, reason_json in list(self._unreleased.items()):
+        for owner, (reason_json, charged) in list(self._unreleased.items()):
             try:
-                released = self._store.release(owner=owner, reason_json=reason_json, max_attempts=self._max_attempts)
+                released = self._store.release(
+                    owner=owner, reason_json=reason_json, max_attempts=self._max_attempts, count_attempt=charged
+                )
             except Exception as exc:
                 log.warning("could not release the jobs of %s yet (%s); retrying", owner, exc)
                 return
@@ -472,6 +562,10 @@ class SolverPool:
                     self.wake()
 
     def _enforce_deadlines(self) -> None:
+        """Fail and stop a solve past its hard limit, ``factor * time_budget_s + grace``, judged on the CPU time
+        its solver process (and its children) received since the claim (what ``solve.cpu_ms`` reports): a
+        loaded machine that gives a solve a fraction of a core does not fail it. A solve whose wall time
+        passes ``WALL_LIMIT_FACTOR`` times the hard limit is stopped too (it is waiting, not solving)."""
         owners = {s.owner: s for s in self._slots}
         now = time.time()
         for job in self._store.solving_owned():
@@ -480,18 +574,33 @@ class SolverPool:
                 continue
             limit = self._hard_limit_s(job.time_budget_s)
             elapsed = now - job.started_at
-            if elapsed <= limit:
+            cpu_s = self._cpu_since_claim(job.job_id, slot.process.pid)
+            if cpu_s is None:  # no /proc, or the claim not seen yet: wall time stands in
+                cpu_s = elapsed
+            if cpu_s <= limit and elapsed <= WALL_LIMIT_FACTOR * limit:
                 continue
+            detail = (
+                f"solving received {cpu_s:.1f} s of CPU in {elapsed:.1f} s, past the hard limit of {limit:.1f} s "
+                f"of CPU for time_budget_s={job.time_budget_s}; the solver process was stopped"
+                if cpu_s > limit
+                else f"solving ran {elapsed:.1f} s (receiving {cpu_s:.1f} s of CPU), past {WALL_LIMIT_FACTOR:g} "
+                f"times the hard limit of {limit:.1f} s for time_budget_s={job.time_budget_s}; the solver "
+                "process was stopped"
+            )
             problem = ApiProblem(
-                status=500,
-                slug="solve-timeout",
-                title="the solve ran past its hard limit",
-                detail=f"solving ran {elapsed:.1f} s, past the hard limit of {limit:.1f} s for "
-                f"time_budget_s={job.time_budget_s}; the solver process was stopped",
+                status=500, slug="solve-timeout", title="the solve ran past its hard limit", detail=detail
             )
             if self._store.fail(job_id=job.job_id, owner=job.lease_owner, error_json=json.dumps(problem.document())):
                 slot.process.kill()
+                self._claim_cpu.pop(job.job_id, None)
                 self._on_event(("done", job.job_id, "failed", job.solver, elapsed, False))
+
+    def _cpu_since_claim(self, job_id: str, pid: int | None) -> float | None:
+        start = self._claim_cpu.get(job_id)
+        if pid is None or start is None or start[0] != pid:
+            return None
+        now = tree_cpu_s(pid)
+        return None if now is None else max(0.0, now - start[1])
 
     def recover_expired(self) -> None:
         reason = ApiProblem(

@@ -71,7 +71,14 @@ def cmd_solver_worker(args: argparse.Namespace) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     pool.start()
-    log.info("solver worker %s: %d processes on %s", pool.instance, settings.solver_processes, _shown(settings.db))
+    log.info(
+        "solver worker %s: %d processes on %s (%d of them for jobs of at most %g s)",
+        pool.instance,
+        pool.num_processes,
+        _shown(settings.db),
+        pool.short_processes,
+        pool.short_budget_s,
+    )
     try:
         stop.wait()
     finally:

@@ -17,6 +17,7 @@ from skrull.api.execute import compare_table
 from skrull.api.limits import check_request_limits, validated_body
 from skrull.api.routers.common import JSON, body_schema, problems, service
 from skrull.api.schemas import CompareRequestIn, CompareTable, request_document
+from skrull.api.tenants import tenant_prefix
 from skrull.solver.planners.registry import planner_names
 
 router = APIRouter(prefix="/v1", tags=["compare"])
@@ -69,19 +70,27 @@ async def compare_planners(request: Request) -> Response:
         )
     # without a budget every planner gets the same quick default (auto's), so the compare's time is bounded
     # (`skrull compare` on the command line gives the exact planners their own 60 s instead)
+    tenant = caller_tenant(request)
     request_obj, canonical = await svc.blocking(
-        functools.partial(svc.prepare, budget_solver="auto"), request_document(body)
+        functools.partial(svc.prepare, budget_solver="auto", tenant=tenant), request_document(body)
     )
     num_solvers = len(solvers or known) + 1
     assert request_obj.time_budget_s is not None
     timeout_s = svc.settings.hard_limit_s(request_obj.time_budget_s) * num_solvers
-    table = await svc.compare_pool().run(
-        timeout_s,
-        compare_table,
-        canonical,
-        solvers,
-        tenant=caller_tenant(request),
-        max_per_tenant=svc.settings.tenant_max_compares,
-        client_gone=functools.partial(client_gone, request),
-    )
+    # every planner gets the budget: the compare holds that many of the tenant's solver seconds while it runs
+    solver_s = request_obj.time_budget_s * num_solvers
+    in_store_s = await svc.blocking(svc.store.tenant_solver_s, tenant_prefix(tenant))
+    svc.reserve_compare(tenant, solver_s, in_store_s=in_store_s)
+    try:
+        table = await svc.compare_pool().run(
+            timeout_s,
+            compare_table,
+            canonical,
+            solvers,
+            tenant=tenant,
+            max_per_tenant=svc.settings.tenant_max_compares,
+            client_gone=functools.partial(client_gone, request),
+        )
+    finally:
+        svc.release_compare(tenant, solver_s)
     return Response(CompareTable.model_validate(table).model_dump_json(), media_type=JSON)

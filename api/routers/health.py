@@ -51,4 +51,5 @@ async def metrics(request: Request) -> Response:
     svc = service(request)
     counts = await svc.blocking(svc.store.count_by_status)
     alive = svc.pool.alive() if svc.pool is not None else 0
-    return Response(svc.metrics.render(jobs_by_status=counts, solver_processes=alive), media_type=CONTENT_TYPE_LATEST)
+    body = svc.metrics.render(jobs_by_status=counts, solver_processes=alive, long_polls=sum(svc.long_polls.values()))
+    return Response(body, media_type=CONTENT_TYPE_LATEST)

@@ -82,7 +82,9 @@ async def get_plan(
     ] = "change",
 ) -> Response:
     svc = service(request)
-    job = await svc.wait_for_change(plan_id, check_wait(wait, svc.settings), until_final=until == "final")
+    wait = check_wait(wait, svc.settings)
+    with svc.long_poll(caller_tenant(request), wait):
+        job = await svc.wait_for_change(plan_id, wait, until_final=until == "final")
     if job is None:
         raise invalid_field("plan_id", plan_id, "no such plan", status=404, slug="unknown-plan")
     if job.status == "solved":

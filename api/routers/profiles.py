@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from skrull.api.access import caller_tenant
 from skrull.api.errors import invalid_field
 from skrull.api.limits import parsed_body
 from skrull.api.routers.common import JSON, body_schema, problems, service
@@ -17,7 +18,7 @@ router = APIRouter(prefix="/v1/profiles", tags=["profiles"])
 @router.get("", operation_id="listProfiles", summary="Bundled and uploaded profiles", response_model=ProfileList)
 async def list_profiles(request: Request) -> ProfileList:
     svc = service(request)
-    names = await svc.blocking(svc.profiles.names)
+    names = await svc.blocking(svc.profiles.names, caller_tenant(request))
     return ProfileList(profiles=[ProfileSummary(name=n, source=s) for n, s in names])
 
 
@@ -31,7 +32,7 @@ async def list_profiles(request: Request) -> ProfileList:
 async def get_profile(name: str, request: Request) -> Response:
     check_text(name, "name")
     svc = service(request)  # ProfileModel documents the answer; the library's writer makes it
-    return Response(await svc.blocking(svc.profiles.document_json, name), media_type=JSON)
+    return Response(await svc.blocking(svc.profiles.document_json, name, caller_tenant(request)), media_type=JSON)
 
 
 @router.post(
@@ -43,7 +44,7 @@ async def get_profile(name: str, request: Request) -> Response:
     openapi_extra=body_schema("ProfileModel"),
     responses={
         200: {"model": ProfileModel, "description": "the identical profile was already stored"},
-        **problems(409, 413, 415, 422),
+        **problems(409, 413, 415, 422, 429),
     },
 )
 async def upload_profile(request: Request) -> Response:
@@ -54,8 +55,9 @@ async def upload_profile(request: Request) -> Response:
     doc = await parsed_body(request)  # parsed off the event loop
     if not isinstance(doc, dict):
         raise invalid_field("profile", doc, "must be a profile object")
-    name, created = await svc.blocking(svc.profiles.upload, doc)
-    stored = await svc.blocking(svc.profiles.document_json, name)
+    tenant = caller_tenant(request)
+    name, created = await svc.blocking(svc.profiles.upload, doc, tenant)
+    stored = await svc.blocking(svc.profiles.document_json, name, tenant)
     return Response(
         stored,
         status_code=201 if created else 200,

@@ -9,7 +9,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import Response
 
-from skrull.api.access import require_plan_of_tenant
+from skrull.api.access import caller_tenant, require_plan_of_tenant
 from skrull.api.errors import ApiProblem, invalid_field
 from skrull.api.limits import check_wait
 from skrull.api.routers.common import JSON, problems, service
@@ -84,7 +84,8 @@ async def get_rank_view(
             "iteration", iteration, f"must be in 0..{job.num_iterations - 1}", status=404, slug="unknown-iteration"
         )
 
-    record, job = await _wait_for_iteration(svc, job, iteration, wait)
+    with svc.long_poll(caller_tenant(request), wait):
+        record, job = await _wait_for_iteration(svc, job, iteration, wait)
     if record is None:
         if job.status == "failed":
             raise _failed(job)
@@ -145,12 +146,12 @@ async def _wait_for_iteration(
 ) -> tuple[IterationRecord | None, JobRecord]:
     """The iteration's record once stored (or None when the job failed or ``wait_s`` passed)."""
     record = await svc.blocking(svc.store.iteration, job.job_id, iteration)
-    if record is not None or wait_s <= 0 or job.is_final:
+    if record is not None or wait_s <= 0 or job.is_final or svc.stopping:
         return record, job
     deadline = time.monotonic() + wait_s
     while True:
         remaining = deadline - time.monotonic()
-        if remaining <= 0:
+        if remaining <= 0 or svc.stopping:  # a stopping server answers every long-poll now (202, Retry-After)
             return None, job
         with svc.notifier.listen(job.job_id) as listener:
             record = await svc.blocking(svc.store.iteration, job.job_id, iteration)

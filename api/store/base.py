@@ -28,6 +28,7 @@ semantics every backend must keep:
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
@@ -37,6 +38,20 @@ def is_postgres_url(db: str) -> bool:
     """Whether a ``--db`` / ``SKRULL_DB`` value names a PostgreSQL database (else a SQLite file). Here, not in
     ``store.open``, so the PostgreSQL store can use it without importing the module that imports it."""
     return db.startswith(("postgresql://", "postgres://"))
+
+
+def is_store_unavailable(exc: BaseException) -> bool:
+    """Whether ``exc`` says the store cannot answer now (and may later): SQLite busy, locked, full or
+    unreadable (``sqlite3.OperationalError``); any PostgreSQL error (a server that is down or restarting, a
+    connection cut, a pool with no connection to give, ``psycopg.Error``); an ``OSError`` from the store's
+    files. The service answers these 503 ``store-unavailable`` with ``Retry-After``; a solver process that
+    meets one gives its job back uncharged (``api.solving``)."""
+    import sqlite3
+
+    if isinstance(exc, (sqlite3.OperationalError, OSError)):
+        return True
+    psycopg = sys.modules.get("psycopg")  # loaded only where a PostgreSQL store is in use
+    return psycopg is not None and isinstance(exc, psycopg.Error)
 
 
 JobStatus = Literal["queued", "solving", "solved", "failed"]
@@ -60,6 +75,32 @@ class ProfileConflictError(ValueError):
         super().__init__(f"profile {name!r} is already stored with different values; upload it under a new name")
 
 
+class ProfileQuotaError(ValueError):
+    """An upload would take its tenant past its number of stored profiles."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        super().__init__(f"this tenant holds {limit} uploaded profiles, its quota (SKRULL_TENANT_MAX_PROFILES)")
+
+
+def profile_scope_sql(scope: str, placeholder: str) -> tuple[str, str]:
+    """A condition on ``name`` selecting the uploaded profiles of one tenant (``scope`` is its prefix,
+    ``api.tenants.tenant_prefix``), with the LIKE pattern to bind to ``placeholder``: a named tenant's are
+    stored as ``<prefix>:<name>``, the default tenant's as ``<name>`` (a name holds no ``:``)."""
+    if scope:
+        return f"name LIKE {placeholder}", f"{scope}:%"
+    return f"name NOT LIKE {placeholder}", "%:%"
+
+
+def scoped_profile_name(scope: str, name: str) -> str:
+    """An uploaded profile's name as stored for the tenant of prefix ``scope``."""
+    return f"{scope}:{name}" if scope else name
+
+
+def unscoped_profile_name(scope: str, stored: str) -> str:
+    return stored[len(scope) + 1 :] if scope else stored
+
+
 class QueueFullError(ValueError):
     """A submission would create or re-queue a job while ``max_queued`` jobs are already queued."""
 
@@ -77,6 +118,10 @@ class TenantQuota:
     tenant: str
     max_queued: int
     max_solver_s: float
+    #: Solver seconds the tenant holds outside the store (its compares running on this server).
+    held_elsewhere_s: float = 0.0
+    #: Idempotency-Keys kept per tenant: past it, the tenant's oldest keys are forgotten.
+    max_idempotency_keys: int | None = None
 
 
 class QuotaExceededError(ValueError):
@@ -92,20 +137,24 @@ def tenant_sql(column: str, *, find: str) -> str:
     return f"CASE WHEN {find}({column}, '-') > 0 THEN substr({column}, 1, 8) ELSE '' END"
 
 
-def fair_next_sql(*, find: str, lock: str = "") -> str:
+def fair_next_sql(*, find: str, lock: str = "", max_budget: str | None = None) -> str:
     """The queued job a solver takes next (``JobStore.submit``): its tenant has the fewest jobs solving, then
     was served least recently (``tenant_claims``), then the job is the oldest; ``lock`` is appended
-    (PostgreSQL: ``FOR UPDATE OF j SKIP LOCKED``). Selects ``seq`` and the tenant."""
+    (PostgreSQL: ``FOR UPDATE OF j SKIP LOCKED``). With ``max_budget`` (a parameter placeholder), only jobs of
+    at most that time budget (a solver process kept for short work). Selects ``seq`` and the tenant."""
     tenant_j = tenant_sql("j.id", find=find)
+    short = f" AND j.time_budget_s <= {max_budget}" if max_budget else ""
     return (
-        f"SELECT j.seq, {tenant_j} AS tenant FROM jobs j WHERE j.status = 'queued' ORDER BY "
+        f"SELECT j.seq, {tenant_j} AS tenant FROM jobs j WHERE j.status = 'queued'{short} ORDER BY "
         f"(SELECT COUNT(*) FROM jobs s WHERE s.status = 'solving' AND {tenant_sql('s.id', find=find)} = {tenant_j}), "
         f"COALESCE((SELECT t.claimed_at FROM tenant_claims t WHERE t.tenant = {tenant_j}), 0), j.seq LIMIT 1 {lock}"
     ).strip()
 
 
 def check_quota(quota: TenantQuota, *, queued: int, solver_s: float, adding_s: float) -> None:
-    """Raise ``QuotaExceededError`` if one more job of ``adding_s`` budget takes the tenant past ``quota``."""
+    """Raise ``QuotaExceededError`` if one more job of ``adding_s`` budget takes the tenant past ``quota``
+    (the solver seconds it holds elsewhere, ``held_elsewhere_s``, count too)."""
+    solver_s += quota.held_elsewhere_s
     if queued >= quota.max_queued:
         raise QuotaExceededError(
             field="queued jobs", used=queued, limit=quota.max_queued, setting="SKRULL_TENANT_MAX_QUEUED_JOBS"
@@ -117,6 +166,20 @@ def check_quota(quota: TenantQuota, *, queued: int, solver_s: float, adding_s: f
             limit=quota.max_solver_s,
             setting="SKRULL_TENANT_MAX_SOLVER_S",
         )
+
+
+def take_back_decisions(
+    rows: Sequence[tuple[str, int]], *, max_attempts: int, count_attempt: bool
+) -> list[tuple[str, int | None]]:
+    """What ``release`` and ``recover_expired`` do with each ``(job_id, attempts)`` taken back, on every backend:
+    ``(job_id, attempts_used)`` for a job queued again (attempts left), ``(job_id, None)`` for one failed. An
+    uncharged take-back (a stopping server, a store that failed under the solve) gives the claim's attempt
+    back."""
+    out: list[tuple[str, int | None]] = []
+    for job_id, attempts in rows:
+        used = attempts if count_attempt else attempts - 1
+        out.append((job_id, used if used < max_attempts else None))
+    return out
 
 
 class DamagedRecordError(RuntimeError):
@@ -241,7 +304,14 @@ class JobStore(Protocol):
 
     def request_json(self, job_id: str) -> str | None: ...
 
-    def claim(self, *, owner: str, lease_s: float) -> ClaimedJob | None: ...
+    def claim(self, *, owner: str, lease_s: float, max_budget_s: float | None = None) -> ClaimedJob | None:
+        """Lease the next queued job (``fair_next_sql``); with ``max_budget_s``, only a job of at most that
+        time budget (the solver process kept for short work, ``SKRULL_SHORT_SOLVER_PROCESSES``)."""
+        ...
+
+    def tenant_solver_s(self, tenant: str) -> float:
+        """The time budgets of ``tenant``'s queued and solving jobs together (its solver seconds held)."""
+        ...
 
     def heartbeat(self, *, job_id: str, owner: str, lease_s: float) -> bool: ...
 
@@ -283,13 +353,18 @@ class JobStore(Protocol):
 
     def queue_depth(self) -> int: ...
 
-    def put_profile(self, name: str, doc_json: str) -> bool:
-        """Store an uploaded profile; False when the identical profile is already stored."""
+    def put_profile(self, name: str, doc_json: str, *, scope: str = "", max_profiles: int | None = None) -> bool:
+        """Store an uploaded profile of the tenant of prefix ``scope`` (``scoped_profile_name``); False when the
+        identical profile is already stored. A new one past ``max_profiles`` of that tenant raises
+        ``ProfileQuotaError`` (counted in the same transaction)."""
         ...
 
-    def get_profile(self, name: str) -> str | None: ...
+    def get_profile(self, name: str, *, scope: str = "") -> str | None: ...
 
-    def profile_names(self) -> list[str]: ...
+    def profile_names(self, *, scope: str | None = None) -> list[str]:
+        """Names of the uploaded profiles of the tenant of prefix ``scope`` (as that tenant names them), or
+        every stored name when ``scope`` is None."""
+        ...
 
     def wait_for_work(self, timeout_s: float) -> bool:
         """Block until a job may have been queued (True) or ``timeout_s`` passed (False)."""

@@ -41,6 +41,7 @@ from skrull.api.store.base import (
     JobRecord,
     NewJob,
     ProfileConflictError,
+    ProfileQuotaError,
     QueueFullError,
     Recovered,
     SubmitOutcome,
@@ -48,7 +49,11 @@ from skrull.api.store.base import (
     check_quota,
     fair_next_sql,
     is_postgres_url,
+    profile_scope_sql,
+    scoped_profile_name,
+    take_back_decisions,
     tenant_sql,
+    unscoped_profile_name,
 )
 from skrull.api.store.migrations import Migration, check_ordered, pending
 from skrull.api.store.rows import ITERATION_COLUMNS, JOB_COLUMNS, iteration_from_row, job_from_row
@@ -61,6 +66,12 @@ QUEUE_CHANNEL = "skrull_queue"
 MIGRATION_LOCK_KEY = 0x5C5011
 #: ... and the one that serializes bounded submissions (count, then queue) across replicas.
 QUEUE_LOCK_KEY = 0x5C5012
+#: ... and the one that serializes counting a tenant's profiles with adding one.
+PROFILE_LOCK_KEY = 0x5C5013
+
+#: Seconds to open one connection, and to wait for one from the pool while serving.
+CONNECT_TIMEOUT_S = 3
+POOL_WAIT_S = 3.0
 
 #: The database's clock in epoch seconds (what every timestamp column holds).
 NOW = "extract(epoch FROM clock_timestamp())::float8"
@@ -123,9 +134,19 @@ MIGRATIONS = (
         description="when each tenant's job was last claimed (fair claims)",
         statements=("CREATE TABLE tenant_claims (tenant TEXT PRIMARY KEY, claimed_at DOUBLE PRECISION NOT NULL)",),
     ),
+    Migration(
+        version=3,
+        description="each Idempotency-Key's tenant (bounded per tenant)",
+        statements=(
+            "ALTER TABLE idempotency_keys ADD COLUMN tenant TEXT NOT NULL DEFAULT ''",
+            "UPDATE idempotency_keys SET tenant = substr(key, 1, 8) WHERE key ~ '^[0-9a-f]{8}:'",
+            "CREATE INDEX idempotency_keys_by_tenant ON idempotency_keys (tenant, created_at)",
+        ),
+    ),
 )
 _TENANT = tenant_sql("id", find="strpos")
 _FAIR_NEXT = fair_next_sql(find="strpos", lock="FOR UPDATE OF j SKIP LOCKED")
+_FAIR_NEXT_SHORT = fair_next_sql(find="strpos", lock="FOR UPDATE OF j SKIP LOCKED", max_budget="%s")
 SCHEMA_VERSION = check_ordered(MIGRATIONS)
 
 
@@ -158,14 +179,26 @@ class PostgresJobStore:
         if not is_postgres_url(url):
             raise ValueError(f"db: {url!r}: a PostgreSQL URL starts with postgresql://")
         self.url = url
+        # Every connection is checked as it is handed out (``check``): one the server dropped (a restart, a
+        # failover, an idle timeout) is replaced there, never handed to a request to fail on.
         self._pool = ConnectionPool(
-            url, min_size=1, max_size=max(1, pool_size), open=False, name="skrull", timeout=connect_timeout_s
+            url,
+            min_size=1,
+            max_size=max(1, pool_size),
+            open=False,
+            name="skrull",
+            timeout=connect_timeout_s,
+            check=ConnectionPool.check_connection,
+            kwargs={"connect_timeout": CONNECT_TIMEOUT_S},
         )
         try:
             self._pool.open(wait=True, timeout=connect_timeout_s)
         except Exception as exc:
             self._pool.close()
             raise ConnectionError(_connect_failure(url, exc, connect_timeout_s)) from None
+        # Once serving, a store call waits at most this long for a connection: an unreachable server answers
+        # 503 store-unavailable in seconds (api.errors), not after a client gave up.
+        self._pool.timeout = POOL_WAIT_S
         self._listen_conn: psycopg.Connection[Any] | None = None
         self._migrate()
 
@@ -238,14 +271,21 @@ class PostgresJobStore:
                         assert held is not None
                         check_quota(quota, queued=int(held[0]), solver_s=float(held[1]), adding_s=job.time_budget_s)
             if idempotency_key is not None:
-                conn.execute(
-                    f"INSERT INTO idempotency_keys (key, job_id, created_at) VALUES (%s, %s, {NOW}) "
-                    "ON CONFLICT (key) DO NOTHING",
-                    (idempotency_key, job.job_id),
-                )
+                tenant = quota.tenant if quota is not None else ""
+                added = conn.execute(
+                    f"INSERT INTO idempotency_keys (key, job_id, created_at, tenant) VALUES (%s, %s, {NOW}, %s) "
+                    "ON CONFLICT (key) DO NOTHING RETURNING key",
+                    (idempotency_key, job.job_id, tenant),
+                ).fetchone()
                 row = conn.execute("SELECT job_id FROM idempotency_keys WHERE key = %s", (idempotency_key,)).fetchone()
                 if row is not None and row[0] != job.job_id:
                     raise IdempotencyConflictError(idempotency_key, row[0])
+                if added is not None and quota is not None and quota.max_idempotency_keys is not None:
+                    conn.execute(  # the tenant's newest keys are kept; older ones are forgotten
+                        "DELETE FROM idempotency_keys WHERE key IN (SELECT key FROM idempotency_keys WHERE tenant = %s "
+                        "ORDER BY created_at DESC, key OFFSET %s)",
+                        (tenant, quota.max_idempotency_keys),
+                    )
             inserted = conn.execute(
                 "INSERT INTO jobs (id, status, solver, request, num_iterations, num_sequences, num_gpus, "
                 f"time_budget_s, created_at, updated_at) VALUES (%s, 'queued', %s, %s, %s, %s, %s, %s, {NOW}, {NOW}) "
@@ -287,9 +327,12 @@ class PostgresJobStore:
             row = conn.execute("SELECT request FROM jobs WHERE id = %s", (job_id,)).fetchone()
         return None if row is None else str(row[0])
 
-    def claim(self, *, owner: str, lease_s: float) -> ClaimedJob | None:
+    def claim(self, *, owner: str, lease_s: float, max_budget_s: float | None = None) -> ClaimedJob | None:
         with self._tx() as conn:
-            nxt = conn.execute(_FAIR_NEXT).fetchone()
+            if max_budget_s is None:
+                nxt = conn.execute(_FAIR_NEXT).fetchone()
+            else:
+                nxt = conn.execute(_FAIR_NEXT_SHORT, (max_budget_s,)).fetchone()
             if nxt is None:
                 return None
             row = conn.execute(
@@ -308,6 +351,15 @@ class PostgresJobStore:
         if row is None:
             return None
         return ClaimedJob(job_id=row[0], solver=row[1], request_json=row[2], attempts=row[3], lease_expires=row[4])
+
+    def tenant_solver_s(self, tenant: str) -> float:
+        with self._tx() as conn:
+            row = conn.execute(
+                "SELECT COALESCE(SUM(time_budget_s), 0) FROM jobs "
+                f"WHERE status IN ('queued', 'solving') AND {_TENANT} = %s",
+                (tenant,),
+            ).fetchone()
+        return float(row[0]) if row else 0.0
 
     def heartbeat(self, *, job_id: str, owner: str, lease_s: float) -> bool:
         with self._tx() as conn:
@@ -401,9 +453,8 @@ class PostgresJobStore:
         count_attempt: bool,
     ) -> list[Recovered]:
         out = []
-        for job_id, attempts in rows:
-            attempts_used = attempts if count_attempt else attempts - 1
-            if attempts_used < max_attempts:
+        for job_id, attempts_used in take_back_decisions(rows, max_attempts=max_attempts, count_attempt=count_attempt):
+            if attempts_used is not None:
                 conn.execute(
                     "UPDATE jobs SET status = 'queued', attempts = %s, last_error = COALESCE(%s, last_error), "
                     f"lease_owner = NULL, lease_expires = NULL, updated_at = {NOW} WHERE id = %s",
@@ -495,28 +546,45 @@ class PostgresJobStore:
 
     # -- profiles --------------------------------------------------------------------------------------
 
-    def put_profile(self, name: str, doc_json: str) -> bool:
+    def put_profile(self, name: str, doc_json: str, *, scope: str = "", max_profiles: int | None = None) -> bool:
+        stored = scoped_profile_name(scope, name)
         with self._tx() as conn:
+            row = conn.execute("SELECT doc FROM profiles WHERE name = %s", (stored,)).fetchone()
+            if row is not None:
+                if row[0] != doc_json:
+                    raise ProfileConflictError(name)
+                return False
+            if max_profiles is not None:  # counted under a lock held to commit: replicas uploading at once
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", (PROFILE_LOCK_KEY,))
+                condition, pattern = profile_scope_sql(scope, "%s")
+                held = conn.execute(f"SELECT COUNT(*) FROM profiles WHERE {condition}", (pattern,)).fetchone()
+                if held is not None and int(held[0]) >= max_profiles:
+                    raise ProfileQuotaError(max_profiles)
             inserted = conn.execute(
                 f"INSERT INTO profiles (name, doc, created_at) VALUES (%s, %s, {NOW}) "
                 "ON CONFLICT (name) DO NOTHING RETURNING name",
-                (name, doc_json),
+                (stored, doc_json),
             ).fetchone()
             if inserted is not None:
                 return True
-            row = conn.execute("SELECT doc FROM profiles WHERE name = %s", (name,)).fetchone()
+            row = conn.execute("SELECT doc FROM profiles WHERE name = %s", (stored,)).fetchone()
             if row is not None and row[0] != doc_json:
                 raise ProfileConflictError(name)
         return False
 
-    def get_profile(self, name: str) -> str | None:
+    def get_profile(self, name: str, *, scope: str = "") -> str | None:
         with self._tx() as conn:
-            row = conn.execute("SELECT doc FROM profiles WHERE name = %s", (name,)).fetchone()
+            stored = scoped_profile_name(scope, name)
+            row = conn.execute("SELECT doc FROM profiles WHERE name = %s", (stored,)).fetchone()
         return None if row is None else str(row[0])
 
-    def profile_names(self) -> list[str]:
+    def profile_names(self, *, scope: str | None = None) -> list[str]:
         with self._tx() as conn:
-            return [str(r[0]) for r in conn.execute("SELECT name FROM profiles ORDER BY name").fetchall()]
+            if scope is None:
+                return [str(r[0]) for r in conn.execute("SELECT name FROM profiles ORDER BY name").fetchall()]
+            condition, pattern = profile_scope_sql(scope, "%s")
+            rows = conn.execute(f"SELECT name FROM profiles WHERE {condition} ORDER BY name", (pattern,)).fetchall()
+        return [unscoped_profile_name(scope, str(r[0])) for r in rows]
 
     # -- notifications ---------------------------------------------------------------------------------
 
@@ -527,7 +595,7 @@ class PostgresJobStore:
         caller was busy are answered at once: the caller then tries to claim, which is what they ask."""
         try:
             if self._listen_conn is None or self._listen_conn.closed:
-                self._listen_conn = psycopg.connect(self.url, autocommit=True)
+                self._listen_conn = psycopg.connect(self.url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S)
                 self._listen_conn.execute(f"LISTEN {QUEUE_CHANNEL}")
                 return True  # anything queued before LISTEN is claimable now
             got = False
@@ -550,7 +618,7 @@ class PostgresJobStore:
         def run() -> None:
             while not stop.is_set():
                 try:
-                    with psycopg.connect(self.url, autocommit=True) as conn:
+                    with psycopg.connect(self.url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S) as conn:
                         conn.execute(f"LISTEN {JOBS_CHANNEL}")
                         while not stop.is_set():
                             for note in conn.notifies(timeout=0.5):

@@ -26,13 +26,18 @@ from skrull.api.store.base import (
     JobRecord,
     NewJob,
     ProfileConflictError,
+    ProfileQuotaError,
     QueueFullError,
     Recovered,
     SubmitOutcome,
     TenantQuota,
     check_quota,
     fair_next_sql,
+    profile_scope_sql,
+    scoped_profile_name,
+    take_back_decisions,
     tenant_sql,
+    unscoped_profile_name,
 )
 from skrull.api.store.migrations import Migration, check_ordered, pending
 from skrull.api.store.rows import JOB_COLUMNS, iteration_from_row, job_from_row
@@ -99,10 +104,21 @@ MIGRATIONS = (
             "WITHOUT ROWID",
         ),
     ),
+    Migration(
+        version=3,
+        description="each Idempotency-Key's tenant (bounded per tenant)",
+        statements=(
+            "ALTER TABLE idempotency_keys ADD COLUMN tenant TEXT NOT NULL DEFAULT ''",
+            "UPDATE idempotency_keys SET tenant = substr(key, 1, 8) WHERE substr(key, 9, 1) = ':' "
+            "AND substr(key, 1, 8) NOT GLOB '*[^0-9a-f]*'",
+            "CREATE INDEX IF NOT EXISTS idempotency_keys_by_tenant ON idempotency_keys (tenant, created_at)",
+        ),
+    ),
 )
 _TENANT = tenant_sql("id", find="instr")
 #: The next job: the tenant with the fewest solving, then the one served least recently, then the oldest.
 _FAIR_NEXT = fair_next_sql(find="instr")
+_FAIR_NEXT_SHORT = fair_next_sql(find="instr", max_budget="?")
 SCHEMA_VERSION = check_ordered(MIGRATIONS)
 
 
@@ -198,10 +214,17 @@ class SQLiteJobStore:
                 if row is not None and row[0] != job.job_id:
                     raise IdempotencyConflictError(idempotency_key, row[0])
                 if row is None:
+                    tenant = quota.tenant if quota is not None else ""
                     conn.execute(
-                        "INSERT INTO idempotency_keys (key, job_id, created_at) VALUES (?, ?, ?)",
-                        (idempotency_key, job.job_id, now),
+                        "INSERT INTO idempotency_keys (key, job_id, created_at, tenant) VALUES (?, ?, ?, ?)",
+                        (idempotency_key, job.job_id, now, tenant),
                     )
+                    if quota is not None and quota.max_idempotency_keys is not None:
+                        conn.execute(  # the tenant's newest keys are kept; older ones are forgotten
+                            "DELETE FROM idempotency_keys WHERE key IN (SELECT key FROM idempotency_keys "
+                            "WHERE tenant = ? ORDER BY created_at DESC, key LIMIT -1 OFFSET ?)",
+                            (tenant, quota.max_idempotency_keys),
+                        )
             row = conn.execute("SELECT status FROM jobs WHERE id = ?", (job.job_id,)).fetchone()
             if max_queued is not None and (row is None or row[0] == "failed"):
                 # Under BEGIN IMMEDIATE: no other writer (in any process) can queue a job between count and insert.
@@ -251,14 +274,17 @@ class SQLiteJobStore:
         row = self._conn().execute("SELECT request FROM jobs WHERE id = ?", (job_id,)).fetchone()
         return None if row is None else str(row[0])
 
-    def claim(self, *, owner: str, lease_s: float) -> ClaimedJob | None:
+    def claim(self, *, owner: str, lease_s: float, max_budget_s: float | None = None) -> ClaimedJob | None:
         conn = self._conn()
         # Idle solver processes poll: look before taking the write lock.
         if conn.execute("SELECT 1 FROM jobs WHERE status = 'queued' LIMIT 1").fetchone() is None:
             return None
         now = time.time()
         with self._write(conn):
-            nxt = conn.execute(_FAIR_NEXT).fetchone()
+            if max_budget_s is None:
+                nxt = conn.execute(_FAIR_NEXT).fetchone()
+            else:
+                nxt = conn.execute(_FAIR_NEXT_SHORT, (max_budget_s,)).fetchone()
             if nxt is None:
                 return None
             row = conn.execute(
@@ -275,6 +301,18 @@ class SQLiteJobStore:
         if row is None:
             return None
         return ClaimedJob(job_id=row[0], solver=row[1], request_json=row[2], attempts=row[3], lease_expires=row[4])
+
+    def tenant_solver_s(self, tenant: str) -> float:
+        row = (
+            self._conn()
+            .execute(
+                "SELECT COALESCE(SUM(time_budget_s), 0) FROM jobs "
+                f"WHERE status IN ('queued', 'solving') AND {_TENANT} = ?",
+                (tenant,),
+            )
+            .fetchone()
+        )
+        return float(row[0])
 
     def heartbeat(self, *, job_id: str, owner: str, lease_s: float) -> bool:
         conn = self._conn()
@@ -357,12 +395,11 @@ class SQLiteJobStore:
     ) -> list[Recovered]:
         now = time.time()
         out = []
-        for job_id, attempts in rows:
-            attempts_used = attempts if count_attempt else attempts - 1
-            if attempts_used < max_attempts:
+        for job_id, attempts_used in take_back_decisions(rows, max_attempts=max_attempts, count_attempt=count_attempt):
+            if attempts_used is not None:
                 conn.execute(
-                    "UPDATE jobs SET status = 'queued', attempts = ?, last_error = ?, lease_owner = NULL, "
-                    "lease_expires = NULL, updated_at = ? WHERE id = ?",
+                    "UPDATE jobs SET status = 'queued', attempts = ?, last_error = COALESCE(?, last_error), "
+                    "lease_owner = NULL, lease_expires = NULL, updated_at = ? WHERE id = ?",
                     (attempts_used, reason_json if count_attempt else None, now, job_id),
                 )
                 out.append(Recovered(job_id=job_id, status="queued"))
@@ -461,20 +498,36 @@ class SQLiteJobStore:
 
     # -- profiles --------------------------------------------------------------------------------------
 
-    def put_profile(self, name: str, doc_json: str) -> bool:
+    def put_profile(self, name: str, doc_json: str, *, scope: str = "", max_profiles: int | None = None) -> bool:
         conn = self._conn()
+        stored = scoped_profile_name(scope, name)
         with self._write(conn):
-            row = conn.execute("SELECT doc FROM profiles WHERE name = ?", (name,)).fetchone()
+            row = conn.execute("SELECT doc FROM profiles WHERE name = ?", (stored,)).fetchone()
             if row is not None:
                 if row[0] != doc_json:
                     raise ProfileConflictError(name)
                 return False
-            conn.execute("INSERT INTO profiles (name, doc, created_at) VALUES (?, ?, ?)", (name, doc_json, time.time()))
+            if max_profiles is not None:  # under BEGIN IMMEDIATE: no upload can land between count and insert
+                condition, pattern = profile_scope_sql(scope, "?")
+                (held,) = conn.execute(f"SELECT COUNT(*) FROM profiles WHERE {condition}", (pattern,)).fetchone()
+                if held >= max_profiles:
+                    raise ProfileQuotaError(max_profiles)
+            conn.execute(
+                "INSERT INTO profiles (name, doc, created_at) VALUES (?, ?, ?)", (stored, doc_json, time.time())
+            )
         return True
 
-    def get_profile(self, name: str) -> str | None:
-        row = self._conn().execute("SELECT doc FROM profiles WHERE name = ?", (name,)).fetchone()
+    def get_profile(self, name: str, *, scope: str = "") -> str | None:
+        row = (
+            self._conn()
+            .execute("SELECT doc FROM profiles WHERE name = ?", (scoped_profile_name(scope, name),))
+            .fetchone()
+        )
         return None if row is None else str(row[0])
 
-    def profile_names(self) -> list[str]:
-        return [str(r[0]) for r in self._conn().execute("SELECT name FROM profiles ORDER BY name").fetchall()]
+    def profile_names(self, *, scope: str | None = None) -> list[str]:
+        if scope is None:
+            return [str(r[0]) for r in self._conn().execute("SELECT name FROM profiles ORDER BY name").fetchall()]
+        condition, pattern = profile_scope_sql(scope, "?")
+        rows = self._conn().execute(f"SELECT name FROM profiles WHERE {condition} ORDER BY name", (pattern,))
+        return [unscoped_profile_name(scope, str(r[0])) for r in rows.fetchall()]

@@ -70,7 +70,7 @@ from dataclasses import dataclass
 from skrull.solver.cost import CostModel
 from skrull.solver.cp_modes import ALLGATHER, ULYSSES
 from skrull.solver.ilp.model import TIME_SCALE, LinearModel
-from skrull.solver.profile import OVERLAP_LOCAL_ATTENTION
+from skrull.solver.profile import OVERLAP_LOCAL_ATTENTION, Topology
 
 #: Largest denominator of the gathered-K/V ratio in the memory rows (module docstring).
 KV_DENOMINATOR = 4096
@@ -97,16 +97,16 @@ class Layout:
         )
 
     @classmethod
-    def of_groups(cls, groups: Sequence[Sequence[int]], num_gpus: int, cost: CostModel | None = None) -> Layout:
+    def of_groups(cls, groups: Sequence[Sequence[int]], num_gpus: int, topology: Topology | None = None) -> Layout:
         """Groups given by their GPU ranks; one load per GPU (its groups in order), each group priced on the
-        link its ranks use under ``cost``'s topology. One pass over the groups' ranks: asking every GPU
+        link its ranks use under ``topology`` (the cost model's). One pass over the groups' ranks: asking every GPU
         whether it is in every group took minutes at 65,536 GPUs."""
         per_gpu: list[list[int]] = [[] for _ in range(num_gpus)]
         for g, ranks in enumerate(groups):
             for gpu in sorted(set(ranks)):
                 if 0 <= gpu < num_gpus:
                     per_gpu[gpu].append(g)
-        links = () if cost is None or cost.topology is None else tuple(cost.link_of(r) for r in groups)
+        links = () if topology is None else tuple(topology.link_name(r) for r in groups)
         return cls(sizes=tuple(len(r) for r in groups), loads=tuple(tuple(load) for load in per_gpu), links=links)
 
     def link(self, g: int) -> str | None:

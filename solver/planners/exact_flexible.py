@@ -18,11 +18,18 @@ share for the warm start, the rest for the solve, killed at its deadline plus a 
 Given ``starts`` (``compare`` passes every heuristic plan of the request that runs all its sequences,
 ``auto``'s among them), the cheapest start of each batch is the warm start instead and ``auto`` is not
 run again: the whole share goes to the solve, and the plan is never worse than any of those starts.
+
+The model's preparation (its layout of groups and its size, before a solver process is forked) is counted
+in the budget too: an iteration whose time left after the warm start is shorter than the previous
+iteration's preparation took keeps its warm start, and the layout, which depends on the groups only, is
+built once per set of groups. So the budget holds at any size (100 batches of 1,000 sequences on DP32 x
+CP8 with 10 s took 23 s of wall time when every iteration prepared a model it had no time to solve).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from collections.abc import Sequence
 
@@ -35,7 +42,15 @@ from skrull.solver.ilp.search import EXACT_MAX_BINARIES, model_size
 from skrull.solver.plan import MicrobatchSpec, Parallel, Problem
 from skrull.solver.planners.auto import AutoPlanner
 from skrull.solver.planners.base import OPTIMAL_TOLERANCE, Cost, PlannerOutput, make_spec
-from skrull.solver.planners.exact import DEFAULT_BACKEND, Starts, exact_work, plan_within_budget, starts_for
+from skrull.solver.planners.exact import (
+    DEFAULT_BACKEND,
+    MIN_SOLVE_S,
+    Starts,
+    exact_work,
+    plan_within_budget,
+    starts_for,
+)
+from skrull.solver.profile import Topology
 from skrull.solver.search.bound import sharding_floor_ms
 from skrull.solver.search.improve import iteration_ms
 
@@ -43,6 +58,20 @@ from skrull.solver.search.improve import iteration_ms
 START_SHARE = 0.3
 
 Specs = tuple[MicrobatchSpec, ...]
+
+
+@dataclasses.dataclass(slots=True)
+class _Preparation:
+    """Seconds the last model's preparation took, within one ``plan`` call."""
+
+    seconds: float = 0.0
+
+
+@functools.lru_cache(maxsize=8)
+def _layout(groups: tuple[tuple[int, ...], ...], num_gpus: int, topology: Topology | None) -> Layout:
+    """``Layout.of_groups``, once per set of groups and topology (65 ms at 256 GPUs, the same for most
+    iterations); each group on the link its ranks use (the links depend on the topology alone)."""
+    return Layout.of_groups(groups, num_gpus, topology)
 
 
 def flexible_groups(parallel: Parallel, used: Sequence[tuple[int, ...]] = ()) -> list[tuple[int, ...]]:
@@ -95,10 +124,17 @@ class FlexibleIlpPlanner:
     def plan(self, problem: Problem) -> PlannerOutput:
         backend = problem.backend or self.backend or DEFAULT_BACKEND
         require_backend(backend, solver=None if problem.backend else self.name)
-        return plan_within_budget(problem, self._iteration)
+        return plan_within_budget(problem, functools.partial(self._iteration, prep=_Preparation()))
 
     def _iteration(
-        self, problem: Problem, ids: tuple[int, ...], offset: int, deadline: float, grace: float
+        self,
+        problem: Problem,
+        ids: tuple[int, ...],
+        offset: int,
+        deadline: float,
+        grace: float,
+        *,
+        prep: _Preparation,
     ) -> tuple[Specs, float, str]:
         given = starts_for(self.starts, ids, problem.batch_ids.index(ids))
         if given:
@@ -110,26 +146,39 @@ class FlexibleIlpPlanner:
         else:
             now = time.monotonic()
             start = _warm_start(problem, ids, offset, now + START_SHARE * (deadline - now))
-        return self._solve(problem, ids, start, deadline, grace)
+        return self._solve(problem, ids, start, deadline, grace, prep=prep)
 
     def _solve(
-        self, problem: Problem, ids: tuple[int, ...], start: Specs, deadline: float, grace: float
+        self,
+        problem: Problem,
+        ids: tuple[int, ...],
+        start: Specs,
+        deadline: float,
+        grace: float,
+        *,
+        prep: _Preparation | None = None,
     ) -> tuple[Specs, float, str]:
+        prep = prep or _Preparation()
         # priced as the plan runs, each microbatch in its cheapest allowed mode, which the model decides
         cost = CostModel(problem.profile, bucket_tokens=problem.bucket_tokens, choose_modes=problem.cp_modes)
         lengths = problem.lengths
         par = problem.parallel
         start_ms = iteration_ms(start, lengths, cost, par.num_gpus)
         lower = min(sharding_floor_ms([lengths[i] for i in ids], cost, par), start_ms)
+        start_status = "optimal" if start_ms - lower <= OPTIMAL_TOLERANCE * start_ms else "feasible"
+        if not ids or time.monotonic() + prep.seconds >= deadline - MIN_SOLVE_S:
+            return start, lower, start_status  # no time to prepare and solve a model: the warm start stands
+        began = time.monotonic()
         # with Ulysses alone, a group not dividing the heads cannot shard: only the warm start's own groups of
         # such a size stay (it may run local sequences on one; the model shards nothing there)
         used = [s.ranks for s in start]
         groups = [g for g in flexible_groups(par, used) if cost.shards_on(len(g)) or g in used]
-        layout = Layout.of_groups(groups, par.num_gpus, cost)  # each group on the link its ranks use
+        layout = _layout(tuple(groups), par.num_gpus, cost.topology)  # each group on the link its ranks use
         hint = to_groups(start, groups)
         size = model_size(seq_ids=ids, lengths=lengths, group_size=par.cp, cost=cost, hint=hint, layout=layout)
-        if not ids or size > EXACT_MAX_BINARIES:
-            return start, lower, "optimal" if start_ms - lower <= OPTIMAL_TOLERANCE * start_ms else "feasible"
+        prep.seconds = time.monotonic() - began
+        if size > EXACT_MAX_BINARIES or time.monotonic() >= deadline - MIN_SOLVE_S:
+            return start, lower, start_status
         backend = problem.backend or self.backend or DEFAULT_BACKEND
 
         work = exact_work(

@@ -64,6 +64,7 @@ def service_settings(db: Path, **overrides: Any) -> Settings:
         "plugins": PLUGINS,
         "supervise_interval_s": 0.1,
         "idle_poll_s": 0.5,
+        "short_solver_processes": 0,  # tests that count processes see the ones they asked for
         **overrides,
     }
     return Settings(**values)
@@ -113,12 +114,13 @@ class LiveServer:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self, *, timeout_s: float = START_TIMEOUT_S) -> LiveServer:
-        self.port = free_port()
+    def start(self, *, timeout_s: float = START_TIMEOUT_S, port: int | None = None) -> LiveServer:
+        self.port = port or free_port()
         env = {
             **os.environ,
             "SKRULL_PLUGINS": PLUGINS,
             "SKRULL_SUPERVISE_INTERVAL_S": "0.1",
+            "SKRULL_SHORT_SOLVER_PROCESSES": "0",  # tests that count processes see the ones they asked for
             "PYTHONPATH": str(ROOT),
             **self.env,
         }
@@ -195,6 +197,7 @@ class SolverWorker:
             **os.environ,
             "SKRULL_PLUGINS": PLUGINS,
             "SKRULL_SUPERVISE_INTERVAL_S": "0.1",
+            "SKRULL_SHORT_SOLVER_PROCESSES": "0",
             "PYTHONPATH": str(ROOT),
             **self.env,
         }

@@ -31,6 +31,7 @@ NAMES = {
     "skrull_queue_depth": "gauge",
     "skrull_jobs": "gauge",
     "skrull_solver_processes": "gauge",
+    "skrull_long_polls_waiting": "gauge",
 }
 
 

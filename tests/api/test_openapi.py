@@ -44,3 +44,16 @@ def test_with_tokens_every_v1_operation_and_metrics_declare_bearer_security(tmp_
     assert not any(key.endswith(" /metrics") and "security" in op for key, op in opened.items())
     assert doc["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"
     assert all("401" in ops[key]["responses"] for key in guarded)
+
+
+def test_the_schema_says_what_the_readers_refuse_so_no_schema_valid_request_is_refused(tmp_path: Path) -> None:
+    """``cp_modes`` is a non-empty list of distinct modes, and profile coefficients have the profile reader's
+    bounds (a negative fixed cost, a zero ms_per_tflop, a bucket of 0 tokens are refused by it)."""
+    schemas = published(tmp_path)["components"]["schemas"]
+    (modes,) = [s for s in schemas["PlanRequestIn"]["properties"]["cp_modes"]["anyOf"] if s.get("type") == "array"]
+    assert modes["minItems"] == 1 and modes["uniqueItems"] is True
+    compute = schemas["ComputeModel"]["properties"]
+    assert compute["fixed_ms"]["minimum"] == 0 and compute["ms_per_tflop"]["exclusiveMinimum"] == 0
+    assert schemas["CommModel"]["properties"]["ms_per_mib"]["minimum"] == 0
+    assert schemas["MemoryModel"]["properties"]["bucket_tokens"]["minimum"] == 1
+    assert schemas["ProfileModel"]["properties"]["microbatch_ms"]["minimum"] == 0

@@ -84,3 +84,65 @@ def test_each_tenant_has_its_own_quota_of_queued_jobs_and_solver_seconds(store: 
     with pytest.raises(QuotaExceededError, match="SKRULL_TENANT_MAX_SOLVER_S"):
         store.submit(job("", 3, budget_s=600), quota=quota_d)
     store.submit(job("", 4, budget_s=60), quota=quota_d)
+
+
+def test_a_solver_kept_for_short_work_takes_only_short_jobs(store: JobStore) -> None:
+    """Claims with ``max_budget_s`` skip jobs of a larger budget however old they are; other claims take any."""
+    long_job, short_job = job("team-b", 1, budget_s=600.0), job("team-a", 2, budget_s=2.0)
+    store.submit(long_job)
+    store.submit(short_job)
+    claimed = store.claim(owner="short", lease_s=30, max_budget_s=10.0)
+    assert claimed is not None and claimed.job_id == short_job.job_id
+    assert store.claim(owner="short", lease_s=30, max_budget_s=10.0) is None
+    claimed = store.claim(owner="any", lease_s=30)
+    assert claimed is not None and claimed.job_id == long_job.job_id
+
+
+def test_a_tenant_s_solver_seconds_add_its_queued_and_solving_jobs_and_what_it_holds_elsewhere(
+    store: JobStore,
+) -> None:
+    store.submit(job("team-a", 1, budget_s=3.0))
+    store.submit(job("team-a", 2, budget_s=4.0))
+    store.submit(job("team-b", 3, budget_s=100.0))
+    assert store.tenant_solver_s(tenant_prefix("team-a")) == pytest.approx(7.0)
+    quota = TenantQuota(tenant=tenant_prefix("team-a"), max_queued=100, max_solver_s=10.0, held_elsewhere_s=2.5)
+    with pytest.raises(QuotaExceededError):
+        store.submit(job("team-a", 4, budget_s=1.0), quota=quota)  # 7 + 2.5 (a compare) + 1 > 10
+    store.submit(job("team-a", 5, budget_s=0.5), quota=quota)
+
+
+def test_idempotency_keys_are_bounded_per_tenant_keeping_the_newest(store: JobStore) -> None:
+    """A tenant's oldest keys are forgotten past its bound; another tenant's keys are untouched."""
+    a = TenantQuota(tenant=tenant_prefix("team-a"), max_queued=100, max_solver_s=1e6, max_idempotency_keys=3)
+    b = TenantQuota(tenant=tenant_prefix("team-b"), max_queued=100, max_solver_s=1e6, max_idempotency_keys=3)
+    store.submit(job("team-b", 99), idempotency_key=f"{b.tenant}:k", quota=b)
+    for n in range(6):
+        store.submit(job("team-a", n), idempotency_key=f"{a.tenant}:k{n}", quota=a)
+    from skrull.api.store.base import IdempotencyConflictError
+
+    for n in (3, 4, 5):  # the newest three still name their plans
+        with pytest.raises(IdempotencyConflictError):
+            store.submit(job("team-a", 50 + n), idempotency_key=f"{a.tenant}:k{n}", quota=a)
+    # the oldest were forgotten: the key is free again (and now names the new plan)
+    store.submit(job("team-a", 60), idempotency_key=f"{a.tenant}:k0", quota=a)
+    with pytest.raises(IdempotencyConflictError):
+        store.submit(job("team-b", 61), idempotency_key=f"{b.tenant}:k", quota=b)
+
+
+def test_profiles_are_per_tenant_with_a_quota(store: JobStore) -> None:
+    from skrull.api.store.base import ProfileQuotaError
+
+    a, b = tenant_prefix("team-a"), tenant_prefix("team-b")
+    assert store.put_profile("lab/x", '{"v": "b"}', scope=b, max_profiles=2)
+    assert store.put_profile("lab/x", '{"v": "a"}', scope=a, max_profiles=2)  # the same name, another tenant
+    assert store.put_profile("lab/x", '{"v": "default"}')
+    assert store.get_profile("lab/x", scope=a) == '{"v": "a"}'
+    assert store.get_profile("lab/x", scope=b) == '{"v": "b"}'
+    assert store.get_profile("lab/x") == '{"v": "default"}'
+    assert store.put_profile("lab/y", "{}", scope=a, max_profiles=2)
+    with pytest.raises(ProfileQuotaError):
+        store.put_profile("lab/z", "{}", scope=a, max_profiles=2)
+    assert not store.put_profile("lab/y", "{}", scope=a, max_profiles=2)  # the identical one: no new row
+    assert store.profile_names(scope=a) == ["lab/x", "lab/y"]
+    assert store.profile_names(scope=b) == ["lab/x"]
+    assert store.profile_names(scope="") == ["lab/x"]
