@@ -8,10 +8,16 @@ of one of four kinds in turn:
 * ``pure``: one bundled distribution's lengths (every bundled distribution in turn over the profiles);
 * ``bimodal``: a short distribution's lengths with a random 5-40% of a long-tailed one's;
 * ``outliers``: a short distribution's lengths with 1-5% outliers at 25-100% of the most a plan holds
-  (``cp * bucket_tokens``, capped at 1M tokens);
+  (``solver.io.placeable_tokens``: ``cp * bucket_tokens`` less the gathered K/V an all-gather group keeps,
+  capped at 1M tokens);
 * ``held-out``: the issue's shape, DP2 x CP16, 6 global batches of 80, bimodal;
 
 on a DP x CP layout drawn from 32 and 64 GPUs (DP 1-8), with 1-6 global batches of 64-256 sequences.
+
+Profiles are what ``skrull derive-profile`` writes (bench/shapes.py), with ``topology`` (8 GPUs a node: a
+CP group of 4 or 8 sits in a node and uses ``intra_node``, CP 16 and 32 span nodes and use ``inter_node``),
+``overlap`` and ``memory.kv_bytes_per_token`` (r = kv / activation bytes per token, the "r" column); the
+per-request table says which links ``auto``'s sharded microbatches used.
 
 On each request ``auto`` runs with ``time_budget_s = --budget * batches`` and every other planner with its
 own default budget (``search.budget.default_budget_s``), each timed (``planning.solve``'s wall: planning,
@@ -55,6 +61,7 @@ from tqdm import tqdm
 
 from skrull.solver.datasets import distribution_names, load_distribution
 from skrull.solver.errors import RequestError
+from skrull.solver.io import placeable_tokens
 from skrull.solver.planners.minmax_ilp import preload_cp_sat
 from skrull.solver.planners.registry import planner_names
 from skrull.solver.planning import solve
@@ -102,7 +109,8 @@ def draw(profile: Profile, kind: str, pure: str, rng: random.Random) -> tuple[st
         dp, cp = rng.choice(LAYOUTS)
         size = rng.choice(BATCH_SIZES)
         num_batches = rng.randint(1, max(1, MAX_SEQUENCES // size))
-    limit = min(cp * profile.bucket_tokens, MAX_TOKENS)
+    layout = Request(batches=((1,),), parallel=Parallel(dp=dp, cp=cp), profile=profile)
+    limit = min(placeable_tokens(layout), MAX_TOKENS)  # what an all-gather group holds with its gathered K/V
     batches = []
     short, long = rng.choice(SHORT), rng.choice(LONG)
     share = rng.uniform(0.05, 0.40) if kind in ("bimodal", "held-out") else rng.uniform(0.01, 0.05)
@@ -137,6 +145,12 @@ def timed_plan(request: Request, solver: str, budget_s: float | None) -> tuple[f
     except RequestError:
         return None
     return plan_over_floor(plan, request), time.perf_counter() - began, plan
+
+
+def links_of(plan: Plan) -> str:
+    """The links the plan's sharded microbatches on more than one GPU used (``intra``, ``inter``, both)."""
+    used = {mb.link for it in plan.iterations for mb in it.microbatches if mb.sharded and len(mb.ranks) > 1}
+    return "/".join(sorted(str(u).removesuffix("_node") for u in used)) or "none"
 
 
 def most_deferred(plan: Plan, request: Request) -> int:
@@ -208,10 +222,13 @@ def main() -> None:
             k += 1
     rows = []
     same: dict[str, tuple[float, float, int, int] | None] = {}  # label -> auto with the deferring planner's freedom
+    links: dict[str, str] = {}  # label -> the links auto's sharded microbatches used
     for job in tqdm(jobs, file=sys.stderr, leave=False, disable=None):
         budget = args.budget * len(job.request.batches)
-        auto = timed(job.request, "auto", budget)
-        assert auto is not None
+        auto_out = timed_plan(job.request, "auto", budget)
+        assert auto_out is not None
+        auto = auto_out[:2]
+        links[job.label] = links_of(auto_out[2])
         plans = {s: r for s in others if (r := timed_plan(job.request, s, None)) is not None}
         theirs = {s: r[:2] for s, r in plans.items()}
         within = {s: r for s, r in theirs.items() if r[1] <= auto[1]}
@@ -222,39 +239,42 @@ def main() -> None:
             same[job.label] = with_same_deferral(job.request, plans[best][2], budget)
         rows.append((job, auto, best, within[best], slow_best, longer.get(slow_best) if slow_best else None))
     print(f"\nload average after {os.getloadavg()[0]:.2f}; {len(rows)} requests\n")
-    print("| profile | requests | auto / floor, mean | worst | behind a planner with <= wall | by, most | of which "
+    print("| profile | r | requests | auto / floor, mean | worst | behind a planner with <= wall | by, most | of which "
           "behind a deferring planner |")  # fmt: skip
-    print("|---|---:|---:|---:|---|---:|---|")
+    print("|---|---:|---:|---:|---:|---|---:|---|")
     for name in dict.fromkeys(r[0].profile for r in rows):
         mine = [r for r in rows if r[0].profile == name]
+        r_kv = mine[0][0].request.profile.gathered_kv_ratio
         autos = [r[1][0] for r in mine]
         behind = [r for r in mine if r[1][0] > r[3][0] * (1 + TIE)]
         most = max((r[1][0] / r[3][0] - 1 for r in behind), default=0.0)
         deferring = sum(r[2] in DEFERRING for r in behind)
         print(
-            f"| {name} | {len(mine)} | {statistics.fmean(autos):.4f} | {max(autos):.4f} | {len(behind)} of {len(mine)} "
+            f"| {name} | {r_kv:.3f} | {len(mine)} | {statistics.fmean(autos):.4f} | {max(autos):.4f} "
+            f"| {len(behind)} of {len(mine)} "
             f"| {f'{most:+.3%}' if behind else ''} | {deferring if behind else ''} |"
         )
     autos = [r[1][0] for r in rows]
     behind = [r for r in rows if r[1][0] > r[3][0] * (1 + TIE)]
     deferring = sum(r[2] in DEFERRING for r in behind)
     print(
-        f"| all | {len(rows)} | {statistics.fmean(autos):.4f} | {max(autos):.4f} | {len(behind)} of {len(rows)} | "
+        f"| all | | {len(rows)} | {statistics.fmean(autos):.4f} | {max(autos):.4f} | {len(behind)} of {len(rows)} | "
         f"| {deferring} |"
     )
     for kind in KINDS:
         ratios = [r[1][0] for r in rows if r[0].kind == kind]
         if ratios:
-            print(f"| kind: {kind} | {len(ratios)} | {statistics.fmean(ratios):.4f} | {max(ratios):.4f} | | | |")
+            print(f"| kind: {kind} | | {len(ratios)} | {statistics.fmean(ratios):.4f} | {max(ratios):.4f} | | | |")
     print("\nPer request (`auto over it`: auto's ratio over the best planner's with no more wall, less 1; "
           "`slower best`: the best planner that took longer than auto, not compared):\n")  # fmt: skip
-    print("| profile | request | auto / floor | auto wall ms | best with <= wall | its ratio | its wall ms "
-          "| auto over it | slower best |")  # fmt: skip
-    print("|---|---|---:|---:|---|---:|---:|---:|---|")
+    print("| profile | request | auto's links | auto / floor | auto wall ms | best with <= wall | its ratio "
+          "| its wall ms | auto over it | slower best |")  # fmt: skip
+    print("|---|---|---|---:|---:|---|---:|---:|---:|---|")
     for job, auto, best, (b_ratio, b_wall), slow_best, slow in rows:
         slow_cell = f"{slow_best} {slow[0]:.4f} ({1e3 * slow[1]:.0f} ms)" if slow_best and slow else ""
         print(
-            f"| {job.profile} | {job.label} | {auto[0]:.4f} | {1e3 * auto[1]:.0f} | {best} | {b_ratio:.4f} "
+            f"| {job.profile} | {job.label} | {links[job.label]} | {auto[0]:.4f} | {1e3 * auto[1]:.0f} | {best} "
+            f"| {b_ratio:.4f} "
             f"| {1e3 * b_wall:.0f} | {auto[0] / b_ratio - 1:+.3%} | {slow_cell} |"
         )
     if same:

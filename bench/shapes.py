@@ -7,7 +7,7 @@ from __future__ import annotations
 from skrull.solver.derive import MODELS, TrainingSetup, derive_profile
 from skrull.solver.gpus import GPUS
 from skrull.solver.hf_config import model_from_hf_config
-from skrull.solver.profile import Profile
+from skrull.solver.profile import Profile, profile_from_dict
 
 #: meta-llama/Llama-2-70b-hf config.json (Touvron et al. 2023, table 1 and the released config)
 LLAMA2_70B = model_from_hf_config(
@@ -27,10 +27,14 @@ GPU_NAMES = ("a100-80g", "h100-80g", "h200-141g", "b200-180g")
 
 def derived(model_name: str, gpu: str, *, tp: int = 1, zero_dp: int = 8) -> Profile:
     """``model_name`` on ``gpu``'s shape at TP ``tp``; the Llama-2 models with ZeRO-3 over ``zero_dp`` ranks
-    (Llama-2-70B at TP 1 needs 64 to leave a bucket of some thousand tokens: 64 heads, 8 K/V)."""
+    (Llama-2-70B at TP 1 needs 64 to leave a bucket of some thousand tokens: 64 heads, 8 K/V).
+
+    The profile as ``skrull derive-profile`` writes it and a request loads it (the contract's document read
+    back), so it plans with every section written: ``topology`` (8 GPUs a node, NVLink inside, InfiniBand
+    across), ``memory.kv_bytes_per_token`` and ``overlap``."""
     model = LLAMA2_70B if model_name == "llama2-70b" else MODELS[model_name]
     setup = TrainingSetup(tp=tp, dp=zero_dp, zero_stage=3) if model_name != "qwen2.5-7b" else TrainingSetup(tp=tp)
-    return derive_profile(model, GPUS[gpu], setup)
+    return profile_from_dict(derive_profile(model, GPUS[gpu], setup).to_dict())
 
 
 def tp8_profiles() -> list[Profile]:
