@@ -622,6 +622,12 @@ class CostModel:
                 high = mid - 1
         return low
 
+    def max_sequence_tokens_in(self, group_size: int, modes: Sequence[str]) -> int:
+        """The longest sequence a group of ``group_size`` holds alone in the one of ``modes`` it runs that
+        holds most (Ulysses keeps no gathered K/V); all-gather's where none of them runs on the group."""
+        runnable = [m for m in modes if self.mode_fits(group_size, m)] or [DEFAULT_CP_MODE]
+        return max(self.max_sequence_tokens(group_size, m) for m in runnable)
+
     def view_gathered_kv_tokens(self, sharded_tokens: int, group_size: int) -> int:
         """The least gathered K/V any mode of this view keeps (``memory_modes``): what a planner placing
         sequences reserves on every GPU of the group (0 where Ulysses may run the microbatch)."""

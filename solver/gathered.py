@@ -37,9 +37,7 @@ def group_capacity_tokens(problem: Problem) -> int:
     if not problem.profile.kv_bytes_per_token or not problem.profile.activation_bytes_per_token:
         return problem.group_capacity_tokens
     model = CostModel(problem.profile, bucket_tokens=problem.bucket_tokens)
-    cp = problem.parallel.cp
-    modes = [m for m in problem.cp_modes if model.mode_fits(cp, m)] or ["allgather"]
-    return max(model.max_sequence_tokens(cp, m) for m in modes)
+    return model.max_sequence_tokens_in(problem.parallel.cp, problem.cp_modes)
 
 
 def _pieces(spec: MicrobatchSpec, lengths: Sequence[int], cost: CostModel) -> list[MicrobatchSpec]:

@@ -63,6 +63,7 @@ from dataclasses import dataclass, field
 from math import inf
 
 from skrull.solver.cost import CostModel
+from skrull.solver.errors import InfeasibleError
 from skrull.solver.metrics import synchronized_iteration_ms
 from skrull.solver.plan import MicrobatchSpec, Parallel, Problem
 from skrull.solver.planners.base import TIE_MS, Cost, PlannerOutput, make_spec
@@ -95,7 +96,10 @@ def cp_size_for(num_tokens: int, bucket_tokens: int, sizes: Sequence[int], caps:
     for c in sizes:
         if num_tokens <= (c * bucket_tokens if caps is None else caps[c]):
             return c
-    raise ValueError(f"{num_tokens} tokens fit no group of at most {sizes[-1]} GPUs")
+    raise InfeasibleError(
+        f"{num_tokens} tokens fit no group of at most {sizes[-1]} GPUs in the modes this planner runs "
+        "(with the gathered K/V an all-gather group keeps)"
+    )
 
 
 @dataclass(slots=True)
@@ -323,8 +327,11 @@ class DynamicCpPlanner:
         num_gpus = problem.parallel.num_gpus
         bucket = problem.bucket_tokens
         sizes = allowed_sizes(num_gpus)
-        # with the gathered K/V, the most each size holds (every sequence is sharded over its group)
-        caps = {c: model.max_sequence_tokens(c) for c in sizes} if model.gathered_kv_ratio else None
+        # with the gathered K/V, the most each size holds (every sequence is sharded over its group) in the
+        # mode of its view that holds most (Ulysses keeps no gathered K/V; the modes are assigned after)
+        caps = None
+        if model.gathered_kv_ratio:
+            caps = {c: model.max_sequence_tokens_in(c, problem.cp_modes) for c in sizes}
         memory_need = {i: cp_size_for(lengths[i], bucket, sizes, caps) for i in ids}
         if self.workload == "flops":
             work: Callable[[int], float] = model.flops

@@ -109,7 +109,7 @@ class StrategyCosts:
         caps = None
         if model.gathered_kv_ratio:
             degrees = candidate_degrees(problem.parallel.num_gpus, problem.parallel.cp)
-            caps = {d: model.max_sequence_tokens(d) for d in degrees}
+            caps = {d: model.max_sequence_tokens_in(d, problem.cp_modes) for d in degrees}
         return cls(model=model.coefficients, caps=caps)
 
     @property

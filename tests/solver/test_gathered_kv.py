@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from skrull.solver.cost import CostModel
 from skrull.solver.datasets import synthesize_request
 from skrull.solver.derive import GPUS, MODELS, derive_profile
-from skrull.solver.errors import InvalidPlanError, RequestError
+from skrull.solver.errors import InvalidPlanError, RequestError, SkrullError
 from skrull.solver.gathered import fit_gathered_kv
 from skrull.solver.io import request_from_dict
 from skrull.solver.planners.base import PlannerOutput
@@ -325,3 +325,28 @@ def test_the_exact_model_runs_in_ulysses_what_allgather_cannot_hold(backend: str
     assert plan.solve.status == "optimal"  # nothing was split after the solve: the rows held it
     assert [mb.mode for mb in plan.iterations[0].microbatches if 0 in mb.sharded] == ["ulysses"]
     assert not model.fits([[], []], [1900], "allgather") and model.fits([[], []], [1900], "ulysses")
+
+
+@pytest.mark.parametrize("solver", ["auto", "dynamic-cp", "hydraulis", "ilp-flex"])
+def test_a_sequence_only_ulysses_holds_is_planned_or_refused_never_a_crash(solver: str) -> None:
+    """1900 tokens over 2 GPUs: 950 own plus 95 of gathered K/V is over the 1000-token bucket in all-gather,
+    950 fits in Ulysses. Planners that choose groups size them by the mode that holds most (``auto``'s
+    deterministic starts raised a bare ValueError from the dynamic-cp start); a planner that cannot run
+    it says so with a SkrullError."""
+    profile = with_kv(BASE, kv=100_000.0, activation=1_000_000.0, bucket=1000)
+    doc: dict[str, Any] = {
+        "batches": [[1900, 300, 40]],
+        "parallel": {"dp": 1, "cp": 2},
+        "profile": profile.to_dict(),
+        "solver": solver,
+        "deterministic": True,
+        "cp_modes": ["allgather", "ulysses"],
+        "time_budget_s": 5.0,
+    }
+    try:
+        plan = solve(request_from_dict(doc))
+    except SkrullError as exc:
+        assert solver in ("dynamic-cp", "hydraulis"), exc  # peers that run all-gather only
+        return
+    (long,) = [mb for mb in plan.iterations[0].microbatches if 0 in mb.seq_ids]
+    assert long.mode == "ulysses" and long.sharded == (0,)
