@@ -1,0 +1,91 @@
+"""The test tiers (tests/tiers.py): registered as markers, given to a test by its file, its fixtures and the
+helpers its code calls, and the torchrun launcher refusing a test outside its tier."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from tests import launch
+from tests.api.conftest import LiveServer
+from tests.tiers import DESCRIPTIONS, TIERS, tiers_of
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def fake_item(obj: Any, *, fixtures: dict[str, Any] | None = None, params: dict[str, Any] | None = None) -> Any:
+    """What tiers_of reads of a collected test: its function, its fixtures' definitions and parameters."""
+    defs = {name: [SimpleNamespace(func=func, params=p)] for name, (func, p) in (fixtures or {}).items()}
+    return SimpleNamespace(
+        obj=obj,
+        fixturenames=list(defs),
+        callspec=SimpleNamespace(params=params or {}),
+        _fixtureinfo=SimpleNamespace(name2fixturedefs=defs),
+    )
+
+
+def test_every_tier_is_a_registered_marker_with_its_description() -> None:
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    markers = dict(m.split(": ", 1) for m in config["tool"]["pytest"]["ini_options"]["markers"])
+    assert {t: markers.get(t) for t in TIERS} == DESCRIPTIONS
+
+
+def _launches() -> None:
+    launch.run_torchrun("script.py", nproc=2, cwd=ROOT)
+
+
+def _through_a_helper() -> None:
+    _launches()
+
+
+def _starts_python() -> None:
+    subprocess.run([sys.executable, "-c", "pass"], check=True)
+
+
+def _serves() -> None:
+    LiveServer(ROOT / "x.db").start()
+
+
+def _plain() -> None:
+    assert sorted([2, 1]) == [1, 2]
+
+
+def test_a_test_is_in_the_tier_of_what_its_code_reaches_through_helpers() -> None:
+    assert tiers_of(fake_item(_launches), "tests/worker/test_x.py") == {"torchrun"}
+    assert tiers_of(fake_item(_through_a_helper), "tests/worker/test_x.py") == {"torchrun"}
+    assert tiers_of(fake_item(_starts_python), "tests/cli/test_x.py") == {"slow"}
+    assert tiers_of(fake_item(_serves), "tests/api/test_x.py") == {"server"}
+    assert tiers_of(fake_item(_plain), "tests/solver/test_x.py") == set()
+
+
+def test_a_fixture_puts_its_tests_in_its_tier_and_a_parametrized_one_by_its_value() -> None:
+    assert tiers_of(fake_item(_plain, fixtures={"live_server": (_plain, None)}), "tests/api/test_x.py") == {"server"}
+    assert tiers_of(fake_item(_plain, fixtures={"my_server": (_serves, None)}), "tests/api/test_x.py") == {"server"}
+    backends = {"backend": (_starts_python, ["sqlite", "postgres"])}  # its code is not read: the value decides
+    on = fake_item(_plain, fixtures=backends, params={"backend": "postgres"})
+    off = fake_item(_plain, fixtures=backends, params={"backend": "sqlite"})
+    assert tiers_of(on, "tests/api/store/test_x.py") == {"postgres"}
+    assert tiers_of(off, "tests/api/store/test_x.py") == set()
+
+
+def test_a_file_listed_for_a_tier_puts_each_of_its_tests_there() -> None:
+    assert tiers_of(fake_item(_plain), "tests/conformance/test_new_cells.py") == {"torchrun"}
+    assert tiers_of(fake_item(_plain), "tests/api/store/test_postgres.py") == {"postgres"}
+
+
+def test_this_test_is_in_the_unit_tier(request: pytest.FixtureRequest) -> None:
+    assert not [m.name for m in request.node.iter_markers() if m.name in TIERS]
+
+
+def test_the_launcher_refuses_a_test_outside_the_torchrun_tier() -> None:
+    assert launch.current_test_is_torchrun is False and launch.current_test_id.endswith(
+        "test_the_launcher_refuses_a_test_outside_the_torchrun_tier"
+    )
+    with pytest.raises(AssertionError, match="is not in the torchrun tier"):
+        launch._check_tier()  # what run_torchrun and start_torchrun do first (calling them would mark this test)
