@@ -3,6 +3,7 @@ helpers its code calls, and the torchrun launcher refusing a test outside its ti
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import tomllib
@@ -14,6 +15,7 @@ import pytest
 
 from tests import launch
 from tests.api.conftest import LiveServer
+from tests.api.pg import temporary_database
 from tests.tiers import DESCRIPTIONS, TIERS, tiers_of
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,6 +54,11 @@ def _serves() -> None:
     LiveServer(ROOT / "x.db").start()
 
 
+def _serves_on_a_backend(param: str) -> None:
+    with temporary_database() as url:
+        LiveServer(url if param == "postgres" else ROOT / "x.db").start()
+
+
 def _plain() -> None:
     assert sorted([2, 1]) == [1, 2]
 
@@ -67,11 +74,11 @@ def test_a_test_is_in_the_tier_of_what_its_code_reaches_through_helpers() -> Non
 def test_a_fixture_puts_its_tests_in_its_tier_and_a_parametrized_one_by_its_value() -> None:
     assert tiers_of(fake_item(_plain, fixtures={"live_server": (_plain, None)}), "tests/api/test_x.py") == {"server"}
     assert tiers_of(fake_item(_plain, fixtures={"my_server": (_serves, None)}), "tests/api/test_x.py") == {"server"}
-    backends = {"backend": (_starts_python, ["sqlite", "postgres"])}  # its code is not read: the value decides
+    backends = {"backend": (_serves_on_a_backend, ["sqlite", "postgres"])}  # the value decides postgres
     on = fake_item(_plain, fixtures=backends, params={"backend": "postgres"})
     off = fake_item(_plain, fixtures=backends, params={"backend": "sqlite"})
-    assert tiers_of(on, "tests/api/store/test_x.py") == {"postgres"}
-    assert tiers_of(off, "tests/api/store/test_x.py") == set()
+    assert tiers_of(on, "tests/api/store/test_x.py") == {"postgres", "server"}
+    assert tiers_of(off, "tests/api/store/test_x.py") == {"server"}
 
 
 def test_a_file_listed_for_a_tier_puts_each_of_its_tests_there() -> None:
@@ -89,3 +96,15 @@ def test_the_launcher_refuses_a_test_outside_the_torchrun_tier() -> None:
     )
     with pytest.raises(AssertionError, match="is not in the torchrun tier"):
         launch._check_tier()  # what run_torchrun and start_torchrun do first (calling them would mark this test)
+
+
+def test_make_test_fast_leaves_out_every_tier_and_the_docs_name_only_tiers() -> None:
+    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
+    (fast,) = re.findall(r"^FAST := (.+)$", makefile, re.M)
+    assert fast == f"not ({' or '.join(TIERS)})"
+    assert re.search(r'^test-fast:.*\n\t.* -m "\$\(FAST\)"', makefile, re.M)
+    assert re.search(r"^test:.*\n\t.*pytest -q --durations=25$", makefile, re.M)
+    page = (ROOT / "docs" / "testing.md").read_text(encoding="utf-8")
+    expressions = re.findall(r'(?<!python) -m (?:"([^"]+)"|(\w+))', page)
+    words = {w for pair in expressions for e in pair for w in re.findall(r"\w+", e)} - {"not", "or", "and"}
+    assert len(expressions) >= 3 and words == set(TIERS), words

@@ -14,7 +14,8 @@ A test is in a tier when any of these holds: its file is listed below (``*_PATHS
 listed below (``*_FIXTURES``), a parametrized fixture it uses has the tier's name as its value (the store
 contract's ``backend`` and ``store_location`` on ``"postgres"``), or its code, its fixtures' code, or a
 helper they call in tests/ (followed through every call, in any module of tests/) names one of the
-``SENTINELS`` below. ``make test-fast`` runs what is in none of them: the unit tier."""
+``SENTINELS`` below; a tier that is one of a parametrized fixture's values counts only on that value.
+``make test-fast`` runs what is in none of them: the unit tier."""
 
 from __future__ import annotations
 
@@ -41,7 +42,10 @@ DESCRIPTIONS = {
 TORCHRUN_PATHS = ("tests/conformance/",)
 SERVER_PATHS = ("tests/api/test_view_in_browser.py", "tests/cli/test_serve.py")
 POSTGRES_PATHS = ("tests/api/store/test_postgres.py",)
-SLOW_PATHS: tuple[str, ...] = ()
+SLOW_PATHS = (
+    "tests/api/test_solving.py",  # solver processes killed, retried and timed out: 5-25 s each
+    "tests/api/test_retention.py",  # waits out a retention
+)
 
 SERVER_FIXTURES = frozenset({"live_server", "live_server_factory", "solver_worker_factory"})
 POSTGRES_FIXTURES = frozenset({"pg_db"})
@@ -168,10 +172,10 @@ def tiers_of(item: pytest.Item, root_relative_path: str) -> set[str]:
         defs = definitions.get(name) or ()
         if not defs:
             continue
-        if defs[-1].params is not None:  # a parametrized fixture: its value says which backend
-            if params.get(name) in TIERS:
-                found.add(params[name])
-            continue
-        found |= _REACH.of(defs[-1].func)
+        reached = _REACH.of(defs[-1].func)
+        if defs[-1].params is not None:  # a parametrized fixture: its value says which backend it is on
+            value = params.get(name)
+            reached = (reached - {p for p in defs[-1].params if p in TIERS}) | ({value} & set(TIERS))
+        found |= reached
     found |= _REACH.of(getattr(item, "obj", None))
     return found
