@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from skrull.worker.launch import launch as worker_launch
 from tests import launch
 from tests.api.conftest import LiveServer
 from tests.api.pg import temporary_database
@@ -42,6 +43,10 @@ def _launches() -> None:
     launch.run_torchrun("script.py", nproc=2, cwd=ROOT)
 
 
+def _spawns_a_process_group() -> None:
+    worker_launch(print, world_size=2)
+
+
 def _through_a_helper() -> None:
     _launches()
 
@@ -66,6 +71,7 @@ def _plain() -> None:
 def test_a_test_is_in_the_tier_of_what_its_code_reaches_through_helpers() -> None:
     assert tiers_of(fake_item(_launches), "tests/worker/test_x.py") == {"torchrun"}
     assert tiers_of(fake_item(_through_a_helper), "tests/worker/test_x.py") == {"torchrun"}
+    assert tiers_of(fake_item(_spawns_a_process_group), "tests/worker/test_x.py") == {"torchrun"}
     assert tiers_of(fake_item(_starts_python), "tests/cli/test_x.py") == {"slow"}
     assert tiers_of(fake_item(_serves), "tests/api/test_x.py") == {"server"}
     assert tiers_of(fake_item(_plain), "tests/solver/test_x.py") == set()

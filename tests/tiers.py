@@ -3,7 +3,8 @@ tests/conftest.py at collection (``pytest_collection_modifyitems``), so a test w
 file, with the same fixture or through the same helper is classified without a marker of its own.
 
 - ``torchrun``: starts ``torchrun`` (tests/launch.py) or other multi-process ``torch.distributed`` jobs
-  (``torch.multiprocessing``); the conformance matrix.
+  (``torch.multiprocessing``, the library's ``skrull.worker.launch`` and what calls it); the conformance
+  matrix.
 - ``server``: a live HTTP server or another service in a subprocess (``skrull serve``, ``skrull
   solver-worker``, a browser).
 - ``postgres``: needs the PostgreSQL server on 127.0.0.1:5432 (tests/api/pg.py).
@@ -55,6 +56,10 @@ def _sentinels() -> dict[int, str]:
     """Objects whose mention puts a test in a tier, by ``id``: helper functions, classes, modules."""
     import torch.multiprocessing
 
+    from skrull.worker import execute
+    from skrull.worker import launch as worker_launch
+    from skrull.worker.hf import finetune
+    from skrull.worker.profiling import comm
     from tests import launch
     from tests.api import conftest as api_conftest
     from tests.api import pg
@@ -64,6 +69,11 @@ def _sentinels() -> dict[int, str]:
         launch.start_torchrun: "torchrun",
         launch.torchrun_command: "torchrun",
         torch.multiprocessing: "torchrun",
+        # the library's own gloo process groups (worker/launch.py) and what starts them
+        worker_launch.launch: "torchrun",
+        execute.execute_plan: "torchrun",
+        finetune.finetune_plan: "torchrun",
+        comm.measure_comm: "torchrun",
         api_conftest.LiveServer: "server",
         api_conftest.SolverWorker: "server",
         pg.temporary_database: "postgres",
