@@ -114,3 +114,16 @@ def test_make_test_fast_leaves_out_every_tier_and_the_docs_name_only_tiers() -> 
     expressions = re.findall(r'(?<!python) -m (?:"([^"]+)"|(\w+))', page)
     words = {w for pair in expressions for e in pair for w in re.findall(r"\w+", e)} - {"not", "or", "and"}
     assert len(expressions) >= 3 and words == set(TIERS), words
+
+
+def test_reading_a_test_that_imports_test_planners_registers_none() -> None:
+    from skrull.solver.planners.registry import planner_names
+
+    def _imports_test_planners() -> None:
+        from tests.api.plugin_planners import gate  # registers the test planners on its first import
+
+        gate()
+
+    before = set(planner_names())
+    tiers_of(fake_item(_imports_test_planners), "tests/api/test_x.py")
+    assert set(planner_names()) == before

@@ -95,6 +95,21 @@ def _codes(code: types.CodeType) -> Iterable[types.CodeType]:
             yield from _codes(const)
 
 
+def _import_quietly(name: str) -> types.ModuleType | None:
+    """The module, imported if need be without leaving a trace in the planner registry: some test modules
+    register planners on import (tests/api/plugin_planners.py), which only their own fixtures may do."""
+    from skrull.solver.planners import registry
+
+    saved = dict(registry._REGISTRY)
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        return None
+    finally:
+        registry._REGISTRY.clear()
+        registry._REGISTRY.update(saved)
+
+
 def _ours(obj: Any) -> bool:
     return (getattr(obj, "__module__", None) or "").startswith("tests")
 
@@ -140,10 +155,9 @@ class _Reach:
             if name in SENTINEL_MODULES:
                 tiers.add(SENTINEL_MODULES[name])
             if name.startswith("tests.") and "." in name:  # imported inside the function: look there too
-                try:
-                    scopes.append(vars(importlib.import_module(name)))
-                except ImportError:
-                    continue
+                module = _import_quietly(name)
+                if module is not None:
+                    scopes.append(vars(module))
         for name in names:
             for scope in scopes:
                 if name in scope:
