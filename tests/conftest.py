@@ -4,7 +4,7 @@ applied to every collected test."""
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -44,14 +44,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker(getattr(pytest.mark, tier))
 
 
-@pytest.fixture(autouse=True)
-def _tier_known_to_the_launcher(request: pytest.FixtureRequest) -> Iterator[None]:
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
     """tests/launch.py refuses to start torchrun for a test outside the torchrun tier, so a launch the tier
-    rules missed fails at once instead of slowing the unit tier unseen."""
-    launch.current_test_is_torchrun = request.node.get_closest_marker("torchrun") is not None
-    launch.current_test_id = request.node.nodeid
-    yield
-    launch.current_test_is_torchrun = None
+    rules missed fails at once instead of slowing the unit tier unseen. Set before any fixture of the test
+    (a module-scoped one may launch too)."""
+    launch.current_test_is_torchrun = item.get_closest_marker("torchrun") is not None
+    launch.current_test_id = item.nodeid
 
 
 #: Round numbers so a reader can redo every estimate by hand (see tests/solver/test_cost.py).
