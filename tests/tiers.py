@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import importlib
 import inspect
-import subprocess
 import types
 from collections.abc import Iterable
 from typing import Any
@@ -52,38 +51,24 @@ SERVER_FIXTURES = frozenset({"live_server", "live_server_factory", "solver_worke
 POSTGRES_FIXTURES = frozenset({"pg_db"})
 
 
-def _sentinels() -> dict[int, str]:
-    """Objects whose mention puts a test in a tier, by ``id``: helper functions, classes, modules."""
-    import torch.multiprocessing
-
-    from skrull.worker import execute
-    from skrull.worker import launch as worker_launch
-    from skrull.worker.hf import finetune
-    from skrull.worker.profiling import comm
-    from tests import launch
-    from tests.api import conftest as api_conftest
-    from tests.api import pg
-
-    found: dict[Any, str] = {
-        launch.run_torchrun: "torchrun",
-        launch.start_torchrun: "torchrun",
-        launch.torchrun_command: "torchrun",
-        torch.multiprocessing: "torchrun",
-        # the library's own gloo process groups (worker/launch.py) and what starts them
-        worker_launch.launch: "torchrun",
-        execute.execute_plan: "torchrun",
-        finetune.finetune_plan: "torchrun",
-        comm.measure_comm: "torchrun",
-        api_conftest.LiveServer: "server",
-        api_conftest.SolverWorker: "server",
-        pg.temporary_database: "postgres",
-        pg.require_postgres: "postgres",
-        subprocess: "slow",  # every subprocess a test starts here is a Python process, or waits on one
-    }
-    return {id(obj): tier for obj, tier in found.items()}
-
-
-SENTINELS: dict[int, str] = {}
+#: What puts a test in a tier when its code (or a helper's) names it: functions and classes by module and
+#: qualified name, modules by name (nothing is imported to compare: collecting tests/solver stays quick).
+SENTINELS = {
+    "tests.launch.run_torchrun": "torchrun",
+    "tests.launch.start_torchrun": "torchrun",
+    "tests.launch.torchrun_command": "torchrun",
+    "torch.multiprocessing": "torchrun",
+    # the library's own gloo process groups (worker/launch.py) and what starts them
+    "skrull.worker.launch.launch": "torchrun",
+    "skrull.worker.execute.execute_plan": "torchrun",
+    "skrull.worker.hf.finetune.finetune_plan": "torchrun",
+    "skrull.worker.profiling.comm.measure_comm": "torchrun",
+    "tests.api.conftest.LiveServer": "server",
+    "tests.api.conftest.SolverWorker": "server",
+    "tests.api.pg.temporary_database": "postgres",
+    "tests.api.pg.require_postgres": "postgres",
+    "subprocess": "slow",  # every subprocess a test starts here is a Python process, or waits on one
+}
 #: Dotted module names that count when a function imports them itself (``import torch.multiprocessing as mp``).
 SENTINEL_MODULES = {"torch.multiprocessing": "torchrun", "subprocess": "slow"}
 
@@ -121,10 +106,12 @@ class _Reach:
         self.cache: dict[int, frozenset[str]] = {}
 
     def of(self, obj: Any) -> frozenset[str]:
-        if not SENTINELS:
-            SENTINELS.update(_sentinels())
-        if id(obj) in SENTINELS:
-            return frozenset({SENTINELS[id(obj)]})
+        if isinstance(obj, types.ModuleType):
+            name = obj.__name__
+        else:
+            name = f"{getattr(obj, '__module__', '')}.{getattr(obj, '__qualname__', '')}"
+        if name in SENTINELS:
+            return frozenset({SENTINELS[name]})
         obj = getattr(getattr(obj, "hypothesis", None), "inner_test", obj)  # a @given test's own body
         obj = inspect.unwrap(obj) if callable(obj) else obj
         if not _ours(obj) or not isinstance(obj, (types.FunctionType, type)):
