@@ -1,12 +1,12 @@
 # Two commands on a fresh machine: `make demo` (set up, then plan the bundled default request with
-# every planner) and `make test`.
+# every planner) and `make test`. `make test-fast` is the unit tier, the loop to run while working.
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 TORCH  ?= torch==2.13.0
 
-.PHONY: setup demo test lint bench clean profiles gpu-check image-check conformance
+.PHONY: setup demo test test-fast lint bench clean profiles gpu-check image-check conformance
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,8 +23,16 @@ setup: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/skrull compare --request examples/requests/default.json
 
+# The tiers are markers that tests/conftest.py applies by the rules of tests/tiers.py. `make test` runs
+# every test (what CI runs, .ci/run), with the 25 slowest at the end; `make test-fast` leaves out the tests
+# that start torchrun, servers or other processes, need PostgreSQL or take seconds each.
+FAST := not (torchrun or server or postgres or slow)
+
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=25
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "$(FAST)"
 
 # mypy reads imports from folders, not from setuptools' package-dir map: it checks the package through a
 # tree of links built here under build/ (never committed), and its messages name the repository's files.

@@ -1,9 +1,11 @@
-"""Shared fixtures: small hand-checkable profiles and request builders."""
+"""Shared fixtures: small hand-checkable profiles and request builders; the test tiers (tests/tiers.py)
+applied to every collected test."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
@@ -12,6 +14,8 @@ from hypothesis import HealthCheck, settings
 from skrull.solver.io import request_from_dict
 from skrull.solver.profile import Profile, profile_from_dict
 from skrull.solver.types import Request
+from tests import launch
+from tests.tiers import tiers_of
 
 T = TypeVar("T")
 
@@ -23,6 +27,31 @@ UNTIMED = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("deterministic", UNTIMED, derandomize=True, database=None)
 settings.register_profile("explore", UNTIMED)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "deterministic"))
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Each test gets the markers of its tiers (tests/tiers.py), so ``-m "not (torchrun or server or postgres
+    or slow)"`` (``make test-fast``) selects the unit tier; ``-m server`` and the like select one tier."""
+    for item in items:
+        try:
+            path = item.path.resolve().relative_to(ROOT).as_posix()
+        except ValueError:  # a test outside this checkout (pytest given another folder): paths say nothing
+            path = ""
+        for tier in sorted(tiers_of(item, path)):
+            if item.get_closest_marker(tier) is None:
+                item.add_marker(getattr(pytest.mark, tier))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """tests/launch.py refuses to start torchrun for a test outside the torchrun tier, so a launch the tier
+    rules missed fails at once instead of slowing the unit tier unseen. Set before any fixture of the test
+    (a module-scoped one may launch too)."""
+    launch.current_test_is_torchrun = item.get_closest_marker("torchrun") is not None
+    launch.current_test_id = item.nodeid
+
 
 #: Round numbers so a reader can redo every estimate by hand (see tests/solver/test_cost.py).
 HAND_PROFILE: dict[str, Any] = {

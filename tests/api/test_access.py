@@ -4,10 +4,11 @@ limits (429 with Retry-After), and the open API when no tokens are configured.""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -137,9 +138,18 @@ def test_metrics_need_a_token_unless_opened(live_server_factory: Callable[..., L
     assert httpx.get(f"{closed.url}/healthz").status_code == 200  # probes need no token
 
 
-def test_head_is_answered_wherever_get_is(live_server_factory: Callable[..., LiveServer], tmp_path: Path) -> None:
-    server = live_server_factory(tmp_path / "s.db", solver_processes=1, env=LIVE_TOKENS).start()
-    with httpx.Client(base_url=server.url, timeout=30) as client:
+@pytest.fixture(scope="module")
+def server_with_tokens(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    """One server with tokens for the tests that only read what they planned."""
+    server = LiveServer(tmp_path_factory.mktemp("access") / "s.db", solver_processes=1, env=LIVE_TOKENS)
+    try:
+        yield server.start()
+    finally:
+        server.close()
+
+
+def test_head_is_answered_wherever_get_is(server_with_tokens: LiveServer) -> None:
+    with httpx.Client(base_url=server_with_tokens.url, timeout=30) as client:
         plan_id = _solved_plan(client)
         for path in (
             f"/v1/plans/{plan_id}",
@@ -158,11 +168,8 @@ def test_head_is_answered_wherever_get_is(live_server_factory: Callable[..., Liv
         assert client.head("/v1/profiles").status_code == 401
 
 
-def test_authenticated_answers_are_never_kept_by_shared_caches(
-    live_server_factory: Callable[..., LiveServer], tmp_path: Path
-) -> None:
-    server = live_server_factory(tmp_path / "s.db", solver_processes=1, env=LIVE_TOKENS).start()
-    with httpx.Client(base_url=server.url, timeout=30) as client:
+def test_authenticated_answers_are_never_kept_by_shared_caches(server_with_tokens: LiveServer) -> None:
+    with httpx.Client(base_url=server_with_tokens.url, timeout=30) as client:
         plan_id = _solved_plan(client)
         view = client.get(f"/v1/plans/{plan_id}/ranks/1?iteration=0", headers=READ)
         for r in (

@@ -5,7 +5,8 @@ and PostgreSQL, and across two API replicas sharing one PostgreSQL database."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -16,6 +17,7 @@ from hypothesis import strategies as st
 from skrull.api.tenants import DEFAULT_TENANT, owns, parse_tokens, plan_id_for, scoped_key
 from skrull.solver.errors import RequestError
 from tests.api.conftest import LiveServer, plan_request
+from tests.api.pg import temporary_database
 
 TOKENS = {
     "SKRULL_SUBMIT_TOKENS": "team-a=tokA,team-b=tokB,plainC",
@@ -83,14 +85,23 @@ def check_idempotency_keys(a: httpx.Client, b: httpx.Client) -> None:
     assert "'nightly-1'" in clash.json()["detail"]  # the team's own key, not its stored form
 
 
-@pytest.fixture
-def two_clients(
-    live_server_factory: Callable[..., LiveServer], store_location: str
-) -> Any:  # yields (client, client) of two servers on one store
-    first = live_server_factory(store_location, solver_processes=1, env=TOKENS).start()
-    replicated = "://" in store_location  # PostgreSQL: a second API replica on the same database
-    second = live_server_factory(store_location, solver_processes=1, env=TOKENS).start() if replicated else first
-    with httpx.Client(base_url=first.url, timeout=30) as a, httpx.Client(base_url=second.url, timeout=30) as b:
+@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+def two_clients(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """(client, client) of two servers on one store, shared by the module's tests on that store (their plans
+    and keys never overlap): one server on a SQLite file, two API replicas on one PostgreSQL database."""
+    root = tmp_path_factory.mktemp("tenants")
+    with contextlib.ExitStack() as stack:
+        location = str(root / "skrull.db") if request.param == "sqlite" else stack.enter_context(temporary_database())
+        first = LiveServer(location, solver_processes=1, env=TOKENS, log_dir=root)
+        stack.callback(first.close)
+        first.start()
+        second = first
+        if request.param == "postgres":
+            second = LiveServer(location, solver_processes=1, env=TOKENS, log_dir=root)
+            stack.callback(second.close)
+            second.start()
+        a = stack.enter_context(httpx.Client(base_url=first.url, timeout=30))
+        b = stack.enter_context(httpx.Client(base_url=second.url, timeout=30))
         yield a, b
 
 

@@ -111,6 +111,7 @@ def test_a_real_server_serves_the_librarys_views(live_server: LiveServer, solver
         check_views(plan_id, plan, [n for batch in doc["batches"] for n in batch], get_view)
 
 
+@pytest.mark.slow  # a plan on 4096 GPUs, solved and rendered: half a minute
 def test_large_iterations_render_in_their_own_slot(tmp_path: Path) -> None:
     # A huge plan's first fetches must not hold the slots every other plan's first fetch needs (and the
     # reverse): with the ordinary slots taken, a large iteration still renders, and with the large slot

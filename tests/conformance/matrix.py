@@ -25,6 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:  # run as a script (``make conformance``): tests.launch from this checkout
+    sys.path.insert(0, str(ROOT))
+from tests.launch import torchrun_command, torchrun_env  # noqa: E402
+
 MODELS = Path(__file__).resolve().parent / "models"
 ARCHS = (
     "llama-1kv-tied", "qwen2", "mistral-window", "phi3", "gemma2-softcap", "olmo2", "gemma3-window",
@@ -65,7 +69,6 @@ def write_rows(path: Path, *, n: int = 32, seed: int = 3, vocab: int = 128) -> P
 def command(
     arch: str, dp: int, cp: int, integration: str, tmp: Path, *, checkpointing: bool = False, lora: bool = False
 ) -> list[str]:
-    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={dp * cp}"]
     common = [
         "--model-config", str(MODELS / f"{arch}.json"), "--dp", str(dp), "--cp", str(cp),
         "--bucket-tokens", str(BUCKET_TIMES_CP // cp), "--check",
@@ -74,8 +77,9 @@ def command(
     ]  # fmt: skip
     if integration == "trainer":
         data = write_rows(tmp / "train.jsonl")
-        return [*launch, str(ROOT / "examples" / "hf_trainer.py"), *common, "--data", str(data),
-                "--global-batch-size", "8", "--max-steps", "1", "--output-dir", str(tmp / "out")]  # fmt: skip
+        args = [*common, "--data", str(data), "--global-batch-size", "8", "--max-steps", "1",
+                "--output-dir", str(tmp / "out")]  # fmt: skip
+        return torchrun_command(ROOT / "examples" / "hf_trainer.py", args, nproc=dp * cp)
     if integration == "trl":
         data = tmp / "chats.jsonl"
         subprocess.run(
@@ -83,11 +87,12 @@ def command(
              "--model-config", str(MODELS / f"{arch}.json")],
             check=True, capture_output=True, cwd=tmp,
         )  # fmt: skip
-        return [*launch, str(ROOT / "examples" / "trl_sft.py"), *common, "--data", str(data),
-                "--global-batch-size", "8", "--max-steps", "1", "--output-dir", str(tmp / "out")]  # fmt: skip
+        args = [*common, "--data", str(data), "--global-batch-size", "8", "--max-steps", "1",
+                "--output-dir", str(tmp / "out")]  # fmt: skip
+        return torchrun_command(ROOT / "examples" / "trl_sft.py", args, nproc=dp * cp)
     data = write_rows(tmp / "train.jsonl")
-    return [*launch, str(ROOT / "examples" / "torchrun_train.py"), *common, "--data", str(data),
-            "--global-batch-size", "8", "--steps", "1", "--grad-sync", integration]  # fmt: skip
+    return torchrun_command(ROOT / "examples" / "torchrun_train.py", [*common, "--data", str(data),
+            "--global-batch-size", "8", "--steps", "1", "--grad-sync", integration], nproc=dp * cp)  # fmt: skip
 
 
 def run_cell(
@@ -106,7 +111,9 @@ def run_cell(
         tmp = Path(name)
         command_line = command(arch, dp, cp, integration, tmp, checkpointing=checkpointing, lora=lora)
         try:
-            out = subprocess.run(command_line, capture_output=True, text=True, timeout=timeout_s, cwd=tmp)
+            out = subprocess.run(
+                command_line, capture_output=True, text=True, timeout=timeout_s, cwd=tmp, env=torchrun_env()
+            )
         except subprocess.TimeoutExpired:
             return Cell(arch, dp, cp, integration, "fail", f"no result in {timeout_s:.0f} s (a hang?)")
     cell = dataclasses.replace(

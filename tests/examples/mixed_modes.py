@@ -4,14 +4,11 @@ tiny models, rows that need both, and the torchrun run and its check."""
 from __future__ import annotations
 
 import json
-import os
 import random
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 from tests.docs.test_links import ROOT
+from tests.launch import run_torchrun
 
 #: The bundled Qwen2.5-0.5B profile made to mix the modes on a tiny model: its heads (4, 2 K/V, so a
 #: group of 4 sends each K/V head twice), an all-gather at 0.05 ms per sharded token + 1 ms and an
@@ -47,15 +44,12 @@ def run_mixed(script: str, args: list[str], tmp_path: Path, env: dict[str, str] 
     profiles = tmp_path / "profiles"
     profiles.mkdir(parents=True, exist_ok=True)
     (profiles / profile_file_name(MIXED_PROFILE)).write_text(json.dumps(mixed_profile()))
-    exe = shutil.which("torchrun", path=str(Path(sys.executable).parent))
-    assert exe is not None
-    cmd = [
-        exe, "--standalone", "--nproc-per-node", "4", str(ROOT / "examples" / script),
+    argv = [
         "--model-config", str(ROOT / "examples" / "models" / "qwen2-tiny.json"), "--dp", "1", "--cp", "4",
         "--profile", MIXED_PROFILE, "--cp-modes", "allgather,ulysses", "--check", *args,
     ]  # fmt: skip
-    env = {**os.environ, **(env or {}), "SKRULL_PROFILES_DIR": str(profiles)}
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env, check=False)
+    env = {**(env or {}), "SKRULL_PROFILES_DIR": str(profiles)}
+    out = run_torchrun(ROOT / "examples" / script, argv, nproc=4, cwd=tmp_path, timeout_s=600, env=env)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     (modes,) = [line.split()[2:] for line in out.stdout.splitlines() if line.startswith("cp modes: ")]
     assert modes[0] == "allgather+ulysses", modes  # the step the check compares ran both modes

@@ -6,14 +6,15 @@ from __future__ import annotations
 import json
 import random
 import re
-import shutil
-import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from tests.cli.piped import run_piped
 from tests.docs.test_links import ROOT
 from tests.examples.mixed_modes import run_mixed, write_mixed_rows
+from tests.launch import run_torchrun
 
 
 def write_rows(path: Path, *, n: int, seed: int, vocab: int = 128) -> Path:
@@ -26,15 +27,12 @@ def write_rows(path: Path, *, n: int, seed: int, vocab: int = 128) -> Path:
 
 def test_the_trainer_script_under_torchrun_passes_its_check(tmp_path: Path) -> None:
     data = write_rows(tmp_path / "train.jsonl", n=64, seed=3)
-    exe = shutil.which("torchrun", path=str(Path(sys.executable).parent))
-    assert exe is not None
-    cmd = [
-        exe, "--standalone", "--nproc-per-node", "4", str(ROOT / "examples" / "hf_trainer.py"),
+    args = [
         "--model-config", str(ROOT / "examples" / "models" / "qwen2-tiny.json"), "--data", str(data),
         "--dp", "2", "--cp", "2", "--global-batch-size", "16", "--bucket-tokens", "64", "--max-steps", "2",
         "--check", "--output-dir", str(tmp_path / "out"),
     ]  # fmt: skip
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path, check=False)
+    out = run_torchrun(ROOT / "examples" / "hf_trainer.py", args, nproc=4, cwd=tmp_path, timeout_s=600)
     assert out.returncode == 0, out.stderr[-3000:]
     losses = [line for line in out.stdout.splitlines() if line.startswith("losses: ")]
     assert len(losses) == 1 and len(losses[0].split()) == 3  # two steps, their world losses
@@ -46,15 +44,12 @@ def test_the_trainer_script_under_torchrun_passes_its_check(tmp_path: Path) -> N
 def test_the_trainer_script_with_compiled_layers_passes_its_check(tmp_path: Path) -> None:
     """The fast step under the Trainer (``--compile on``: inductor on the CPU), DP1 x CP2 with shard pieces."""
     data = write_rows(tmp_path / "train.jsonl", n=32, seed=4)
-    exe = shutil.which("torchrun", path=str(Path(sys.executable).parent))
-    assert exe is not None
-    cmd = [
-        exe, "--standalone", "--nproc-per-node", "2", str(ROOT / "examples" / "hf_trainer.py"),
+    args = [
         "--model-config", str(ROOT / "examples" / "models" / "qwen2-tiny.json"), "--data", str(data),
         "--dp", "1", "--cp", "2", "--global-batch-size", "8", "--bucket-tokens", "64", "--max-steps", "1",
         "--compile", "on", "--check", "--output-dir", str(tmp_path / "out"),
     ]  # fmt: skip
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=tmp_path, check=False)
+    out = run_torchrun(ROOT / "examples" / "hf_trainer.py", args, nproc=2, cwd=tmp_path, timeout_s=900)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "attention kernel: reference (best usable); decoder layers compiled" in out.stderr
     largest = [line for line in out.stdout.splitlines() if line.startswith("largest relative error: ")]
@@ -66,15 +61,12 @@ def test_the_trainer_script_with_one_graph_layers_passes_its_check(tmp_path: Pat
     """``--compile fullgraph``: each layer one graph, the attention the registered operator with the
     collectives inside, under the Trainer, DP1 x CP2 with shard pieces, two steps."""
     data = write_rows(tmp_path / "train.jsonl", n=32, seed=6)
-    exe = shutil.which("torchrun", path=str(Path(sys.executable).parent))
-    assert exe is not None
-    cmd = [
-        exe, "--standalone", "--nproc-per-node", "2", str(ROOT / "examples" / "hf_trainer.py"),
+    args = [
         "--model-config", str(ROOT / "examples" / "models" / "qwen2-tiny.json"), "--data", str(data),
         "--dp", "1", "--cp", "2", "--global-batch-size", "8", "--bucket-tokens", "64", "--max-steps", "2",
         "--compile", "fullgraph", "--check", "--output-dir", str(tmp_path / "out"),
     ]  # fmt: skip
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=tmp_path, check=False)
+    out = run_torchrun(ROOT / "examples" / "hf_trainer.py", args, nproc=2, cwd=tmp_path, timeout_s=900)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "attention kernel: reference (best usable); decoder layers compiled, one graph per layer" in out.stderr
     largest = [line for line in out.stdout.splitlines() if line.startswith("largest relative error: ")]
@@ -82,6 +74,7 @@ def test_the_trainer_script_with_one_graph_layers_passes_its_check(tmp_path: Pat
     assert out.stdout.rstrip().endswith("check passed")
 
 
+@pytest.mark.torchrun  # examples/hf_trainer.py --resume-check starts torchrun itself, three times
 def test_a_run_resumed_from_a_trainer_checkpoint_in_new_processes_is_the_straight_run(tmp_path: Path) -> None:
     data = write_rows(tmp_path / "train.jsonl", n=64, seed=5)
     cmd = [
@@ -132,15 +125,12 @@ def test_a_saved_model_with_prompt_masked_labels_passes_the_check(tmp_path: Path
         rows.append({"input_ids": ids, "labels": [-100] * prompt + ids[prompt:]})
     data = tmp_path / "train.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    exe = shutil.which("torchrun", path=str(Path(sys.executable).parent))
-    assert exe is not None
-    cmd = [
-        exe, "--standalone", "--nproc-per-node", "2", str(ROOT / "examples" / "hf_trainer.py"),
+    args = [
         "--model", str(tmp_path / "model"), "--data", str(data), "--dp", "1", "--cp", "2",
         "--global-batch-size", "12", "--bucket-tokens", "64", "--max-steps", "1", "--check",
         "--output-dir", str(tmp_path / "out"),
     ]  # fmt: skip
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path, check=False)
+    out = run_torchrun(ROOT / "examples" / "hf_trainer.py", args, nproc=2, cwd=tmp_path, timeout_s=600)
     assert out.returncode == 0, out.stderr[-3000:]
     largest = [line for line in out.stdout.splitlines() if line.startswith("largest relative error: ")]
     assert len(largest) == 1 and float(largest[0].split()[3]) <= 1e-4

@@ -4,29 +4,24 @@ single-process Hugging Face step."""
 
 from __future__ import annotations
 
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.docs.test_links import ROOT
 from tests.examples.test_hf_trainer import write_rows
+from tests.launch import run_torchrun
 
 
 @pytest.mark.parametrize("grad_sync", ["ddp", "fsdp"])
 def test_the_torchrun_loop_passes_its_check(tmp_path: Path, grad_sync: str) -> None:
     data = write_rows(tmp_path / "train.jsonl", n=64, seed=3)
-    exe = shutil.which("torchrun", path=str(Path(sys.executable).parent))
-    assert exe is not None
-    cmd = [
-        exe, "--standalone", "--nproc-per-node", "4", str(ROOT / "examples" / "torchrun_train.py"),
+    args = [
         "--model-config", str(ROOT / "examples" / "models" / "qwen2-tiny.json"), "--data", str(data),
         "--dp", "2", "--cp", "2", "--global-batch-size", "16", "--bucket-tokens", "64", "--steps", "2",
         "--grad-sync", grad_sync, "--check",
     ]  # fmt: skip
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path, check=False)
+    out = run_torchrun(ROOT / "examples" / "torchrun_train.py", args, nproc=4, cwd=tmp_path, timeout_s=600)
     assert out.returncode == 0, out.stderr[-3000:]
     losses = [line for line in out.stdout.splitlines() if line.startswith("losses: ")]
     assert len(losses) == 1 and len(losses[0].split()) == 3

@@ -5,15 +5,12 @@ single-process ``SFTTrainer`` step on the same global batch."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.docs.test_links import ROOT
+from tests.launch import run_torchrun
 
 pytest.importorskip("trl")
 
@@ -33,17 +30,14 @@ def test_the_sft_script_under_torchrun_passes_its_check(tmp_path: Path) -> None:
     lengths = [len(tokenizer.apply_chat_template(rows[i]["messages"], tokenize=True, return_dict=True)["input_ids"])
                for i in first]  # fmt: skip
     assert max(lengths) > BUCKET_TOKENS
-    exe = shutil.which("torchrun", path=str(Path(sys.executable).parent))
-    assert exe is not None
-    cmd = [
-        exe, "--standalone", "--nproc-per-node", "4", str(ROOT / "examples" / "trl_sft.py"),
+    args = [
         "--model-config", str(ROOT / "examples" / "models" / "qwen2-tiny.json"), "--data", str(data),
         "--dp", "2", "--cp", "2", "--global-batch-size", "8", "--bucket-tokens", str(BUCKET_TOKENS),
         "--max-steps", "2", "--check", "--output-dir", str(tmp_path / "out"),
     ]  # fmt: skip
     # nothing leaves the machine: no telemetry, no hub look-ups; the datasets cache under tmp_path
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1", "HF_HOME": str(tmp_path / "hf")}
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env, check=False)
+    env = {"HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1", "HF_HOME": str(tmp_path / "hf")}
+    out = run_torchrun(ROOT / "examples" / "trl_sft.py", args, nproc=4, cwd=tmp_path, timeout_s=600, env=env)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     losses = [line for line in out.stdout.splitlines() if line.startswith("losses: ")]
     assert len(losses) == 1 and len(losses[0].split()) == 3  # two steps, their world losses

@@ -5,9 +5,6 @@ broadcast, and resuming from ``state_dict``."""
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,15 +16,13 @@ from skrull.corpus.order import global_batches
 from skrull.solver.errors import RequestError
 from skrull.worker.dataloader import PlannedBatches, resolve_rank
 from skrull.worker.plan_sources import LocalPlans
+from tests.launch import run_torchrun
 
 HERE = Path(__file__).resolve().parent
 
 
 def torchrun(out: Path, shape: dict[str, int]) -> list[dict[str, Any]]:
-    exe = shutil.which("torchrun", path=str(Path(sys.executable).parent))
-    assert exe is not None, "torchrun comes with torch"
-    cmd = [exe, "--standalone", "--nproc-per-node", "4", str(HERE / "torchrun_loader.py"), str(out), json.dumps(shape)]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
+    done = run_torchrun(HERE / "torchrun_loader.py", [str(out), json.dumps(shape)], nproc=4, cwd=out, timeout_s=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(4)]
 

@@ -45,6 +45,7 @@ from skrull.worker.megatron import (
     padded_num_tokens,
 )
 from tests.conftest import make_request
+from tests.launch import run_torchrun
 
 ROOT = Path(__file__).resolve().parents[2]
 PAD = -7  # a pad id no real token has, so padding rows are told apart in comparisons
@@ -356,12 +357,7 @@ def test_the_gpu_example_on_a_cpu_machine_refuses_in_one_line_under_torchrun() -
     # fails, so torchrun adds no failure report of its own
     if torch.cuda.is_available():
         pytest.skip("the refusal of a machine without CUDA; this one has a GPU")
-    out = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         str(ROOT / "examples" / "megatron_step.py"), "--cp", "2"],
-        cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},  # else torchrun prints its banner about the variable
-    )  # fmt: skip
+    out = run_torchrun(ROOT / "examples" / "megatron_step.py", ["--cp", "2"], nproc=2, cwd=ROOT, timeout_s=300)
     printed = out.stdout + out.stderr
     assert out.returncode == 0, printed[-3000:]
     refusal = "megatron_step.py: needs CUDA GPUs (NCCL and Transformer Engine); this machine has none, nothing was run"

@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -24,15 +22,10 @@ from skrull.solver.search.budget import smallest_budget_s
 from skrull.solver.types import Parallel
 from skrull.worker.dataloader import PlannedBatches
 from skrull.worker.planner_process import PlanningBudget, ProcessPlans
+from tests.launch import run_torchrun, start_torchrun
 
 HERE = Path(__file__).resolve().parent
 SCRIPT = HERE / "torchrun_planner.py"
-
-
-def _torchrun() -> str:
-    exe = shutil.which("torchrun", path=str(Path(sys.executable).parent))
-    assert exe is not None, "torchrun comes with torch"
-    return exe
 
 
 def _free_port() -> int:
@@ -71,8 +64,7 @@ def _check_every_token_once(results: list[dict[str, Any]], world: int) -> None:
 
 
 def test_one_planner_process_per_node_serves_every_rank_of_a_torchrun_job(tmp_path: Path) -> None:
-    cmd = [_torchrun(), "--standalone", "--nproc-per-node", "2", str(SCRIPT), str(tmp_path), "run"]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
+    done = run_torchrun(SCRIPT, [str(tmp_path), "run"], nproc=2, cwd=tmp_path, timeout_s=300)
     assert done.returncode == 0, done.stderr[-3000:]
     results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert len({r["planner"] for r in results}) == 1  # one planner process for the node
@@ -89,8 +81,7 @@ def test_ranks_are_served_after_the_owners_loader_is_dropped_and_the_planner_exi
 ) -> None:
     """Local rank 0 drops its loader early (a rank refusing a configuration does): the node's other ranks
     still get every plan, not a lost socket, and the planner exits once they close."""
-    cmd = [_torchrun(), "--standalone", "--nproc-per-node", "2", str(SCRIPT), str(tmp_path), "owner-leaves"]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
+    done = run_torchrun(SCRIPT, [str(tmp_path), "owner-leaves"], nproc=2, cwd=tmp_path, timeout_s=300)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads((tmp_path / "rank1.json").read_text())
     assert len({g["iteration"] for g in result["got"]}) == 4
@@ -98,30 +89,10 @@ def test_ranks_are_served_after_the_owners_loader_is_dropped_and_the_planner_exi
 
 
 def test_two_torchrun_nodes_plan_on_their_own_and_get_the_same_plans(tmp_path: Path) -> None:
-    port = _free_port()
+    at = f"127.0.0.1:{_free_port()}"
     procs = [
-        subprocess.Popen(
-            [
-                _torchrun(),
-                "--nnodes",
-                "2",
-                "--node-rank",
-                str(node),
-                "--nproc-per-node",
-                "2",
-                "--rdzv-backend",
-                "c10d",
-                "--rdzv-endpoint",
-                f"127.0.0.1:{port}",
-                str(SCRIPT),
-                str(tmp_path),
-                "run",
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for node in (0, 1)
+        start_torchrun(SCRIPT, [str(tmp_path), "run"], nproc=2, cwd=tmp_path, nnodes=2, node_rank=n, rdzv_endpoint=at)
+        for n in (0, 1)
     ]
     outs = [p.communicate(timeout=300) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs[0][1][-2000:] + outs[1][1][-2000:]
@@ -135,8 +106,7 @@ def test_two_torchrun_nodes_plan_on_their_own_and_get_the_same_plans(tmp_path: P
 
 
 def _hang(tmp_path: Path) -> tuple[subprocess.Popen[str], list[dict[str, int]]]:
-    cmd = [_torchrun(), "--standalone", "--nproc-per-node", "2", str(SCRIPT), str(tmp_path), "hang"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True)
+    proc = start_torchrun(SCRIPT, [str(tmp_path), "hang"], nproc=2, cwd=tmp_path, capture=False)
     deadline = time.monotonic() + 240
     while not all((tmp_path / f"pids{r}.json").exists() for r in range(2)):
         assert proc.poll() is None and time.monotonic() < deadline, "the job did not reach its first step"

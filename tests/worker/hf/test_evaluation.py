@@ -5,9 +5,6 @@ from ``evaluate()`` and from the Trainer's own ``eval_strategy='steps'`` evaluat
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +18,8 @@ from skrull.worker.dataloader import PlannedBatches
 from skrull.worker.hf.evaluation import plain_eval_loss
 from skrull.worker.hf.model import build_model, read_model_config
 from skrull.worker.hf.trainer import SkrullTrainer
-from tests.worker.hf.eval_rows import CONFIG, ROOT, eval_rows, train_rows
+from tests.launch import run_torchrun
+from tests.worker.hf.eval_rows import CONFIG, eval_rows, train_rows
 
 HERE = Path(__file__).resolve().parent
 TOLERANCE = 1e-4
@@ -125,12 +123,8 @@ def test_compute_metrics_is_refused_naming_it(tmp_path: Path) -> None:
 
 def test_dp2_cp2_under_torchrun_reports_the_plain_trainers_eval_loss(tmp_path: Path) -> None:
     batch_size = 4
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
-        str(HERE / "torchrun_eval.py"), "2", "2", "48", str(batch_size), str(tmp_path),
-    ]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env, check=False)
+    args = ["2", "2", "48", str(batch_size), str(tmp_path)]
+    out = run_torchrun(HERE / "torchrun_eval.py", args, nproc=4, cwd=tmp_path, timeout_s=600)
     assert out.returncode == 0, out.stderr[-4000:]
     result = json.loads((tmp_path / "result.json").read_text())
     before = plain_eval(tmp_path, batch_size=batch_size)

@@ -3,10 +3,7 @@ fix: under real ``torchrun`` (2 gloo processes), and in one process where one su
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +12,7 @@ from transformers import TrainingArguments
 from skrull.worker.dataloader import PlannedBatches
 from skrull.worker.hf.model import build_model, read_model_config
 from skrull.worker.hf.trainer import SkrullTrainer
+from tests.launch import run_torchrun
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
@@ -23,12 +21,7 @@ ROWS = [{"input_ids": list(range(n)), "labels": [*range(1, n), -100]} for n in (
 
 
 def torchrun(case: str, tmp_path: Path) -> list[str]:
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-        str(HERE / "torchrun_guards.py"), case,
-    ]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env, check=False)
+    out = run_torchrun(HERE / "torchrun_guards.py", [case], nproc=2, cwd=tmp_path, timeout_s=300)
     assert out.returncode == 0, out.stderr[-3000:]
     by_rank = [(tmp_path / f"report-{rank}.txt").read_text(encoding="utf-8").splitlines() for rank in (0, 1)]
     assert by_rank[0] == by_rank[1], by_rank  # every rank stops with the same line, in the same case

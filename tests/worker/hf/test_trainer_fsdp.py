@@ -5,22 +5,16 @@ refused naming the version. Real ``torchrun``, 2 gloo processes."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
+
+from tests.launch import run_torchrun
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
 
 
 def run(case: str, tmp_path: Path) -> list[str]:
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-        str(HERE / "torchrun_trainer_fsdp.py"), case,
-    ]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env, check=False)
+    out = run_torchrun(HERE / "torchrun_trainer_fsdp.py", [case], nproc=2, cwd=tmp_path, timeout_s=300)
     assert out.returncode == 0, out.stderr[-3000:]
     # each rank's own file: two ranks printing to torchrun's one pipe interleaved within a line under load
     by_rank = [(tmp_path / f"report-{rank}.txt").read_text(encoding="utf-8").splitlines() for rank in (0, 1)]
