@@ -413,10 +413,11 @@ def derive_profile(
     (``calibrated_bucket_tokens``); ``memory.bucket_rule`` says which, and both values are recorded. The
     profile carries ``memory.kv_bytes_per_token`` and ``activation_bytes_per_token`` (the gathered-K/V
     rule) with ``memory.gathered_kv: key_prefixes`` (what worker/dacp.py keeps: each own piece's key
-    prefix, charged ``(2N+1)/(2N)`` of the sharded tokens; solver/cost.py), ``topology`` (``topology``, default the GPU's published figures: solver/gpus.py
-    ``topology_for``) and ``overlap`` (``OVERLAP``). With ``setup.tp > 1`` the profile prices one rank of
-    a TP group (module docstring), is named ``<gpu>/<model>-tp<t>`` and records ``setup.tp`` and a
-    ``tensor_parallel`` block; with ``tp = 1`` neither is written and the profile is the plain one.
+    prefix, charged ``(2N+1)/(2N)`` of the sharded tokens; solver/cost.py), ``topology`` (``topology``,
+    default the GPU's published figures: solver/gpus.py ``topology_for``) and ``overlap`` (``OVERLAP``).
+    With ``setup.tp > 1`` the profile prices one rank of a TP group (module docstring), is named
+    ``<gpu>/<model>-tp<t>`` and records ``setup.tp`` and a ``tensor_parallel`` block; with ``tp = 1``
+    neither is written and the profile is the plain one.
     """
     setup = setup or setup_of(model)
     tp = setup.tp

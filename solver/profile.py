@@ -136,8 +136,9 @@ class Profile:
     sequences: ``own tokens + r * (N-1)/N * sum(sharded S) <= bucket_tokens`` with ``r = kv / activation``
     (``gathered_kv_ratio``; 0 without them). ``gathered_kv`` (optional, ``memory.gathered_kv``) says which
     K/V the worker keeps: None or ``others`` the contract's ``(N-1)/N``, ``key_prefixes`` the key prefix of
-    each own piece, ``(2N+1)/(2N)`` (``GATHERED_KV_RULES``; solver/cost.py). ``overlap`` (optional) says what the worker hides communication
-    behind (``Overlap``; without it, all the local compute: the contract's plain form)."""
+    each own piece, ``(2N+1)/(2N)`` (``GATHERED_KV_RULES``; solver/cost.py). ``overlap`` (optional) says
+    what the worker hides communication behind (``Overlap``; without it, all the local compute: the
+    contract's plain form)."""
 
     name: str
     compute: ComputeCoeffs
