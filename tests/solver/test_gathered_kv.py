@@ -256,14 +256,16 @@ def one_microbatch_plan(profile: Profile, length: int, mode: str) -> tuple[Plan,
         }
     )
     model = CostModel(profile)
+    link = model.link_of((0, 1))  # the bundled profile has a topology: the microbatch names its link
     mb = Microbatch(
         step=0,
         ranks=(0, 1),
         local=((), ()),
         sharded=(0,),
-        estimated_ms=model.microbatch_time_ms([[], []], [length], mode),
+        estimated_ms=model.microbatch_time_ms([[], []], [length], mode, link=link),
         sharding=SHARDING_MODES[0],
         mode=mode,
+        link=link,
     )
     iteration = Iteration(
         index=0,
