@@ -689,7 +689,8 @@ class CostModel:
         )
 
     def cheapest_mode(self, spec: MicrobatchSpec | Placement, lengths: Sequence[int], modes: Sequence[str]) -> str:
-        """Of ``modes`` that the group can run (``mode_fits``), the one pricing ``spec`` lowest; ties go to
+        """Of ``modes`` that the group can run (``mode_fits``) and whose memory holds ``spec`` (``fits``;
+        all of them where none does, for the validator to name), the one pricing ``spec`` lowest; ties go to
         the first in ``CP_MODES`` order. A microbatch with nothing sharded has no communication: it keeps
         the default, as it does when no mode fits (the validator then names the microbatch)."""
         n = len(spec.ranks)
@@ -700,6 +701,8 @@ class CostModel:
             return DEFAULT_CP_MODE
         local = [[lengths[i] for i in ids] for ids in spec.local]
         sharded = [lengths[i] for i in spec.sharded]
+        # of those, the ones whose memory holds the microbatch (the gathered K/V differs by mode: ``fits``)
+        fitting = [m for m in fitting if self.fits(local, sharded, m)] or fitting
         link = self.link_of(spec.ranks)
         times = [self.microbatch_time_ms(local, sharded, m, link=link) for m in fitting]
         return fitting[min(range(len(fitting)), key=lambda k: (times[k], k))]
