@@ -82,6 +82,7 @@ from skrull.solver.profile import (
     CommCoeffs,
     ComputeCoeffs,
     HeadCounts,
+    Overlap,
     Profile,
     Topology,
 )
@@ -544,6 +545,7 @@ def derive_profile(
         activation_bytes_per_token=activation,
         kv_bytes_per_token=extra["memory"]["kv_bytes_per_token"],
         gathered_kv=GATHERED_KV_KEY_PREFIXES,
+        overlap=Overlap(scope=OVERLAP["with"], ulysses_exposed=OVERLAP["ulysses_exposed"], source=OVERLAP["source"]),
         extra=extra,
     )
 
