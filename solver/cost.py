@@ -34,6 +34,13 @@ costs ``r = kv / activation`` bucket tokens per gathered token: GPU j fits when
 when ``own_j + ceil(r * (N-1) * T / N) <= bucket_tokens``; that ceiling (``gathered_kv_tokens``) is computed
 in integers from ``r = p/q`` (the exact fraction of the two floats), so every planner, the validator and
 the ILP agree to the token. A Ulysses microbatch keeps no gathered sequence (0), nor does N = 1.
+A profile whose ``memory.gathered_kv`` is ``key_prefixes`` says the worker keeps, for each of its own
+pieces, the packed key prefix ``[0, end)`` (worker/dacp.py: the varlen kernel's saved keys): under the
+zigzag split (2N chunks, GPU j holds j and 2N-1-j) that is ``(2N+1)/(2N) * S`` tokens of a sequence of S,
+under the contiguous one ``(j+1)/N * S <= S``; so it is charged ``ceil(r * (2N+1) * T / (2N))``, exact for
+zigzag up to the remainder tokens (each dealt token moves later chunk ends by one: below 2N-1 tokens of
+K/V per sequence), an upper bound for contiguous. The factor, ``(N-1)/N`` or ``(2N+1)/(2N)``, comes from
+one place (``gathered_kv_factor``), which every rule reads.
 
 Iteration time (eq. 8): the max over GPUs of the summed Time of the microbatches each GPU takes part in.
 
@@ -81,7 +88,15 @@ from typing import Protocol
 from skrull.solver.cp_modes import ALLGATHER, CP_MODES, DEFAULT_CP_MODE, ULYSSES, ulysses_divides
 from skrull.solver.errors import RequestError
 from skrull.solver.plan import Iteration, Microbatch, MicrobatchSpec, Parallel
-from skrull.solver.profile import INTER_NODE, INTRA_NODE, OVERLAP_LOCAL_COMPUTE, Link, Profile, Topology
+from skrull.solver.profile import (
+    GATHERED_KV_KEY_PREFIXES,
+    INTER_NODE,
+    INTRA_NODE,
+    OVERLAP_LOCAL_COMPUTE,
+    Link,
+    Profile,
+    Topology,
+)
 from skrull.solver.sharding import DEFAULT_SHARDING, max_position_tokens, position_token_counts
 
 MIB = float(2**20)
@@ -581,11 +596,22 @@ class CostModel:
 
     def gathered_kv_tokens(self, sharded_tokens: int, group_size: int, mode: str = DEFAULT_CP_MODE) -> int:
         """Bucket tokens each GPU of an all-gather group spends on the gathered K/V of the sharded
-        sequences: ``ceil(r * (N-1) * T / N)`` (module doc), in integers; 0 in Ulysses mode, on one GPU,
+        sequences: ``ceil(r * num * T / den)`` with ``num/den = gathered_kv_factor(N)``, ``(N-1)/N`` by
+        the contract (module doc), in integers; 0 in Ulysses mode, on one GPU,
         with nothing sharded, or where the profile gives no K/V bytes (then every rule is eq. 7's)."""
         if not self._kv_num or mode == ULYSSES or group_size <= 1 or sharded_tokens <= 0:
             return 0
-        return -(-(self._kv_num * (group_size - 1) * sharded_tokens) // (self._kv_den * group_size))
+        num, den = self.gathered_kv_factor(group_size)
+        return -(-(self._kv_num * num * sharded_tokens) // (self._kv_den * den))
+
+    def gathered_kv_factor(self, group_size: int) -> tuple[int, int]:
+        """The gathered K/V tokens an all-gather GPU of a group of N keeps per sharded token, as ``(num,
+        den)``: ``(N-1, N)`` (CONTRACT.md: the other GPUs' shares; ``memory.gathered_kv`` absent or
+        ``others``) or ``(2N+1, 2N)`` (``key_prefixes``: each own piece's key prefix, module doc). The one
+        factor every memory rule reads (``gathered_kv_tokens``, the ILP's rows)."""
+        if self.profile.gathered_kv == GATHERED_KV_KEY_PREFIXES:
+            return 2 * group_size + 1, 2 * group_size
+        return group_size - 1, group_size
 
     def bucket_use_tokens(
         self,
@@ -669,7 +695,8 @@ class CostModel:
         )
 
     def cheapest_mode(self, spec: MicrobatchSpec | Placement, lengths: Sequence[int], modes: Sequence[str]) -> str:
-        """Of ``modes`` that the group can run (``mode_fits``), the one pricing ``spec`` lowest; ties go to
+        """Of ``modes`` that the group can run (``mode_fits``) and whose memory holds ``spec`` (``fits``;
+        all of them where none does, for the validator to name), the one pricing ``spec`` lowest; ties go to
         the first in ``CP_MODES`` order. A microbatch with nothing sharded has no communication: it keeps
         the default, as it does when no mode fits (the validator then names the microbatch)."""
         n = len(spec.ranks)
@@ -680,10 +707,8 @@ class CostModel:
             return DEFAULT_CP_MODE
         local = [[lengths[i] for i in ids] for ids in spec.local]
         sharded = [lengths[i] for i in spec.sharded]
-        if self._kv_num and len(fitting) > 1:  # only the modes whose memory holds (gathered K/V: all-gather's)
-            fitting = [m for m in fitting if self.fits(local, sharded, m)] or fitting
-        if len(fitting) == 1:
-            return fitting[0]
+        # of those, the ones whose memory holds the microbatch (the gathered K/V differs by mode: ``fits``)
+        fitting = [m for m in fitting if self.fits(local, sharded, m)] or fitting
         link = self.link_of(spec.ranks)
         times = [self.microbatch_time_ms(local, sharded, m, link=link) for m in fitting]
         return fitting[min(range(len(fitting)), key=lambda k: (times[k], k))]

@@ -77,7 +77,15 @@ from skrull.solver.errors import RequestError
 from skrull.solver.gpus import GPUS as GPUS  # re-exported: callers take models and GPUs from here
 from skrull.solver.gpus import GpuSpec as GpuSpec
 from skrull.solver.gpus import topology_for
-from skrull.solver.profile import CommCoeffs, ComputeCoeffs, HeadCounts, Overlap, Profile, Topology
+from skrull.solver.profile import (
+    GATHERED_KV_KEY_PREFIXES,
+    CommCoeffs,
+    ComputeCoeffs,
+    HeadCounts,
+    Overlap,
+    Profile,
+    Topology,
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -405,10 +413,12 @@ def derive_profile(
     (Qwen2.5-0.5B, 7B with the default setup, any TP degree), scaled by free memory to other GPUs
     (``calibrated_bucket_tokens``); ``memory.bucket_rule`` says which, and both values are recorded. The
     profile carries ``memory.kv_bytes_per_token`` and ``activation_bytes_per_token`` (the gathered-K/V
-    rule), ``topology`` (``topology``, default the GPU's published figures: solver/gpus.py
-    ``topology_for``) and ``overlap`` (``OVERLAP``). With ``setup.tp > 1`` the profile prices one rank of
-    a TP group (module docstring), is named ``<gpu>/<model>-tp<t>`` and records ``setup.tp`` and a
-    ``tensor_parallel`` block; with ``tp = 1`` neither is written and the profile is the plain one.
+    rule) with ``memory.gathered_kv: key_prefixes`` (what worker/dacp.py keeps: each own piece's key
+    prefix, charged ``(2N+1)/(2N)`` of the sharded tokens; solver/cost.py), ``topology`` (``topology``,
+    default the GPU's published figures: solver/gpus.py ``topology_for``) and ``overlap`` (``OVERLAP``).
+    With ``setup.tp > 1`` the profile prices one rank of a TP group (module docstring), is named
+    ``<gpu>/<model>-tp<t>`` and records ``setup.tp`` and a ``tensor_parallel`` block; with ``tp = 1``
+    neither is written and the profile is the plain one.
     """
     setup = setup or setup_of(model)
     tp = setup.tp
@@ -485,6 +495,7 @@ def derive_profile(
             "static_bytes": static_memory_bytes(model, setup),
             "activation_bytes_per_token": activation,
             "kv_bytes_per_token": kv_bytes_per_token(model, tp),
+            "gathered_kv": GATHERED_KV_KEY_PREFIXES,
             "source": (
                 "bucket_tokens: Skrull section 5.1's measured bucket for this model shape, scaled by free memory "
                 "off the 80 GB H100 (bucket_rule paper, asked with --paper-bucket); activation_bytes_per_token: "
@@ -493,8 +504,10 @@ def derive_profile(
                 else "bucket_tokens: derived from the model's shape and the training setup (bucket_rule derived; "
                 "solver/derive.py); activation_bytes_per_token: the derivation's per-token activations"
             )
-            + "; kv_bytes_per_token: 2 (K, V) x layers x K/V heads per TP rank x head_dim x 2 B, kept for every "
-            "gathered token of an all-gather microbatch (worker/dacp.py)",
+            + "; kv_bytes_per_token: 2 (K, V) x layers x K/V heads per TP rank x head_dim x 2 B; gathered_kv: "
+            "key_prefixes, the worker (worker/dacp.py, all-gather) keeps for each of its own pieces of a sharded "
+            "sequence the packed key prefix [0, end) until backward (the varlen kernel saves it): (2N+1)/(2N) x "
+            "the sharded tokens per GPU under the zigzag split (tests/worker/test_gathered_kv_memory.py)",
         },
         "overlap": dict(OVERLAP),
         "microbatch_source": f"{setup.framework_ms} ms framework (assumed) + {1 - setup.grad_reduce_overlap:.2f} x "
@@ -531,6 +544,7 @@ def derive_profile(
         topology=topology,
         activation_bytes_per_token=activation,
         kv_bytes_per_token=extra["memory"]["kv_bytes_per_token"],
+        gathered_kv=GATHERED_KV_KEY_PREFIXES,
         overlap=Overlap(scope=OVERLAP["with"], ulysses_exposed=OVERLAP["ulysses_exposed"], source=OVERLAP["source"]),
         extra=extra,
     )

@@ -7,6 +7,9 @@ topology and gathered K/V"; ``CostModel.fits``):
 
     own_j + r * (N-1)/N * sum(sharded S) <= bucket_tokens,    r = kv / activation bytes per token
 
+(``(2N+1)/(2N)`` instead of ``(N-1)/N`` where ``memory.gathered_kv`` is ``key_prefixes``: the key prefix
+of each own piece, what the worker keeps; ``CostModel.gathered_kv_factor``).
+
 The planners that place sequences themselves (GDS + DACP, ``auto``'s search, the exact models) check this
 rule as they place. The others (baselines and peers) reproduce a published method whose memory check is
 eq. 7 alone; so that no plan ever runs out of memory on a GPU, ``fit_gathered_kv`` runs after every

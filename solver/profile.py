@@ -91,6 +91,15 @@ class Topology:
         return self.intra_node if name == INTRA_NODE else self.inter_node
 
 
+#: What an all-gather microbatch keeps of the gathered K/V from forward to backward (``memory.gathered_kv``):
+#: ``others``, the K/V of the other GPUs' shares, ``(N-1)/N * T`` (CONTRACT.md's rule, the default);
+#: ``key_prefixes``, the key prefix ``[0, end)`` of each of the GPU's own pieces (worker/dacp.py), at most
+#: ``(2N+1)/(2N) * T`` (solver/cost.py ``gathered_kv_factor``).
+GATHERED_KV_OTHERS = "others"
+GATHERED_KV_KEY_PREFIXES = "key_prefixes"
+GATHERED_KV_RULES = (GATHERED_KV_OTHERS, GATHERED_KV_KEY_PREFIXES)
+
+
 #: What a collective of a microbatch overlaps (profile section ``overlap``, ``with``): the local attention
 #: call of the same layer (worker/dacp.py), or all the local compute (the contract's plain form).
 OVERLAP_LOCAL_ATTENTION = "local_attention"
@@ -125,8 +134,11 @@ class Profile:
     and ``comm_a2a.ms_per_mib``. ``activation_bytes_per_token`` and ``kv_bytes_per_token`` (optional,
     ``memory`` section; the rule needs both) charge an all-gather microbatch the gathered K/V of the sharded
     sequences: ``own tokens + r * (N-1)/N * sum(sharded S) <= bucket_tokens`` with ``r = kv / activation``
-    (``gathered_kv_ratio``; 0 without them). ``overlap`` (optional) says what the worker hides communication
-    behind (``Overlap``; without it, all the local compute: the contract's plain form)."""
+    (``gathered_kv_ratio``; 0 without them). ``gathered_kv`` (optional, ``memory.gathered_kv``) says which
+    K/V the worker keeps: None or ``others`` the contract's ``(N-1)/N``, ``key_prefixes`` the key prefix of
+    each own piece, ``(2N+1)/(2N)`` (``GATHERED_KV_RULES``; solver/cost.py). ``overlap`` (optional) says
+    what the worker hides communication behind (``Overlap``; without it, all the local compute: the
+    contract's plain form)."""
 
     name: str
     compute: ComputeCoeffs
@@ -138,6 +150,7 @@ class Profile:
     topology: Topology | None = None
     activation_bytes_per_token: float | None = None
     kv_bytes_per_token: float | None = None
+    gathered_kv: str | None = None
     overlap: Overlap | None = None
     extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
@@ -176,6 +189,8 @@ class Profile:
             out["memory"]["activation_bytes_per_token"] = self.activation_bytes_per_token
         if self.kv_bytes_per_token is not None:
             out["memory"]["kv_bytes_per_token"] = self.kv_bytes_per_token
+        if self.gathered_kv is not None:
+            out["memory"]["gathered_kv"] = self.gathered_kv
         if self.topology is not None:
             topo = self.topology
             out["topology"] = {
@@ -348,6 +363,16 @@ def _memory_bytes(memory: dict[str, Any], path: str) -> tuple[float | None, floa
     return activation, kv
 
 
+def _gathered_kv(memory: dict[str, Any], path: str) -> str | None:
+    """``memory.gathered_kv`` (optional): one of ``GATHERED_KV_RULES``."""
+    if "gathered_kv" not in memory:
+        return None
+    value = memory["gathered_kv"]
+    if not isinstance(value, str) or value not in GATHERED_KV_RULES:
+        raise RequestError(f"{path}.memory.gathered_kv", value, f"must be one of {', '.join(GATHERED_KV_RULES)}")
+    return value
+
+
 def profile_from_dict(doc: Any, *, path: str = "profile") -> Profile:
     """Parse a profile document (docs/formats.md "Profile"), naming the field of any error."""
     if not isinstance(doc, dict):
@@ -381,6 +406,7 @@ def profile_from_dict(doc: Any, *, path: str = "profile") -> Profile:
         topology=_topology(doc, path),
         activation_bytes_per_token=activation_bytes,
         kv_bytes_per_token=kv_bytes,
+        gathered_kv=_gathered_kv(memory, path),
         overlap=_overlap(doc, path),
         extra=copy.deepcopy(doc),
     )

@@ -13,7 +13,8 @@ It knows nothing of how planners work; it checks a plan against the request and 
 * memory (eq. 7): every GPU within ``bucket_tokens`` in every microbatch, counting the tokens it really
   holds (its local sequences plus the pieces the microbatch's sharding mode cuts for it) and, for an
   all-gather microbatch of a profile with ``memory.kv_bytes_per_token``, the gathered K/V of the rest of
-  the sharded sequences (``CostModel.gathered_kv_tokens``: ``r * (N-1)/N * T``, CONTRACT.md);
+  the sharded sequences (``CostModel.gathered_kv_tokens``: ``r * (N-1)/N * T``, CONTRACT.md, or
+  ``r * (2N+1)/(2N) * T`` where ``memory.gathered_kv`` is ``key_prefixes``: ``gathered_kv_factor``);
 * deferral (a request with ``defer``, solver/defer.py): every sequence runs in its own batch's iteration
   or within ``defer.max_wait`` (default 1) after it, the request's ``defer.carried`` first sequences in
   iteration 0; no batch defers more than ``defer.max_sequences`` of its own, and only a batch within

@@ -42,10 +42,11 @@ runs (``planning.with_modes`` assigns that mode after the solve).
 
 Memory per GPU is eq. 7 in integers, ``N*local_j + T <= N*C``, exact. With the gathered K/V
 (CONTRACT.md; ``CostModel.gathered_kv_tokens``, r = p/q) an all-gather microbatch also needs
-``local_j + ceil(T/N) + ceil(r*(N-1)*T/N) <= C``, which holds when (both ceilings bounded by
-``ceil(a/b) <= (a + b - 1)/b``)
+``local_j + ceil(T/N) + ceil(r*a*T/b) <= C``, with ``a/b = CostModel.gathered_kv_factor(N)`` (``(N-1)/N``
+by the contract, ``(2N+1)/(2N)`` for a profile whose worker keeps key prefixes; N divides b, m = b/N), which
+holds when (both ceilings bounded by ``ceil(x/y) <= (x + y - 1)/y``)
 
-    q*N*local_j + (q + p*(N-1))*T + (q*(N-1) + q*N - 1)*hs - M_K * ul <= q*N*C
+    q*b*local_j + (q*m + p*a)*T + (q*m*(N-1) + q*b - 1)*hs - M_K * ul <= q*b*C
 
 (``ul`` only where the microbatch may run Ulysses, which keeps no gathered K/V; ``M_K`` makes the row
 redundant then). r is taken as p/q exactly where q <= ``KV_DENOMINATOR``, else rounded up to a multiple of
@@ -289,6 +290,7 @@ class _Data:
     offsets: tuple[int, ...]  # per load
     time_cap: int
     kv: tuple[int, int] | None = None  # the gathered-K/V ratio p/q (rounded up), None without one
+    kv_factors: dict[int, tuple[int, int]] | None = None  # per group size, CostModel.gathered_kv_factor
 
     def cells(self) -> list[tuple[int, int]]:
         """Every (group, slot)."""
@@ -466,6 +468,7 @@ def _prepare(
         offsets,
         upper if upper > 0 else 1,
         _kv_ratio(cost),
+        {n: cost.gathered_kv_factor(n) for n in set(layout.sizes)},
     )
 
 
@@ -522,15 +525,19 @@ def _memory(m_: LinearModel, d: _Data, v: _Vars, g: int, m: int) -> None:
     if d.kv is None or not d.shards(g) or ALLGATHER not in (c.mode for c in d.coeffs[g].comms):
         return
     p, q = d.kv  # the gathered K/V of an all-gather microbatch (module docstring)
-    slack = q * (n - 1) + q * n - 1
-    big = p * (n - 1) * n * d.bucket + slack
+    assert d.kv_factors is not None
+    a, b = d.kv_factors[n]
+    per = b // n
+    assert per * n == b, (n, b)
+    slack = q * per * (n - 1) + q * b - 1
+    big = p * a * n * d.bucket + slack
     for j in range(n):
-        row = {v.y[k, g, m, j]: q * n * d.sizes[k] for k in range(len(d.ids))}
-        row.update({v.z[k, g, m]: (q + p * (n - 1)) * d.sizes[k] for k in range(len(d.ids))})
+        row = {v.y[k, g, m, j]: q * b * d.sizes[k] for k in range(len(d.ids))}
+        row.update({v.z[k, g, m]: (q * per + p * a) * d.sizes[k] for k in range(len(d.ids))})
         row[v.has_shard[g, m]] = slack
         if (g, m) in v.ulysses:
             row[v.ulysses[g, m]] = -big
-        m_.add(row, family="memory-gathered-kv", upper=q * n * d.bucket)
+        m_.add(row, family="memory-gathered-kv", upper=q * b * d.bucket)
 
 
 def _sharded_compute(d: _Data, v: _Vars, g: int, m: int) -> dict[int, int]:

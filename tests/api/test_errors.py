@@ -209,3 +209,18 @@ def test_a_sequence_all_gather_cannot_hold_with_its_gathered_kv_names_its_id_and
     }
     r = limited.post("/v1/plans", json={**doc, "profile": ulysses, "cp_modes": ["allgather", "ulysses"]})
     assert r.status_code == 202, r.text
+
+
+def test_the_limit_follows_the_profiles_gathered_kv_rule_and_a_bad_rule_is_named(limited: TestClient) -> None:
+    """``memory.gathered_kv: key_prefixes`` (r = 0.5, CP2, bucket 100): ceil(S/2) + ceil(0.5 * 5/4 * S) <= 100
+    holds up to S = 88 (44 + 55; 89 needs 45 + 56), below the (N-1)/N rule's 132; an unknown rule is a 422
+    naming ``profile.memory.gathered_kv`` and the value."""
+    memory = {**HAND_PROFILE["memory"], "activation_bytes_per_token": 1000.0, "kv_bytes_per_token": 500.0}
+    profile = {**HAND_PROFILE, "memory": {**memory, "gathered_kv": "key_prefixes"}}
+    r = limited.post("/v1/plans", json={**GOOD, "profile": profile, "batches": [[10], [5, 88]]})
+    assert r.status_code == 202, r.text
+    problem = problem_of(limited.post("/v1/plans", json={**GOOD, "profile": profile, "batches": [[10], [5, 89]]}), 422)
+    assert problem.field == "batches[1][1]" and "more than 88," in problem.detail
+    bad = {**HAND_PROFILE, "memory": {**memory, "gathered_kv": "everything"}}
+    problem = problem_of(limited.post("/v1/plans", json={**GOOD, "profile": bad}), 422)
+    assert problem.field == "profile.memory.gathered_kv" and problem.value == "everything"

@@ -141,6 +141,7 @@ def test_tp_2_charges_each_gpu_half_of_every_split_term() -> None:
         {
             "bucket_rule": "derived",
             "kv_bytes_per_token": plain.kv_bytes_per_token / 2,  # 16 of the 32 K/V heads per rank
+            "gathered_kv": "key_prefixes",  # what worker/dacp.py keeps, whatever the TP degree
             "derived_bucket_tokens": int((80 * 2**30 * 0.9 - static) // activation),
             "paper_bucket_tokens": None,
             "static_bytes": static,

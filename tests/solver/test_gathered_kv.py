@@ -1,7 +1,9 @@
 """The gathered K/V in memory (CONTRACT.md "Cluster topology and gathered K/V"): an all-gather microbatch
 keeps, on every GPU of its group, the K/V of the rest of its sharded sequences, so GPU j fits when
-``own_j + r * (N-1)/N * T <= bucket_tokens``; a Ulysses microbatch keeps none. Every planner keeps to it,
-the validator refuses a plan that does not, and without the two memory figures nothing changes."""
+``own_j + r * (N-1)/N * T <= bucket_tokens``; a Ulysses microbatch keeps none. A profile whose
+``memory.gathered_kv`` is ``key_prefixes`` (what worker/dacp.py keeps: each own piece's key prefix) is
+charged ``r * (2N+1)/(2N) * T`` instead. Every planner keeps to the profile's rule, the validator refuses a
+plan that does not, and without the two memory figures nothing changes."""
 
 from __future__ import annotations
 
@@ -33,14 +35,22 @@ BASE = load_profile("h100-80g/qwen2.5-0.5b")
 
 
 def with_kv(
-    profile: Profile, *, kv: float | None, activation: float = 1_000_000.0, bucket: int | None = None
+    profile: Profile,
+    *,
+    kv: float | None,
+    activation: float = 1_000_000.0,
+    bucket: int | None = None,
+    gathered: str | None = None,
 ) -> Profile:
-    """``profile`` with ``memory.kv_bytes_per_token`` = kv (None: without it) over ``activation``."""
+    """``profile`` with ``memory.kv_bytes_per_token`` = kv (None: without it) over ``activation``, and
+    ``memory.gathered_kv`` = gathered (None: without it, the contract's rule)."""
     doc = profile.to_dict()
-    memory = {k: v for k, v in doc["memory"].items() if k != "kv_bytes_per_token"}
+    memory = {k: v for k, v in doc["memory"].items() if k not in ("kv_bytes_per_token", "gathered_kv")}
     memory["activation_bytes_per_token"] = activation
     if kv is not None:
         memory["kv_bytes_per_token"] = kv
+    if gathered is not None:
+        memory["gathered_kv"] = gathered
     if bucket is not None:
         memory["bucket_tokens"] = bucket
     return profile_from_dict({**doc, "memory": memory})
@@ -53,10 +63,14 @@ def eq7_fits(bucket: int, local: list[list[int]], sharded: list[int]) -> bool:
     return all(sum(lens) + share <= bucket for lens in local)
 
 
-def contract_fits(bucket: int, r: Fraction, local: list[list[int]], sharded: list[int], mode: str) -> bool:
-    """The contract's rule, in exact rationals: own tokens + r * (N-1)/N * T <= bucket (r = 0 for Ulysses)."""
+def contract_fits(
+    bucket: int, r: Fraction, local: list[list[int]], sharded: list[int], mode: str, gathered: str | None = None
+) -> bool:
+    """The rule, in exact rationals: own tokens + r * f(N) * T <= bucket (r = 0 for Ulysses), f(N) the
+    contract's (N-1)/N, or (2N+1)/(2N) where the worker keeps each own piece's key prefix."""
     n, total = len(local), sum(sharded)
-    kv = 0 if mode == "ulysses" or n == 1 else r * (n - 1) * total / n
+    factor = Fraction(2 * n + 1, 2 * n) if gathered == "key_prefixes" else Fraction(n - 1, n)
+    kv = 0 if mode == "ulysses" or n == 1 else r * factor * total
     return all(sum(lens) + math.ceil(Fraction(total, n)) + kv <= bucket for lens in local)
 
 
@@ -68,20 +82,50 @@ groups = st.integers(1, 8).flatmap(
 )
 
 
-@given(group=groups, bucket=st.integers(1, 30000), kv=st.integers(1, 400_000), activation=st.integers(1, 2_000_000))
+@given(
+    group=groups,
+    bucket=st.integers(1, 30000),
+    kv=st.integers(1, 400_000),
+    activation=st.integers(1, 2_000_000),
+    gathered=st.sampled_from([None, "others", "key_prefixes"]),
+)
 @settings(max_examples=300, deadline=None)
-def test_fits_is_the_contract_rule_to_the_token(
-    group: tuple[list[list[int]], list[int]], bucket: int, kv: int, activation: int
+def test_fits_is_the_profiles_rule_to_the_token(
+    group: tuple[list[list[int]], list[int]], bucket: int, kv: int, activation: int, gathered: str | None
 ) -> None:
     local, sharded = group
-    model = CostModel(with_kv(BASE, kv=float(kv), activation=float(activation), bucket=bucket))
+    model = CostModel(with_kv(BASE, kv=float(kv), activation=float(activation), bucket=bucket, gathered=gathered))
     r = Fraction(kv, activation)
     assert model.gathered_kv_ratio == r
     for mode in ("allgather", "ulysses"):
-        assert model.fits(local, sharded, mode) == contract_fits(bucket, r, local, sharded, mode)
+        assert model.fits(local, sharded, mode) == contract_fits(bucket, r, local, sharded, mode, gathered)
         if mode == "allgather" or len(local) == 1:  # Ulysses needs a group dividing the heads
             uses = model.bucket_use_tokens(local, sharded, mode=mode)
-            assert (max(uses) <= bucket) == contract_fits(bucket, r, local, sharded, mode)
+            assert (max(uses) <= bucket) == contract_fits(bucket, r, local, sharded, mode, gathered)
+    n = len(local)
+    if n > 1:  # the one factor every rule reads
+        expected = (2 * n + 1, 2 * n) if gathered == "key_prefixes" else (n - 1, n)
+        assert model.gathered_kv_factor(n) == expected
+        total = sum(sharded)
+        assert model.gathered_kv_tokens(total, n) == (math.ceil(r * Fraction(*expected) * total) if total else 0)
+
+
+@pytest.mark.parametrize("value", ["all", "", 1, None, "KEY_PREFIXES"])
+def test_an_unknown_gathered_kv_rule_is_refused_naming_the_field(value: object) -> None:
+    doc = with_kv(BASE, kv=1000.0).to_dict()
+    doc["memory"]["gathered_kv"] = value
+    with pytest.raises(RequestError) as err:
+        profile_from_dict(doc)
+    assert err.value.field == "profile.memory.gathered_kv"
+    assert err.value.value == value and "others, key_prefixes" in str(err.value)
+
+
+@pytest.mark.parametrize("gathered", ["others", "key_prefixes"])
+def test_the_gathered_kv_rule_round_trips(gathered: str) -> None:
+    profile = with_kv(BASE, kv=1000.0, gathered=gathered)
+    assert profile.gathered_kv == gathered
+    assert profile_from_dict(profile.to_dict()).gathered_kv == gathered
+    assert with_kv(BASE, kv=1000.0).gathered_kv is None
 
 
 @given(group=groups, bucket=st.integers(1, 30000))
@@ -148,12 +192,13 @@ def over_bucket(plan: Plan, lengths: list[int], model: CostModel) -> list[tuple[
     kv=st.integers(20_000, 300_000),
     cp=st.sampled_from([2, 4]),
     modes=st.sampled_from([["allgather"], ["allgather", "ulysses"], ["ulysses"]]),
+    gathered=st.sampled_from([None, "key_prefixes"]),
 )
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_no_planner_puts_a_gpu_over_the_bucket_with_its_gathered_kv(
-    solver: str, lengths: list[int], kv: int, cp: int, modes: list[str]
+    solver: str, lengths: list[int], kv: int, cp: int, modes: list[str], gathered: str | None
 ) -> None:
-    profile = with_kv(BASE, kv=float(kv), activation=1_000_000.0, bucket=3000)
+    profile = with_kv(BASE, kv=float(kv), activation=1_000_000.0, bucket=3000, gathered=gathered)
     doc: dict[str, Any] = {
         "batches": [lengths],
         "parallel": {"dp": 2, "cp": cp},
@@ -169,12 +214,16 @@ def test_no_planner_puts_a_gpu_over_the_bucket_with_its_gathered_kv(
     assert over_bucket(plan, lengths, CostModel(profile)) == []
 
 
+@pytest.mark.parametrize(("gathered", "kv"), [(None, 200_000.0), ("key_prefixes", 100_000.0)])
 @pytest.mark.parametrize("solver", PLANNERS)
-def test_every_planner_plans_a_long_context_batch_within_the_bucket_with_its_gathered_kv(solver: str) -> None:
-    """A batch where eq. 7 alone lets all-gather microbatches overflow (r = 0.2, sequences up to 2.5
-    buckets on CP4): every planner plans it (Ulysses allowed, and the sequences fit all-gather too), and
-    no GPU-microbatch exceeds the bucket once its gathered K/V is counted."""
-    profile = with_kv(BASE, kv=200_000.0, activation=1_000_000.0, bucket=3000)
+def test_every_planner_plans_a_long_context_batch_within_the_bucket_with_its_gathered_kv(
+    solver: str, gathered: str | None, kv: float
+) -> None:
+    """A batch where eq. 7 alone lets all-gather microbatches overflow (r = 0.2 under the contract's rule,
+    0.1 with key prefixes kept; sequences up to 2.5 buckets on CP4): every planner plans it (Ulysses
+    allowed, and the sequences fit all-gather too), and no GPU-microbatch exceeds the bucket once its
+    gathered K/V is counted."""
+    profile = with_kv(BASE, kv=kv, activation=1_000_000.0, bucket=3000, gathered=gathered)
     lengths = [7400, 6500, 5200, 3100, 2900, 1400, 800, 640, 300, 120, 7000, 4100, 2500, 900, 60, 33]
     model = CostModel(profile)
     assert max(lengths) <= model.max_sequence_tokens(4) < 4 * 3000
@@ -207,15 +256,16 @@ def one_microbatch_plan(profile: Profile, length: int, mode: str) -> tuple[Plan,
         }
     )
     model = CostModel(profile)
+    link = model.link_of((0, 1))  # the bundled profile has a topology: the microbatch names its link
     mb = Microbatch(
         step=0,
         ranks=(0, 1),
         local=((), ()),
         sharded=(0,),
-        estimated_ms=model.microbatch_time_ms([[], []], [length], mode, link=model.link_of((0, 1))),
+        estimated_ms=model.microbatch_time_ms([[], []], [length], mode, link=link),
         sharding=SHARDING_MODES[0],
         mode=mode,
-        link=model.link_of((0, 1)),
+        link=link,
     )
     iteration = Iteration(
         index=0,

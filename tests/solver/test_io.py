@@ -87,12 +87,15 @@ def test_accepts_sequence_exactly_group_capacity() -> None:
 
 
 def test_the_group_capacity_is_less_the_gathered_kv_unless_ulysses_may_run_it() -> None:
-    """The bundled profile charges the gathered K/V (kv / activation bytes = r): a CP8 group holds in all-gather
-    the largest S with ceil(S/8) + ceil(r * 7/8 * S) <= 26000, below 8 * 26000; with Ulysses allowed (8 does
-    not divide Qwen2.5-0.5B's 14 heads, 2 does) on CP2, the whole 2 * 26000."""
+    """The bundled profile charges the gathered K/V (kv / activation bytes = r) as the worker keeps it, each
+    own piece's key prefix (memory.gathered_kv key_prefixes: (2N+1)/(2N) of the sharded tokens): a CP8 group
+    holds in all-gather the largest S with ceil(S/8) + ceil(r * 17/16 * S) <= 26000, below 8 * 26000; with
+    Ulysses allowed (8 does not divide Qwen2.5-0.5B's 14 heads, 2 does) on CP2, the whole 2 * 26000."""
     profile = load_profile("h100-80g/qwen2.5-0.5b")
+    assert profile.gathered_kv == "key_prefixes"
     r = Fraction(profile.kv_bytes_per_token) / Fraction(profile.activation_bytes_per_token)  # type: ignore[arg-type]
-    limit = max(s for s in range(190_000, 208_001) if math.ceil(s / 8) + math.ceil(r * 7 * s / 8) <= 26000)
+    limit = max(s for s in range(190_000, 208_001) if math.ceil(s / 8) + math.ceil(r * 17 * s / 16) <= 26000)
+    assert limit < 208_000 - 1
     request_from_dict(with_(batches=[[limit]]))
     with pytest.raises(SequenceTooLongError) as err:
         request_from_dict(with_(batches=[[limit + 1]]))
