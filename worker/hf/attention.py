@@ -175,7 +175,8 @@ def refuse_unsupported_attention(config: Any) -> None:
 #: (tests/conformance, docs/integrations/conformance.md): one list for ``build_model``, ``skrull finetune``,
 #: ``SkrullTrainer`` / TRL and the own loop's ``scheduled_step`` (a model from ``from_pretrained(...,
 #: attn_implementation=register())``). ``gemma3_text`` is Gemma 3's causal LM (the multimodal ``gemma3`` is
-#: not); the mixtures of experts train with the router's auxiliary loss off (``refuse_unsupported_model``).
+#: not); the mixtures of experts train with the router's auxiliary loss off, or per microbatch when asked by
+#: name (``refuse_unsupported_model``, ``router_aux_loss``: worker/hf/router_loss.py).
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = (
     "llama", "qwen2", "mistral", "qwen3", "phi3", "gemma2", "gemma3_text", "olmo2", "qwen2_moe", "mixtral", "qwen3_moe",
 )  # fmt: skip

@@ -5,8 +5,8 @@ without broadcasting them, then moves it to its device. The architectures whose 
 ``transformers``' attention interface with rotary positions from ``position_ids`` qualify: Llama, Qwen2,
 Qwen3, Mistral, Phi-3, Gemma 2 (logit soft-capping and sliding windows computed by the DACP attention),
 Gemma 3, OLMo 2 and the mixtures of experts Qwen2-MoE, Qwen3-MoE and Mixtral (the router's auxiliary loss
-off; ``SUPPORTED_MODEL_TYPES``), each checked against the plain step under torchrun (tests/conformance,
-docs/integrations/conformance.md).
+off, or per microbatch with ``router_aux_loss="per_microbatch"``; ``SUPPORTED_MODEL_TYPES``), each checked
+against the plain step under torchrun (tests/conformance, docs/integrations/conformance.md).
 """
 
 from __future__ import annotations
