@@ -55,7 +55,9 @@ ROUTER_AUX_LOSS_OPTIONS: tuple[str, ...] = ("per_microbatch",)
 
 def check_router_aux_loss(value: Any) -> str | None:
     """``value`` when it is None or one of ``ROUTER_AUX_LOSS_OPTIONS``; else one ``ValueError`` naming it."""
-    if value is not None and value not in ROUTER_AUX_LOSS_OPTIONS:
+    if value is None:
+        return None
+    if not isinstance(value, str) or value not in ROUTER_AUX_LOSS_OPTIONS:
         raise ValueError(
             f"router_aux_loss={value!r}: must be None (refuse output_router_logits=True) or one of "
             f"{', '.join(repr(o) for o in ROUTER_AUX_LOSS_OPTIONS)}"

@@ -480,7 +480,8 @@ def plain_step(
         return float(out.loss.detach())
     if sorted(i for mb in router_microbatches for i in mb) != list(range(len(sequences))):
         raise ValueError("router_microbatches: every sequence in exactly one microbatch")
-    coef = float(grad_sync.unwrapped(model).config.router_aux_loss_coef)
+    inner: Any = grad_sync.unwrapped(model)
+    coef = float(inner.config.router_aux_loss_coef)
     loss = model(input_ids=ids, attention_mask=mask, labels=targets, use_cache=False, output_router_logits=False).loss
     for members in router_microbatches:
         mb_ids, mb_mask, _ = _right_padded([sequences[i] for i in members], None, device)
