@@ -72,6 +72,8 @@ bench: $(STAMP)
 # plain step (<= 1e-4) or refused before it. 72 runs, about a minute each on 2 CPU cores. `make test` runs 4.
 conformance: $(STAMP)
 	$(BIN)/python tests/conformance/matrix.py --out conformance-matrix.md
+	$(BIN)/python tests/conformance/matrix.py --arch qwen2-moe-router-aux --arch mixtral-router-aux \
+		--integration ddp --integration fsdp --router-aux-loss --out conformance-router-aux.md
 
 profiles: $(STAMP)
 	$(BIN)/skrull derive-profile --all --paper-bucket --write-bundled

@@ -9,7 +9,11 @@ along, as a GPU step launching kernels does. Three feeds:
   the measured step; a one-process gloo group stands for the job, so budgets are agreed as under torchrun);
 - ``precomputed``: the same loader over plans solved before the loop starts (``LocalPlans``, waited for);
 - ``no group (ranks given)``: the defaults as a loader without a ``torch.distributed`` group sees them (ranks
-  given explicitly): each request at the planner's minimum for it (``unagreed_budget_s``);
+  given explicitly) under a launcher of one's own, one private planner per rank: each request at the
+  planner's minimum for it (``unagreed_budget_s``);
+- ``no group, one torchrun node``: ranks given explicitly, no group, under torchrun on one node (its
+  environment set for this feed: local rank 0 of 4): the node's shared planner process, budgets derived
+  from the measured step and agreed through that process (``ProcessPlans.compare_set``);
 - ``thread (old default)``: plans made on a thread of the training process with the planner's default
   budget, what the loader did before the planner process (for comparison).
 
@@ -46,6 +50,7 @@ from skrull.solver.profile import load_profile
 from skrull.solver.types import Parallel
 from skrull.worker.dataloader import PlannedBatches
 from skrull.worker.plan_sources import LocalPlans
+from skrull.worker.planner_process import ProcessPlans
 
 PROFILE = "h100-80g/qwen2.5-0.5b"
 PARALLEL = Parallel(dp=2, cp=2)
@@ -139,7 +144,13 @@ def main() -> None:
     fixed = PlannedBatches(rows, lengths, plans=pre, time_budget_s=0.5, **kw)
     for chunk in range(len(fixed)):  # every plan solved before the loop starts
         pre.plan(pre.submit(fixed.request_document(chunk)), timeout_s=600)
-    rounds: dict[str, list[dict[str, Any]]] = {"precomputed": [], "defaults": [], "no group (ranks given)": []}
+    rounds: dict[str, list[dict[str, Any]]] = {
+        "precomputed": [], "defaults": [], "no group (ranks given)": [], "no group, one torchrun node": [],
+    }  # fmt: skip
+    node_env = {
+        "TORCHELASTIC_RUN_ID": f"bench-{seed}", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": str(PARALLEL.dp * PARALLEL.cp),
+        "WORLD_SIZE": str(PARALLEL.dp * PARALLEL.cp), "GROUP_RANK": "0", "TORCHELASTIC_RESTART_COUNT": "0",
+    }  # fmt: skip
     for _ in range(args.rounds):  # alternated, so drifting load hits both feeds alike
         fixed.next_iteration = 0
         rounds["precomputed"].append(run(fixed, step_s=step_s, warmup=args.warmup))
@@ -150,6 +161,23 @@ def main() -> None:
         alone._budget_store, alone._budget_key = None, None
         rounds["no group (ranks given)"].append(run(alone, step_s=step_s, warmup=args.warmup))
         alone.close()
+        saved = {k: os.environ.get(k) for k in node_env}
+        os.environ.update(node_env)
+        try:
+            node = PlannedBatches(rows, lengths, **kw)  # the node's planner process, shared by its ranks
+            shared = isinstance(node.plans, ProcessPlans) and node.plans.serves_whole_job(PARALLEL.dp * PARALLEL.cp)
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+        assert shared, "the feed's loader should ask the node's shared planner process"
+        # as without a group (the bench's one-process group stands for the other feeds' job): agreed through
+        # the node's planner process
+        node._budget_store, node._budget_key = node.plans, f"skrull/plan-budget/{node.job_key}/{node.instance}"
+        rounds["no group, one torchrun node"].append(run(node, step_s=step_s, warmup=args.warmup))
+        node.close()
     fixed.close()
     pre.close()
     for name, runs in rounds.items():  # the round with the median loop iteration

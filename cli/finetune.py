@@ -72,6 +72,13 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--calibrated-profile-out", default=None, metavar="PATH", help="with --calibrate: write the calibrated profile"
     )
+    p.add_argument(
+        "--router-aux-loss",
+        choices=("per-microbatch",),
+        default=None,
+        help="a mixture of experts' router auxiliary loss (output_router_logits: true), refused without this: "
+        "per-microbatch: each microbatch of the plan's load-balancing loss over its own tokens (docs/worker.md)",
+    )
     add_progress_flag(p)
     p.set_defaults(func=cmd_finetune)
 
@@ -132,6 +139,10 @@ def _print_run(
             f"| {r.step:4d} | {r.iteration:9d} | {r.num_targets:13d} | {r.loss:.6f} | {r.seconds * 1e3:22.1f} "
             f"| {r.compiles:8d} |"
         )
+    routed = [r for r in result.steps if getattr(r, "router_aux_loss", None)]
+    if routed:  # what the loss holds besides the cross-entropy, and in which semantics
+        parts = ", ".join(f"step {r.step}: {r.router_loss:.6f}" for r in routed)
+        print(f"\nloss includes the router aux loss, {routed[0].router_aux_loss} (its part: {parts})")
 
 
 def _print_calibration(calibration: dict[str, Any], args: argparse.Namespace) -> None:
@@ -196,7 +207,8 @@ def cmd_finetune(args: argparse.Namespace) -> int:
         ) from None
     if args.calibrated_profile_out and not args.calibrate:
         raise RequestError("--calibrated-profile-out", args.calibrated_profile_out, "needs --calibrate")
-    model_config = read_model_config(args.model_config)
+    router_aux_loss = args.router_aux_loss.replace("-", "_") if args.router_aux_loss else None
+    model_config = read_model_config(args.model_config, router_aux_loss=router_aux_loss)
     request, world_size = request_for_processes(args)
     _check_options(args)
     from skrull.worker.grad_sync import NEED_EQUAL_MICROBATCHES
@@ -230,6 +242,7 @@ def cmd_finetune(args: argparse.Namespace) -> int:
         grad_sync=args.grad_sync,
         calibrate_request=request_to_dict(request, inline_profile=True) if args.calibrate else None,
         compile=args.compile,
+        router_aux_loss=router_aux_loss,
     )
     # rank 0 reports each step once the processes have imported torch and built the model
     say_progress(

@@ -12,6 +12,10 @@ sync on the last one through DDP's ``no_sync`` or FSDP2's ``set_requires_gradien
 ``-100`` where no loss is taken). ``--check`` compares the first step's loss and every gradient with the
 plain single-process Hugging Face step on the same global batch and prints ``check passed`` when the
 largest relative error is at most 1e-4. Runs on CPUs with gloo and, unchanged, on GPUs with nccl.
+
+A mixture of experts whose config sets ``output_router_logits: true`` is refused unless
+``--router-aux-loss per-microbatch`` asks for the router's auxiliary loss per microbatch of the plan
+(docs/worker.md); ``--check`` then compares with a plain step that adds that loss over the same microbatches.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from skrull.worker.dataloader import PlannedBatches  # noqa: E402  # skrull
 from skrull.worker.groups import IterationGroups  # noqa: E402  # skrull
 from skrull.worker.hf.fast import compile_model  # noqa: E402  # skrull
 from skrull.worker.hf.model import build_model, read_model_config, with_lora  # noqa: E402  # skrull
+from skrull.worker.hf.router_loss import router_microbatches  # noqa: E402
 from skrull.worker.hf.step import (  # noqa: E402
     model_gradients,
     model_heads,
@@ -86,6 +91,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--check", action="store_true", help="first step against the plain step; 'check passed'")
     p.add_argument("--activation-checkpointing", action="store_true", help="recompute each layer in backward")
     p.add_argument("--lora", type=int, default=0, metavar="RANK", help="train LoRA adapters of this rank (PEFT)")
+    p.add_argument(
+        "--router-aux-loss",
+        choices=("per-microbatch",),
+        default=None,
+        help="a mixture of experts' router aux loss (output_router_logits): per microbatch of the plan",
+    )
     p.add_argument("--calibrate", action="store_true", help="refit the profile from the run's microbatch times")
     p.add_argument("--calibrated-profile-out", default=None, help="with --calibrate: write the calibrated profile")
     return p.parse_args(argv)
@@ -99,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.cuda.set_device(device)
     dist.init_process_group("nccl" if cuda else "gloo")  # env://, from torchrun
     mesh = init_device_mesh(device.type, (args.dp, args.cp), mesh_dim_names=("dp", "cp"))  # skrull
+    router_aux_loss = args.router_aux_loss.replace("-", "_") if args.router_aux_loss else None  # skrull
     rows = read_rows(args.data)
     planned = PlannedBatches(  # skrull
         rows, [len(r["input_ids"]) for r in rows], mesh=mesh, global_batch_size=args.global_batch_size,
@@ -111,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
             f"--steps {args.steps}: --data holds {len(rows)} rows, {len(planned)} global batches of "
             f"{args.global_batch_size}; give more rows or fewer steps"
         )
-    model = build_model(read_model_config(args.model_config), seed=args.seed, device=device)  # skrull: DACP attention
+    config = read_model_config(args.model_config, router_aux_loss=router_aux_loss)
+    model = build_model(config, seed=args.seed, device=device, router_aux_loss=router_aux_loss)  # skrull: DACP
     planned.check_model_heads(model_heads(model))  # skrull: with Ulysses allowed, the profile's heads are the model's
     if args.lora:  # PEFT LoRA: the base weights frozen, the adapters trained (peft.get_peft_model), before wrap
         model = with_lora(model, rank=args.lora, seed=args.seed)
@@ -129,7 +142,13 @@ def main(argv: list[str] | None = None) -> int:
         optimizer.zero_grad()
         timings: list[float] | None = [] if args.calibrate else None
         result = scheduled_step(  # skrull: this rank's microbatches, forward and backward, synced on the last
-            model, ready.microbatches, registry=groups(ready), kernel=kernel, device=device, microbatch_ms=timings
+            model,
+            ready.microbatches,
+            registry=groups(ready),
+            kernel=kernel,
+            device=device,
+            microbatch_ms=timings,
+            router_aux_loss=router_aux_loss,
         )
         if timings is not None:  # skrull: gathered over the job; the planner refits and plans with it
             planned.record_timings(ready, timings)
@@ -140,6 +159,8 @@ def main(argv: list[str] | None = None) -> int:
     rank = dist.get_rank()
     if rank == 0:
         print("losses: " + " ".join(f"{x:.6f}" for x in losses))
+        if result.router_aux_loss is not None:  # what the loss holds besides the cross-entropy
+            print(f"router aux loss: {result.router_aux_loss} (last step's part: {result.router_loss:.6f})")
         modes = ["+".join(planned.sharding_modes(step)) or "-" for step in range(len(losses))]
         print("cp modes: " + " ".join(modes))  # how each step's sharded microbatches ran
     if planned.calibration is not None and rank == 0:
@@ -147,8 +168,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.calibrated_profile_out and fitted is not None:
             Path(args.calibrated_profile_out).write_text(json.dumps(fitted, indent=2) + "\n")
         print(planned.calibration.summary_line())
+    units = router_microbatches(planned.plan_of(0).iterations[0]) if router_aux_loss else None
     planned.close()
-    code = check(args, planned, rows, losses[0], first_grads) if args.check and rank == 0 else 0
+    code = check(args, planned, rows, losses[0], first_grads, router_units=units) if args.check and rank == 0 else 0
     dist.destroy_process_group()
     return code
 
@@ -159,9 +181,14 @@ def check(
     rows: list[dict[str, list[int]]],
     loss: float,
     grads: dict[str, torch.Tensor],
+    *,
+    router_units: list[tuple[int, ...]] | None = None,
 ) -> int:
-    """The first step against Hugging Face's plain step over the same global batch, in one process."""
-    reference = build_model(read_model_config(args.model_config), seed=args.seed, attn_implementation="eager")
+    """The first step against Hugging Face's plain step over the same global batch, in one process; with
+    ``router_units`` (the plan's microbatches, positions in the global batch) the router loss per microbatch."""
+    router = "per_microbatch" if router_units is not None else None
+    config = read_model_config(args.model_config, router_aux_loss=router)
+    reference = build_model(config, seed=args.seed, attn_implementation="eager", router_aux_loss=router)
     if args.lora:
         reference = with_lora(reference, rank=args.lora, seed=args.seed)
     batch = planned.batches[0]
@@ -169,6 +196,7 @@ def check(
         reference,
         [torch.tensor(rows[i]["input_ids"]) for i in batch],
         labels=[torch.tensor(rows[i]["labels"]) for i in batch],
+        router_microbatches=router_units,
     )
     errors = step_errors(loss=loss, reference_loss=want, grads=grads, reference_grads=model_gradients(reference))
     return print_check(errors, tolerance=TOLERANCE, what=f"check ({args.grad_sync}): first step against the plain step")

@@ -13,7 +13,8 @@ loss need. Behind it:
    rank submits the same request, named by its content, and requests are ``deterministic`` by default,
    so the ranks share one plan without sending plans to each other (worker/plan_sources.py). Unless
    ``time_budget_s`` is given, each request's budget follows the measured step time
-   (``PlanningBudget``: ``planning_share`` of a step per iteration, agreed over the job's store).
+   (``PlanningBudget``: ``planning_share`` of a step per iteration, agreed over the job's store, or,
+   without a ``torch.distributed`` group, through the node's planner process when the job is that node).
 3. This rank's view of iteration ``i`` (the rank view document; from a service
    ``GET /v1/plans/{id}/ranks/{rank}?iteration=j``) is read, and its microbatches packed (4. below), in a
    background thread ``prefetch`` iterations ahead, while the loop trains on iteration ``i - prefetch``.
@@ -542,6 +543,9 @@ class PlannedBatches:
             from torch.distributed.distributed_c10d import _get_default_store
 
             return _get_default_store(), f"skrull/plan-budget/{self.job_key}/{self.instance}"
+        if isinstance(self.plans, ProcessPlans) and self.plans.serves_whole_job(self.dp * self.cp):
+            # no group, but every rank of the job asks the node's one planner process: agree through it
+            return self.plans, f"skrull/plan-budget/{self.job_key}/{self.instance}"
         if self.dp * self.cp == 1:
             return None, "local"
         return None, None
@@ -822,8 +826,9 @@ class PlannedBatches:
                 deferring=defers(doc.get("defer", {}).get("max_sequences")),
             )
         if self.time_budget_s is None and self._budget_key is None:
-            # ranks given explicitly, no torch.distributed group: nothing to agree a step-derived budget through,
-            # and ranks asking with different budgets would get different plans. The planner's minimum for the
+            # ranks given explicitly, no torch.distributed group, no planner process shared by the whole job
+            # (_agreement): nothing to agree a step-derived budget through, and ranks asking with different
+            # budgets would get different plans. The planner's minimum for the
             # request is what every rank computes alike from the request itself, and it keeps planning ahead
             # of a fast step (the planner's 1 s default made such a loop wait 575 ms per iteration)
             floor = unagreed_budget_s(

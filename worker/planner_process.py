@@ -145,6 +145,15 @@ class Planner:
         self._queue: deque[str] = deque()
         self._cv = threading.Condition()
         self._closed = False
+        #: values the node's ranks agreed on (``agree``): the first proposal of a key is kept
+        self._agreed: dict[str, str] = {}
+
+    def agree(self, key: str, proposal: str) -> str:
+        """The value of ``key``: ``proposal`` when this is the first proposal of the key, else the first one.
+        The node's ranks agree through it on what must be the same everywhere (each request's budget) when
+        they share no ``torch.distributed`` store (``ProcessPlans.compare_set``)."""
+        with self._cv:
+            return self._agreed.setdefault(key, proposal)
 
     def submit(self, doc: dict[str, Any], *, order: int = 0) -> str:
         """Queue ``doc`` (once per content key); the lowest ``order`` (the loader's request number) is solved
@@ -284,6 +293,8 @@ def _serve_connection(planner: Planner, conn: socket.socket) -> None:
                     reply = planner.plan(msg["key"], float(msg["timeout_s"]))
                 elif op == "stats":
                     reply = planner.stats()
+                elif op == "agree":
+                    reply = {"ok": True, "value": planner.agree(str(msg["key"]), str(msg["value"]))}
                 elif op == "drain":  # the owner's loader closed: exit once every rank has closed too
                     if not planner.draining:
                         planner.draining, planner.draining_since = True, time.monotonic()
@@ -571,6 +582,29 @@ class ProcessPlans:
     def stats(self) -> dict[str, Any]:
         return self._call({"op": "stats"})
 
+    def serves_whole_job(self, world_size: int) -> bool:
+        """Every rank of a ``world_size`` job asks this planner process: it is the node's shared one
+        (torchrun) and the job is that one node (``WORLD_SIZE`` and ``LOCAL_WORLD_SIZE`` are both
+        ``world_size``). Then the ranks can agree through it (``compare_set``) without a
+        ``torch.distributed`` group. Not otherwise: a private planner (a launcher of one's own starts one
+        per rank) or a job over several nodes, whose planner processes share nothing."""
+        if not self.shared:
+            return False
+        try:
+            world = int(os.environ.get("WORLD_SIZE", "-1"))
+        except ValueError:
+            return False
+        return world == world_size == _local_world_size()
+
+    def compare_set(self, key: str, expected: str, desired: str) -> bytes:
+        """The ``torch.distributed`` store's ``compare_set`` as ``PlanningBudget.decide`` uses it (``expected``
+        empty: set if absent), kept by the node's planner process: the first proposal of ``key`` is returned
+        to every rank."""
+        if expected != "":
+            raise ValueError(f"compare_set: expected={expected!r}; the planner process keeps first proposals only")
+        value: str = self._call({"op": "agree", "key": key, "value": desired})["value"]
+        return value.encode()
+
     def add_timings(
         self, rows: Sequence[RankTiming], *, profile: Any, provenance: Mapping[str, Any] | None = None
     ) -> None:
@@ -632,9 +666,9 @@ def unagreed_budget_s(
     solver: str, batch_sizes: Sequence[int], parallel: Parallel, *, deferring: bool = False
 ) -> float | None:
     """The budget of a request when the ranks have nothing to agree through (no ``torch.distributed`` group,
-    ranks given explicitly, several of them): the planner's own minimum for the request (``smallest_budget_s``,
-    two significant digits up), a function of the request alone, so every rank asks for the same plan. None
-    for a planner without an estimate (the planner's default then)."""
+    ranks given explicitly, several of them, not all asking one planner process): the planner's own minimum
+    for the request (``smallest_budget_s``, two significant digits up), a function of the request alone, so
+    every rank asks for the same plan. None for a planner without an estimate (the planner's default then)."""
     floor = smallest_budget_s(solver, batch_sizes, parallel, deferring=deferring)
     return _two_digits_up(floor) if floor > 0 else None
 
@@ -658,9 +692,12 @@ class PlanningBudget:
     The budget is part of the request,
     so every rank and node must ask with the same one to get the same plan: each loader proposes its
     budget in the job's ``torch.distributed`` store with ``compare_set``, and the first proposal of a request
-    is the one every rank uses (``decide``). Without ``torch.distributed`` (ranks given explicitly) nothing
-    can be agreed, so the loader adapts only when it is the job's one rank (DP1 x CP1) and otherwise asks
-    for the planner's minimum for each request (``unagreed_budget_s``), which every rank computes alike.
+    is the one every rank uses (``decide``). Without ``torch.distributed`` (ranks given explicitly) the
+    ranks agree through the node's planner process when every rank of the job asks it (one torchrun node:
+    ``ProcessPlans.serves_whole_job``, ``compare_set``). Ranks that share no planner process (a launcher of
+    one's own starts one per rank; nodes each run their own) have nothing to agree through: the loader
+    adapts only when it is the job's one rank (DP1 x CP1) and otherwise asks for the planner's minimum for
+    each request (``unagreed_budget_s``), which every rank computes alike.
     Decisions are kept (``state_dict``), so a resumed run asks for the
     same plans.
     """

@@ -222,3 +222,18 @@ def test_calibrated_profile_out_needs_calibrate(tmp_path: Path) -> None:
         str(EXAMPLES / "tiny-cpu-dp2-cp2.json"), "--calibrated-profile-out", str(tmp_path / "p.json"),
     )  # fmt: skip
     assert out.returncode != 0 and "--calibrated-profile-out" in out.stderr and "needs --calibrate" in out.stderr
+
+
+def test_the_router_loss_trains_per_microbatch_when_asked_and_is_refused_otherwise(wide_request: Path) -> None:
+    """A mixture of experts with ``output_router_logits: true``: refused naming the option; with
+    ``--router-aux-loss per-microbatch`` each step (groups sharding sequences over 4 GPUs) equals the plain
+    step plus Hugging Face's own router loss of each of the plan's microbatches."""
+    config = ROOT / "tests" / "conformance" / "models" / "qwen2-moe-router-aux.json"
+    argv = ["finetune", "--model-config", str(config), "--request", str(wide_request), "--world-size", "4",
+            "--backend", "gloo", "--grad-sync", "fsdp", "--check"]  # fmt: skip
+    refused = skrull(*argv)
+    assert refused.returncode != 0 and 'router_aux_loss="per_microbatch"' in refused.stderr
+    out = skrull(*argv, "--router-aux-loss", "per-microbatch")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "loss includes the router aux loss, per_microbatch" in out.stdout
+    assert out.stdout.rstrip().endswith("check passed")

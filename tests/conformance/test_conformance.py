@@ -2,7 +2,7 @@
 cells that exercise what went silently wrong before (Gemma 2's soft-capping and sliding window over
 sharded sequences, Llama's single K/V head with tied embeddings under FSDP2 and under TRL with
 assistant-only targets, Mistral's sliding window under DDP across DP and CP, a mixture of experts under FSDP2,
-and its router loss refused): one cell per integration,
+and its router loss refused by default and trained per microbatch when asked): one cell per integration,
 about a minute each on the shared 2-core machine under a load of about 10 (less idle). The whole matrix
 runs in ``make conformance`` (docs/integrations/conformance.md gives every cell's figure). Two cells run
 with activation checkpointing on (``--activation-checkpointing`` of the scripts)."""
@@ -51,6 +51,14 @@ def test_the_routers_auxiliary_loss_is_refused_before_the_first_step() -> None:
     cell = run_cell("qwen2-moe-router-aux", 2, 2, "ddp", timeout_s=600)
     assert cell.outcome == "refused", cell
     assert "output_router_logits" in cell.detail
+
+
+def test_the_per_microbatch_router_loss_equals_the_plain_step_over_the_same_microbatches() -> None:
+    """``--router-aux-loss per-microbatch``: the router's load-balancing loss of each of the plan's
+    microbatches, against a plain step that adds Hugging Face's own over the same microbatches."""
+    cell = run_cell("qwen2-moe-router-aux", 1, 4, "ddp", timeout_s=600, router_aux=True)
+    assert cell.outcome == "pass", cell
+    assert float(cell.detail) <= TOLERANCE
 
 
 @pytest.mark.parametrize(

@@ -243,3 +243,33 @@ def test_a_loader_that_defers_proposes_no_less_than_auto_needs_with_defer() -> N
     deferring = budget.decide("0/1", solver="auto", batch_sizes=sizes, parallel=parallel, deferring=True)
     assert plain >= smallest_budget_s("auto", sizes, parallel)
     assert deferring >= smallest_budget_s("auto", sizes, parallel, deferring=True) > 2 * plain
+
+
+def test_ranks_without_a_group_agree_on_step_derived_budgets_through_the_nodes_planner(tmp_path: Path) -> None:
+    """Ranks given explicitly, no ``torch.distributed`` group, one torchrun node: every rank asks the node's
+    one planner process, so each request's budget is derived from the step and agreed through it (the first
+    proposal wins), not the planner's minimum; both ranks get the same plans."""
+    cmd = [_torchrun(), "--standalone", "--nproc-per-node", "2", str(SCRIPT), str(tmp_path), "no-group"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert len({r["planner"] for r in results}) == 1
+    plans = {(g["iteration"], g["plan"]) for r in results for g in r["got"]}
+    assert len(plans) == 4 == len({it for it, _ in plans})  # the same plan per iteration on both ranks
+    _check_every_token_once(results, 2)
+    decided = [r["decided"] for r in results]
+    assert decided[0] and decided[0] == decided[1]  # every request's budget decided, the same on both ranks
+    assert set(results[0]["budgets"]) == set(decided[0].values())  # and what the planner was asked for
+    assert "planning budget of request" in done.stderr
+
+
+def test_a_private_planner_keeps_the_first_proposal_and_serves_no_other_rank() -> None:
+    plans = ProcessPlans(job_key="agree-test")
+    try:
+        assert plans.compare_set("k/0/1", "", "0.05") == b"0.05"
+        assert plans.compare_set("k/0/1", "", "0.3") == b"0.05"  # the first proposal is every rank's
+        assert plans.compare_set("k/0/2", "", "0.3") == b"0.3"
+        # a launcher of one's own starts one private planner per rank: nothing shared to agree through
+        assert not plans.serves_whole_job(1) and not plans.serves_whole_job(4)
+    finally:
+        plans.close()

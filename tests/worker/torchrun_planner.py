@@ -4,7 +4,9 @@ what it got, which planner process answered it, and its pids.
 
 ``argv``: output folder, then ``run`` (iterate, write, exit), ``hang`` (write the pids after the first
 iteration, then wait to be killed) or ``owner-leaves`` (local rank 0 drops its loader after the first
-iteration without closing it, as a rank that raises does; the others iterate on after it has)."""
+iteration without closing it, as a rank that raises does; the others iterate on after it has) or
+``no-group`` (no ``torch.distributed`` group: each rank given explicitly, from torchrun's environment, as a
+launcher of one's own would give it)."""
 
 from __future__ import annotations
 
@@ -37,12 +39,16 @@ def _running(pid: int) -> bool:
 def main() -> None:
     out_dir, mode = Path(sys.argv[1]), sys.argv[2]
     logging.basicConfig(level=logging.INFO)  # the planner's budget and why
-    dist.init_process_group("gloo")  # env:// from torchrun
-    world = dist.get_world_size()
+    grouped = mode != "no-group"
+    if grouped:
+        dist.init_process_group("gloo")  # env:// from torchrun
+    world = int(os.environ["WORLD_SIZE"])
+    rank = int(os.environ["RANK"])
     dataset = make_dataset(64, max_tokens=world * 64, seed=4)
+    ranks = {} if grouped else {"rank": rank, "dp": 1}
     loader = PlannedBatches(
         dataset, [len(s) for s in dataset], cp=world, global_batch_size=16, profile=TINY_PROFILE, seed=4,
-        num_iterations=4,
+        num_iterations=4, **ranks,
     )  # fmt: skip
     got = []
     if mode == "owner-leaves":
@@ -62,13 +68,13 @@ def main() -> None:
             got.append({"iteration": ready.iteration, "plan": ready.plan_id, "rows": rows})
         if mode == "hang":
             stats = loader.plans.stats()  # type: ignore[attr-defined]
-            pids = {"rank": dist.get_rank(), "pid": os.getpid(), "planner": stats["pid"]}
-            (out_dir / f"pids{dist.get_rank()}.json").write_text(json.dumps(pids))
+            pids = {"rank": rank, "pid": os.getpid(), "planner": stats["pid"]}
+            (out_dir / f"pids{rank}.json").write_text(json.dumps(pids))
             while True:
                 time.sleep(1)
     stats = loader.plans.stats()  # type: ignore[attr-defined]
     budgets = sorted({p["budget_s"] for p in stats["plans"]})
-    if mode != "owner-leaves":
+    if grouped and mode != "owner-leaves":
         dist.barrier()
     loader.close()
     result = {
@@ -76,6 +82,7 @@ def main() -> None:
         "got": got,
         "planner": stats["pid"],
         "budgets": budgets,
+        "decided": loader.budget.decided,
         "node": os.environ["GROUP_RANK"],
     }
     if mode == "owner-leaves":  # every rank of the node came and went: the planner exits, rank 0 still alive
@@ -84,8 +91,9 @@ def main() -> None:
             time.sleep(0.05)
         result["planner_gone"] = not _running(stats["pid"])
         dist.barrier()
-    (out_dir / f"rank{dist.get_rank()}.json").write_text(json.dumps(result))
-    dist.destroy_process_group()
+    (out_dir / f"rank{rank}.json").write_text(json.dumps(result))
+    if grouped:
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

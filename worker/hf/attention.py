@@ -175,13 +175,14 @@ def refuse_unsupported_attention(config: Any) -> None:
 #: (tests/conformance, docs/integrations/conformance.md): one list for ``build_model``, ``skrull finetune``,
 #: ``SkrullTrainer`` / TRL and the own loop's ``scheduled_step`` (a model from ``from_pretrained(...,
 #: attn_implementation=register())``). ``gemma3_text`` is Gemma 3's causal LM (the multimodal ``gemma3`` is
-#: not); the mixtures of experts train with the router's auxiliary loss off (``refuse_unsupported_model``).
+#: not); the mixtures of experts train with the router's auxiliary loss off, or per microbatch when asked by
+#: name (``refuse_unsupported_model``, ``router_aux_loss``: worker/hf/router_loss.py).
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = (
     "llama", "qwen2", "mistral", "qwen3", "phi3", "gemma2", "gemma3_text", "olmo2", "qwen2_moe", "mixtral", "qwen3_moe",
 )  # fmt: skip
 
 
-def unsupported_model_setting(config: Any) -> tuple[str, Any, str] | None:
+def unsupported_model_setting(config: Any, *, router_aux_loss: str | None = None) -> tuple[str, Any, str] | None:
     """``(field, value, why)`` for the first setting of a model config (a ``PretrainedConfig`` or its dict)
     that plans would train differently from the plain step; None when it trains exactly.
 
@@ -193,7 +194,8 @@ def unsupported_model_setting(config: Any) -> tuple[str, Any, str] | None:
       microbatch's forward sees its own rows only, and the sum over microbatches and ranks counts the
       term once per microbatch (found: loss 9.68 against 6.51, the router gate's gradient 71x off). The
       global statistics are known only after every microbatch's forward, so no per-microbatch loss
-      reproduces them; refused until a per-microbatch semantics is offered as an explicit option.
+      reproduces them; refused unless ``router_aux_loss="per_microbatch"`` asks for the per-microbatch
+      form by name (worker/hf/router_loss.py).
     - an attention feature the DACP attention does not compute (``unsupported_attention_features``)."""
     get = config.get if isinstance(config, dict) else lambda key, default=None: getattr(config, key, default)
     model_type = get("model_type", None)
@@ -203,12 +205,13 @@ def unsupported_model_setting(config: Any) -> tuple[str, Any, str] | None:
             model_type,
             f"not one of the architectures checked under plans ({', '.join(SUPPORTED_MODEL_TYPES)})",
         )
-    if get("output_router_logits", False):
+    if get("output_router_logits", False) and router_aux_loss is None:
         return (
             "output_router_logits",
             get("output_router_logits", None),
-            "the router's auxiliary (load-balancing) loss is taken over the whole global batch by the plain step "
-            "and per microbatch under plans, a different loss; set output_router_logits=False "
+            "the router's auxiliary loss is taken over the whole global batch by the plain step, per microbatch "
+            'under plans: ask for that by name, router_aux_loss="per_microbatch" (scheduled_step; the own loop '
+            "example's --router-aux-loss per-microbatch; docs/worker.md), or set output_router_logits=False "
             "(TRL: SFTConfig(router_aux_loss_coef=0.0)); the expert layers themselves train exactly",
         )
     unsupported = unsupported_attention_features(config)
@@ -222,9 +225,9 @@ def unsupported_model_setting(config: Any) -> tuple[str, Any, str] | None:
     return None
 
 
-def refuse_unsupported_model(config: Any) -> None:
+def refuse_unsupported_model(config: Any, *, router_aux_loss: str | None = None) -> None:
     """A ``ValueError`` naming the first setting ``unsupported_model_setting`` finds, before any step."""
-    found = unsupported_model_setting(config)
+    found = unsupported_model_setting(config, router_aux_loss=router_aux_loss)
     if found is not None:
         field, value, why = found
         raise ValueError(

@@ -35,6 +35,7 @@ from skrull.worker.dataloader import ready_microbatch
 from skrull.worker.execute import DTYPES
 from skrull.worker.hf.fast import compile_model
 from skrull.worker.hf.model import build_model
+from skrull.worker.hf.router_loss import router_microbatches
 from skrull.worker.hf.step import dacp_plans, plain_step, refuse_unrunnable_plan, relative_error, scheduled_step
 from skrull.worker.inputs import SyntheticData
 from skrull.worker.kernels import kernel_choice
@@ -67,6 +68,9 @@ class FinetuneConfig:
     #: Decoder layers compiled: "on" (regional), "off", "auto" (regional on CUDA only), "fullgraph" (one graph
     #: per layer) or "stack" (the whole decoder one graph; not with grad_sync "fsdp"): worker/compiling.py.
     compile: str = "auto"
+    #: A mixture of experts' router auxiliary loss (``output_router_logits``): None refuses it, and
+    #: "per_microbatch" trains it per microbatch of the plan (worker/hf/router_loss.py).
+    router_aux_loss: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -80,6 +84,9 @@ class StepRecord:
     grads: dict[str, torch.Tensor] = field(default_factory=dict)
     #: Graphs torch.compile compiled during the step on rank 0 (0 once warm: worker/compiling.py).
     compiles: int = 0
+    #: The router auxiliary loss's semantics in ``loss`` and its part of it (None, 0: none).
+    router_aux_loss: str | None = None
+    router_loss: float = 0.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -125,7 +132,9 @@ def run_finetune_rank(
         enabled=config.progress if rank == 0 else False,  # one bar: rank 0's
     )
     bar.set_postfix_str("building the model", refresh=True)
-    base = build_model(config.model_config, seed=config.seed, device=device, dtype=dtype)
+    base = build_model(
+        config.model_config, seed=config.seed, device=device, dtype=dtype, router_aux_loss=config.router_aux_loss
+    )
     refuse_unrunnable_plan(base, plan)  # every rank alike, before the first step
     compiled = compile_model(base, compile=config.compile, device=device)  # the fast step: layers compiled
     vocab = int(base.config.vocab_size)
@@ -160,6 +169,7 @@ def run_finetune_rank(
             loss_chunk_tokens=config.loss_chunk_tokens,
             plans=plans,
             microbatch_ms=timings,
+            router_aux_loss=config.router_aux_loss,
         )
         if calibrating is not None and timings is not None:
             calibrating.record(iteration, ready, timings)
@@ -183,6 +193,8 @@ def run_finetune_rank(
                 seconds=float(slowest.item()),
                 grads=grads,
                 compiles=compile_count() - compiles_before,
+                router_aux_loss=result.router_aux_loss,
+                router_loss=result.router_loss,
             )
         )
         microbatches += result.microbatches
@@ -346,17 +358,26 @@ class StepCheck:
 def check_steps(
     plan: Plan, lengths: Sequence[int], result: FinetuneResult, *, config: FinetuneConfig
 ) -> list[StepCheck]:
-    """Replay the steps with ``plain_step`` in float32 and compare loss and every gradient."""
-    model = build_model(config.model_config, seed=config.seed, attn_implementation="eager")
+    """Replay the steps with ``plain_step`` in float32 and compare loss and every gradient; with
+    ``router_aux_loss`` the plain step adds the router loss over each step's microbatches (the plan it ran)."""
+    model = build_model(
+        config.model_config, seed=config.seed, attn_implementation="eager", router_aux_loss=config.router_aux_loss
+    )
     optimizer = torch.optim.SGD(model.parameters(), lr=config.lr)
     data = SyntheticData(seed=config.seed, lengths=tuple(lengths))
     vocab = int(model.config.vocab_size)
     checks = []
-    for record in result.steps:
+    for k, record in enumerate(result.steps):
         if not record.grads:
             raise ValueError("the run recorded no gradients (FinetuneConfig.record_grads)")
         optimizer.zero_grad(set_to_none=False)
-        loss = plain_step(model, [data.lm_tokens(i, vocab)[0] for i in step_sequences(plan, record.step)])
+        sequences = step_sequences(plan, record.step)
+        units = None
+        if config.router_aux_loss is not None:
+            ran = result.step_plans[k] if k < len(result.step_plans) else plan
+            position = {seq: n for n, seq in enumerate(sequences)}
+            units = [tuple(position[i] for i in mb) for mb in router_microbatches(ran.iterations[record.iteration])]
+        loss = plain_step(model, [data.lm_tokens(i, vocab)[0] for i in sequences], router_microbatches=units)
         worst = ("-", 0.0)
         count = 0
         for name, param in model.named_parameters():

@@ -5,8 +5,8 @@ without broadcasting them, then moves it to its device. The architectures whose 
 ``transformers``' attention interface with rotary positions from ``position_ids`` qualify: Llama, Qwen2,
 Qwen3, Mistral, Phi-3, Gemma 2 (logit soft-capping and sliding windows computed by the DACP attention),
 Gemma 3, OLMo 2 and the mixtures of experts Qwen2-MoE, Qwen3-MoE and Mixtral (the router's auxiliary loss
-off; ``SUPPORTED_MODEL_TYPES``), each checked against the plain step under torchrun (tests/conformance,
-docs/integrations/conformance.md).
+off, or per microbatch with ``router_aux_loss="per_microbatch"``; ``SUPPORTED_MODEL_TYPES``), each checked
+against the plain step under torchrun (tests/conformance, docs/integrations/conformance.md).
 """
 
 from __future__ import annotations
@@ -26,15 +26,18 @@ __all__ = ["SUPPORTED_MODEL_TYPES", "build_model", "check_model_config", "read_m
 MAX_SIZE = 2**31 - 1
 
 
-def read_model_config(path: str | Path, *, field: str = "--model-config") -> dict[str, Any]:
-    """The ``config.json`` document, checked for what DACP needs (one clear error naming the field)."""
+def read_model_config(
+    path: str | Path, *, field: str = "--model-config", router_aux_loss: str | None = None
+) -> dict[str, Any]:
+    """The ``config.json`` document, checked for what DACP needs (one clear error naming the field);
+    ``router_aux_loss``: the router auxiliary loss's semantics asked for (worker/hf/router_loss.py)."""
     doc = read_json(str(path), field=field)
-    check_model_config(doc, field=field)
+    check_model_config(doc, field=field, router_aux_loss=router_aux_loss)
     assert isinstance(doc, dict)
     return doc
 
 
-def check_model_config(doc: Any, *, field: str = "--model-config") -> None:
+def check_model_config(doc: Any, *, field: str = "--model-config", router_aux_loss: str | None = None) -> None:
     if not isinstance(doc, dict):
         raise RequestError(field, doc, "must be a Hugging Face config.json object")
     model_type = doc.get("model_type")
@@ -64,7 +67,7 @@ def check_model_config(doc: Any, *, field: str = "--model-config") -> None:
     dropout = doc.get("attention_dropout", 0.0)
     if dropout not in (0, 0.0):
         raise RequestError(f"{field}.attention_dropout", dropout, "must be 0 (no attention dropout under DACP)")
-    found = unsupported_model_setting(doc)  # the router's auxiliary loss, attention features
+    found = unsupported_model_setting(doc, router_aux_loss=router_aux_loss)  # the router's aux loss, attention
     if found is not None:
         key, value, why = found
         raise RequestError(f"{field}.{key}", value, why)
@@ -77,6 +80,7 @@ def build_model(
     device: torch.device | None = None,
     dtype: torch.dtype = torch.float32,
     attn_implementation: str | None = None,
+    router_aux_loss: str | None = None,
 ) -> Any:
     """``AutoModelForCausalLM.from_config`` with weights drawn from ``seed`` on the CPU, in train mode.
 
@@ -84,7 +88,7 @@ def build_model(
     """
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    check_model_config(dict(config))
+    check_model_config(dict(config), router_aux_loss=router_aux_loss)
     doc = dict(config)
     hf_config = AutoConfig.for_model(doc.pop("model_type"), **doc)
     implementation = attn_implementation or register()

@@ -40,6 +40,7 @@ from skrull.worker.dataloader import ReadyMicrobatch, refuse_other_heads
 from skrull.worker.fused_ce import linear_cross_entropy_sum
 from skrull.worker.hf.attention import refuse_unsupported_model
 from skrull.worker.hf.inputs import model_inputs
+from skrull.worker.hf.router_loss import RouterAux, check_router_aux_loss
 from skrull.worker.kernels import AttentionKernel
 from skrull.worker.loss import IGNORE_INDEX, own_supervised_tokens
 
@@ -53,6 +54,10 @@ class StepResult:
     microbatches: int
     tokens: int
     seconds: float
+    #: the router auxiliary loss's semantics in ``loss`` (None: the model has none; worker/hf/router_loss.py)
+    router_aux_loss: str | None = None
+    #: of ``loss``, the router's part: ``coef * sum of aux(m)`` over the plan's microbatches (0 without one)
+    router_loss: float = 0.0
 
 
 def global_target_count(
@@ -87,11 +92,25 @@ def causal_lm_loss(
     *,
     num_targets: int,
     loss_chunk_tokens: int | None = None,
+    router: RouterAux | None = None,
+    router_group: Any = None,
+    router_terms: list[torch.Tensor] | None = None,
+    empty: bool = False,
 ) -> torch.Tensor:
     """``sum CE(own rows) / num_targets``: the model's own loss function (``ForCausalLMLoss`` with
     ``shift_labels`` and ``num_items_in_batch``); with ``loss_chunk_tokens`` the LM head and the cross-entropy
     run fused, chunk by chunk (worker/fused_ce.py: each chunk's gradient taken while its logits exist), so
-    ``[T, vocab]`` logits never exist at once."""
+    ``[T, vocab]`` logits never exist at once.
+
+    With ``router`` (``router_aux_loss="per_microbatch"``) this GPU's part of the microbatch's router loss
+    is added (``RouterAux.own_term``, its group ``router_group``), and appended to ``router_terms``;
+    ``empty``: a microbatch without tokens (another rank's count kept equal), whose forward runs one padding
+    token (worker/hf/inputs.py) that is no token of the batch: its router term is 0."""
+    if router is not None:
+        return _with_router_term(
+            model, kwargs, labels, num_targets=num_targets, loss_chunk_tokens=loss_chunk_tokens, router=router,
+            group=router_group, terms=router_terms, empty=empty,
+        )  # fmt: skip
     if loss_chunk_tokens is None:
         # Hugging Face's own causal-LM loss, called as its Trainer calls it: the targets are already the next
         # tokens, so they travel as ``shift_labels`` (the model must not shift them again), and
@@ -109,6 +128,45 @@ def causal_lm_loss(
     return total / num_targets
 
 
+def _with_router_term(
+    model: Any,
+    kwargs: dict[str, Any],
+    labels: torch.Tensor,
+    *,
+    num_targets: int,
+    loss_chunk_tokens: int | None,
+    router: RouterAux,
+    group: Any,
+    terms: list[torch.Tensor] | None,
+    empty: bool,
+) -> torch.Tensor:
+    """``causal_lm_loss`` plus this GPU's router term: one forward with the router logits returned and no
+    labels (the model would add its own, whole-forward aux term), the model's own loss function on its
+    logits as the model calls it, then ``RouterAux.own_term``."""
+    inner: Any = grad_sync.unwrapped(model)
+    rows = labels.unsqueeze(0)
+    if loss_chunk_tokens is None:
+        out = model(**kwargs, output_router_logits=True)
+        ce: torch.Tensor = inner.loss_function(
+            out.logits, None, inner.config.vocab_size, shift_labels=rows, num_items_in_batch=num_targets
+        )
+    else:
+        softcap = fused_head_softcap(inner.config)
+        hidden, out = _final_hidden(model, inner, {**kwargs, "output_router_logits": True}, with_output=True)
+        head = inner.get_output_embeddings()
+        total = linear_cross_entropy_sum(
+            hidden, head.weight, labels.to(hidden.device), bias=head.bias, chunk_tokens=loss_chunk_tokens,
+            softcap=softcap,
+        )  # fmt: skip
+        ce = total / num_targets
+    term = router.own_term(tuple(out.router_logits or ()), group=group)
+    if empty:  # the padding token's routing is no token of the batch (the gate still joins the backward)
+        term = term * 0.0
+    if terms is not None:
+        terms.append(term.detach())
+    return ce + term.to(ce.device)
+
+
 def fused_head_softcap(config: Any) -> float | None:
     """What the model does to its logits after the LM head, which the fused loss must do too: Gemma 2's
     ``final_logit_softcapping`` (the fused loss takes it); a logit scale (Cohere's ``logit_scale``,
@@ -124,7 +182,7 @@ def fused_head_softcap(config: Any) -> float | None:
     return float(cap) if cap else None
 
 
-def _final_hidden(model: Any, inner: Any, kwargs: dict[str, Any]) -> torch.Tensor:
+def _final_hidden(model: Any, inner: Any, kwargs: dict[str, Any], *, with_output: bool = False) -> Any:
     """The decoder's last hidden states ``[T, h]``, from a forward through ``model`` itself: a DDP or
     FSDP2 wrapper's hooks run as in any forward (FSDP2 unshards the root's parameters, the LM head's
     included, and reduces their gradients after backward; calling the inner decoder directly skipped that:
@@ -138,12 +196,12 @@ def _final_hidden(model: Any, inner: Any, kwargs: dict[str, Any]) -> torch.Tenso
     handle = inner.base_model.register_forward_hook(keep)
     try:
         device = kwargs["input_ids"].device
-        model(**kwargs, logits_to_keep=torch.zeros(0, dtype=torch.long, device=device))
+        out = model(**kwargs, logits_to_keep=torch.zeros(0, dtype=torch.long, device=device))
     finally:
         handle.remove()
     if len(captured) != 1:
         raise RuntimeError(f"the decoder ran {len(captured)} times in one forward; expected once")
-    return captured[0][0]
+    return (captured[0][0], out) if with_output else captured[0][0]
 
 
 def model_heads(model: Any) -> tuple[int, int] | None:
@@ -199,7 +257,7 @@ def refuse_unrunnable_plan(model: Any, plan: Plan) -> None:
         refuse_unrunnable_modes(plan, heads=heads[0])
 
 
-def refuse_untrained_model(model: Any) -> None:
+def refuse_untrained_model(model: Any, *, router_aux_loss: str | None = None) -> None:
     """The model's architecture and settings are ones plans train exactly (``refuse_unsupported_model``: one
     list for every path, ``from_pretrained(..., attn_implementation=register())`` included), and it is in
     training mode where dropout would act (``warn_eval_mode_dropout``). A model without a Hugging Face
@@ -207,7 +265,7 @@ def refuse_untrained_model(model: Any) -> None:
     config = getattr(grad_sync.unwrapped(model), "config", None)
     if config is None or getattr(config, "model_type", None) is None:
         return
-    refuse_unsupported_model(config)
+    refuse_unsupported_model(config, router_aux_loss=router_aux_loss)
     warn_eval_mode_dropout(model)
 
 
@@ -265,6 +323,7 @@ def scheduled_step(
     loss_chunk_tokens: int | None = None,
     plans: Sequence[DACPPlan] | None = None,
     microbatch_ms: list[float] | None = None,
+    router_aux_loss: str | None = None,
 ) -> StepResult:
     """This rank's microbatches in step order, then gradients and loss summed over the world (through
     DDP or FSDP2 when ``model`` is wrapped so, else one all-reduce per parameter: worker/grad_sync.py).
@@ -275,10 +334,18 @@ def scheduled_step(
     ``microbatch_ms`` each microbatch's forward and backward time is appended to it (``MicrobatchTimer``:
     CUDA events on a GPU, read once after the step; the host clock on a CPU), for calibration
     (worker/calibration.py).
+
+    ``router_aux_loss``: a mixture of experts' router auxiliary loss (``output_router_logits=True``) is
+    refused by default; ``"per_microbatch"`` trains it per microbatch of the plan (worker/hf/router_loss.py:
+    what it computes, and why the plain step's global-batch form is not offered), and the result says so.
     """
+    router: RouterAux | None = None
     try:  # raised after every rank has said whether it refuses (global_target_count): all stop alike
+        check_router_aux_loss(router_aux_loss)
         refuse_unrunnable_ulysses(model, microbatches)
-        refuse_untrained_model(model)
+        refuse_untrained_model(model, router_aux_loss=router_aux_loss)
+        if router_aux_loss is not None:
+            router = RouterAux.of(getattr(grad_sync.unwrapped(model), "config", None))
         refusal: Exception | None = None
     except ValueError as exc:
         refusal = exc
@@ -294,6 +361,7 @@ def scheduled_step(
     num_targets = global_target_count(microbatches, device=device, refusal=refusal)
     assert plans is not None  # built above unless this rank refused, which global_target_count raised
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+    router_terms: list[torch.Tensor] = []
     tokens = 0
     last = len(microbatches) - 1
     timer = MicrobatchTimer(device) if microbatch_ms is not None else None
@@ -302,7 +370,11 @@ def scheduled_step(
             timer.start()
         with grad_sync.microbatch(model, last=k == last):  # DDP / FSDP2 sync with the last backward only
             kwargs, labels = model_inputs(mb, plan)
-            loss = causal_lm_loss(model, kwargs, labels, num_targets=num_targets, loss_chunk_tokens=loss_chunk_tokens)
+            loss = causal_lm_loss(
+                model, kwargs, labels, num_targets=num_targets, loss_chunk_tokens=loss_chunk_tokens, router=router,
+                router_group=registry.get(mb.layout.ranks) if router is not None and mb.layout.communicates else None,
+                router_terms=router_terms, empty=mb.num_tokens == 0,
+            )  # fmt: skip
             loss.backward()  # type: ignore[no-untyped-call]
         if timer is not None:
             timer.stop()
@@ -311,7 +383,15 @@ def scheduled_step(
     if timer is not None and microbatch_ms is not None:
         microbatch_ms.extend(timer.read_ms())
     grad_sync.finish(model, microbatches=len(microbatches))
+    router_sum = torch.zeros((), dtype=torch.float64, device=device)
+    for term in router_terms:
+        router_sum += term.double()
+    if router is not None:  # every rank alike (the same config): the router's part in the same all-reduce
+        loss_sum = torch.stack([loss_sum, router_sum])
     dist.all_reduce(loss_sum)
+    router_loss = 0.0
+    if router is not None:
+        loss_sum, router_loss = loss_sum[0], float(loss_sum[1].item())
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return StepResult(
@@ -320,6 +400,8 @@ def scheduled_step(
         microbatches=len(microbatches),
         tokens=tokens,
         seconds=time.perf_counter() - start,
+        router_aux_loss=router_aux_loss if router is not None else None,
+        router_loss=router_loss,
     )
 
 
@@ -354,17 +436,9 @@ class MicrobatchTimer:
         return [(b - a) * 1e3 for a, b in self._events]
 
 
-def plain_step(model: Any, sequences: Sequence[torch.Tensor], *, labels: Sequence[torch.Tensor] | None = None) -> float:
-    """Hugging Face's own training forward and backward over the right-padded global batch: the loss.
-
-    ``labels`` in Hugging Face's convention (one per sequence, its length, ``-100`` where no loss is taken;
-    the model shifts them); by default every next token is a target.
-    """
-    if not sequences:
-        raise ValueError("the global batch is empty")
-    if labels is not None and [int(x.shape[0]) for x in labels] != [int(s.shape[0]) for s in sequences]:
-        raise ValueError("labels: one per sequence, each of its sequence's length")
-    device = next(model.parameters()).device
+def _right_padded(
+    sequences: Sequence[torch.Tensor], labels: Sequence[torch.Tensor] | None, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     width = max(int(s.shape[0]) for s in sequences)
     ids = torch.zeros(len(sequences), width, dtype=torch.long, device=device)
     mask = torch.zeros(len(sequences), width, dtype=torch.long, device=device)
@@ -373,9 +447,48 @@ def plain_step(model: Any, sequences: Sequence[torch.Tensor], *, labels: Sequenc
         ids[row, : seq.shape[0]] = seq.to(device)
         mask[row, : seq.shape[0]] = 1
         targets[row, : seq.shape[0]] = (seq if labels is None else labels[row]).to(device)
-    out = model(input_ids=ids, attention_mask=mask, labels=targets, use_cache=False)
-    out.loss.backward()
-    return float(out.loss.detach())
+    return ids, mask, targets
+
+
+def plain_step(
+    model: Any,
+    sequences: Sequence[torch.Tensor],
+    *,
+    labels: Sequence[torch.Tensor] | None = None,
+    router_microbatches: Sequence[Sequence[int]] | None = None,
+) -> float:
+    """Hugging Face's own training forward and backward over the right-padded global batch: the loss.
+
+    ``labels`` in Hugging Face's convention (one per sequence, its length, ``-100`` where no loss is taken;
+    the model shifts them); by default every next token is a target.
+
+    ``router_microbatches`` (indices into ``sequences``, one tuple per microbatch): the reference of
+    ``router_aux_loss="per_microbatch"`` (worker/hf/router_loss.py). The global batch's loss is taken with
+    the router loss off, and Hugging Face's own ``aux_loss`` of a right-padded forward over each microbatch's
+    sequences (padding masked) is added with the model's ``router_aux_loss_coef``, as the plain Trainer adds
+    it to each microbatch under gradient accumulation.
+    """
+    if not sequences:
+        raise ValueError("the global batch is empty")
+    if labels is not None and [int(x.shape[0]) for x in labels] != [int(s.shape[0]) for s in sequences]:
+        raise ValueError("labels: one per sequence, each of its sequence's length")
+    device = next(model.parameters()).device
+    ids, mask, targets = _right_padded(sequences, labels, device)
+    if router_microbatches is None:
+        out = model(input_ids=ids, attention_mask=mask, labels=targets, use_cache=False)
+        out.loss.backward()
+        return float(out.loss.detach())
+    if sorted(i for mb in router_microbatches for i in mb) != list(range(len(sequences))):
+        raise ValueError("router_microbatches: every sequence in exactly one microbatch")
+    inner: Any = grad_sync.unwrapped(model)
+    coef = float(inner.config.router_aux_loss_coef)
+    loss = model(input_ids=ids, attention_mask=mask, labels=targets, use_cache=False, output_router_logits=False).loss
+    for members in router_microbatches:
+        mb_ids, mb_mask, _ = _right_padded([sequences[i] for i in members], None, device)
+        out = model(input_ids=mb_ids, attention_mask=mb_mask, use_cache=False, output_router_logits=True)
+        loss = loss + coef * out.aux_loss
+    loss.backward()
+    return float(loss.detach())
 
 
 def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
