@@ -21,6 +21,12 @@ def mixed_profile() -> dict[str, object]:
     from skrull.solver.profile import load_profile
 
     doc = load_profile("h100-80g/qwen2.5-0.5b").to_dict()
+    # one bandwidth per collective (a topology's links would price the groups instead), the contract's
+    # overlap and memory rule: the figures below are then exactly what decides the modes
+    for section in ("topology", "overlap"):
+        doc.pop(section, None)
+    for key in ("kv_bytes_per_token", "gathered_kv"):
+        doc["memory"].pop(key, None)
     doc.update(name=MIXED_PROFILE, heads={"attention": 4, "kv": 2})
     doc["comm"].update(ms_per_mib=2.1333, fixed_ms=1.0)
     doc["comm_a2a"].update(ms_per_mib=0.26667, fixed_ms=5.0)

@@ -249,8 +249,7 @@ def test_ranks_without_a_group_agree_on_step_derived_budgets_through_the_nodes_p
     """Ranks given explicitly, no ``torch.distributed`` group, one torchrun node: every rank asks the node's
     one planner process, so each request's budget is derived from the step and agreed through it (the first
     proposal wins), not the planner's minimum; both ranks get the same plans."""
-    cmd = [_torchrun(), "--standalone", "--nproc-per-node", "2", str(SCRIPT), str(tmp_path), "no-group"]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
+    done = run_torchrun(SCRIPT, [str(tmp_path), "no-group"], nproc=2, cwd=tmp_path, timeout_s=300)
     assert done.returncode == 0, done.stderr[-3000:]
     results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert len({r["planner"] for r in results}) == 1

@@ -4,11 +4,10 @@ step on every rank with the same line naming the setting."""
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
+
+from tests.launch import run_torchrun
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
@@ -17,12 +16,7 @@ BF16_TOLERANCE = 3e-2
 
 
 def torchrun(case: str, tmp_path: Path) -> list[list[str]]:
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-        str(HERE / "torchrun_integrations.py"), case,
-    ]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env, check=False)
+    out = run_torchrun(HERE / "torchrun_integrations.py", [case], nproc=2, cwd=tmp_path, timeout_s=600)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "Connection closed" not in out.stderr
     return [(tmp_path / f"report-{rank}.txt").read_text(encoding="utf-8").splitlines() for rank in (0, 1)]

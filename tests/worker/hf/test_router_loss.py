@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import random
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,6 +19,7 @@ from skrull.worker.hf.attention import refuse_unsupported_model
 from skrull.worker.hf.model import build_model, read_model_config
 from skrull.worker.hf.router_loss import RouterAux, check_router_aux_loss, router_microbatches
 from skrull.worker.hf.step import refuse_untrained_model
+from tests.launch import run_torchrun
 
 ROOT = Path(__file__).resolve().parents[3]
 MODELS = ROOT / "tests" / "conformance" / "models"
@@ -103,13 +103,12 @@ def _rows(path: Path, *, seed: int) -> Path:
 
 
 def _example(tmp_path: Path, arch: str, dp: int, cp: int, sync: str, *extra: str) -> subprocess.CompletedProcess[str]:
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={dp * cp}", str(EXAMPLE),
+    args = [
         "--model-config", str(MODELS / f"{arch}.json"), "--data", str(_rows(tmp_path / "rows.jsonl", seed=5)),
         "--dp", str(dp), "--cp", str(cp), "--bucket-tokens", str(128 // cp), "--global-batch-size", "8",
         "--steps", "1", "--grad-sync", sync, "--check", *extra,
     ]  # fmt: skip
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path, check=False)
+    return run_torchrun(EXAMPLE, args, nproc=dp * cp, cwd=tmp_path, timeout_s=600)
 
 
 @pytest.mark.parametrize(
