@@ -14,7 +14,7 @@ import pytest
 
 from examples.train_tiny import TINY_PROFILE, make_dataset
 from skrull.solver.cost import CostModel
-from skrull.solver.profile import load_profile, profile_from_dict
+from skrull.solver.profile import Profile, load_profile, profile_from_dict
 from skrull.worker.calibration import (
     MIN_COMMUNICATING,
     Calibration,
@@ -28,6 +28,20 @@ from skrull.worker.dataloader import PlannedBatches
 from skrull.worker.profiling.fit import FitError
 
 START = "h100-80g/qwen2.5-0.5b"
+
+
+def _start() -> Profile:
+    """The bundled H100 profile priced as the contract's reference: one bandwidth per collective, overlap
+    with all local compute, no gathered K/V (the truths below are written in that form; the topology case
+    adds its own links)."""
+    doc = load_profile(START).to_dict()
+    for section in ("topology", "overlap"):
+        doc.pop(section, None)
+    for key in ("kv_bytes_per_token", "gathered_kv"):
+        doc["memory"].pop(key, None)
+    return profile_from_dict(doc)
+
+
 #: a "CPU": 1000x slower compute, slow communication, a large per-microbatch overhead
 TRUTH = {
     "name": "cpu/truth",
@@ -68,11 +82,11 @@ def test_the_refit_recovers_the_machine_despite_warm_up_and_outliers() -> None:
         MeasuredMicrobatch(iteration=-1, step=s, ranks=(0,), local=((100,),), sharded=(), ms=5000.0) for s in range(4)
     ]
     spikes = [MeasuredMicrobatch(**{**{f: getattr(mb, f) for f in mb.__slots__}, "ms": mb.ms * 6}) for mb in data[:3]]
-    fit = fit_profile(load_profile(START), warm + spikes + data[3:], provenance={"device": "test"})
+    fit = fit_profile(_start(), warm + spikes + data[3:], provenance={"device": "test"})
     model = CostModel(profile_from_dict(fit.profile))
     fresh = _microbatches(random.Random(6), 40)
     assert median_error(fresh, model) < 0.10  # out of sample
-    assert median_error(fresh, CostModel(load_profile(START))) > 0.9  # the H100 profile is far off
+    assert median_error(fresh, CostModel(_start())) > 0.9  # the H100 profile is far off
     assert fit.dropped >= 3
     cal = fit.profile["calibrated"]
     assert cal["from"] == START and cal["microbatches"] == fit.used and cal["device"] == "test"
@@ -82,15 +96,15 @@ def test_the_refit_recovers_the_machine_despite_warm_up_and_outliers() -> None:
 
 def test_communication_the_run_never_showed_keeps_the_starting_value_unscaled_and_says_so() -> None:
     data = [mb for mb in _microbatches(random.Random(7), 120) if not mb.sharded][:40]
-    fit = fit_profile(load_profile(START), data)
-    start = load_profile(START)
+    fit = fit_profile(_start(), data)
+    start = _start()
     assert fit.profile["compute"]["ms_per_tflop"] / start.compute.ms_per_tflop > 100  # the "CPU" is far slower
     assert fit.profile["comm"]["ms_per_mib"] == start.comm.ms_per_mib  # never scaled by the compute's ratio
     assert fit.profile["comm"]["fixed_ms"] == start.comm.fixed_ms
     assert fit.profile["comm_a2a"]["ms_per_mib"] == start.comm_a2a.ms_per_mib  # type: ignore[union-attr]
     assert set(fit.kept) == {"comm.*", "comm_a2a.*"} and fit.profile["calibrated"]["kept_starting"] == fit.kept
     few = [dataclasses.replace(mb, iteration=9) for mb in _microbatches(random.Random(8), 200) if mb.sharded]
-    with_few = fit_profile(load_profile(START), data + few[: MIN_COMMUNICATING - 1])
+    with_few = fit_profile(_start(), data + few[: MIN_COMMUNICATING - 1])
     assert with_few.profile["comm"]["ms_per_mib"] == start.comm.ms_per_mib
     assert "fewer than" in with_few.kept["comm.ms_per_mib"] and "fewer than" in with_few.kept["comm.fixed_ms"]
     assert "kept from" in with_few.profile["comm"]["source"]
@@ -128,7 +142,7 @@ def test_all_gather_and_all_to_all_are_fitted_separately() -> None:
     """Both collectives recovered each with its own coefficient, from one run that ran both (no compute ratio,
     no shared term); the microbatches' times then follow the fit."""
     data = _mixed(random.Random(21), 150, TRUTH_BOTH)
-    fit = fit_profile(load_profile(START), data, half_life_iterations=None)
+    fit = fit_profile(_start(), data, half_life_iterations=None)
     comm, a2a = fit.profile["comm"], fit.profile["comm_a2a"]
     assert not fit.kept
     assert comm["ms_per_mib"] == pytest.approx(20.0, rel=0.15) and a2a["ms_per_mib"] == pytest.approx(5.0, rel=0.15)
@@ -137,7 +151,7 @@ def test_all_gather_and_all_to_all_are_fitted_separately() -> None:
 
 
 def test_with_a_topology_the_fitted_link_is_the_one_the_run_used_and_the_rest_is_kept() -> None:
-    start = load_profile(START).to_dict()
+    start = _start().to_dict()
     start["topology"] = {
         "gpus_per_node": 8,
         "intra_node": {"allgather_ms_per_mib": 0.0027, "alltoall_ms_per_mib": 0.0031},
@@ -161,7 +175,7 @@ def test_with_a_topology_the_fitted_link_is_the_one_the_run_used_and_the_rest_is
 
 def test_too_few_microbatches_refuse_to_fit_and_keep_the_previous_profile() -> None:
     with pytest.raises(FitError, match="at least"):
-        fit_profile(load_profile(START), _microbatches(random.Random(1), 6))
+        fit_profile(_start(), _microbatches(random.Random(1), 6))
     cal = Calibration(START)
     assert cal.refit() is None
 
@@ -212,7 +226,7 @@ def test_the_loader_plans_later_requests_with_the_calibrated_profile() -> None:
 def test_a_fixed_cost_the_run_cannot_tell_from_the_per_mib_one_keeps_its_start() -> None:
     """Sharded microbatches of nearly one size: the fixed cost stays the starting one (said in the log and
     the profile) and the per-MiB coefficient takes the time, as the bandwidth a planner scales by."""
-    start = load_profile(START)
+    start = _start()
     truth = {**TRUTH_BOTH, "comm": {**TRUTH_BOTH["comm"], "fixed_ms": start.comm.fixed_ms}}
     data = [
         dataclasses.replace(mb, sharded=(1000 + mb.sharded[0] % 300,)) if mb.sharded else mb

@@ -9,8 +9,8 @@ docs/profiles.md) for GPU j of a microbatch on N GPUs, ``A_j`` the attention par
     all-gather: t_j = max(T_comm, A_j) + (T_comp(local_j) - A_j) + T_comp(sharded / N)
     ulysses:    t_j = max((1-e) T_a2a, A_j) + e T_a2a + (T_comp(local_j) - A_j) + T_comp(sharded / N)
 
-``spec_time_ms`` below is that form, written once over a contract-shaped profile, so the cost model's
-own ``microbatch_time_ms`` can stand in for it.
+``spec_time_ms`` below is the cost model's own ``microbatch_time_ms`` (solver/cost.py) on a contract-shaped
+profile: the test holds the model's pricing against what the worker does.
 
 How it is measured so that load on a shared 2-core machine cannot decide the outcome: two gloo processes,
 the collectives made slow by a known delay per MiB (the test-only hook of worker/collectives.py, which
@@ -34,7 +34,6 @@ directions, which every configuration here satisfies (``_same_side``).
 from __future__ import annotations
 
 import json
-import math
 import statistics
 import time
 from pathlib import Path
@@ -45,6 +44,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from skrull.solver.cost import CostModel
 from skrull.solver.profile import profile_from_dict
 from skrull.worker.collectives import set_test_delay
 from skrull.worker.dacp import DACPPlan, dacp_attention
@@ -76,41 +76,11 @@ ULYSSES_EXPOSED = 0.5
 
 # --- the form, once ------------------------------------------------------------------------------------
 def spec_time_ms(profile: dict[str, Any], local: list[list[int]], sharded: list[int], *, mode: str) -> float:
-    """SPEC-44's microbatch time with ``overlap`` (module doc) for a contract-shaped ``profile``.
-
-    The coordinator may replace the body with the cost model's ``microbatch_time_ms(local, sharded, mode)``
-    once it prices ``overlap`` and ``topology``: the arguments are the cost model's."""
-    c = profile["compute"]
-    a = c["ms_per_tflop"] / 1e12
-
-    def t_comp(tokens: float, tokens_sq: float) -> float:
-        flops = c["flops_per_token"] * tokens + c["flops_per_token_sq"] * tokens_sq
-        return a * flops + c["fixed_ms"] if flops > 0 else 0.0
-
-    n = len(local)
-    total = float(sum(sharded))
-    sq = float(sum(s * s for s in sharded))
-    shard = t_comp(total / n, sq / n) if n > 1 and sharded else 0.0
-    link = profile["topology"]["intra_node"]
-    if mode == "allgather":
-        comm = link["allgather_ms_per_mib"] * (n - 1) / n * total * profile["comm"]["bytes_per_token"] / MIB
-        comm += profile["comm"]["fixed_ms"]
-    else:
-        a2a = profile["comm_a2a"]
-        copies = math.lcm(profile["heads"]["kv"], n) // profile["heads"]["kv"]
-        per_token = a2a["bytes_per_token"] + a2a.get("kv_bytes_per_token", 0.0) * (copies - 1)
-        comm = link["alltoall_ms_per_mib"] * (n - 1) / n * (total / n) * per_token / MIB + a2a["fixed_ms"]
-    exposed = profile["overlap"]["ulysses_exposed"] if mode == "ulysses" else 0.0
-    times = []
-    for lens in local:
-        local_comp = t_comp(float(sum(lens)), float(sum(s * s for s in lens)))
-        attention = a * c["flops_per_token_sq"] * sum(s * s for s in lens)
-        if n == 1 or not sharded:
-            times.append(local_comp)
-            continue
-        rest = local_comp - attention
-        times.append(max((1 - exposed) * comm, attention) + exposed * comm + rest + shard)
-    return float(profile["microbatch_ms"] + max(times))
+    """The cost model's microbatch time (solver/cost.py: ``topology`` and ``overlap`` as SPEC-44 gives them)
+    for a contract-shaped ``profile``, on the link a group of ``len(local)`` GPUs from rank 0 uses."""
+    model = CostModel(profile_from_dict(profile), cp_modes=(mode,))
+    ranks = tuple(range(len(local)))
+    return model.microbatch_time_ms(local, sharded, mode, link=model.link_of(ranks))
 
 
 def comm_ms(profile: dict[str, Any], group_size: int, sharded: list[int], *, mode: str) -> float:
@@ -175,10 +145,13 @@ def paced_kernel() -> AttentionKernel:
     return AttentionKernel(name="paced", fn=run)
 
 
-def _layout(local: list[int], sharded: list[int], *, ranks: tuple[int, ...], position: int) -> MicrobatchLayout:
+def _layout(
+    local: list[int], sharded: list[int], *, ranks: tuple[int, ...], position: int, mode: str
+) -> MicrobatchLayout:
     n = len(ranks)
     return MicrobatchLayout(
         step=0,
+        mode=mode,
         ranks=ranks,
         position=position,
         local_ids=tuple(range(len(local))),
@@ -226,8 +199,10 @@ def _run_rank(rank: int, world_size: int, backend: str, cases: list[dict[str, An
     results = []
     for case in cases:
         set_test_delay(case["delay_ms_per_mib"])
-        layout = _layout(case["local"], case["sharded"], ranks=tuple(range(world_size)), position=rank)
-        plan = DACPPlan.build(layout, group=group, kernel=kernel, device=CPU, mode=case["mode"])
+        layout = _layout(
+            case["local"], case["sharded"], ranks=tuple(range(world_size)), position=rank, mode=case["mode"]
+        )
+        plan = DACPPlan.build(layout, group=group, kernel=kernel, device=CPU)
         results.append(_median_ms(plan, group))
     set_test_delay(None)
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(results), encoding="utf-8")
@@ -242,7 +217,8 @@ def fit_compute() -> dict[str, float]:
     torch.set_num_threads(1)  # as the launched ranks run (worker/launch.py): idle intra-op threads spin
     try:
         for lens in configs:
-            plan = DACPPlan.build(_layout(lens, [], ranks=(0,), position=0), group=None, kernel=kernel, device=CPU)
+            layout = _layout(lens, [], ranks=(0,), position=0, mode="allgather")
+            plan = DACPPlan.build(layout, group=None, kernel=kernel, device=CPU)
             ys.append(statistics.median(_median_ms(plan, None)))
             rows.append([sum(lens), sum(s * s for s in lens), 1.0])
     finally:
