@@ -76,7 +76,7 @@ ULYSSES_EXPOSED = 0.5
 
 # --- the form, once ------------------------------------------------------------------------------------
 def spec_time_ms(profile: dict[str, Any], local: list[list[int]], sharded: list[int], *, mode: str) -> float:
-    """The cost model's microbatch time (solver/cost.py: ``topology`` and ``overlap`` as SPEC-44 gives them)
+    """The cost model's microbatch time (solver/cost.py: ``topology`` and ``overlap`` as docs/formats.md gives them)
     for a contract-shaped ``profile``, on the link a group of ``len(local)`` GPUs from rank 0 uses."""
     model = CostModel(profile_from_dict(profile), cp_modes=(mode,))
     ranks = tuple(range(len(local)))
