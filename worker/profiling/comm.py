@@ -18,6 +18,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -25,6 +26,26 @@ import torch.distributed as dist
 from skrull.worker.collectives import all_gather_slots, all_to_all_slots
 from skrull.worker.launch import device_for, launch
 from skrull.worker.profiling.fit import ALL_GATHER, ALL_TO_ALL, CommSample
+
+
+def collective_ms(send: torch.Tensor, *, gather: bool, group: Any, device: torch.device, repeats: int) -> float:
+    """Median wall ms of one all-gather (``gather``) or all-to-all of ``send`` over ``group``, each timed
+    between a barrier and the device's synchronisation, after one untimed call that warms the communicator."""
+    times = []
+    for k in range(repeats + 1):
+        dist.barrier(group=group)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        if gather:
+            all_gather_slots(send, group=group, async_op=False)
+        else:
+            all_to_all_slots(send, group=group, async_op=False)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        if k:
+            times.append((time.perf_counter() - start) * 1e3)
+    return float(statistics.median(times))
 
 
 def _time_all_gathers(
@@ -44,21 +65,8 @@ def _time_all_gathers(
                 per_slot = max(1, size // world_size // dtype.itemsize)
                 send = torch.ones(per_slot * world_size, dtype=dtype, device=device)
                 counted = send.numel() * dtype.itemsize
-            times = []
-            for k in range(repeats + 1):
-                dist.barrier()
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)
-                start = time.perf_counter()
-                if collective == ALL_GATHER:
-                    all_gather_slots(send, group=group, async_op=False)
-                else:
-                    all_to_all_slots(send, group=group, async_op=False)
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)
-                if k:  # the first one warms the communicator up
-                    times.append((time.perf_counter() - start) * 1e3)
-            rows.append({"collective": collective, "num_bytes": counted, "ms": statistics.median(times)})
+            ms = collective_ms(send, gather=collective == ALL_GATHER, group=group, device=device, repeats=repeats)
+            rows.append({"collective": collective, "num_bytes": counted, "ms": ms})
     if rank == 0:
         Path(out_path).write_text(json.dumps(rows), encoding="utf-8")
 

@@ -22,9 +22,7 @@ import datetime
 import json
 import os
 import platform
-import statistics
 import tempfile
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +32,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from skrull.worker.collectives import all_gather_slots, all_to_all_slots
+from skrull.worker.profiling.comm import collective_ms
 
 MIB = float(2**20)
 ALLGATHER = "allgather"
@@ -94,21 +92,7 @@ def link_groups(world: int, per_node: int) -> list[tuple[str, tuple[int, ...]]]:
 
 
 def _time_one(collective: str, send: torch.Tensor, group: Any, device: torch.device, repeats: int) -> float:
-    times = []
-    for k in range(repeats + 1):
-        dist.barrier(group=group)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        start = time.perf_counter()
-        if collective == ALLGATHER:
-            all_gather_slots(send, group=group, async_op=False)
-        else:
-            all_to_all_slots(send, group=group, async_op=False)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        if k:  # the first one warms the communicator up
-            times.append((time.perf_counter() - start) * 1e3)
-    return float(statistics.median(times))
+    return collective_ms(send, gather=collective == ALLGATHER, group=group, device=device, repeats=repeats)
 
 
 def measure_links(
