@@ -70,6 +70,8 @@ def spread_batch(
     blocks = blocks_by_size(gpus)
     sizes = [d for d in sorted(blocks) if cost.shards_on(d)]  # with Ulysses alone: groups dividing the heads
     limit = alpha * tight_bound_ms([lengths[i] for i in ids], cost, problem.parallel)
+    # the longest sequence a block of each size holds alone, with the gathered K/V of the mode that holds most
+    holds = {d: max(cost.max_sequence_tokens(d, m) for m in cost.memory_modes(d)) for d in sizes if d > 1}
     # per-GPU state as arrays: each choice below is one vectorised pass over the GPUs (the first minimum,
     # as ``min`` over GPUs in index order picks it), n * G operations in C, not in the interpreter
     load = np.zeros(gpus)
@@ -80,7 +82,7 @@ def spread_batch(
         s = lengths[i]
         flops_ms = ms_per_flop * cost.flops(s)
         if s > bucket or flops_ms > limit:
-            d = next((d for d in sizes if d > 1 and s <= d * bucket and flops_ms / d <= limit), sizes[-1])
+            d = next((d for d in sizes if d > 1 and s <= holds[d] and flops_ms / d <= limit), sizes[-1])
             # aligned blocks of d GPUs in order: the one whose busiest GPU ends soonest with this sequence
             # (with topology a block across nodes pays inter_node, so an equally loaded one inside a node wins)
             times = block_times(cost, blocks[d], s)

@@ -27,6 +27,7 @@ from skrull.solver.planners.dacp import dacp_place, round_robin_place
 from skrull.solver.planners.registry import planner_names
 from skrull.solver.planning import solve
 from skrull.solver.profile import Profile, load_profile, profile_from_dict
+from skrull.solver.search.construct import spread_batch
 from skrull.solver.sharding import SHARDING_MODES
 from skrull.solver.types import Iteration, Microbatch, MicrobatchSpec, Parallel, Plan, Problem, SolveInfo
 from skrull.solver.validate import validate_plan
@@ -400,3 +401,25 @@ def test_a_sequence_only_ulysses_holds_is_planned_or_refused_never_a_crash(solve
         return
     (long,) = [mb for mb in plan.iterations[0].microbatches if 0 in mb.seq_ids]
     assert long.mode == "ulysses" and long.sharded == (0,)
+
+
+@pytest.mark.parametrize("alpha", [0.5, 1.0, 2.0])
+def test_the_spread_start_sizes_wide_groups_by_what_they_hold_with_the_gathered_kv(alpha: float) -> None:
+    """1990 tokens fit two 1000-token buckets, but not with the K/V two GPUs gather (r = 0.1): auto's spread
+    start gives the sequence a wider block, never one whose memory it overflows (at DP1 x CP1,024 on Mooncake
+    lengths the safety net then refused a plannable request)."""
+    profile = with_kv(BASE, kv=100_000.0, activation=1_000_000.0, bucket=1000)
+    doc: dict[str, Any] = {
+        "batches": [[1990, *([37] * 60)]],
+        "parallel": {"dp": 1, "cp": 8},
+        "profile": profile.to_dict(),
+        "solver": "auto",
+        "cp_modes": ["allgather"],
+    }
+    request = request_from_dict(doc)
+    problem = Problem.from_request(request)
+    cost = CostModel(profile, bucket_tokens=request.bucket_tokens, choose_modes=request.cp_modes)
+    specs, _ = spread_batch(problem, problem.batch_ids[0], cost, alpha)
+    (long,) = [mb for mb in specs if 0 in mb.sharded]
+    assert cost.fits([[] for _ in long.ranks], [1990]) is (len(long.ranks) > 2)
+    assert len(long.ranks) > 2
