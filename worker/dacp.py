@@ -239,6 +239,17 @@ def _pad_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
 Collective = Any  # (send, *, group, async_op) -> (received, work): one of worker/collectives.py's *_slots
 
 
+def _issue(send: torch.Tensor | None, plan: DACPPlan, collective: Collective) -> tuple[torch.Tensor | None, Any]:
+    """Start the collective on ``send`` asynchronously: ``(its output, the work to wait on)``; ``send`` itself
+    on a group of one, ``(None, None)`` when nothing is sharded."""
+    if send is None:
+        return None, None
+    if plan.group is None:
+        return send, None
+    received, work = collective(send, group=plan.group, async_op=True)
+    return received, work
+
+
 def _overlapped_forward(
     ctx: Any,
     q: torch.Tensor,
@@ -256,13 +267,7 @@ def _overlapped_forward(
     attention call, nothing else. Keeps ``plan``, the input shapes and the local graph on ``ctx``."""
     ctx.plan = plan
     ctx.shapes = (q.shape, k.shape, v.shape)
-    work = None
-    received = None
-    if send is not None:
-        if plan.group is not None:
-            received, work = collective(send, group=plan.group, async_op=True)
-        else:
-            received = send
+    received, work = _issue(send, plan, collective)
     ctx.local_saved, out_local = _local_forward(q, k, v, plan, features)  # overlaps the collective
     wait(work)
     return received, out_local
@@ -274,13 +279,7 @@ def _overlapped_backward(
     """The backward both schemes share: issue the collective on ``send`` asynchronously, run the local
     backward under it, wait: ``(received, (dq, dk, dv) of the local rows)``."""
     plan: DACPPlan = ctx.plan
-    work = None
-    received = None
-    if send is not None:
-        if plan.group is not None:
-            received, work = collective(send, group=plan.group, async_op=True)
-        else:
-            received = send
+    received, work = _issue(send, plan, collective)
     grads = _local_backward(ctx.local_saved, grad[: plan.num_local_tokens], ctx.shapes)  # overlaps the collective
     wait(work)
     return received, grads
