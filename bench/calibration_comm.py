@@ -48,7 +48,7 @@ def request(mode: str, steps: int, seed: int) -> dict[str, object]:
     microbatches' MiB span about 2x, so a collective's per-MiB and fixed costs can be told apart."""
     rng = random.Random(seed)
     batches = [
-        [rng.randint(20, 200) if rng.random() < 0.5 else rng.randint(260, 510) for _ in range(8)] for _ in range(steps)
+        [rng.randint(20, 200) if rng.random() < 0.5 else rng.randint(260, 500) for _ in range(8)] for _ in range(steps)
     ]
     return {"batches": batches, "parallel": {"dp": 1, "cp": 2}, "profile": START, "solver": "skrull",
             "bucket_tokens": 256, "time_budget_s": 0.2, "cp_modes": [mode]}  # fmt: skip
