@@ -1,4 +1,4 @@
-"""Pictures of stored plans: the timeline SVG (solver/render.py) and a small HTML page around it.
+"""Pictures of stored plans: the timeline SVG (solver/reports/render.py) and a small HTML page around it.
 
 The stored request carries its profile inline, so a solved job is drawn with the same lengths and cost
 model it was planned with: the DACP split (overlap, sharded compute, overhead) and bucket use per GPU.
@@ -24,7 +24,7 @@ from skrull.api.sizes import DEFAULT_MAX_PICTURE_BARS
 from skrull.api.store.base import JobRecord
 from skrull.solver.cost import CostModel
 from skrull.solver.io import plan_from_dict, request_from_dict
-from skrull.solver.render import iteration_bounds_ms, plan_timelines, render_svg
+from skrull.solver.reports.render import iteration_bounds_ms, plan_timelines, render_svg
 
 #: How often (seconds) the page of a plan still solving reloads itself.
 REFRESH_S = 2

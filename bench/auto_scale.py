@@ -43,7 +43,7 @@ def one(solver: str, dataset: str, size: int, seed: int, budget_s: float | None)
 
     from budget import plan_over_floor  # bench/budget.py: the same figure as never_behind.py
 
-    from skrull.solver.datasets import synthesize_request
+    from skrull.solver.lengths.datasets import synthesize_request
     from skrull.solver.planners.minmax_ilp import preload_cp_sat
     from skrull.solver.planning import solve
     from skrull.solver.profile import load_profile

@@ -25,8 +25,8 @@ import subprocess
 import time
 
 from skrull.solver.cost import CostModel
-from skrull.solver.datasets import distribution_names, synthesize_request
 from skrull.solver.errors import RequestError
+from skrull.solver.lengths.datasets import distribution_names, synthesize_request
 from skrull.solver.metrics import work_ms
 from skrull.solver.planners.minmax_ilp import preload_cp_sat
 from skrull.solver.planners.registry import planner_names

@@ -18,8 +18,8 @@ import dataclasses
 import platform
 import time
 
-from skrull.solver.datasets import synthesize_request
 from skrull.solver.errors import RequestError
+from skrull.solver.lengths.datasets import synthesize_request
 from skrull.solver.planners.registry import planner_names
 from skrull.solver.planning import solve
 from skrull.solver.profile import load_profile

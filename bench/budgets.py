@@ -26,8 +26,8 @@ import time
 
 from budget import git_commit  # bench/budget.py (the script's folder is on sys.path)
 
-from skrull.solver.datasets import synthesize_request
 from skrull.solver.io import request_from_dict
+from skrull.solver.lengths.datasets import synthesize_request
 from skrull.solver.planning import solve
 from skrull.solver.profile import load_profile
 from skrull.solver.types import Parallel, Request

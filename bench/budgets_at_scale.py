@@ -17,9 +17,9 @@ import dataclasses
 import os
 import time
 
-from skrull.solver.datasets import synthesize_request
 from skrull.solver.errors import SkrullError
 from skrull.solver.io import DEFAULT_PROFILE, request_from_dict
+from skrull.solver.lengths.datasets import synthesize_request
 from skrull.solver.planning import solve
 from skrull.solver.profile import load_profile
 from skrull.solver.types import Parallel

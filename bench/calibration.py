@@ -46,7 +46,7 @@ import torch.distributed as dist
 from budget import git_commit  # bench/budget.py
 
 from skrull.solver.cost import CostModel
-from skrull.solver.datasets import synthesize_request
+from skrull.solver.lengths.datasets import synthesize_request
 from skrull.solver.profile import load_profile, profile_from_dict
 from skrull.solver.types import Parallel
 from skrull.worker.calibration import (

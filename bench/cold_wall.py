@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 CHILD = """
 import dataclasses, json, sys, time
-from skrull.solver.datasets import synthesize_request
+from skrull.solver.lengths.datasets import synthesize_request
 from skrull.solver.errors import RequestError
 from skrull.solver.planning import solve
 from skrull.solver.profile import load_profile
@@ -91,6 +91,7 @@ def main() -> None:
                 cells.append(f"{worst:.0f}{' !' if worst > allowed_ms(budget) else ''}")
             print(f"| {solver} | " + " | ".join(cells) + " |", flush=True)
         print()
+
 
 if __name__ == "__main__":
     main()

@@ -50,9 +50,9 @@ from budget import git_commit  # bench/budget.py
 from shapes import derived
 
 from skrull.solver.cost import CostModel
-from skrull.solver.datasets import synthesize_request
 from skrull.solver.errors import RequestError
 from skrull.solver.io import placeable_tokens
+from skrull.solver.lengths.datasets import synthesize_request
 from skrull.solver.planners.minmax_ilp import preload_cp_sat
 from skrull.solver.planning import solve
 from skrull.solver.profile import Profile

@@ -25,7 +25,7 @@ import numpy as np
 from tqdm import tqdm
 
 from skrull.solver.cost import CostModel
-from skrull.solver.datasets import distribution_names, load_distribution
+from skrull.solver.lengths.datasets import distribution_names, load_distribution
 from skrull.solver.metrics import work_ms
 from skrull.solver.planning import solve
 from skrull.solver.profile import load_profile

@@ -23,8 +23,8 @@ import time
 from tqdm import tqdm
 
 from skrull.solver.cost import CostModel
-from skrull.solver.datasets import distribution_names, synthesize_request
 from skrull.solver.equalize import equalize_microbatches
+from skrull.solver.lengths.datasets import distribution_names, synthesize_request
 from skrull.solver.planners.registry import planner_names
 from skrull.solver.planning import solve
 from skrull.solver.profile import load_profile

@@ -18,7 +18,7 @@ import sys
 
 from tqdm import tqdm
 
-from skrull.solver.datasets import synthesize_request
+from skrull.solver.lengths.datasets import synthesize_request
 from skrull.solver.planning import solve
 from skrull.solver.profile import load_profile
 from skrull.solver.types import Parallel, Problem

@@ -13,7 +13,7 @@ runs (CUDA events).
 MFU (PaLM, Chowdhery et al. 2022, appendix B): model FLOPs over the device's peak, with
 ``6 N + 12 L q S`` FLOPs per token of a sequence of ``S`` tokens (``N``: the layers' and the head's
 matmul parameters, ``L`` layers, ``q`` the query width), full (not causal-halved) attention; peak:
-``--peak-tflops`` (default the bf16 dense peak of solver/gpus.py's h100-80g, 989 TFLOP/s).
+``--peak-tflops`` (default the bf16 dense peak of solver/profiles/gpus.py's h100-80g, 989 TFLOP/s).
 
 ``--layers N`` keeps the first N decoder layers at the full model's dimensions (a 7B shape on one GPU
 without its whole memory). ``--device cpu`` runs the same code on tiny shapes (a smoke test).
@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run from a checkout without installing
     sys.path.insert(0, str(ROOT))
 
-from skrull.solver.gpus import GPUS  # noqa: E402
+from skrull.solver.profiles.gpus import GPUS  # noqa: E402
 from skrull.worker.compiling import compile_count  # noqa: E402
 from skrull.worker.dacp import DACPPlan  # noqa: E402
 from skrull.worker.dataloader import ready_microbatch  # noqa: E402

@@ -39,8 +39,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run from a checkout without installing
     sys.path.insert(0, str(ROOT))
 
-from skrull.solver.datasets import synthesize_request  # noqa: E402
 from skrull.solver.io import parse_profile, read_json  # noqa: E402
+from skrull.solver.lengths.datasets import synthesize_request  # noqa: E402
 from skrull.solver.planning import solve  # noqa: E402
 from skrull.solver.profile import Profile, load_profile  # noqa: E402
 from skrull.solver.types import Parallel, Problem  # noqa: E402

@@ -177,7 +177,7 @@ step finetune-step 130 "$py" bench/finetune_step.py --model-config "$(config_of 
 calib_request="$out/calibration-request.json"
 "$py" - "$calib_request" "h100-80g/$first" "${calib_shape[@]}" <<'EOF' || echo "== calibration: no request written"
 import json, sys
-from skrull.solver.datasets import synthesize_request
+from skrull.solver.lengths.datasets import synthesize_request
 from skrull.solver.io import request_to_dict
 from skrull.solver.profile import load_profile
 from skrull.solver.types import Parallel

@@ -59,7 +59,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def make_rows(args: argparse.Namespace, vocab: int, count: int) -> list[dict[str, list[int]]]:
     import numpy as np
 
-    from skrull.solver.datasets import load_distribution
+    from skrull.solver.lengths.datasets import load_distribution
 
     dist = load_distribution(args.dataset)
     rng = random.Random(args.seed)

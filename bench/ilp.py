@@ -12,7 +12,7 @@ import argparse
 import dataclasses
 import platform
 
-from skrull.solver.datasets import synthesize_request
+from skrull.solver.lengths.datasets import synthesize_request
 from skrull.solver.planning import solve
 from skrull.solver.profile import load_profile
 from skrull.solver.types import Parallel

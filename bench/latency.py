@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from skrull.solver.datasets import synthesize_request
 from skrull.solver.io import dumps, request_to_dict
+from skrull.solver.lengths.datasets import synthesize_request
 from skrull.solver.planning import solve
 from skrull.solver.profile import load_profile
 from skrull.solver.types import Parallel

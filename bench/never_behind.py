@@ -59,9 +59,9 @@ from budget import git_commit, plan_over_floor  # bench/budget.py: the same figu
 from shapes import derived, tp8_profiles
 from tqdm import tqdm
 
-from skrull.solver.datasets import distribution_names, load_distribution
 from skrull.solver.errors import RequestError
 from skrull.solver.io import placeable_tokens
+from skrull.solver.lengths.datasets import distribution_names, load_distribution
 from skrull.solver.planners.minmax_ilp import preload_cp_sat
 from skrull.solver.planners.registry import planner_names
 from skrull.solver.planning import solve

@@ -27,9 +27,8 @@ from collections.abc import Callable, Sequence
 import numpy as np
 from tqdm import tqdm
 
-from skrull.solver.compare import compare
 from skrull.solver.cost import CostModel
-from skrull.solver.datasets import distribution_names, load_distribution, synthesize_request
+from skrull.solver.lengths.datasets import distribution_names, load_distribution, synthesize_request
 from skrull.solver.metrics import imbalance_degree, work_ms
 from skrull.solver.planners.base import PlannerOutput
 from skrull.solver.planners.dacp import dacp_place, round_robin_place
@@ -41,6 +40,7 @@ from skrull.solver.planners.skrull import gds_dacp_batch
 from skrull.solver.planners.wlb import WlbPlanner
 from skrull.solver.planning import assemble_plan, solve
 from skrull.solver.profile import load_profile
+from skrull.solver.reports.compare import compare
 from skrull.solver.types import Parallel, Plan, Problem, Request
 from skrull.solver.validate import validate_plan
 

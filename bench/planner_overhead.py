@@ -45,7 +45,7 @@ import torch
 import torch.distributed as dist
 from budget import git_commit  # bench/budget.py
 
-from skrull.solver.datasets import synthesize_request
+from skrull.solver.lengths.datasets import synthesize_request
 from skrull.solver.profile import load_profile
 from skrull.solver.types import Parallel
 from skrull.worker.dataloader import PlannedBatches

@@ -17,10 +17,10 @@ import sys
 
 from tqdm import tqdm
 
-from skrull.solver.compare import compare
-from skrull.solver.datasets import distribution_names, synthesize_request
+from skrull.solver.lengths.datasets import distribution_names, synthesize_request
 from skrull.solver.planners.registry import planner_names
 from skrull.solver.profile import load_profile
+from skrull.solver.reports.compare import compare
 from skrull.solver.types import Parallel
 
 SETUPS = [

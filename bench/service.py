@@ -42,8 +42,8 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from skrull.solver.datasets import synthesize_request  # noqa: E402
 from skrull.solver.io import parse_profile, request_to_dict  # noqa: E402
+from skrull.solver.lengths.datasets import synthesize_request  # noqa: E402
 from skrull.solver.types import Parallel  # noqa: E402
 
 

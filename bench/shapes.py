@@ -1,13 +1,13 @@
 """Profiles derived for models and GPUs beyond the bundled ones, shared by bench/cp_modes.py and
 bench/never_behind.py: Llama-2-7B, Llama-2-13B and Llama-2-70B (64 heads, 8 K/V) at TP 8 and TP 1, plus
-Qwen2.5-7B (28 heads, 4 K/V), on A100, H100, H200 and B200 shapes (solver/gpus.py figures)."""
+Qwen2.5-7B (28 heads, 4 K/V), on A100, H100, H200 and B200 shapes (solver/profiles/gpus.py figures)."""
 
 from __future__ import annotations
 
-from skrull.solver.derive import MODELS, TrainingSetup, derive_profile
-from skrull.solver.gpus import GPUS
-from skrull.solver.hf_config import model_from_hf_config
 from skrull.solver.profile import Profile, profile_from_dict
+from skrull.solver.profiles.derive import MODELS, TrainingSetup, derive_profile
+from skrull.solver.profiles.gpus import GPUS
+from skrull.solver.profiles.hf_config import model_from_hf_config
 
 #: meta-llama/Llama-2-70b-hf config.json (Touvron et al. 2023, table 1 and the released config)
 LLAMA2_70B = model_from_hf_config(

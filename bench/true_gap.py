@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from budget import git_commit  # bench/budget.py
 
 from skrull.solver.cost import CostModel
-from skrull.solver.datasets import synthesize_request
+from skrull.solver.lengths.datasets import synthesize_request
 from skrull.solver.planning import solve
 from skrull.solver.profile import Profile, load_profile
 from skrull.solver.search.bound import microbatch_floor_ms, sharding_floor_ms

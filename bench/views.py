@@ -14,7 +14,7 @@ import dataclasses
 import platform
 import time
 
-from skrull.solver.datasets import synthesize_request
+from skrull.solver.lengths.datasets import synthesize_request
 from skrull.solver.planning import solve
 from skrull.solver.profile import load_profile
 from skrull.solver.types import Parallel, Problem

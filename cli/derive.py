@@ -1,19 +1,19 @@
 """``skrull derive-profile``: a profile for any dense model and GPU, derived from their published figures.
 
 The model is a built-in shape (``--model``) or a Hugging Face ``config.json`` (``--hf-config``); the GPU
-is a bundled spec (``--gpu``, see solver/gpus.py) or datasheet figures on the command line
+is a bundled spec (``--gpu``, see solver/profiles/gpus.py) or datasheet figures on the command line
 (``--peak-tflops``, ``--link-gbps``, ``--memory-gib``), which may also override a bundled spec. The
 result is an estimate (``estimated: true``) until ``skrull profile`` measures the real machine.
 
     skrull derive-profile --hf-config path/to/config.json --gpu a100-80g --output-dir my-profiles
     SKRULL_PROFILES_DIR=my-profiles skrull plan --dataset sharegpt --profile a100-80g/<model>
 
-``--tp N`` prices one GPU of an N-way tensor-parallel group (solver/derive.py) in a profile named
+``--tp N`` prices one GPU of an N-way tensor-parallel group (solver/profiles/derive.py) in a profile named
 ``<gpu>/<model>-tpN``; N = 1 (the default) is the plain profile.
 
 The bucket is derived from the model's shape and the training setup; ``--paper-bucket`` takes Skrull's
 measured bucket instead where the paper gives one for a model of this shape (``memory.bucket_rule`` says
-which). ``topology`` is the GPU's published cluster figures (solver/gpus.py) unless ``--gpus-per-node``,
+which). ``topology`` is the GPU's published cluster figures (solver/profiles/gpus.py) unless ``--gpus-per-node``,
 ``--intra-gbps`` or ``--inter-gbps`` (bus bandwidth in GB/s, as nccl-tests reports it) describe your own.
 The bundled profiles are written with ``--paper-bucket`` (``make profiles``), so they keep the paper's setups.
 """
@@ -26,9 +26,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from skrull.solver.derive import MODELS, ModelConfig, TrainingSetup, derive_profile, setup_of
 from skrull.solver.errors import RequestError
-from skrull.solver.gpus import (
+from skrull.solver.io import dumps, read_json
+from skrull.solver.profile import Topology, profile_file_name, profiles_dir
+from skrull.solver.profiles.derive import MODELS, ModelConfig, TrainingSetup, derive_profile, setup_of
+from skrull.solver.profiles.gpus import (
     ACHIEVED_LINK_FRACTION,
     GPUS,
     NDR_PER_GPU_GBS,
@@ -38,9 +40,7 @@ from skrull.solver.gpus import (
     gpu_from_figures,
     topology_for,
 )
-from skrull.solver.hf_config import default_model_name, model_from_hf_config
-from skrull.solver.io import dumps, read_json
-from skrull.solver.profile import Topology, profile_file_name, profiles_dir
+from skrull.solver.profiles.hf_config import default_model_name, model_from_hf_config
 
 DEFAULT_GPU = "h100-80g"
 
@@ -167,7 +167,7 @@ def setup_for(model: ModelConfig, args: argparse.Namespace) -> TrainingSetup:
         if not 0 < args.mfu <= 1:
             raise RequestError("--mfu", args.mfu, "must be a fraction in (0, 1]")
         setup = dataclasses.replace(setup, mfu=args.mfu)
-    if args.tp != 1:  # checked against the model by derive_profile (solver/derive.py check_tp)
+    if args.tp != 1:  # checked against the model by derive_profile (solver/profiles/derive.py check_tp)
         setup = dataclasses.replace(setup, tp=args.tp)
     return setup
 

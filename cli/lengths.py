@@ -120,7 +120,7 @@ def _submit(url: str, doc: dict[str, Any]) -> str:
 def hub_dataset(args: argparse.Namespace) -> str | None:
     """``--hub-dataset``, or the deprecated ``--dataset`` with a note on stderr; a bundled distribution's
     name (what ``--dataset`` means for ``plan``, ``compare`` and ``request``) is refused, naming the flag."""
-    from skrull.solver.datasets import distribution_names
+    from skrull.solver.lengths.datasets import distribution_names
 
     name: str | None = args.hub_dataset
     flag = "--hub-dataset"

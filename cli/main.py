@@ -26,10 +26,8 @@ from skrull.cli import profile as profile_cli
 from skrull.cli import serve, solver_worker
 from skrull.cli import show as show_cli
 from skrull.solver.budget import EXACT_SOLVERS
-from skrull.solver.compare import LEGEND, bounds_line, compare, format_table, parse_solver_spec
 from skrull.solver.cost import CostModel
 from skrull.solver.cp_modes import read_cp_modes
-from skrull.solver.datasets import distribution_names, synthesize_request
 from skrull.solver.errors import MISSING, PlannerBugError, RequestError, SkrullError
 from skrull.solver.io import (
     BACKENDS,
@@ -46,9 +44,11 @@ from skrull.solver.io import (
     request_from_dict,
     request_to_dict,
 )
+from skrull.solver.lengths.datasets import distribution_names, synthesize_request
 from skrull.solver.planners.registry import get_planner, planner_names
 from skrull.solver.planning import check_request, solve
 from skrull.solver.profile import bundled_profile_names, load_profile
+from skrull.solver.reports.compare import LEGEND, bounds_line, compare, format_table, parse_solver_spec
 from skrull.solver.types import Parallel, Plan, Request
 from skrull.solver.validate import validate_plan
 

@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from skrull.cli.flags import add_progress_flag
-from skrull.solver.derive import TrainingSetup
 from skrull.solver.errors import RequestError, SkrullError
 from skrull.solver.io import dumps, parse_profile, read_json
+from skrull.solver.profiles.derive import TrainingSetup
 from skrull.solver.types import Parallel
 
 EXIT_USER_ERROR = 2

@@ -19,7 +19,7 @@ from skrull.solver.cost import CostModel
 from skrull.solver.errors import RequestError
 from skrull.solver.io import plan_from_dict, read_json, request_from_dict
 from skrull.solver.planning import solve
-from skrull.solver.render import Timeline, iteration_timeline, plan_timelines, render_svg, svg_to_png
+from skrull.solver.reports.render import Timeline, iteration_timeline, plan_timelines, render_svg, svg_to_png
 from skrull.solver.types import Plan, Request
 from skrull.solver.validate import validate_plan
 
@@ -60,7 +60,7 @@ def _lengths_and_model(request: Request | None) -> tuple[list[int] | None, CostM
     if request is None:
         return None, None
     lengths = [n for batch in request.batches for n in batch]
-    # the request's modes: the bounds drawn hold for the modes its plans may use (solver/render.py)
+    # the request's modes: the bounds drawn hold for the modes its plans may use (solver/reports/render.py)
     return lengths, CostModel(request.profile, bucket_tokens=request.bucket_tokens, cp_modes=request.cp_modes)
 
 

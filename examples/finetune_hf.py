@@ -41,7 +41,7 @@ if str(ROOT) not in sys.path:  # run from a checkout without installing
 
 from examples.train_tiny import TINY_PROFILE  # noqa: E402  (buckets of 64 tokens: CP already at a few hundred)
 from skrull.api.client import PlanningClient  # noqa: E402
-from skrull.solver.datasets import load_distribution  # noqa: E402
+from skrull.solver.lengths.datasets import load_distribution  # noqa: E402
 from skrull.worker.collectives import GroupRegistry  # noqa: E402
 from skrull.worker.dataloader import PlannedBatches  # noqa: E402
 from skrull.worker.execute import DTYPES  # noqa: E402

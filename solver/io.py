@@ -19,7 +19,8 @@ from skrull.solver import budget as budget_defaults
 from skrull.solver.cost import CostModel
 from skrull.solver.cp_modes import DEFAULT_CP_MODE, DEFAULT_CP_MODES, ULYSSES, read_cp_modes, read_mode
 from skrull.solver.errors import MISSING, RequestError, SequenceTooLongError, UnknownSolverError
-from skrull.solver.jsonsafe import check_bounded, join_path, loads_json, read_int, read_ints
+from skrull.solver.jsonsafe import check_bounded, join_path, loads_json, read_int, read_ints, read_object
+from skrull.solver.plan import layout_fields
 from skrull.solver.profile import INTER_NODE, INTRA_NODE, Profile, load_profile, profile_from_dict
 from skrull.solver.sharding import read_sharding
 from skrull.solver.types import (
@@ -262,19 +263,21 @@ def check_placeable(request: Request) -> None:
             seq_id += 1
 
 
+def _given(**fields: Any) -> dict[str, Any]:
+    """A document's optional fields that are set: one left None is left out, and its reader takes the default."""
+    return {key: value for key, value in fields.items() if value is not None}
+
+
 def request_to_dict(request: Request, *, inline_profile: bool = False) -> dict[str, Any]:
     doc: dict[str, Any] = {
         "batches": [list(b) for b in request.batches],
         "parallel": {"dp": request.parallel.dp, "cp": request.parallel.cp},
         "profile": request.profile.to_dict() if inline_profile else request.profile.name,
         "solver": request.solver,
+        # a budget left out is the planner's default (Request.resolved_time_budget_s)
+        **_given(time_budget_s=request.time_budget_s, bucket_tokens=request.bucket_tokens_override),
+        **_given(backend=request.backend),
     }
-    if request.time_budget_s is not None:  # left out: the planner's default (Request.resolved_time_budget_s)
-        doc["time_budget_s"] = request.time_budget_s
-    if request.bucket_tokens_override is not None:
-        doc["bucket_tokens"] = request.bucket_tokens_override
-    if request.backend is not None:
-        doc["backend"] = request.backend
     if request.seed:
         doc["seed"] = request.seed
     if request.deterministic:
@@ -301,33 +304,26 @@ def request_to_dict(request: Request, *, inline_profile: bool = False) -> dict[s
 def microbatch_to_dict(mb: Microbatch) -> dict[str, Any]:
     """A microbatch in the specification's shape; ``sharding`` and ``mode`` appear only when not the default,
     ``link`` only when the profile has a ``topology``."""
-    doc: dict[str, Any] = {
+    return {
         "step": mb.step,
         "ranks": list(mb.ranks),
         "local": [list(ids) for ids in mb.local],
         "sharded": list(mb.sharded),
         "estimated_ms": mb.estimated_ms,
+        **layout_fields(mb.sharding, mb.mode),
+        **_given(link=mb.link),
     }
-    if mb.sharding != DEFAULT_SHARDING:
-        doc["sharding"] = mb.sharding
-    if mb.mode != DEFAULT_CP_MODE:
-        doc["mode"] = mb.mode
-    if mb.link is not None:
-        doc["link"] = mb.link
-    return doc
 
 
 def iteration_to_dict(it: Iteration) -> dict[str, Any]:
     """One iteration of a plan document (also what the service stores per published iteration)."""
-    doc: dict[str, Any] = {
+    return {
         "index": it.index,
         "microbatches": [microbatch_to_dict(mb) for mb in it.microbatches],
         "estimated_ms": it.estimated_ms,
         "lower_bound_ms": it.lower_bound_ms,
+        **_given(static_bound_ms=it.static_bound_ms),
     }
-    if it.static_bound_ms is not None:
-        doc["static_bound_ms"] = it.static_bound_ms
-    return doc
 
 
 def _solve_to_dict(solve: SolveInfo) -> dict[str, Any]:
@@ -358,12 +354,6 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
     }
 
 
-def _object(value: Any, field: str) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise RequestError(field, value, "must be a JSON object")
-    return value
-
-
 def _float(value: Any, field: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise RequestError(field, value, "must be a finite number")
@@ -379,7 +369,7 @@ def microbatch_from_dict(
 ) -> Microbatch:
     """Read one microbatch. ``groups`` (one per iteration) makes equal ``ranks`` one shared tuple: a plan
     reuses few groups, and at CP 16,384 each copy would hold 16,384 ints."""
-    mb = _object(doc, field)
+    mb = read_object(doc, field)
     local = mb.get("local")
     if not isinstance(local, list):
         raise RequestError(f"{field}.local", local, "must be a list of id lists")
@@ -408,7 +398,7 @@ def _read_link(value: Any, field: str) -> str | None:
 
 def iteration_from_dict(doc: Any, *, field: str = "iteration") -> Iteration:
     """Read one iteration of a plan document (``iteration_to_dict``'s inverse); checks shape, not content."""
-    it = _object(doc, field)
+    it = read_object(doc, field)
     microbatches = it.get("microbatches")
     if not isinstance(microbatches, list):
         raise RequestError(f"{field}.microbatches", microbatches, "must be a list of microbatches")
@@ -426,7 +416,7 @@ def iteration_from_dict(doc: Any, *, field: str = "iteration") -> Iteration:
 
 
 def _solve_from_dict(doc: Any) -> SolveInfo:
-    solve = _object(doc, "solve")
+    solve = read_object(doc, "solve")
     status = solve.get("status")
     if status not in SOLVE_STATUSES:
         raise RequestError("solve.status", status, f"must be one of {', '.join(SOLVE_STATUSES)}")
@@ -449,7 +439,7 @@ def plan_from_dict(doc: Any) -> Plan:
     """Read a plan document (``plan_to_dict``'s inverse): the service's stored plans, plans produced
     elsewhere. Checks shape and JSON types and names the field of any mistake; content is the
     validator's (``solver.validate``)."""
-    plan = _object(doc, "plan")
+    plan = read_object(doc, "plan")
     if "schema" not in plan and "batches" in plan:
         raise RequestError("schema", MISSING, "this is a request (it has batches and no schema), not a plan")
     if plan.get("schema") != PLAN_SCHEMA:

@@ -156,6 +156,20 @@ def loads_json(text: str | bytes, *, field: str = "body") -> Any:
     return doc
 
 
+def read_object(value: Any, field: str, *, shape: str = "a JSON object") -> dict[str, Any]:
+    """An object field of a parsed document; the refusal says ``must be <shape>``."""
+    if not isinstance(value, dict):
+        raise RequestError(field, value, f"must be {shape}")
+    return value
+
+
+def read_list(value: Any, field: str, *, of: str) -> list[Any]:
+    """A list field of a parsed document; the refusal says ``must be a list of <of>``."""
+    if not isinstance(value, list):
+        raise RequestError(field, value, f"must be a list of {of}")
+    return value
+
+
 def read_int(value: Any, field: str, *, minimum: int, maximum: int = MAX_JSON_INT) -> int:
     """An integer field of a parsed document in ``minimum..maximum`` (booleans are not integers)."""
     if isinstance(value, bool) or not isinstance(value, int):

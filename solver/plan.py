@@ -30,6 +30,14 @@ SolveStatus = Literal["heuristic", "optimal", "feasible", "timeout"]
 SOLVE_STATUSES: tuple[str, ...] = ("heuristic", "optimal", "feasible", "timeout")
 
 
+def layout_fields(sharding: str, mode: str) -> dict[str, str]:
+    """A microbatch's ``sharding`` and ``mode`` as plan and rank-view documents write them: each only where it
+    is not the default (``DEFAULT_SHARDING``, ``DEFAULT_CP_MODE``), so a plan in the default layout is the
+    contract's plain form (docs/formats.md) and readers of that form need not know the fields."""
+    pairs = (("sharding", sharding, DEFAULT_SHARDING), ("mode", mode, DEFAULT_CP_MODE))
+    return {key: value for key, value, default in pairs if value != default}
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Parallel:
     """DP x CP layout: ``dp * cp`` GPUs; DP rank ``i`` owns GPUs ``i*cp .. i*cp+cp-1`` (its CP group)."""

@@ -38,7 +38,8 @@ from typing import Any
 
 from skrull.solver.cp_modes import DEFAULT_CP_MODE, read_mode
 from skrull.solver.errors import RequestError
-from skrull.solver.jsonsafe import read_int, read_ints
+from skrull.solver.jsonsafe import read_int, read_ints, read_list, read_object
+from skrull.solver.plan import layout_fields
 from skrull.solver.sharding import DEFAULT_SHARDING, chunks, position_ranges, read_sharding, zigzag_ranges
 from skrull.solver.types import Iteration, Microbatch, Parallel, Plan
 
@@ -100,11 +101,8 @@ class RankMicrobatch:
             ],
             "cu_seqlens": list(self.cu_seqlens),
             "max_seqlen": self.max_seqlen,
+            **layout_fields(self.sharding, self.mode),
         }
-        if self.sharding != DEFAULT_SHARDING:
-            doc["sharding"] = self.sharding
-        if self.mode != DEFAULT_CP_MODE:
-            doc["mode"] = self.mode
         return doc
 
 
@@ -271,11 +269,8 @@ def plan_rank_view(plan: Plan, lengths: Sequence[int], *, iteration: int, rank: 
 
 
 def _shard_from_dict(doc: Any, field: str) -> Shard:
-    if not isinstance(doc, dict):
-        raise RequestError(field, doc, 'must be an object like {"id": 3, "length": 10, "ranges": [[0, 5]]}')
-    ranges = doc.get("ranges")
-    if not isinstance(ranges, list):
-        raise RequestError(f"{field}.ranges", ranges, "must be a list of [start, end) pairs")
+    doc = read_object(doc, field, shape='an object like {"id": 3, "length": 10, "ranges": [[0, 5]]}')
+    ranges = read_list(doc.get("ranges"), f"{field}.ranges", of="[start, end) pairs")
     pairs = []
     for k, r in enumerate(ranges):
         pair = read_ints(r, f"{field}.ranges[{k}]", what="offsets")
@@ -290,11 +285,8 @@ def _shard_from_dict(doc: Any, field: str) -> Shard:
 
 
 def _rank_microbatch_from_dict(doc: Any, field: str) -> RankMicrobatch:
-    if not isinstance(doc, dict):
-        raise RequestError(field, doc, "must be a worker-view microbatch object")
-    shards = doc.get("shards")
-    if not isinstance(shards, list):
-        raise RequestError(f"{field}.shards", shards, "must be a list of shard objects")
+    doc = read_object(doc, field, shape="a worker-view microbatch object")
+    shards = read_list(doc.get("shards"), f"{field}.shards", of="shard objects")
     sharding = read_sharding(doc.get("sharding", DEFAULT_SHARDING), f"{field}.sharding")
     cu = read_ints(doc.get("cu_seqlens"), f"{field}.cu_seqlens", what="offsets")
     local = read_ints(doc.get("local"), f"{field}.local")

@@ -304,8 +304,8 @@ def test_openapi_has_stable_operation_ids_and_docs(shared_app: TestClient) -> No
 
 def test_compare_answers_every_figure_the_cli_table_prints(shared_app: TestClient) -> None:
     # one function makes both: the service's rows are the library's compare rows, whole
-    from skrull.solver.compare import compare
     from skrull.solver.io import request_from_dict
+    from skrull.solver.reports.compare import compare
 
     doc = {**plan_request([[150, 30, 60, 10]]), "solvers": ["skrull", "ilp-flex"], "time_budget_s": 0.5}
     table = CompareTable.model_validate(shared_app.post("/v1/compare", json=doc).json())

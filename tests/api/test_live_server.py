@@ -12,8 +12,8 @@ from typing import Any
 import httpx
 
 from skrull.api.client import PlanningClient
-from skrull.solver.datasets import synthesize_request
 from skrull.solver.io import parse_profile, plan_from_dict, request_from_dict, request_to_dict
+from skrull.solver.lengths.datasets import synthesize_request
 from skrull.solver.types import Parallel
 from skrull.solver.validate import plan_problems
 from tests.api.conftest import ROOT, LiveServer, plan_request, running

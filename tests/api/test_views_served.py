@@ -15,8 +15,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from skrull.api import views as views_module
-from skrull.solver.datasets import synthesize_request
 from skrull.solver.io import parse_profile, plan_from_dict, request_to_dict
+from skrull.solver.lengths.datasets import synthesize_request
 from skrull.solver.types import Parallel, Plan
 from skrull.solver.worker_view import plan_rank_view
 from tests.api.conftest import LiveServer, plan_request, running_app

@@ -10,12 +10,12 @@ from typing import Any
 import pytest
 
 from skrull.cli.main import main
-from skrull.solver.derive import MODELS, TrainingSetup, activation_bytes_per_token, derive_profile
-from skrull.solver.gpus import GPUS, gpu_from_figures
-from skrull.solver.hf_config import model_from_hf_config
 from skrull.solver.io import plan_from_dict, read_json
 from skrull.solver.profile import PROFILES_DIR_ENV, profile_from_dict
-from tests.solver.test_hf_config import CONFIGS
+from skrull.solver.profiles.derive import MODELS, TrainingSetup, activation_bytes_per_token, derive_profile
+from skrull.solver.profiles.gpus import GPUS, gpu_from_figures
+from skrull.solver.profiles.hf_config import model_from_hf_config
+from tests.solver.profiles.test_hf_config import CONFIGS
 
 
 def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
@@ -146,7 +146,7 @@ def test_tp_1_is_the_plain_profile_and_tp_2_the_derivation_for_one_gpu_of_the_gr
     assert (code, run(capsys, "--all", "--tp", "1")) == (0, (0, plain, ""))
     code, out, err = run(capsys, "--model", "llama2-13b", "--gpu", "a100-80g", "--tp", "4")
     assert code == 0, err
-    setup = TrainingSetup(dp=8, zero_stage=3, tp=4)  # llama2-13b's own setup (solver/derive.py SETUPS)
+    setup = TrainingSetup(dp=8, zero_stage=3, tp=4)  # llama2-13b's own setup (solver/profiles/derive.py SETUPS)
     expected = derive_profile(MODELS["llama2-13b"], GPUS["a100-80g"], setup)
     assert json.loads(out) == json.loads(json.dumps(expected.to_dict()))
     assert expected.name == "a100-80g/llama2-13b-tp4" and expected.extra["setup"]["tp"] == 4

@@ -9,8 +9,8 @@ import shlex
 from pathlib import Path
 
 from skrull.cli.main import main as skrull_main
-from skrull.solver.compare import compare
 from skrull.solver.io import request_from_dict
+from skrull.solver.reports.compare import compare
 from tests.docs.test_links import ROOT
 
 DOCS = ROOT / "docs"

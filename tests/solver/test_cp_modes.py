@@ -12,13 +12,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from skrull.solver.cost import CostModel
-from skrull.solver.derive import MODELS, derive_profile
 from skrull.solver.errors import RequestError
-from skrull.solver.gpus import GPUS
 from skrull.solver.io import plan_from_dict, plan_to_dict, request_from_dict
 from skrull.solver.planners.registry import get_planner, planner_names
 from skrull.solver.planning import planner_cp_modes, solve
 from skrull.solver.profile import profile_from_dict
+from skrull.solver.profiles.derive import MODELS, derive_profile
+from skrull.solver.profiles.gpus import GPUS
 from skrull.solver.types import Microbatch
 from skrull.solver.validate import plan_problems
 from tests.conftest import HAND_PROFILE
@@ -390,8 +390,8 @@ def test_auto_with_both_modes_is_never_worse_than_with_all_gather_only_or_xtuner
 ) -> None:
     # deterministic (the same search work for both): allowing Ulysses prices every plan no higher, and the
     # search from the same starts must not end worse on these seeded requests on derived profiles
-    from skrull.solver.datasets import synthesize_request
-    from skrull.solver.derive import TrainingSetup
+    from skrull.solver.lengths.datasets import synthesize_request
+    from skrull.solver.profiles.derive import TrainingSetup
     from skrull.solver.types import Parallel
 
     setup = TrainingSetup(dp=8, zero_stage=3) if model.startswith("llama2") else TrainingSetup()
@@ -414,7 +414,7 @@ def test_auto_with_both_modes_is_never_worse_than_with_all_gather_only_or_xtuner
 
 
 def test_derived_profiles_carry_heads_and_the_all_to_all() -> None:
-    from skrull.solver.derive import TrainingSetup
+    from skrull.solver.profiles.derive import TrainingSetup
 
     model = MODELS["qwen2.5-7b"]
     profile = derive_profile(model, GPUS["h100-80g"])

@@ -320,11 +320,11 @@ def test_auto_with_defer_is_not_behind_wlb_where_wlb_moves_a_batchs_outliers_int
     never does (iteration 0 alone is worse per unit of work without them). With ``defer`` as much as ``wlb``
     used, ``auto`` weighs ``wlb``'s whole plan and is not behind."""
     from skrull.solver.cost import CostModel
-    from skrull.solver.datasets import load_distribution
-    from skrull.solver.derive import TrainingSetup, derive_profile
-    from skrull.solver.gpus import GPUS
-    from skrull.solver.hf_config import model_from_hf_config
+    from skrull.solver.lengths.datasets import load_distribution
     from skrull.solver.metrics import work_ms
+    from skrull.solver.profiles.derive import TrainingSetup, derive_profile
+    from skrull.solver.profiles.gpus import GPUS
+    from skrull.solver.profiles.hf_config import model_from_hf_config
     from skrull.solver.types import Parallel, Request
 
     config = {"hidden_size": 8192, "num_hidden_layers": 80, "num_attention_heads": 64, "num_key_value_heads": 8,

@@ -17,16 +17,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from skrull.solver.cost import CostModel
-from skrull.solver.datasets import synthesize_request
-from skrull.solver.derive import GPUS, MODELS, derive_profile
 from skrull.solver.errors import InvalidPlanError, RequestError, SkrullError
 from skrull.solver.gathered import fit_gathered_kv
 from skrull.solver.io import request_from_dict
+from skrull.solver.lengths.datasets import synthesize_request
 from skrull.solver.planners.base import PlannerOutput
 from skrull.solver.planners.dacp import dacp_place, round_robin_place
 from skrull.solver.planners.registry import planner_names
 from skrull.solver.planning import solve
 from skrull.solver.profile import Profile, load_profile, profile_from_dict
+from skrull.solver.profiles.derive import GPUS, MODELS, derive_profile
 from skrull.solver.search.construct import spread_batch
 from skrull.solver.sharding import SHARDING_MODES
 from skrull.solver.types import Iteration, Microbatch, MicrobatchSpec, Parallel, Plan, Problem, SolveInfo

@@ -67,11 +67,11 @@ def test_delay_is_wlbs_own_figure_and_counts_autos_deferral() -> None:
     reports of itself; on ``auto``'s with ``defer`` it counts the sequence it let wait."""
     import dataclasses
 
-    from skrull.solver.compare import compare
-    from skrull.solver.datasets import synthesize_request
+    from skrull.solver.lengths.datasets import synthesize_request
     from skrull.solver.metrics import delay_iterations
     from skrull.solver.planning import solve
     from skrull.solver.profile import load_profile
+    from skrull.solver.reports.compare import compare
     from skrull.solver.types import Defer
     from tests.conftest import make_request
 

@@ -15,13 +15,13 @@ Coefficient by coefficient (see worker/profiling/fit.py for the fits):
   in the training dtype's bytes; ``ms_per_mib``: the per-collective fit against gathered bytes;
   ``fixed_ms``: the per-collective intercept x 2 collectives x layers.
 - ``heads`` and ``comm_a2a`` (what planning ``ulysses`` needs): the model's attention and K/V heads;
-  ``comm_a2a.bytes_per_token`` and ``kv_bytes_per_token`` as derived (solver/derive.py), ``ms_per_mib`` the
+  ``comm_a2a.bytes_per_token`` and ``kv_bytes_per_token`` as derived (solver/profiles/derive.py), ``ms_per_mib`` the
   fit of timed all-to-alls against the bytes each member sends, ``fixed_ms`` its intercept x 4 collectives x
   layers; on one GPU the derived values, marked so.
 - ``memory.bucket_tokens``: ``(capacity * (1 - reserve) - static) / alpha`` with ``alpha`` = layers x
   the fitted per-layer activation bytes (the larger of the saved-for-backward and the allocator-peak
   slopes on a GPU, so the bucket errs on the safe side) + the LM head's logits (bf16 logits and their fp32 copy,
-  ``6 * vocab`` bytes per token; solver/derive.py).
+  ``6 * vocab`` bytes per token; solver/profiles/derive.py).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from skrull.solver.derive import (
+from skrull.solver.profiles.derive import (
     A2A_COLLECTIVES_PER_LAYER,
     MODELS,
     ModelConfig,

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from skrull.solver.derive import MODELS, ModelConfig, flops_coefficients
+from skrull.solver.profiles.derive import MODELS, ModelConfig, flops_coefficients
 from skrull.worker.compiling import compile_layers
 from skrull.worker.fused_ce import linear_cross_entropy_sum
 from skrull.worker.kernels import AttentionKernel

@@ -25,10 +25,10 @@ from typing import Any
 import torch
 
 from skrull.solver.cost import CostModel
-from skrull.solver.datasets import synthesize_request
-from skrull.solver.derive import GPUS, ModelConfig, TrainingSetup, derive_profile
+from skrull.solver.lengths.datasets import synthesize_request
 from skrull.solver.planning import solve
 from skrull.solver.profile import Profile
+from skrull.solver.profiles.derive import GPUS, ModelConfig, TrainingSetup, derive_profile
 from skrull.solver.types import Parallel, Problem
 from skrull.worker.compiling import resolve_compile
 from skrull.worker.kernels import select_kernel

@@ -20,7 +20,7 @@ BLOCK = "import sys\nsys.modules['ortools'] = None\nsys.modules['pyscipopt'] = N
 PLAN = textwrap.dedent(
     """
     import dataclasses, json
-    from skrull.solver.datasets import synthesize_request
+    from skrull.solver.lengths.datasets import synthesize_request
     from skrull.solver.errors import BackendMissingError
     from skrull.solver.ilp.backends import backend_installed
     from skrull.solver.planning import solve

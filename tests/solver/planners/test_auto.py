@@ -13,14 +13,14 @@ from hypothesis import strategies as st
 
 from skrull.solver import planning
 from skrull.solver.cost import CostModel
-from skrull.solver.datasets import synthesize_request
-from skrull.solver.derive import MODELS, TrainingSetup, derive_profile
 from skrull.solver.errors import RequestError
-from skrull.solver.gpus import GPUS
+from skrull.solver.lengths.datasets import synthesize_request
 from skrull.solver.metrics import work_ms
 from skrull.solver.planners.auto import AutoPlanner, _keeps_batches
 from skrull.solver.planning import assemble_plan, solve
 from skrull.solver.profile import Profile, load_profile
+from skrull.solver.profiles.derive import MODELS, TrainingSetup, derive_profile
+from skrull.solver.profiles.gpus import GPUS
 from skrull.solver.search import starts as starts_module
 from skrull.solver.search.budget import smallest_budget_s
 from skrull.solver.types import Parallel, Plan, Problem, Request

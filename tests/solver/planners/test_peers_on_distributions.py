@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from skrull.solver.datasets import distribution_names, synthesize_request
+from skrull.solver.lengths.datasets import distribution_names, synthesize_request
 from skrull.solver.planners.registry import PEERS, get_planner
 from skrull.solver.planning import planner_cp_modes, solve
 from skrull.solver.profile import load_profile

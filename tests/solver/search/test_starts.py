@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from skrull.solver.datasets import synthesize_request
+from skrull.solver.lengths.datasets import synthesize_request
 from skrull.solver.planners.base import PlannerOutput
 from skrull.solver.planners.baselines import PackedPlanner
 from skrull.solver.planners.minmax_ilp import preload_cp_sat

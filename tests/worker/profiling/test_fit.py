@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from skrull.solver.derive import MODELS, TrainingSetup, flops_coefficients
 from skrull.solver.profile import profile_from_dict
+from skrull.solver.profiles.derive import MODELS, TrainingSetup, flops_coefficients
 from skrull.worker.profiling.fit import (
     AttentionPoint,
     CommSample,

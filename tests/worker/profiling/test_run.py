@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 import torch
 
-from skrull.solver.derive import flops_coefficients
 from skrull.solver.profile import profile_from_dict
+from skrull.solver.profiles.derive import flops_coefficients
 from skrull.worker.profiling import measure as measure_module
 from skrull.worker.profiling.measure import TINY, sequence_flops
 from skrull.worker.profiling.run import ProfileOptions, compute_packs, length_grid, run_profile

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from skrull.solver.compare import CompareRow, compare, format_table
 from skrull.solver.io import read_json, request_from_dict
+from skrull.solver.reports.compare import CompareRow, compare, format_table
 from skrull.solver.types import Plan, Request
 from tests.conftest import HAND_PROFILE, make_request
 
@@ -25,7 +25,7 @@ ULYSSES_PROFILE = {
     "comm_a2a": {"bytes_per_token": 2**20, "ms_per_mib": 0.0004, "fixed_ms": 0.3},
 }
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "requests"
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples" / "requests"
 EPS = 1e-9
 EXACT = ("ilp", "ilp(scip)", "ilp(cpsat)", "ilp-flex")
 
@@ -131,9 +131,9 @@ def test_the_legend_is_printed_by_help_and_in_the_docs() -> None:
     import io
 
     from skrull.cli.main import main as skrull_main
-    from skrull.solver.compare import LEGEND
+    from skrull.solver.reports.compare import LEGEND
 
-    docs = (Path(__file__).resolve().parents[2] / "docs" / "planners.md").read_text(encoding="utf-8")
+    docs = (Path(__file__).resolve().parents[3] / "docs" / "planners.md").read_text(encoding="utf-8")
     assert LEGEND in docs
     out = io.StringIO()
     with contextlib.redirect_stdout(out), pytest.raises(SystemExit):

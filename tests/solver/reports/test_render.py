@@ -14,7 +14,7 @@ from skrull.solver.cost import CostModel
 from skrull.solver.errors import RequestError
 from skrull.solver.io import parse_profile
 from skrull.solver.planning import solve
-from skrull.solver.render import AXIS_PX, LABEL_CHAR_PX, iteration_timeline, plan_timelines, render_svg
+from skrull.solver.reports.render import AXIS_PX, LABEL_CHAR_PX, iteration_timeline, plan_timelines, render_svg
 from skrull.solver.types import Parallel, Plan, Request
 
 SVG_NS = "{http://www.w3.org/2000/svg}"
@@ -155,8 +155,8 @@ def test_each_bound_drawn_says_which_it_is() -> None:
 
 def test_the_bounds_drawn_are_compares_and_a_flexible_plan_is_told_the_static_one_does_not_bind_it() -> None:
     # the contract example's first batch: auto runs it on all 32 GPUs, below the static bound
-    from skrull.solver.compare import compare
     from skrull.solver.io import read_json, request_from_dict
+    from skrull.solver.reports.compare import compare
 
     request = request_from_dict(read_json("examples/requests/contract-example.json"))
     rows, plans = compare(request, ["auto", "deepspeed"])

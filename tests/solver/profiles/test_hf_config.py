@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from skrull.solver.derive import MODELS, ModelConfig, activation_bytes_per_token, flops_coefficients
 from skrull.solver.errors import RequestError
-from skrull.solver.hf_config import default_model_name, model_from_hf_config
+from skrull.solver.profiles.derive import MODELS, ModelConfig, activation_bytes_per_token, flops_coefficients
+from skrull.solver.profiles.hf_config import default_model_name, model_from_hf_config
 
 #: The shape keys of published config.json files (other keys, e.g. rope settings, do not matter here).
 CONFIGS: dict[str, dict[str, Any]] = {

@@ -7,7 +7,9 @@ import json
 
 import pytest
 
-from skrull.solver.derive import (
+from skrull.solver.errors import RequestError
+from skrull.solver.profile import Profile, bundled_profile_names, load_profile, profile_file_name, profiles_dir
+from skrull.solver.profiles.derive import (
     GPUS,
     MODELS,
     PAPER_BUCKET_TOKENS,
@@ -21,8 +23,6 @@ from skrull.solver.derive import (
     kv_heads_per_tp_rank,
     params_per_tp_rank,
 )
-from skrull.solver.errors import RequestError
-from skrull.solver.profile import Profile, bundled_profile_names, load_profile, profile_file_name, profiles_dir
 
 
 def test_qwen_05b_coefficients_match_the_contract_example() -> None:
@@ -96,7 +96,7 @@ def test_measured_profiles_are_the_fit_of_their_own_samples(name: str) -> None:
             assert doc["compute"][key] == value, key
 
 
-# Tensor parallelism: one GPU of a TP group of degree t (solver/derive.py module docstring).
+# Tensor parallelism: one GPU of a TP group of degree t (solver/profiles/derive.py module docstring).
 
 H100 = GPUS["h100-80g"]
 

@@ -6,12 +6,12 @@ import dataclasses
 
 import pytest
 
-from skrull.solver.compare import compare, default_solvers, format_table, parse_solver_spec
 from skrull.solver.cost import CostModel
-from skrull.solver.datasets import synthesize_request
+from skrull.solver.lengths.datasets import synthesize_request
 from skrull.solver.metrics import work_ms
 from skrull.solver.planning import solve
 from skrull.solver.profile import load_profile
+from skrull.solver.reports.compare import compare, default_solvers, format_table, parse_solver_spec
 from skrull.solver.types import Parallel
 from tests.conftest import allgather_planners, make_request
 

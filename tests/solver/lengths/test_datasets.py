@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from skrull.solver.datasets import distribution_names, distributions_dir, load_distribution, synthesize_request
 from skrull.solver.errors import RequestError
+from skrull.solver.lengths.datasets import distribution_names, distributions_dir, load_distribution, synthesize_request
 from skrull.solver.profile import load_profile
 from skrull.solver.types import Parallel
 

@@ -6,15 +6,15 @@ import dataclasses
 
 import pytest
 
-from skrull.solver.derive import (
+from skrull.solver.errors import RequestError
+from skrull.solver.profiles.derive import (
     MODELS,
     TrainingSetup,
     activation_bytes_per_token,
     calibrated_bucket_tokens,
     derive_profile,
 )
-from skrull.solver.errors import RequestError
-from skrull.solver.gpus import ACHIEVED_LINK_FRACTION, GPUS, get_gpu, gpu_from_figures
+from skrull.solver.profiles.gpus import ACHIEVED_LINK_FRACTION, GPUS, get_gpu, gpu_from_figures
 
 #: Datasheet figures (memory GB, dense BF16 TFLOP/s, link GB/s) and words their source must quote.
 DATASHEETS = {

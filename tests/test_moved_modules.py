@@ -1,0 +1,44 @@
+"""Every module path that moved when solver/ and api/ were grouped by concern still imports, warns that it
+moved, and hands out the very objects of the module it names (not copies), so old code keeps working."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import warnings
+
+import pytest
+
+#: old import path -> where the module lives now
+MOVED = {
+    "skrull.solver.derive": "skrull.solver.profiles.derive",
+    "skrull.solver.gpus": "skrull.solver.profiles.gpus",
+    "skrull.solver.hf_config": "skrull.solver.profiles.hf_config",
+    "skrull.solver.compare": "skrull.solver.reports.compare",
+    "skrull.solver.render": "skrull.solver.reports.render",
+    "skrull.solver.datasets": "skrull.solver.lengths.datasets",
+}
+
+
+@pytest.mark.parametrize("old", sorted(MOVED))
+def test_an_old_path_imports_warns_and_re_exports_the_new_module(old: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    if old.startswith("skrull.api."):
+        pytest.importorskip("fastapi")
+    new = importlib.import_module(MOVED[old])
+    monkeypatch.delitem(sys.modules, old, raising=False)  # imported afresh, so it warns here
+    with pytest.warns(DeprecationWarning, match=rf"{old} moved to {MOVED[old]}"):
+        alias = importlib.import_module(old)
+    public = [name for name in vars(new) if not name.startswith("_")]
+    assert public
+    for name in public:
+        assert getattr(alias, name) is getattr(new, name), name
+
+
+@pytest.mark.parametrize("new", sorted(MOVED.values()))
+def test_the_new_paths_import_without_a_warning(new: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    if new.startswith("skrull.api."):
+        pytest.importorskip("fastapi")
+    monkeypatch.delitem(sys.modules, new, raising=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        importlib.import_module(new)
