@@ -30,7 +30,7 @@ from skrull.api.routers.common import problems
 from skrull.api.server import ReadDeadlineMiddleware, on_stop_signal
 from skrull.api.service import Service
 from skrull.api.settings import Settings
-from skrull.api.solving import SolverPool, import_plugins
+from skrull.api.solvers.pool import SolverPool, import_plugins
 from skrull.api.store.open import open_store
 from skrull.api.views import RankViews
 
@@ -104,7 +104,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             ),
             loop=loop,
         )
-        pool = SolverPool.from_settings(settings, store=store, on_event=svc.on_solver_event)
+        pool = SolverPool(settings, store=store, on_event=svc.on_solver_event)
         svc.pool = pool
         app.state.service = svc
         stop_watching = store.watch(svc.on_store_change) if store.notifies else None

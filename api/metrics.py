@@ -10,7 +10,7 @@ first imported:
   process's files (``MultiProcessCollector``), so it sees every solve of this server, including those
   of solver processes that died and were replaced.
 * One process (the app built in-process, as tests and embedders do): each app keeps its own registry,
-  and the solve durations reach it with each job's end (``api.solving`` events).
+  and the solve durations reach it with each job's end (``api.solvers.pool`` events).
 
 Gauges that describe the store (queue depth, jobs by status) and the live solver processes are read at
 scrape time and exposed by a collector built for that scrape, so they are right even for jobs that other

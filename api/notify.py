@@ -2,7 +2,7 @@
 
 A handler opens a ``listen(key)`` *before* it reads the store and awaits it only if nothing it wants
 is there yet, so a change that lands between the read and the wait is never missed. Solver processes
-report job events to the server (``api.solving``), which calls ``notify`` on the event loop. A
+report job events to the server (``api.solvers.pool``), which calls ``notify`` on the event loop. A
 long-poll also re-reads the store every ``recheck_s`` in case a change came from elsewhere (another
 server on the same store).
 """

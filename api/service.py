@@ -17,14 +17,14 @@ from typing import Any, TypeVar
 
 from starlette.concurrency import run_in_threadpool
 
-from skrull.api.comparing import ComparePool
 from skrull.api.errors import ApiProblem
 from skrull.api.metrics import Metrics
 from skrull.api.notify import Notifier
 from skrull.api.profiles import ProfileCatalog
 from skrull.api.schemas import canonical_request_json, envelope_json, job_id_for, request_from_document
 from skrull.api.settings import Settings
-from skrull.api.solving import Event, SolverPool, import_plugins
+from skrull.api.solvers.compare_pool import ComparePool
+from skrull.api.solvers.pool import Event, SolverPool, import_plugins
 from skrull.api.store.base import (
     IdempotencyConflictError,
     JobRecord,

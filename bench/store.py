@@ -33,11 +33,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from skrull.api.schemas import canonical_request_json, job_id_for, request_from_document  # noqa: E402
-from skrull.api.solving import SolverPool  # noqa: E402
+from skrull.api.settings import Settings  # noqa: E402
+from skrull.api.solvers.pool import SolverPool  # noqa: E402
 from skrull.api.store.base import JobStore, NewJob  # noqa: E402
 from skrull.api.store.open import open_store  # noqa: E402
-from skrull.solver.datasets import synthesize_request  # noqa: E402
 from skrull.solver.io import parse_profile, request_to_dict  # noqa: E402
+from skrull.solver.lengths.datasets import synthesize_request  # noqa: E402
 from skrull.solver.types import Parallel  # noqa: E402
 
 ADMIN_URL = os.environ.get("SKRULL_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
@@ -89,19 +90,9 @@ def run(backend: str, processes: int, jobs: list[NewJob]) -> tuple[float, int]:
     """(jobs/s, jobs solved) for one backend and process count."""
     with location(backend) as db:
         store: JobStore = open_store(db, pool_size=4)
-        pool = SolverPool(
-            store=store,
-            db=db,
-            synchronous="NORMAL",
-            num_processes=processes,
-            lease_s=15.0,
-            max_attempts=2,
-            idle_poll_s=1.0,
-            supervise_interval_s=0.5,
-            plugins=(),
-            hard_limit_s=lambda budget: 3 * budget + 10,
-            on_event=lambda event: None,
-        )
+        # the service's defaults (lease, attempts, hard limit 3 x budget + 10 s), with NORMAL SQLite syncs
+        settings = Settings(db=db, sqlite_synchronous="NORMAL", solver_processes=processes, short_solver_processes=0)
+        pool = SolverPool(settings, store=store, on_event=lambda event: None)
         pool.start()
         time.sleep(3.0)  # the processes import the planners and go idle
         start = time.perf_counter()

@@ -2,7 +2,7 @@
 
 It claims jobs from the shared store (``--db postgresql://...``; a SQLite path works on the API's own
 machine), solves them, publishes iterations and plans, and renews its leases, exactly as a server's
-own solver processes do (``api.solving.SolverPool``). It also sweeps expired leases, so a job whose
+own solver processes do (``api.solvers.pool.SolverPool``). It also sweeps expired leases, so a job whose
 worker machine died is queued again even when no API server runs solvers. SIGTERM or Ctrl-C lets
 running solves finish for a few seconds, then queues what is left again without charging an attempt.
 """
@@ -44,7 +44,7 @@ def add_parser(sub: Any) -> None:
 
 def cmd_solver_worker(args: argparse.Namespace) -> int:
     try:
-        from skrull.api.solving import Event, SolverPool, import_plugins
+        from skrull.api.solvers.pool import Event, SolverPool, import_plugins
         from skrull.api.store.open import open_store
     except ImportError as exc:
         raise RequestError("solver-worker", exc.name, "needs the api extra: pip install 'skrull[api]'") from None
@@ -66,7 +66,7 @@ def cmd_solver_worker(args: argparse.Namespace) -> int:
         elif event[0] == "recovered":
             log.warning("job %s taken back from a vanished owner: %s", event[1], event[2])
 
-    pool = SolverPool.from_settings(settings, store=store, on_event=on_event)
+    pool = SolverPool(settings, store=store, on_event=on_event)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

@@ -17,6 +17,7 @@ MOVED = {
     "skrull.solver.compare": "skrull.solver.reports.compare",
     "skrull.solver.render": "skrull.solver.reports.render",
     "skrull.solver.datasets": "skrull.solver.lengths.datasets",
+    "skrull.api.solving": "skrull.api.solvers.pool",
 }
 
 

@@ -43,7 +43,7 @@ TORCHRUN_PATHS = ("tests/conformance/",)
 SERVER_PATHS = ("tests/api/test_view_in_browser.py", "tests/cli/test_serve.py")
 POSTGRES_PATHS = ("tests/api/store/test_postgres.py",)
 SLOW_PATHS = (
-    "tests/api/test_solving.py",  # solver processes killed, retried and timed out: 5-25 s each
+    "tests/api/solvers/test_pool.py",  # solver processes killed, retried and timed out: 5-25 s each
     "tests/api/test_retention.py",  # waits out a retention
 )
 

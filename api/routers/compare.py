@@ -1,6 +1,6 @@
 """``POST /v1/compare``: one request through several planners, answered as a table.
 
-The planners run in separate processes (``api.comparing``: bounded waiting, a deadline that kills),
+The planners run in separate processes (``api.solvers.compare_pool``: bounded waiting, a deadline that kills),
 never on the event loop.
 """
 
@@ -13,10 +13,10 @@ from fastapi.responses import Response
 
 from skrull.api.access import caller_tenant
 from skrull.api.errors import invalid_field
-from skrull.api.execute import compare_table
 from skrull.api.limits import check_request_limits, validated_body
 from skrull.api.routers.common import JSON, body_schema, problems, service
 from skrull.api.schemas import CompareRequestIn, CompareTable, request_document
+from skrull.api.solvers.job_solving import compare_table
 from skrull.api.tenants import tenant_prefix
 from skrull.solver.planners.registry import planner_names
 

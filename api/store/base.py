@@ -31,7 +31,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Literal, Protocol, TypedDict, Unpack
 
 
 def is_postgres_url(db: str) -> bool:
@@ -45,7 +45,7 @@ def is_store_unavailable(exc: BaseException) -> bool:
     unreadable (``sqlite3.OperationalError``); any PostgreSQL error (a server that is down or restarting, a
     connection cut, a pool with no connection to give, ``psycopg.Error``); an ``OSError`` from the store's
     files. The service answers these 503 ``store-unavailable`` with ``Retry-After``; a solver process that
-    meets one gives its job back uncharged (``api.solving``)."""
+    meets one gives its job back uncharged (``api.solvers.pool``)."""
     import sqlite3
 
     if isinstance(exc, (sqlite3.OperationalError, OSError)):
@@ -122,6 +122,18 @@ class TenantQuota:
     held_elsewhere_s: float = 0.0
     #: Idempotency-Keys kept per tenant: past it, the tenant's oldest keys are forgotten.
     max_idempotency_keys: int | None = None
+
+
+class SubmitLimits(TypedDict, total=False):
+    """What a submission is held to besides the job itself: ``JobStore.submit``'s keyword arguments, named
+    once here for the interface and every store. A limit left out (or None) does not apply."""
+
+    #: the client's Idempotency-Key (tenant-scoped): the same key with another job is a conflict
+    idempotency_key: str | None
+    #: creating or re-queuing a job while this many are queued raises ``QueueFullError``
+    max_queued: int | None
+    #: the job's tenant's share of the queue and of solver seconds (``QuotaExceededError``)
+    quota: TenantQuota | None
 
 
 class QuotaExceededError(ValueError):
@@ -281,14 +293,7 @@ class JobStore(Protocol):
     #: Whether ``wait_for_work`` and ``watch`` are pushed by the store itself (from any machine).
     notifies: bool
 
-    def submit(
-        self,
-        job: NewJob,
-        *,
-        idempotency_key: str | None = None,
-        max_queued: int | None = None,
-        quota: TenantQuota | None = None,
-    ) -> SubmitOutcome:
+    def submit(self, job: NewJob, **limits: Unpack[SubmitLimits]) -> SubmitOutcome:
         """Store a job (or answer the stored one). With ``max_queued``, creating or re-queuing a job while that
         many are queued raises ``QueueFullError``: counted and decided in the same transaction, serialized
         with every other submission on the store (all replicas), so the bound can never be exceeded. With

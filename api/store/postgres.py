@@ -29,7 +29,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, Unpack
 
 import psycopg
 from psycopg_pool import ConnectionPool
@@ -44,8 +44,8 @@ from skrull.api.store.base import (
     ProfileQuotaError,
     QueueFullError,
     Recovered,
+    SubmitLimits,
     SubmitOutcome,
-    TenantQuota,
     check_quota,
     fair_next_sql,
     is_postgres_url,
@@ -239,14 +239,12 @@ class PostgresJobStore:
 
     # -- jobs ------------------------------------------------------------------------------------------
 
-    def submit(
-        self,
-        job: NewJob,
-        *,
-        idempotency_key: str | None = None,
-        max_queued: int | None = None,
-        quota: TenantQuota | None = None,
-    ) -> SubmitOutcome:
+    def submit(self, job: NewJob, **limits: Unpack[SubmitLimits]) -> SubmitOutcome:
+        idempotency_key, max_queued, quota = (
+            limits.get("idempotency_key"),
+            limits.get("max_queued"),
+            limits.get("quota"),
+        )
         created = requeued = False
         with self._tx() as conn:
             if max_queued is not None or quota is not None:

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 from skrull.api.store.base import (
     ClaimedJob,
@@ -29,8 +29,8 @@ from skrull.api.store.base import (
     ProfileQuotaError,
     QueueFullError,
     Recovered,
+    SubmitLimits,
     SubmitOutcome,
-    TenantQuota,
     check_quota,
     fair_next_sql,
     profile_scope_sql,
@@ -152,7 +152,7 @@ class SQLiteJobStore:
             conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     #: SQLite has no server to push changes: idle solver processes are woken by their own server
-    #: (``api.solving``) or poll, and long-polls re-read the file.
+    #: (``api.solvers.pool``) or poll, and long-polls re-read the file.
     notifies = False
 
     def wait_for_work(self, timeout_s: float) -> bool:
@@ -197,14 +197,12 @@ class SQLiteJobStore:
 
     # -- jobs ------------------------------------------------------------------------------------------
 
-    def submit(
-        self,
-        job: NewJob,
-        *,
-        idempotency_key: str | None = None,
-        max_queued: int | None = None,
-        quota: TenantQuota | None = None,
-    ) -> SubmitOutcome:
+    def submit(self, job: NewJob, **limits: Unpack[SubmitLimits]) -> SubmitOutcome:
+        idempotency_key, max_queued, quota = (
+            limits.get("idempotency_key"),
+            limits.get("max_queued"),
+            limits.get("quota"),
+        )
         conn = self._conn()
         now = time.time()
         created = requeued = False

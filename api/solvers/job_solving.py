@@ -23,9 +23,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from skrull.api.store.base import IterationRecord
-from skrull.solver.compare import REFERENCE_SOLVER, compare, table_columns, table_rows
 from skrull.solver.io import iteration_from_dict, iteration_to_dict, plan_to_dict, request_from_dict
 from skrull.solver.planning import IterationResult, combine_iterations, solve, solve_batch, streams_iterations
+from skrull.solver.reports.compare import REFERENCE_SOLVER, compare, table_columns, table_rows
 from skrull.solver.types import Plan, Request
 
 PublishFn = Callable[[IterationRecord], bool]

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from skrull.api.execute import combine_records, solve_job
 from skrull.api.schemas import canonical_request_json
+from skrull.api.solvers.job_solving import combine_records, solve_job
 from skrull.api.store.base import IterationRecord
 from skrull.solver.errors import PlannerBugError
 from skrull.solver.io import plan_from_dict, plan_to_dict, request_from_dict

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from skrull.api.solving import describe_exit
+from skrull.api.solvers.pool import describe_exit
 from skrull.solver.io import plan_from_dict, request_from_dict
 from skrull.solver.validate import plan_problems
 from tests.api.conftest import plan_request, running_app

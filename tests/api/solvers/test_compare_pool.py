@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from skrull.api.comparing import ClientGone, ComparePool
 from skrull.api.errors import ApiProblem
-from skrull.api.solving import import_plugins
+from skrull.api.solvers.compare_pool import ClientGone, ComparePool
+from skrull.api.solvers.pool import import_plugins
 
 
 @pytest.fixture
