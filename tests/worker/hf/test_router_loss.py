@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import random
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -132,4 +133,51 @@ def test_without_the_option_every_rank_refuses_before_the_first_step_naming_it(t
     done = _example(tmp_path, "qwen2-moe-router-aux", 2, 2, "ddp")
     assert done.returncode != 0
     assert 'router_aux_loss="per_microbatch"' in done.stderr
+    assert "losses:" not in done.stdout
+
+
+TRAINER = ROOT / "examples" / "hf_trainer.py"
+TRL = ROOT / "examples" / "trl_sft.py"
+
+
+def _trainer_example(
+    tmp_path: Path, integration: str, arch: str, dp: int, cp: int, *extra: str
+) -> subprocess.CompletedProcess[str]:
+    """The documented Trainer (``hf_trainer.py``) or TRL (``trl_sft.py``) script, one step, ``--check``."""
+    if integration == "trainer":
+        script, data = TRAINER, _rows(tmp_path / "rows.jsonl", seed=5)
+    else:
+        script, data = TRL, tmp_path / "chats.jsonl"
+        write = [sys.executable, str(TRL), "--write-demo-data", "--data", str(data)]
+        subprocess.run(write, check=True, cwd=tmp_path, capture_output=True)
+    args = [
+        "--model-config", str(MODELS / f"{arch}.json"), "--data", str(data), "--dp", str(dp), "--cp", str(cp),
+        "--bucket-tokens", str(128 // cp), "--global-batch-size", "8", "--max-steps", "1",
+        "--output-dir", str(tmp_path / "out"), "--check", *extra,
+    ]  # fmt: skip
+    return run_torchrun(script, args, nproc=dp * cp, cwd=tmp_path, timeout_s=600)
+
+
+@pytest.mark.parametrize(
+    ("integration", "arch", "dp", "cp"),
+    [("trainer", "qwen2-moe-router-aux", 2, 2), ("trl", "mixtral-router-aux", 1, 4)],
+)
+def test_the_trainers_per_microbatch_router_loss_equals_the_own_loops_reference(
+    tmp_path: Path, integration: str, arch: str, dp: int, cp: int
+) -> None:
+    """SkrullTrainer and SkrullSFTTrainer with ``router_aux_loss="per_microbatch"``: 4 gloo processes,
+    sequences sharded over CP groups in the first step; the loss and every gradient equal the reference of
+    the own loop's test (the plain step plus ``coef * aux`` of each of the plan's microbatches)."""
+    done = _trainer_example(tmp_path, integration, arch, dp, cp, "--router-aux-loss", "per-microbatch")
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert "router aux loss: per_microbatch" in done.stdout  # the logged loss says which semantics
+    assert "'router_aux_loss_per_microbatch'" in done.stdout  # and so does the Trainer's log line
+    assert "cp modes: allgather" in done.stdout  # sharded microbatches: the group's statistics were summed
+    assert "check passed" in done.stdout, done.stdout
+
+
+def test_without_the_option_the_trainer_refuses_on_every_rank_naming_it(tmp_path: Path) -> None:
+    done = _trainer_example(tmp_path, "trainer", "mixtral-router-aux", 2, 2)
+    assert done.returncode != 0
+    assert 'router_aux_loss="per_microbatch"' in done.stderr and "SkrullTrainer" in done.stderr
     assert "losses:" not in done.stdout
