@@ -421,7 +421,15 @@ class SkrullTrainerMixin(_TrainerBase):
         return dataset, lengths, None
 
     def _eval_loader(self, dataset: Any, planned: PlannedBatches | None = None) -> PlannedBatches:
-        """The planned loader over ``dataset`` (built once per eval set)."""
+        """The planned loader over ``dataset`` (built once per eval set). Refused with the router loss per
+        microbatch: the plain Trainer's ``eval_loss`` adds ``coef * aux`` of each eval batch (the model's own
+        term, its statistics over that padded batch), which the rows' cross-entropy under plans does not hold."""
+        if getattr(self, "router", None) is not None:
+            raise ValueError(
+                f"eval_dataset with router_aux_loss={self.router_aux_loss!r}: the plain Trainer's eval_loss adds the "
+                "router loss of each eval batch, which evaluation under plans does not compute; evaluate the saved "
+                "model with the plain Trainer, or train with output_router_logits=False"
+            )
         known = self._eval_loaders.get(id(dataset))
         if known is not None and known[0] is dataset:
             return known[1]
