@@ -14,6 +14,11 @@ the largest relative error is at most 1e-4. ``--resume-check`` (run with ``pytho
 torchrun runs) trains ``--max-steps`` straight, then half of them with a Trainer checkpoint and the rest
 resumed from it in new processes, and prints ``check passed`` when the losses and the final weights are
 the straight run's. Runs on CPUs with gloo and, unchanged, on GPUs with nccl.
+
+A mixture of experts whose config sets ``output_router_logits: true`` is refused unless
+``--router-aux-loss per-microbatch`` asks for the router's auxiliary loss per microbatch of the plan
+(``SkrullTrainer(router_aux_loss="per_microbatch")``); ``--check`` then adds Hugging Face's own ``aux_loss``
+of each of the plan's microbatches to the plain step (worker/hf/router_loss.py).
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ if str(ROOT) not in sys.path:  # run from a checkout without installing
 
 from skrull.worker.dataloader import PlannedBatches  # noqa: E402  # skrull
 from skrull.worker.hf.model import build_model, read_model_config, with_lora  # noqa: E402
+from skrull.worker.hf.router_loss import router_microbatches  # noqa: E402
 from skrull.worker.hf.step import model_gradients, plain_step, print_check, step_errors  # noqa: E402
 from skrull.worker.hf.trainer import SkrullTrainer  # noqa: E402  # skrull
 
@@ -101,6 +107,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--check", action="store_true", help="first step against the plain step; 'check passed'")
     p.add_argument("--activation-checkpointing", action="store_true", help="recompute each layer in backward")
     p.add_argument("--lora", type=int, default=0, metavar="RANK", help="train LoRA adapters of this rank (PEFT)")
+    p.add_argument(
+        "--router-aux-loss",
+        choices=("per-microbatch",),
+        default=None,
+        help="a mixture of experts' router aux loss (output_router_logits): per microbatch of the plan",
+    )
     p.add_argument("--save-steps", type=int, default=0, help="save a Trainer checkpoint every N steps")
     p.add_argument("--resume-from", default=None, help="a checkpoint directory to resume from")
     p.add_argument("--final-weights", default=None, help="write the final weights here (torch.save, rank 0)")
@@ -177,10 +189,17 @@ def resume_check(args: argparse.Namespace, argv: list[str]) -> int:
     return 0
 
 
+def router_option(args: argparse.Namespace) -> str | None:
+    """``--router-aux-loss`` as the library's ``router_aux_loss`` value (``per-microbatch``: ``per_microbatch``)."""
+    return args.router_aux_loss.replace("-", "_") if args.router_aux_loss else None
+
+
 def plain_model(args: argparse.Namespace) -> Any:
     """The reference of ``--check``: the same weights with the model's own eager attention."""
+    router = router_option(args)
     if args.model_config:
-        plain = build_model(read_model_config(args.model_config), seed=args.seed, attn_implementation="eager")
+        config = read_model_config(args.model_config, router_aux_loss=router)
+        plain = build_model(config, seed=args.seed, attn_implementation="eager", router_aux_loss=router)
     else:
         from transformers import AutoModelForCausalLM
 
@@ -236,9 +255,10 @@ def main(argv: list[str] | None = None) -> int:
         )
     if rank == 0:
         say(f"building the model from {args.model_config or args.model}")
+    router_aux_loss = router_option(args)  # skrull: None refuses output_router_logits=True
     if args.model_config:
-        config = read_model_config(args.model_config)
-        model = build_model(config, seed=args.seed, device=device)  # skrull: DACP attention
+        config = read_model_config(args.model_config, router_aux_loss=router_aux_loss)
+        model = build_model(config, seed=args.seed, device=device, router_aux_loss=router_aux_loss)  # skrull: DACP
     else:
         from transformers import AutoModelForCausalLM
 
@@ -264,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
 
     trainer = SkrullTrainer(  # skrull
-        model=model, args=training, planned=planned, compile=args.compile,
+        model=model, args=training, planned=planned, compile=args.compile, router_aux_loss=router_aux_loss,
         callbacks=[FirstStepGradients()] if args.check else None,
     )  # fmt: skip
     trainer.add_callback(StepLines(trainer.step_losses))
@@ -274,6 +294,8 @@ def main(argv: list[str] | None = None) -> int:
     trainer.train(resume_from_checkpoint=args.resume_from)
     if rank == 0:
         print("losses: " + " ".join(f"{x:.6f}" for x in trainer.step_losses))
+        if trainer.step_router_losses:  # what the loss holds besides the cross-entropy
+            print(f"router aux loss: {router_aux_loss} (last step's part: {trainer.step_router_losses[-1]:.6f})")
         modes = ["+".join(planned.sharding_modes(step)) or "-" for step in range(len(trainer.step_losses))]
         print("cp modes: " + " ".join(modes))  # how each step's sharded microbatches ran
         if args.final_weights:
@@ -289,6 +311,7 @@ def main(argv: list[str] | None = None) -> int:
         reference,
         [torch.tensor(rows[i]["input_ids"]) for i in batch],
         labels=[torch.tensor(rows[i]["labels"]) for i in batch],
+        router_microbatches=router_microbatches(planned.plan_of(0).iterations[0]) if router_aux_loss else None,
     )
     errors = step_errors(
         loss=trainer.step_losses[0], reference_loss=loss, grads=grads, reference_grads=model_gradients(reference)

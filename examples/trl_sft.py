@@ -16,6 +16,12 @@ downloaded. ``--check`` compares the first optimizer step's loss and every gradi
 single-process ``SFTTrainer`` step on the same global batch (a stock ``SFTTrainer`` in a new process:
 padded batch, eager attention, float32) and prints ``check passed`` when the largest relative error is at
 most 1e-4. Runs on CPUs with gloo and, unchanged, on GPUs with nccl.
+
+A mixture of experts: its router loss is off (``router_aux_loss_coef=0.0``) unless ``--router-aux-loss
+per-microbatch`` asks for it per microbatch of the plan (``SkrullSFTTrainer(router_aux_loss=
+"per_microbatch")``, TRL's coefficient, the config's); ``--check`` then compares with the own loop's
+reference, Hugging Face's plain step over the prepared rows plus its own ``aux_loss`` of each of the plan's
+microbatches (worker/hf/router_loss.py), since TRL's plain step weights its term differently.
 """
 
 from __future__ import annotations
@@ -43,7 +49,8 @@ if str(ROOT) not in sys.path:  # run from a checkout without installing
 
 from skrull.worker.dataloader import PlannedBatches  # noqa: E402  # skrull
 from skrull.worker.hf.model import build_model, read_model_config  # noqa: E402
-from skrull.worker.hf.step import print_check, step_errors  # noqa: E402
+from skrull.worker.hf.router_loss import router_microbatches  # noqa: E402
+from skrull.worker.hf.step import model_gradients, plain_step, print_check, step_errors  # noqa: E402
 from skrull.worker.hf.trl import SkrullSFTTrainer  # noqa: E402  # skrull
 
 TOLERANCE = 1e-4
@@ -154,6 +161,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--activation-checkpointing", action="store_true", help="recompute each layer in backward (TRL's default)"
     )
+    p.add_argument(
+        "--router-aux-loss",
+        choices=("per-microbatch",),
+        default=None,
+        help="a mixture of experts' router aux loss (output_router_logits): per microbatch of the plan",
+    )
     p.add_argument("--write-demo-data", action="store_true", help="write demo chats to --data and exit")
     p.add_argument("--demo-rows", type=int, default=48, help="conversations --write-demo-data writes")
     # the plain single-process SFTTrainer step --check runs in a new process (not torchrun)
@@ -189,9 +202,9 @@ def sft_config(args: argparse.Namespace, **overrides: Any) -> SFTConfig:
         "assistant_only_loss": True,  # only the assistant turns are trained
         "max_length": args.max_length,
         "average_tokens_across_devices": True,
-        # a mixture of experts' router loss off (TRL turns it on for MoE models; under plans it is refused:
-        # docs/integrations/trl.md); 0.0 changes nothing for a dense model
-        "router_aux_loss_coef": 0.0,
+        # a mixture of experts' router loss off (TRL turns it on for MoE models; under plans it is refused
+        # unless asked for per microbatch: docs/integrations/trl.md); 0.0 changes nothing for a dense model
+        "router_aux_loss_coef": None if args.router_aux_loss else 0.0,
     }
     fields.update(overrides)
     return SFTConfig(**fields)
@@ -216,14 +229,39 @@ def load_model_and_tokenizer(args: argparse.Namespace, chats: list[list[dict[str
         device = model_kw.pop("device", None)
         model = AutoModelForCausalLM.from_pretrained(args.model, attn_implementation=impl)
         return (model.to(device) if device is not None else model), tokenizer
-    config = read_model_config(args.model_config)
+    router = router_option(args)
+    config = read_model_config(args.model_config, router_aux_loss=router)
     config["vocab_size"] = max(config["vocab_size"], len(tokenizer))  # the tokenizer's ids fit the embedding
     # random weights: the model's end and start tokens are the tokenizer's (the Trainer would align them at
     # train time, with a warning from every rank)
     for name in ("eos_token_id", "bos_token_id"):
         if getattr(tokenizer, name) is not None:
             config[name] = getattr(tokenizer, name)
-    return build_model(config, seed=args.seed, **model_kw), tokenizer
+    return build_model(config, seed=args.seed, router_aux_loss=router, **model_kw), tokenizer
+
+
+def router_option(args: argparse.Namespace) -> str | None:
+    """``--router-aux-loss`` as the library's ``router_aux_loss`` value (``per-microbatch``: ``per_microbatch``)."""
+    return args.router_aux_loss.replace("-", "_") if args.router_aux_loss else None
+
+
+def check_router(args: argparse.Namespace, trainer: SkrullSFTTrainer, grads: dict[str, torch.Tensor]) -> int:
+    """Rank 0, with ``--router-aux-loss``: the first step against the own loop's reference over the rows TRL
+    prepared, Hugging Face's plain step plus ``coef * aux_loss`` of each of the plan's microbatches."""
+    reference, _ = load_model_and_tokenizer(args, read_chats(args.data), attn_implementation="eager")
+    batch = trainer.planned.batches[0]
+    rows = [trainer.train_dataset[i] for i in batch]
+    loss = plain_step(
+        reference,
+        [torch.tensor(r["input_ids"]) for r in rows],
+        labels=[torch.tensor(r["labels"] if r.get("labels") is not None else r["input_ids"]) for r in rows],
+        router_microbatches=router_microbatches(trainer.planned.plan_of(0).iterations[0]),
+    )
+    errors = step_errors(
+        loss=trainer.step_losses[0], reference_loss=loss, grads=grads, reference_grads=model_gradients(reference)
+    )
+    print(f"loss {trainer.step_losses[0]:.6f}, plain {loss:.6f}")
+    return print_check(errors, tolerance=TOLERANCE, what="check: first step against the plain step")
 
 
 def reference_step(args: argparse.Namespace) -> int:
@@ -305,19 +343,23 @@ def main(argv: list[str] | None = None) -> int:
 
     trainer = SkrullSFTTrainer(  # skrull: was SFTTrainer
         model=model, args=training, train_dataset=dataset, processing_class=tokenizer, planned=planned,
-        callbacks=[FirstStepGradients()] if args.check else None,
+        router_aux_loss=router_option(args), callbacks=[FirstStepGradients()] if args.check else None,
     )  # fmt: skip
     trainer.train()
     rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
     if rank != 0:
         return 0
     print("losses: " + " ".join(f"{x:.6f}" for x in trainer.step_losses))
+    if trainer.step_router_losses:  # what the loss holds besides the cross-entropy
+        print(f"router aux loss: {router_option(args)} (last step's part: {trainer.step_router_losses[-1]:.6f})")
     modes = ["+".join(trainer.planned.sharding_modes(step)) or "-" for step in range(len(trainer.step_losses))]
     print("cp modes: " + " ".join(modes))  # how each step's sharded microbatches ran
     if not args.check:
         return 0
     if len(trainer.train_dataset) != len(dataset):
         raise SystemExit("--check: TRL dropped rows while preparing (a chat with no assistant token left?)")
+    if args.router_aux_loss:
+        return check_router(args, trainer, grads)
     return check(args, argv, trainer, grads)
 
 

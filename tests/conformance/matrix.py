@@ -46,8 +46,8 @@ BUCKET_TIMES_CP = 128
 LORA_RANK = 4
 #: the integrations whose scripts take ``--lora`` (TRL's example does not)
 LORA_INTEGRATIONS = ("trainer", "ddp", "fsdp")
-#: the integrations whose script takes ``--router-aux-loss per-microbatch`` (the own loop's)
-ROUTER_AUX_INTEGRATIONS = ("ddp", "fsdp")
+#: the integrations whose script takes ``--router-aux-loss per-microbatch`` (all four)
+ROUTER_AUX_INTEGRATIONS = ("trainer", "trl", "ddp", "fsdp")
 
 
 @dataclass(frozen=True)
@@ -197,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--router-aux-loss",
         action="store_true",
-        help="every cell trains the router aux loss per microbatch (own-loop cells only; the -router-aux archs)",
+        help="every cell trains the router aux loss per microbatch (the -router-aux archs)",
     )
     args = p.parse_args(argv)
     layouts = [tuple(int(x) for x in s.split("x")) for s in args.layout] if args.layout else list(LAYOUTS)

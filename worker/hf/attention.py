@@ -210,9 +210,10 @@ def unsupported_model_setting(config: Any, *, router_aux_loss: str | None = None
             "output_router_logits",
             get("output_router_logits", None),
             "the router's auxiliary loss is taken over the whole global batch by the plain step, per microbatch "
-            'under plans: ask for that by name, router_aux_loss="per_microbatch" (scheduled_step; the own loop '
-            "example's --router-aux-loss per-microbatch; docs/worker.md), or set output_router_logits=False "
-            "(TRL: SFTConfig(router_aux_loss_coef=0.0)); the expert layers themselves train exactly",
+            'under plans: ask for that by name, router_aux_loss="per_microbatch" (scheduled_step, SkrullTrainer, '
+            "SkrullSFTTrainer; the examples' --router-aux-loss per-microbatch; docs/worker.md), or set "
+            "output_router_logits=False (TRL: SFTConfig(router_aux_loss_coef=0.0)); the expert layers themselves "
+            "train exactly",
         )
     unsupported = unsupported_attention_features(config)
     if unsupported:

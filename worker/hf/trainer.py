@@ -15,6 +15,19 @@ model's own loss function as the Trainer calls it (``shift_labels`` for the pre-
 ``average_tokens_across_devices``: DDP averages gradients over the world, the loss is a sum over it.
 The loader should plan with ``equal_microbatches=True``, so that every rank has a microbatch to sync on.
 
+A mixture of experts' router auxiliary loss (``output_router_logits=True``) is refused unless asked for by
+name, ``router_aux_loss="per_microbatch"``: the own loop's semantics (worker/hf/router_loss.py), each of the
+plan's microbatches adding ``coef * aux(m)`` over its own tokens (a CP group's whole tokens where its
+sequences are sharded), so that the step's loss is
+
+    loss = sum over targets CE / num_targets + coef * sum over the plan's microbatches m of aux(m)
+
+as the plain Trainer weights the model's own term under gradient accumulation (the model adds
+``coef * aux`` to each forward's loss and the Trainer, normalising by ``num_items_in_batch``, multiplies the
+whole loss by the process count and does not divide by the accumulation steps). Each GPU's term is
+multiplied by the process count as its cross-entropy is, since DDP averages gradients over the world. The
+logs name it: ``router_aux_loss_per_microbatch``, the router's part of the logged ``loss``.
+
 DACP needs a process group for every group of ranks a microbatch shares; they are created on first use,
 on every rank in the same order (``worker.groups.IterationGroups``: every rank holds the same deterministic plan).
 
@@ -42,7 +55,8 @@ from skrull.worker.hf.attention import ATTN_IMPLEMENTATION, refuse_unsupported_m
 from skrull.worker.hf.evaluation import plain_eval_loss, reduce_rows, row_losses
 from skrull.worker.hf.fast import compile_model, compiled_how
 from skrull.worker.hf.inputs import model_inputs
-from skrull.worker.hf.step import MicrobatchTimer, dacp_plans, global_target_count, model_heads
+from skrull.worker.hf.router_loss import RouterAux, check_router_aux_loss
+from skrull.worker.hf.step import MicrobatchTimer, causal_lm_loss, dacp_plans, global_target_count, model_heads
 from skrull.worker.kernels import kernel_choice, select_kernel
 
 if TYPE_CHECKING:  # the mixin is typed as the Trainer it is mixed into
@@ -232,8 +246,17 @@ class SkrullTrainerMixin(_TrainerBase):
     compiled: bool
     #: the world's loss of each step trained (the loss of the plain run)
     step_losses: list[float]
+    #: the router auxiliary loss's semantics (None: refused when the model returns router logits)
+    router_aux_loss: str | None
+    #: of each step's loss, the router's part over the world (``router_aux_loss="per_microbatch"``; else empty)
+    step_router_losses: list[float]
+    #: what the router term needs of the model (None: no router term)
+    router: RouterAux | None
 
-    def _use_plans(self, planned: PlannedBatches, *, compile: str | bool | None = "auto") -> None:
+    def _use_plans(
+        self, planned: PlannedBatches, *, compile: str | bool | None = "auto", router_aux_loss: str | None = None
+    ) -> None:
+        self.router_aux_loss = check_router_aux_loss(router_aux_loss)
         if self.args.gradient_accumulation_steps != 1:
             raise ValueError(
                 f"gradient_accumulation_steps={self.args.gradient_accumulation_steps}: "
@@ -259,7 +282,13 @@ class SkrullTrainerMixin(_TrainerBase):
         # checkpoint's hooks, so every rank recomputes each layer once, at the same point (worker/dacp.py)
         # the architectures checked against the plain step; the router's auxiliary loss and attention features
         # the DACP attention does not compute (softcapping and sliding windows it does) refused
-        refuse_unsupported_model(model.config)
+        refuse_unsupported_model(model.config, router_aux_loss=self.router_aux_loss)
+        self.router = RouterAux.of(model.config) if self.router_aux_loss is not None else None
+        self.step_router_losses = []
+        self._router_logged = 0
+        #: the microbatch ``microbatch_loss`` runs: its CP group (None: this GPU alone) and whether it is empty
+        self._router_microbatch: tuple[Any, bool] = (None, False)
+        self._router_terms: list[torch.Tensor] = []
         planned.check_model_heads(model_heads(model))  # with Ulysses allowed, the profile's heads are the model's
         if planned.vocab_size is None and isinstance(getattr(model.config, "vocab_size", None), int):
             # a token id out of the vocabulary is then refused naming its row, not an embedding IndexError
@@ -392,7 +421,15 @@ class SkrullTrainerMixin(_TrainerBase):
         return dataset, lengths, None
 
     def _eval_loader(self, dataset: Any, planned: PlannedBatches | None = None) -> PlannedBatches:
-        """The planned loader over ``dataset`` (built once per eval set)."""
+        """The planned loader over ``dataset`` (built once per eval set). Refused with the router loss per
+        microbatch: the plain Trainer's ``eval_loss`` adds ``coef * aux`` of each eval batch (the model's own
+        term, its statistics over that padded batch), which the rows' cross-entropy under plans does not hold."""
+        if getattr(self, "router", None) is not None:
+            raise ValueError(
+                f"eval_dataset with router_aux_loss={self.router_aux_loss!r}: the plain Trainer's eval_loss adds the "
+                "router loss of each eval batch, which evaluation under plans does not compute; evaluate the saved "
+                "model with the plain Trainer, or train with output_router_logits=False"
+            )
         known = self._eval_loaders.get(id(dataset))
         if known is not None and known[0] is dataset:
             return known[1]
@@ -478,8 +515,10 @@ class SkrullTrainerMixin(_TrainerBase):
         model.train()
         ready: ReadyIteration = inputs
         device = self.args.device
-        plans = dacp_plans(ready.microbatches, registry=self.groups(ready), kernel=self.kernel, device=device)
+        registry = self.groups(ready)
+        plans = dacp_plans(ready.microbatches, registry=registry, kernel=self.kernel, device=device)
         world = self.accelerator.num_processes
+        self._router_terms = []
         total = torch.zeros((), dtype=torch.float64, device=device)
         last = len(ready.microbatches) - 1
         # calibration from the run (PlannedBatches(calibrate=True)): each microbatch timed, gathered after
@@ -491,6 +530,8 @@ class SkrullTrainerMixin(_TrainerBase):
             with sync:
                 grad_sync.fresh_autocast_casts()  # an autocast around the step: each forward casts afresh
                 kwargs, labels = model_inputs(mb, plan)
+                group = registry.get(mb.layout.ranks) if self.router is not None and mb.layout.communicates else None
+                self._router_microbatch = (group, mb.num_tokens == 0)
                 loss = self.microbatch_loss(model, kwargs, labels, num_items_in_batch)
                 self.accelerator.backward(loss)
             if timer is not None:
@@ -499,17 +540,60 @@ class SkrullTrainerMixin(_TrainerBase):
         if timer is not None:
             self.planned.record_timings(ready, timer.read_ms())
         world_loss = total / world
+        if self.router is not None:  # the router's part in the same all-reduce (every rank has a router)
+            router_part = torch.zeros((), dtype=torch.float64, device=device)
+            for term in self._router_terms:
+                router_part += term.double().to(device)
+            world_loss = torch.stack([world_loss, router_part])
         if dist.is_available() and dist.is_initialized():
             dist.all_reduce(world_loss)
+        if self.router is not None:
+            self.step_router_losses.append(float(world_loss[1]))
+            world_loss = world_loss[0]
         self.step_losses.append(float(world_loss))
         return total.float()
+
+    def router_term(self, model: Any, router_logits: Any) -> torch.Tensor:
+        """This GPU's part of the microbatch's router loss (``RouterAux.own_term`` over the router logits of its
+        forward, the group's counts summed), times the process count as the cross-entropy is; 0 for an empty
+        microbatch (its one padding token is no token of the batch). Recorded for the step's logged part."""
+        assert self.router is not None
+        group, empty = self._router_microbatch
+        term = self.router.own_term(tuple(router_logits or ()), group=group)
+        if empty:
+            term = term * 0.0
+        self._router_terms.append(term.detach())
+        weighted: torch.Tensor = term * self.accelerator.num_processes
+        return weighted
+
+    def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
+        """The Trainer's log line, with the router's part of ``loss`` named by its semantics
+        (``router_aux_loss_per_microbatch``: the mean over the steps since the last log, as ``loss`` is)."""
+        if getattr(self, "router", None) is not None and "loss" in logs:
+            recent = self.step_router_losses[self._router_logged :]
+            if recent:
+                logs = {**logs, f"router_aux_loss_{self.router_aux_loss}": sum(recent) / len(recent)}
+            self._router_logged = len(self.step_router_losses)
+        super().log(logs, *args, **kwargs)
 
     def microbatch_loss(
         self, model: Any, kwargs: dict[str, Any], labels: torch.Tensor, num_items_in_batch: Any
     ) -> torch.Tensor:
         """The loss to run backward on for one microbatch: this rank's summed cross-entropy over the global
         target count ``num_items_in_batch``, times the number of processes (DDP averages gradients over the
-        world; the loss is a sum over it). ``labels`` are the packed rows' next-token targets."""
+        world; the loss is a sum over it). ``labels`` are the packed rows' next-token targets. With the router
+        loss per microbatch the forward returns the router logits and takes no labels (the model would add its
+        own term over this GPU's tokens only): the model's loss function on its logits, plus ``router_term``."""
+        if self.router is not None:
+            group, empty = self._router_microbatch
+            terms: list[torch.Tensor] = []
+            loss_with_router = causal_lm_loss(
+                model, kwargs, labels, num_targets=int(num_items_in_batch), router=self.router, router_group=group,
+                router_terms=terms, empty=empty,
+            )  # fmt: skip
+            self._router_terms.extend(terms)
+            weighted: torch.Tensor = loss_with_router * self.accelerator.num_processes
+            return weighted
         rows = labels.unsqueeze(0)
         # already the next tokens: ``shift_labels``, so that the model does not shift them again
         out = model(**kwargs, labels=rows, shift_labels=rows, num_items_in_batch=num_items_in_batch)
@@ -520,9 +604,18 @@ class SkrullTrainerMixin(_TrainerBase):
 class SkrullTrainer(SkrullTrainerMixin, Trainer):
     """``Trainer`` whose every optimizer step is one plan iteration of ``planned`` (module doc)."""
 
-    def __init__(self, *args: Any, planned: PlannedBatches, compile: str | bool | None = "auto", **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        planned: PlannedBatches,
+        compile: str | bool | None = "auto",
+        router_aux_loss: str | None = None,
+        **kwargs: Any,
+    ) -> None:
         """``compile``: the decoder layers compiled (``"on"``), eager (``"off"``), compiled on CUDA only
-        (``"auto"``), or compiled one graph per layer (``"fullgraph"``); worker/compiling.py."""
+        (``"auto"``), or compiled one graph per layer (``"fullgraph"``); worker/compiling.py.
+        ``router_aux_loss``: a mixture of experts' router auxiliary loss (``output_router_logits=True``) is
+        refused by default; ``"per_microbatch"`` trains it per microbatch of the plan (module doc)."""
         kwargs.setdefault("train_dataset", _Steps(len(planned)))
         super().__init__(*args, **kwargs)
-        self._use_plans(planned, compile=compile)
+        self._use_plans(planned, compile=compile, router_aux_loss=router_aux_loss)

@@ -25,6 +25,15 @@ DACP attention's collectives in one order on every rank under recomputation).
 
 The loop is ``SkrullTrainerMixin``'s (worker/hf/trainer.py): one plan iteration per optimizer step,
 ``num_items_in_batch`` the global batch's target count over every rank, the loss times the process count.
+
+A mixture of experts: TRL turns the router's auxiliary loss on (``router_aux_loss_coef`` None takes the
+config's coefficient) and adds ``coef * aux / accumulation steps`` of each forward, not multiplied by the
+process count, so DDP's average makes its weight ``1 / world`` of a rank's term. Under plans that term is
+refused unless ``router_aux_loss="per_microbatch"`` asks for the own loop's semantics (worker/hf/router_loss.py,
+worker/hf/trainer.py): each of the plan's microbatches adds ``coef * aux(m)`` over its own tokens (a CP
+group's whole tokens where sequences are sharded), the same loss as ``SkrullTrainer`` and the own loop
+train. TRL's own term is then left out (it would take each GPU's shard pieces alone), and the router
+logits are read from the backbone's output, which TRL's fused LM head does not pass on.
 """
 
 from __future__ import annotations
@@ -36,6 +45,7 @@ import torch
 from datasets import Dataset
 from trl import SFTTrainer
 
+from skrull.worker import grad_sync
 from skrull.worker.dataloader import PlannedBatches
 from skrull.worker.hf.trainer import SkrullTrainerMixin
 from skrull.worker.loss import IGNORE_INDEX
@@ -118,7 +128,17 @@ class SkrullSFTTrainer(SkrullTrainerMixin, SFTTrainer):
     needs the same number of them.
     """
 
-    def __init__(self, model: Any, args: Any = None, *, planned: LoaderFactory, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        model: Any,
+        args: Any = None,
+        *,
+        planned: LoaderFactory,
+        router_aux_loss: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """``router_aux_loss``: refuse a mixture of experts' router loss (None, the default) or train it
+        ``"per_microbatch"`` (module doc)."""
         _refuse_replaced_options(args, kwargs)
         train_dataset = kwargs.get("train_dataset")
         if train_dataset is not None and not isinstance(train_dataset, Dataset):
@@ -136,7 +156,9 @@ class SkrullSFTTrainer(SkrullTrainerMixin, SFTTrainer):
                 "planned: equal_microbatches=False; TRL gathers metrics over the world on every microbatch, so "
                 "every rank needs the same count: plan with equal_microbatches=True"
             )
-        self._use_plans(loader)
+        self._use_plans(loader, router_aux_loss=router_aux_loss)
+        if self.router is not None:
+            self.aux_loss_enabled = False  # TRL's own term is replaced by the plan's (microbatch_loss)
 
     def _evaluation_rows(self, dataset: Any) -> tuple[Any, list[int], str | None]:
         """An eval set as TRL prepared it (chat template, assistant/completion masks, truncation), read as the
@@ -153,10 +175,26 @@ class SkrullSFTTrainer(SkrullTrainerMixin, SFTTrainer):
     ) -> torch.Tensor:
         """TRL's own ``compute_loss`` on the packed microbatch: its fused LM head scores the pre-shifted
         targets as ``shift_labels``, divides by ``num_items_in_batch`` and multiplies by the process count
-        (``average_tokens_across_devices``), and records its metrics."""
-        with self.compute_loss_context_manager():
-            loss = self.compute_loss(
-                model, {**kwargs, "shift_labels": labels.unsqueeze(0)}, num_items_in_batch=num_items_in_batch
-            )
+        (``average_tokens_across_devices``), and records its metrics. With the router loss per microbatch
+        the backbone's router logits are caught on their way out (TRL's fused output has none) and the
+        mixin's ``router_term`` is added."""
+        inputs = {**kwargs, "shift_labels": labels.unsqueeze(0)}
+        caught: list[Any] = []
+        hook = None
+        if self.router is not None:
+            inputs["output_router_logits"] = True
+            inner: Any = grad_sync.unwrapped(model)
+            backbone = inner.get_decoder()
+            hook = backbone.register_forward_hook(lambda _m, _a, out: caught.append(out.router_logits))
+        try:
+            with self.compute_loss_context_manager():
+                loss = self.compute_loss(model, inputs, num_items_in_batch=num_items_in_batch)
+        finally:
+            if hook is not None:
+                hook.remove()
         assert isinstance(loss, torch.Tensor)  # return_outputs=False: the loss alone
+        if self.router is not None:
+            if len(caught) != 1:
+                raise ValueError(f"router_aux_loss: {len(caught)} backbone forwards in one microbatch, expected 1")
+            loss = loss + self.router_term(model, caught[0])
         return loss

@@ -8,7 +8,9 @@ from __future__ import annotations
 import json
 import random
 import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -133,3 +135,118 @@ def test_without_the_option_every_rank_refuses_before_the_first_step_naming_it(t
     assert done.returncode != 0
     assert 'router_aux_loss="per_microbatch"' in done.stderr
     assert "losses:" not in done.stdout
+
+
+TRAINER = ROOT / "examples" / "hf_trainer.py"
+TRL = ROOT / "examples" / "trl_sft.py"
+
+
+def _trainer_example(
+    tmp_path: Path, integration: str, arch: str, dp: int, cp: int, *extra: str
+) -> subprocess.CompletedProcess[str]:
+    """The documented Trainer (``hf_trainer.py``) or TRL (``trl_sft.py``) script, one step, ``--check``."""
+    if integration == "trainer":
+        script, data = TRAINER, _rows(tmp_path / "rows.jsonl", seed=5)
+    else:
+        script, data = TRL, tmp_path / "chats.jsonl"
+        write = [sys.executable, str(TRL), "--write-demo-data", "--data", str(data)]
+        subprocess.run(write, check=True, cwd=tmp_path, capture_output=True)
+    args = [
+        "--model-config", str(MODELS / f"{arch}.json"), "--data", str(data), "--dp", str(dp), "--cp", str(cp),
+        "--bucket-tokens", str(128 // cp), "--global-batch-size", "8", "--max-steps", "1",
+        "--output-dir", str(tmp_path / "out"), "--check", *extra,
+    ]  # fmt: skip
+    return run_torchrun(script, args, nproc=dp * cp, cwd=tmp_path, timeout_s=600)
+
+
+@pytest.mark.parametrize(
+    ("integration", "arch", "dp", "cp"),
+    [("trainer", "qwen2-moe-router-aux", 2, 2), ("trl", "mixtral-router-aux", 1, 4)],
+)
+def test_the_trainers_per_microbatch_router_loss_equals_the_own_loops_reference(
+    tmp_path: Path, integration: str, arch: str, dp: int, cp: int
+) -> None:
+    """SkrullTrainer and SkrullSFTTrainer with ``router_aux_loss="per_microbatch"``: 4 gloo processes,
+    sequences sharded over CP groups in the first step; the loss and every gradient equal the reference of
+    the own loop's test (the plain step plus ``coef * aux`` of each of the plan's microbatches)."""
+    done = _trainer_example(tmp_path, integration, arch, dp, cp, "--router-aux-loss", "per-microbatch")
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert "router aux loss: per_microbatch" in done.stdout  # the logged loss says which semantics
+    assert "'router_aux_loss_per_microbatch'" in done.stdout  # and so does the Trainer's log line
+    assert "cp modes: allgather" in done.stdout  # sharded microbatches: the group's statistics were summed
+    assert "check passed" in done.stdout, done.stdout
+
+
+def test_without_the_option_the_trainer_refuses_on_every_rank_naming_it(tmp_path: Path) -> None:
+    done = _trainer_example(tmp_path, "trainer", "mixtral-router-aux", 2, 2)
+    assert done.returncode != 0
+    assert 'router_aux_loss="per_microbatch"' in done.stderr and "SkrullTrainer" in done.stderr
+    assert "losses:" not in done.stdout
+
+
+ROWS = [{"input_ids": [(7 * n + t) % 128 for t in range(n)]} for n in (5, 9, 30, 60)]
+
+
+def _trainer(tmp_path: Path, *, router_aux_loss: str | None, eval_dataset: object = None) -> Any:
+    """A one-process ``SkrullTrainer`` over ``ROWS`` (one global batch of 4, several microbatches)."""
+    from transformers import TrainingArguments
+
+    from skrull.worker.dataloader import PlannedBatches
+    from skrull.worker.hf.trainer import SkrullTrainer
+
+    planned = PlannedBatches(
+        [{"input_ids": r["input_ids"], "labels": r["input_ids"]} for r in ROWS], [len(r["input_ids"]) for r in ROWS],
+        rank=0, dp=1, cp=1, global_batch_size=4, profile="h100-80g/qwen2.5-0.5b", bucket_tokens=64,
+        equal_microbatches=True, prefetch=0, label_convention="hf",
+    )  # fmt: skip
+    doc = read_model_config(MODELS / "qwen2-moe-router-aux.json", router_aux_loss="per_microbatch")
+    model = build_model(doc, seed=3, router_aux_loss="per_microbatch")
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "out"), use_cpu=True, report_to=[], max_steps=1, learning_rate=0.0,
+        optim="sgd", max_grad_norm=0.0, logging_steps=1,
+    )  # fmt: skip
+    return SkrullTrainer(
+        model=model, args=args, planned=planned, router_aux_loss=router_aux_loss, eval_dataset=eval_dataset
+    )
+
+
+def test_the_trainer_refuses_the_router_loss_by_default_and_evaluation_with_it(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r'output_router_logits=True.*router_aux_loss="per_microbatch".*SkrullTrainer'):
+        _trainer(tmp_path, router_aux_loss=None)
+    with pytest.raises(ValueError, match="router_aux_loss='per-microbatch'"):
+        _trainer(tmp_path, router_aux_loss="per-microbatch")
+    # the plain Trainer's eval_loss adds each eval batch's router loss, which evaluation under plans does not
+    with pytest.raises(ValueError, match="eval_dataset with router_aux_loss='per_microbatch'"):
+        _trainer(tmp_path, router_aux_loss="per_microbatch", eval_dataset=ROWS)
+
+
+def test_one_trainer_step_is_the_plain_step_plus_each_planned_microbatchs_router_loss(tmp_path: Path) -> None:
+    """One process, several microbatches: the step's loss, its logged router part and every gradient equal
+    the reference the own loop is checked against."""
+    from skrull.worker.hf.step import model_gradients, plain_step, step_errors
+
+    trainer = _trainer(tmp_path, router_aux_loss="per_microbatch")
+    grads: dict[str, torch.Tensor] = {}
+    original = trainer.training_step
+
+    def step(*a: Any, **kw: Any) -> torch.Tensor:
+        out = original(*a, **kw)
+        grads.update({n: p.grad.detach().clone() for n, p in trainer.model.named_parameters() if p.grad is not None})
+        return out
+
+    trainer.training_step = step
+    trainer.train()
+    units = router_microbatches(trainer.planned.plan_of(0).iterations[0])
+    assert len(units) >= 2  # the router term summed over several microbatches
+    doc = read_model_config(MODELS / "qwen2-moe-router-aux.json", router_aux_loss="per_microbatch")
+    reference = build_model(doc, seed=3, attn_implementation="eager", router_aux_loss="per_microbatch")
+    batch = trainer.planned.batches[0]
+    want = plain_step(reference, [torch.tensor(ROWS[i]["input_ids"]) for i in batch], router_microbatches=units)
+    errors = step_errors(
+        loss=trainer.step_losses[0], reference_loss=want, grads=grads, reference_grads=model_gradients(reference)
+    )
+    assert max(errors.values()) <= 1e-4, errors
+    router_part = trainer.step_router_losses[0]
+    assert 0 < router_part < trainer.step_losses[0]
+    logged = [e for e in trainer.state.log_history if "loss" in e]
+    assert logged[0]["router_aux_loss_per_microbatch"] == pytest.approx(router_part)
