@@ -50,7 +50,7 @@ from skrull.solver.profile import load_profile
 from skrull.solver.types import Parallel
 from skrull.worker.dataloader import PlannedBatches
 from skrull.worker.plan_sources import LocalPlans
-from skrull.worker.planner_process import ProcessPlans
+from skrull.worker.planner.client import ProcessPlans
 
 PROFILE = "h100-80g/qwen2.5-0.5b"
 PARALLEL = Parallel(dp=2, cp=2)

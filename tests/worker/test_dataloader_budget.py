@@ -10,7 +10,7 @@ import random
 from skrull.solver.types import Parallel
 from skrull.worker.dataloader import PlannedBatches
 from skrull.worker.plan_sources import LocalPlans
-from skrull.worker.planner_process import unagreed_budget_s
+from skrull.worker.planner.budget import unagreed_budget_s
 
 
 def test_ranks_without_a_group_ask_every_request_with_the_same_small_budget() -> None:

@@ -21,7 +21,8 @@ from skrull.solver.errors import RequestError
 from skrull.solver.search.budget import smallest_budget_s
 from skrull.solver.types import Parallel
 from skrull.worker.dataloader import PlannedBatches
-from skrull.worker.planner_process import PlanningBudget, ProcessPlans
+from skrull.worker.planner.budget import PlanningBudget
+from skrull.worker.planner.client import ProcessPlans
 from tests.launch import run_torchrun, start_torchrun
 
 HERE = Path(__file__).resolve().parent
