@@ -577,7 +577,7 @@ def _profile_name(profile: Any) -> str:
 
 
 class LoaderCalibration:
-    """The planned loader's side of calibration (``PlannedBatches(calibrate=True)``).
+    """The planned loader's side of calibration (``LoaderOptions(calibrate=True)``).
 
     After each step every rank hands in its microbatch times (``record``): they are gathered over the job
     (``all_gather_object``), so every rank holds the same measurements; the loader of local rank 0 sends

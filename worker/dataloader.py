@@ -504,7 +504,7 @@ class PlannedBatches:
         Collective: every rank calls it once per iteration. Returns the iteration's report (estimated vs
         measured, median per-microbatch error) and feeds the planner's refit (worker/calibration.py)."""
         if self.calibration is None:
-            raise RequestError("calibrate", False, "record_timings needs PlannedBatches(calibrate=True)")
+            raise RequestError("calibrate", False, "record_timings needs LoaderOptions(calibrate=True)")
         return self.calibration.record(ready, microbatch_ms)
 
     @staticmethod
@@ -866,7 +866,7 @@ class PlannedBatches:
                 "label_convention",
                 self.label_convention,
                 f"{self.dataset_name}[{index}].labels equal its input_ids wherever they are supervised: Hugging "
-                "Face's convention (the model shifts); pass PlannedBatches(..., label_convention='hf'), or labels "
+                "Face's convention (the model shifts); pass LoaderOptions(label_convention='hf'), or labels "
                 "that are each position's next token",
             )
         if self.label_convention == "hf" and nxt:
@@ -874,7 +874,7 @@ class PlannedBatches:
                 "label_convention",
                 self.label_convention,
                 f"{self.dataset_name}[{index}].labels are each position's next token (already shifted): "
-                "the 'next_token' convention; pass PlannedBatches(..., label_convention='next_token')",
+                "the 'next_token' convention; pass LoaderOptions(label_convention='next_token')",
             )
 
     def _runs(self, iteration: int, plan_id: str) -> tuple[list[int], dict[int, int]]:

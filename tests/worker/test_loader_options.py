@@ -4,8 +4,6 @@
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import sys
 import warnings
 
 import pytest
@@ -159,17 +157,3 @@ def test_a_request_holds_every_row_of_its_chunk_once_carried_rows_first(
     if max_sequences:
         assert doc["defer"]["max_sequences"] == (0 if last else max_sequences)
         assert doc["defer"].get("carried", 0) == carried
-
-
-def test_the_old_planner_process_module_still_imports_with_a_warning() -> None:
-    sys.modules.pop("skrull.worker.planner_process", None)
-    with pytest.warns(DeprecationWarning, match=r"skrull\.worker\.planner\.client"):
-        old = importlib.import_module("skrull.worker.planner_process")
-    from skrull.worker.planner.budget import PlanningBudget, unagreed_budget_s
-    from skrull.worker.planner.client import ProcessPlans
-
-    assert (old.ProcessPlans, old.PlanningBudget, old.unagreed_budget_s) == (
-        ProcessPlans,
-        PlanningBudget,
-        unagreed_budget_s,
-    )
