@@ -128,8 +128,8 @@ def cmd_execute(args: argparse.Namespace) -> int:
     try:
         import torch  # noqa: F401
 
-        from skrull.worker.execute import ExecuteConfig, LayerConfig, compare, execute_plan
         from skrull.worker.launch import LaunchError
+        from skrull.worker.layer_check import ExecuteConfig, LayerConfig, compare, execute_plan
     except ImportError as exc:
         raise SkrullError(f"skrull execute needs torch ({exc.name} missing): pip install 'skrull[worker]'") from None
     request, world_size = request_for_processes(args)
