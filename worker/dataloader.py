@@ -404,9 +404,8 @@ class PlannedBatches:
         self._owns_plans = plans is None and client is None
         #: how many iterations ahead of the loop requests are submitted (calibrating: close to use, so the
         #: latest fit reaches the plans soon)
-        self.plan_ahead = options.plan_ahead
-        if self.plan_ahead is None:
-            self.plan_ahead = 1 if options.calibrate else PLAN_AHEAD
+        default_ahead = 1 if options.calibrate else PLAN_AHEAD
+        self.plan_ahead: int = default_ahead if options.plan_ahead is None else options.plan_ahead
         self.budget = PlanningBudget(share=options.planning_share)
         self.rank = rank
         self.dp, self.cp = dp, cp
@@ -526,9 +525,10 @@ class PlannedBatches:
     def for_evaluation(
         self, dataset: Any, lengths: Sequence[int], *, label_convention: str | None = None
     ) -> PlannedBatches:
-        """A loader over an evaluation set with this one's mesh, profile, bucket, solver and plan source:
-        every row exactly once, in dataset order (no shuffling, nothing dropped), each global batch planned
-        alone (``batches_per_plan=1``, so a microbatch's sequence id ``k`` is the iteration's
+        """A loader over an evaluation set with this one's options (mesh, profile, bucket, solver, CP modes)
+        and plan source, changed only where evaluation differs: every row exactly once, in dataset order (no
+        shuffling, nothing dropped, nothing deferred, no calibration), each global batch planned alone
+        (``batches_per_plan=1``, so a microbatch's sequence id ``k`` is the iteration's
         ``sample_indices[k]``) and every rank running the same number of microbatches, which a sharded
         model's forwards need. Rows that no layout holds are refused here, naming their index."""
         options = dataclasses.replace(
