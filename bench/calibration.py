@@ -2,7 +2,7 @@
 
 The H100 profile is wrong for a CPU by orders of magnitude (it prices a microbatch in milliseconds that a
 CPU runs in tens or hundreds). Phase 1 trains ``--iterations`` steps of a tiny Llama-shaped model
-(examples/models/llama-tiny.json, random weights) under DP2 x CP2 with ``PlannedBatches(calibrate=True)``:
+(examples/models/llama-tiny.json, random weights) under DP2 x CP2 with ``LoaderOptions(calibrate=True)``:
 each rank times its microbatches (``scheduled_step(microbatch_ms=...)``), the loader gathers them and the
 planner process refits the profile (worker/calibration.py); later requests are planned with the fit.
 Per iteration: the profile its plan used, estimated vs measured iteration time and the median
@@ -63,6 +63,7 @@ from skrull.worker.hf.model import build_model, read_model_config
 from skrull.worker.hf.step import scheduled_step
 from skrull.worker.kernels import select_kernel
 from skrull.worker.launch import launch
+from skrull.worker.loader_options import LoaderOptions
 from skrull.worker.profiling.fit import FitError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -128,11 +129,11 @@ def rank_main(rank: int, world: int, backend: str, args: argparse.Namespace, out
     vocab = int(config["vocab_size"])
     g = torch.Generator().manual_seed(args.seed)
     rows = [torch.randint(0, vocab, (n,), generator=g) for n in lengths]
-    common: dict[str, Any] = {"global_batch_size": GLOBAL_BATCH, "rank": rank, "dp": PARALLEL.dp,
-                              "cp": PARALLEL.cp, "bucket_tokens": BUCKET_TOKENS, "time_budget_s": 0.2}  # fmt: skip
-    loader = PlannedBatches(
-        rows, lengths, profile=START, seed=args.seed, num_iterations=args.iterations, calibrate=True, **common
-    )
+    common = LoaderOptions(
+        global_batch_size=GLOBAL_BATCH, profile=START, rank=rank, dp=PARALLEL.dp, cp=PARALLEL.cp,
+        bucket_tokens=BUCKET_TOKENS, time_budget_s=0.2, seed=args.seed,
+    )  # fmt: skip
+    loader = PlannedBatches(rows, lengths, dataclasses.replace(common, num_iterations=args.iterations, calibrate=True))
     phase1 = train(loader, model, registry, calibrate=True)
     assert loader.calibration is not None
     summary = loader.calibration.summary_line()
@@ -142,9 +143,10 @@ def rank_main(rank: int, world: int, backend: str, args: argparse.Namespace, out
     compare: dict[str, list[float]] = {"starting": [], "calibrated": []}
     for _ in range(args.rounds):
         for name, profile in (("starting", START), ("calibrated", calibrated)):
-            feed = PlannedBatches(
-                rows, lengths, profile=profile, seed=args.seed + 1, num_iterations=args.compare_iterations, **common
+            options = dataclasses.replace(
+                common, profile=profile, seed=args.seed + 1, num_iterations=args.compare_iterations
             )
+            feed = PlannedBatches(rows, lengths, options)
             steps = train(feed, model, registry, calibrate=False)["steps"]
             feed.close()
             compare[name].append(sum(s for s, _ in steps[1:]) / sum(t for _, t in steps[1:]) * 1e6)

@@ -1,5 +1,5 @@
 """What deferral gains: ``auto`` with ``"defer": {"max_sequences": k}`` over a stream of batches, carried as
-``PlannedBatches(defer_max_sequences=k)`` carries them.
+``LoaderOptions(defer_max_sequences=k)`` carries them.
 
 Each run draws fresh streams (a seed from the clock unless ``--seed``) from every bundled distribution: for
 each layout below, ``--batches`` consecutive global batches of 256 sequences. Every batch is one request

@@ -22,7 +22,7 @@ from skrull.solver.lengths.datasets import synthesize_request
 from skrull.solver.planning import solve
 from skrull.solver.profile import load_profile
 from skrull.solver.types import Parallel, Problem
-from skrull.worker.execute import ExecuteConfig, execute_plan
+from skrull.worker.layer_check import ExecuteConfig, execute_plan
 
 DATASETS = ("llama3-sft-mix", "chatqa2-long-sft")
 SOLVERS = ("skrull", "deepspeed", "packed")

@@ -131,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     from skrull.worker.hf.model import build_model, read_model_config
     from skrull.worker.hf.trainer import SkrullTrainer
     from skrull.worker.kernels import kernel_choice
+    from skrull.worker.loader_options import LoaderOptions
 
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -149,10 +150,22 @@ def main(argv: list[str] | None = None) -> int:
     world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
     mesh = init_device_mesh(device.type, (world, 1), mesh_dim_names=("dp", "cp"))
     planned = PlannedBatches(
-        rows, lengths, mesh=mesh, global_batch_size=args.global_batch_size * world, profile=args.profile,
-        bucket_tokens=args.bucket_tokens, seed=args.seed, equal_microbatches=True, num_iterations=steps,
-        device=device, label_convention="hf", solver=args.solver, shuffle=False,
-    )  # fmt: skip
+        rows,
+        lengths,
+        LoaderOptions(
+            global_batch_size=args.global_batch_size * world,
+            profile=args.profile,
+            bucket_tokens=args.bucket_tokens,
+            seed=args.seed,
+            equal_microbatches=True,
+            num_iterations=steps,
+            label_convention="hf",
+            solver=args.solver,
+            shuffle=False,
+        ),
+        mesh=mesh,
+        device=device,
+    )
     model = build_model(config, seed=args.seed, device=device, dtype=dtype)
     clock = _Clock(device)
     trainer = SkrullTrainer(

@@ -32,6 +32,7 @@ Prints Markdown; asserts nothing (a shared machine's load moves every figure).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import os
 import platform
@@ -49,8 +50,9 @@ from skrull.solver.lengths.datasets import synthesize_request
 from skrull.solver.profile import load_profile
 from skrull.solver.types import Parallel
 from skrull.worker.dataloader import PlannedBatches
+from skrull.worker.loader_options import LoaderOptions
 from skrull.worker.plan_sources import LocalPlans
-from skrull.worker.planner_process import ProcessPlans
+from skrull.worker.planner.client import ProcessPlans
 
 PROFILE = "h100-80g/qwen2.5-0.5b"
 PARALLEL = Parallel(dp=2, cp=2)
@@ -133,15 +135,15 @@ def main() -> None:
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(29500 + seed % 1000))
     dist.init_process_group("gloo", rank=0, world_size=1)  # the job's store: budgets agreed as under torchrun
-    kw: dict[str, Any] = {
-        "global_batch_size": GLOBAL_BATCH, "profile": PROFILE, "seed": seed, "rank": 0, "dp": PARALLEL.dp,
-        "cp": PARALLEL.cp, "num_iterations": args.iterations,
-    }  # fmt: skip
+    options = LoaderOptions(
+        global_batch_size=GLOBAL_BATCH, profile=PROFILE, seed=seed, rank=0, dp=PARALLEL.dp, cp=PARALLEL.cp,
+        num_iterations=args.iterations,
+    )  # fmt: skip
     step_s = args.step_ms / 1e3
     results: dict[str, dict[str, Any]] = {}
 
     pre = LocalPlans()
-    fixed = PlannedBatches(rows, lengths, plans=pre, time_budget_s=0.5, **kw)
+    fixed = PlannedBatches(rows, lengths, dataclasses.replace(options, time_budget_s=0.5), plans=pre)
     for chunk in range(len(fixed)):  # every plan solved before the loop starts
         pre.plan(pre.submit(fixed.request_document(chunk)), timeout_s=600)
     rounds: dict[str, list[dict[str, Any]]] = {
@@ -154,17 +156,17 @@ def main() -> None:
     for _ in range(args.rounds):  # alternated, so drifting load hits both feeds alike
         fixed.next_iteration = 0
         rounds["precomputed"].append(run(fixed, step_s=step_s, warmup=args.warmup))
-        loader = PlannedBatches(rows, lengths, **kw)
+        loader = PlannedBatches(rows, lengths, options)
         rounds["defaults"].append(run(loader, step_s=step_s, warmup=args.warmup))
         loader.close()
-        alone = PlannedBatches(rows, lengths, **kw)  # a launcher of one's own: no group to agree budgets through
+        alone = PlannedBatches(rows, lengths, options)  # a launcher of one's own: no group to agree budgets through
         alone._budget_store, alone._budget_key = None, None
         rounds["no group (ranks given)"].append(run(alone, step_s=step_s, warmup=args.warmup))
         alone.close()
         saved = {k: os.environ.get(k) for k in node_env}
         os.environ.update(node_env)
         try:
-            node = PlannedBatches(rows, lengths, **kw)  # the node's planner process, shared by its ranks
+            node = PlannedBatches(rows, lengths, options)  # the node's planner process, shared by its ranks
             shared = isinstance(node.plans, ProcessPlans) and node.plans.serves_whole_job(PARALLEL.dp * PARALLEL.cp)
         finally:
             for k, v in saved.items():
@@ -184,7 +186,9 @@ def main() -> None:
         results[name] = sorted(runs, key=lambda r: r["iteration_ms"])[len(runs) // 2]
 
     if not args.skip_thread:
-        thread = PlannedBatches(rows, lengths, plans=LocalPlans(), **{**kw, "num_iterations": args.warmup + 10})
+        thread = PlannedBatches(
+            rows, lengths, dataclasses.replace(options, num_iterations=args.warmup + 10), plans=LocalPlans()
+        )
         thread.time_budget_s = None
         thread._budget_key = None  # the old default: the planner's own budget for the request's size
         results["thread (old default)"] = run(thread, step_s=step_s, warmup=args.warmup)

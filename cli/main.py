@@ -19,11 +19,10 @@ from typing import Any, NoReturn
 
 import skrull
 from skrull.cli import derive as derive_cli
-from skrull.cli import execute as execute_cli
 from skrull.cli import finetune as finetune_cli
+from skrull.cli import layer_check, serve, solver_worker
 from skrull.cli import lengths as lengths_cli
 from skrull.cli import profile as profile_cli
-from skrull.cli import serve, solver_worker
 from skrull.cli import show as show_cli
 from skrull.solver.budget import EXACT_SOLVERS
 from skrull.solver.cost import CostModel
@@ -422,7 +421,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_profiles)
 
     derive_cli.add_parser(sub)
-    execute_cli.add_parser(sub)
+    layer_check.add_parser(sub)
     finetune_cli.add_parser(sub)
     profile_cli.add_parser(sub)
     serve.add_parser(sub)

@@ -58,9 +58,9 @@ def request_for_processes(args: argparse.Namespace) -> tuple[Request, int]:
     """``(request, world_size)`` once every shared option is checked (one clear error otherwise)."""
     import torch
 
-    from skrull.worker.execute import DTYPES
     from skrull.worker.kernels import select_kernel
     from skrull.worker.launch import check_backend
+    from skrull.worker.layer_check import DTYPES
 
     doc = read_json(args.request, field="--request")
     if isinstance(doc, dict) and args.solver is not None:

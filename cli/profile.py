@@ -95,7 +95,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
         import torch
 
         from skrull.worker.compiling import resolve_compile
-        from skrull.worker.execute import DTYPES
+        from skrull.worker.layer_check import DTYPES
         from skrull.worker.profiling.document import model_from_doc
         from skrull.worker.profiling.measure import PROFILE_MODELS
         from skrull.worker.profiling.run import ProfileOptions, run_check, run_profile

@@ -44,11 +44,12 @@ from skrull.api.client import PlanningClient  # noqa: E402
 from skrull.solver.lengths.datasets import load_distribution  # noqa: E402
 from skrull.worker.collectives import GroupRegistry  # noqa: E402
 from skrull.worker.dataloader import PlannedBatches  # noqa: E402
-from skrull.worker.execute import DTYPES  # noqa: E402
 from skrull.worker.hf.model import build_model, read_model_config  # noqa: E402
 from skrull.worker.hf.step import scheduled_step  # noqa: E402
 from skrull.worker.kernels import select_kernel  # noqa: E402
 from skrull.worker.launch import device_for, launch  # noqa: E402
+from skrull.worker.layer_check import DTYPES  # noqa: E402
+from skrull.worker.loader_options import LoaderOptions  # noqa: E402
 
 
 def make_dataset(args: argparse.Namespace, *, vocab_size: int, max_tokens: int) -> list[list[int]]:
@@ -99,18 +100,20 @@ def train(rank: int, world_size: int, backend: str, args: argparse.Namespace) ->
         loader = PlannedBatches(
             dataset,
             [len(s) for s in dataset],
+            LoaderOptions(
+                rank=rank,
+                dp=args.dp,
+                cp=args.cp,
+                global_batch_size=args.global_batch_size,
+                profile=profile,
+                seed=args.seed,
+                solver=args.solver,
+                time_budget_s=args.time_budget_s,
+                prefetch=1,
+                num_iterations=args.steps,
+                bucket_tokens=args.bucket_tokens,
+            ),
             client=client,
-            rank=rank,
-            dp=args.dp,
-            cp=args.cp,
-            global_batch_size=args.global_batch_size,
-            profile=profile,
-            seed=args.seed,
-            solver=args.solver,
-            time_budget_s=args.time_budget_s,
-            prefetch=1,
-            num_iterations=args.steps,
-            bucket_tokens=args.bucket_tokens,
             device=device,
         )
         for ready in loader:

@@ -42,6 +42,7 @@ from skrull.worker.hf.model import build_model, read_model_config, with_lora  # 
 from skrull.worker.hf.router_loss import router_microbatches  # noqa: E402
 from skrull.worker.hf.step import model_gradients, plain_step, print_check, step_errors  # noqa: E402
 from skrull.worker.hf.trainer import SkrullTrainer  # noqa: E402  # skrull
+from skrull.worker.loader_options import LoaderOptions  # noqa: E402  # skrull
 
 TOLERANCE = 1e-4
 #: Largest difference of a resumed run's losses and final weights from the straight run's.
@@ -244,10 +245,21 @@ def main(argv: list[str] | None = None) -> int:
             f"DP{args.dp} x CP{args.cp}"
         )
     planned = PlannedBatches(  # skrull
-        rows, [len(r["input_ids"]) for r in rows], mesh=mesh, global_batch_size=args.global_batch_size,
-        profile=args.profile, bucket_tokens=args.bucket_tokens, seed=args.seed, equal_microbatches=True,
-        num_iterations=args.max_steps, device=device, label_convention="hf", cp_modes=args.cp_modes.split(","),
-    )  # fmt: skip
+        rows,
+        [len(r["input_ids"]) for r in rows],
+        LoaderOptions(
+            global_batch_size=args.global_batch_size,
+            profile=args.profile,
+            bucket_tokens=args.bucket_tokens,
+            seed=args.seed,
+            equal_microbatches=True,
+            num_iterations=args.max_steps,
+            label_convention="hf",
+            cp_modes=args.cp_modes.split(","),
+        ),
+        mesh=mesh,
+        device=device,
+    )
     if len(planned) < args.max_steps:
         raise SystemExit(
             f"--max-steps {args.max_steps}: --data holds {len(rows)} rows, {len(planned)} global batches of "

@@ -134,6 +134,7 @@ def main(argv: list[str] | None = None) -> None:
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     from skrull.worker.dataloader import PlannedBatches
+    from skrull.worker.loader_options import LoaderOptions
     from skrull.worker.megatron import megatron_iteration, padded_num_tokens
 
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
@@ -178,15 +179,17 @@ def main(argv: list[str] | None = None) -> None:
     loader = PlannedBatches(
         rows,
         lengths,
-        global_batch_size=args.global_batch_size,
-        profile=args.profile,
-        rank=rank,
-        dp=world // args.cp,
-        cp=args.cp,
-        solver=args.solver,
-        bucket_tokens=args.bucket_tokens,
-        num_iterations=args.iterations,
-        seed=args.seed,
+        LoaderOptions(
+            global_batch_size=args.global_batch_size,
+            profile=args.profile,
+            rank=rank,
+            dp=world // args.cp,
+            cp=args.cp,
+            solver=args.solver,
+            bucket_tokens=args.bucket_tokens,
+            num_iterations=args.iterations,
+            seed=args.seed,
+        ),
     )
     try:
         for ready in loader:

@@ -49,6 +49,7 @@ from skrull.worker.hf.step import (  # noqa: E402
     step_errors,
 )
 from skrull.worker.kernels import select_kernel  # noqa: E402  # skrull
+from skrull.worker.loader_options import LoaderOptions  # noqa: E402  # skrull
 
 TOLERANCE = 1e-4
 
@@ -113,11 +114,22 @@ def main(argv: list[str] | None = None) -> int:
     router_aux_loss = args.router_aux_loss.replace("-", "_") if args.router_aux_loss else None  # skrull
     rows = read_rows(args.data)
     planned = PlannedBatches(  # skrull
-        rows, [len(r["input_ids"]) for r in rows], mesh=mesh, global_batch_size=args.global_batch_size,
-        profile=args.profile, bucket_tokens=args.bucket_tokens, seed=args.seed, num_iterations=args.steps,
-        equal_microbatches=args.grad_sync != "allreduce", device=device, label_convention="hf",
-        calibrate=args.calibrate, cp_modes=args.cp_modes.split(","),
-    )  # fmt: skip
+        rows,
+        [len(r["input_ids"]) for r in rows],
+        LoaderOptions(
+            global_batch_size=args.global_batch_size,
+            profile=args.profile,
+            bucket_tokens=args.bucket_tokens,
+            seed=args.seed,
+            num_iterations=args.steps,
+            equal_microbatches=args.grad_sync != "allreduce",
+            label_convention="hf",
+            calibrate=args.calibrate,
+            cp_modes=args.cp_modes.split(","),
+        ),
+        mesh=mesh,
+        device=device,
+    )
     if len(planned) < args.steps:
         raise SystemExit(
             f"--steps {args.steps}: --data holds {len(rows)} rows, {len(planned)} global batches of "

@@ -34,6 +34,7 @@ from skrull.worker.dacp import DACPPlan, dacp_attention  # noqa: E402
 from skrull.worker.dataloader import PlannedBatches  # noqa: E402
 from skrull.worker.kernels import select_kernel  # noqa: E402
 from skrull.worker.launch import launch  # noqa: E402
+from skrull.worker.loader_options import LoaderOptions  # noqa: E402
 from skrull.worker.loss import per_token_loss  # noqa: E402
 from skrull.worker.model import TinyCausalLM  # noqa: E402
 from skrull.worker.train import reduce_gradients  # noqa: E402
@@ -72,18 +73,20 @@ def train(rank: int, world_size: int, backend: str, args: argparse.Namespace, ou
         loader = PlannedBatches(
             dataset,
             [len(s) for s in dataset],
+            LoaderOptions(
+                rank=rank,
+                dp=args.dp,
+                cp=args.cp,
+                global_batch_size=args.global_batch_size,
+                profile=TINY_PROFILE,
+                seed=args.seed,
+                solver=args.solver,
+                time_budget_s=args.time_budget_s,
+                prefetch=args.prefetch,
+                batches_per_plan=args.batches_per_plan,
+                num_iterations=args.iterations,
+            ),
             client=client,
-            rank=rank,
-            dp=args.dp,
-            cp=args.cp,
-            global_batch_size=args.global_batch_size,
-            profile=TINY_PROFILE,
-            seed=args.seed,
-            solver=args.solver,
-            time_budget_s=args.time_budget_s,
-            prefetch=args.prefetch,
-            batches_per_plan=args.batches_per_plan,
-            num_iterations=args.iterations,
         )
         start = time.perf_counter()
         for ready in loader:

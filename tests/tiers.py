@@ -60,7 +60,7 @@ SENTINELS = {
     "torch.multiprocessing": "torchrun",
     # the library's own gloo process groups (worker/launch.py) and what starts them
     "skrull.worker.launch.launch": "torchrun",
-    "skrull.worker.execute.execute_plan": "torchrun",
+    "skrull.worker.layer_check.execute_plan": "torchrun",
     "skrull.worker.hf.finetune.finetune_plan": "torchrun",
     "skrull.worker.profiling.comm.measure_comm": "torchrun",
     "tests.api.conftest.LiveServer": "server",

@@ -577,7 +577,7 @@ def _profile_name(profile: Any) -> str:
 
 
 class LoaderCalibration:
-    """The planned loader's side of calibration (``PlannedBatches(calibrate=True)``).
+    """The planned loader's side of calibration (``LoaderOptions(calibrate=True)``).
 
     After each step every rank hands in its microbatch times (``record``): they are gathered over the job
     (``all_gather_object``), so every rank holds the same measurements; the loader of local rank 0 sends
@@ -591,8 +591,8 @@ class LoaderCalibration:
         self.loader = loader
         self.store = store
         self.start = loader.profile
-        # a plan source that fits in its own process (worker/planner_process.ProcessPlans), recognised by
-        # what it does rather than imported: planner_process imports this module
+        # a plan source that fits in its own process (worker/planner/client.ProcessPlans), recognised by
+        # what it does rather than imported: the planner package imports this module
         plans = loader.plans
         fits_remotely = hasattr(plans, "add_timings") and hasattr(plans, "calibrated_profile")
         self.remote = plans if fits_remotely else None

@@ -87,37 +87,41 @@ class GroupRegistry:
 
 def all_gather_slots(send: torch.Tensor, *, group: dist.ProcessGroup, async_op: bool) -> tuple[torch.Tensor, Any]:
     """Gather ``send`` (``[P, ...]``) from every member into ``[N * P, ...]``, slot-major."""
-    size = dist.get_world_size(group)
-    out = send.new_empty((size * send.shape[0], *send.shape[1:]))
-    inp = send.contiguous()
-    work = _slowed(
-        lambda: _all_gather_single(out, inp, group=group, async_op=async_op),
-        num_bytes=out.numel() * out.element_size(), group=group, async_op=async_op,
-    )  # fmt: skip
-    return out, work
+    out = send.new_empty((dist.get_world_size(group) * send.shape[0], *send.shape[1:]))
+    return out, _into(_all_gather_single, out, send, moved=out, group=group, async_op=async_op)
 
 
 def reduce_scatter_slots(send: torch.Tensor, *, group: dist.ProcessGroup, async_op: bool) -> tuple[torch.Tensor, Any]:
     """Sum ``send`` (``[N * P, ...]``, slot-major) over the members; member ``i`` keeps slot ``i``."""
-    size = dist.get_world_size(group)
-    out = send.new_empty((send.shape[0] // size, *send.shape[1:]))
-    inp = send.contiguous()
-    work = _slowed(
-        lambda: _reduce_scatter_single(out, inp, group=group, async_op=async_op),
-        num_bytes=inp.numel() * inp.element_size(), group=group, async_op=async_op,
-    )  # fmt: skip
-    return out, work
+    out = send.new_empty((send.shape[0] // dist.get_world_size(group), *send.shape[1:]))
+    return out, _into(_reduce_scatter_single, out, send, moved=send, group=group, async_op=async_op)
 
 
 def all_to_all_slots(send: torch.Tensor, *, group: dist.ProcessGroup, async_op: bool) -> tuple[torch.Tensor, Any]:
     """Slot ``i`` of ``send`` (``[N * P, ...]``) goes to member ``i``; slot ``j`` of the result came from ``j``."""
     out = torch.empty_like(send)
+    return out, _into(dist.all_to_all_single, out, send, moved=send, group=group, async_op=async_op)
+
+
+def _into(
+    collective: Any,
+    out: torch.Tensor,
+    send: torch.Tensor,
+    *,
+    moved: torch.Tensor,
+    group: dist.ProcessGroup,
+    async_op: bool,
+) -> Any:
+    """Run ``collective(out, send, group=, async_op=)`` (``send`` made contiguous) and return its work, slowed
+    by the test-only delay (``_slowed``) as for ``moved``'s bytes: the buffer whose size is the link's busbw
+    volume (the gathered output of an all-gather, the input of a reduce-scatter or an all-to-all)."""
     inp = send.contiguous()
-    work = _slowed(
-        lambda: dist.all_to_all_single(out, inp, group=group, async_op=async_op),
-        num_bytes=inp.numel() * inp.element_size(), group=group, async_op=async_op,
-    )  # fmt: skip
-    return out, work
+    return _slowed(
+        lambda: collective(out, inp, group=group, async_op=async_op),
+        num_bytes=moved.numel() * moved.element_size(),
+        group=group,
+        async_op=async_op,
+    )
 
 
 #: The environment variable of the test-only slow collective (module doc): milliseconds per MiB of busbw.

@@ -285,53 +285,92 @@ def _overlapped_backward(
     return received, grads
 
 
-class _AllGatherCP(torch.autograd.Function):
+def _backward_start(ctx: Any, grad: torch.Tensor) -> tuple[DACPPlan, int, int, torch.Tensor]:
+    """Where both schemes' backward start: the plan, its local row count ``n``, this GPU's piece count (the
+    rows after ``n``) and the output gradient, contiguous."""
+    plan: DACPPlan = ctx.plan
+    n = plan.num_local_tokens
+    return plan, n, ctx.shapes[0][0] - n, grad.contiguous()
+
+
+class _ShardedCP(torch.autograd.Function):
+    """The forward both schemes share: the rows are the local part (the first ``plan.num_local_tokens``) and
+    then this GPU's shard pieces; the scheme's collective carries what ``send_rows`` makes of the pieces
+    (nothing when nothing is sharded) while the local attention runs under it (``_overlapped_forward``), and
+    ``piece_outputs`` turns what arrived into the pieces' outputs, which follow the local ones. A subclass
+    is one scheme: its collective, those two steps and its backward."""
+
+    @classmethod
+    def forward(
+        cls, ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: DACPPlan, features: Features
+    ) -> torch.Tensor:
+        send, collective = cls.send_rows(ctx, q, k, v, plan)
+        received, out_local = _overlapped_forward(ctx, q, k, v, plan, features, send=send, collective=collective)
+        return torch.cat([out_local, cls.piece_outputs(ctx, q, v, plan, features, received)])
+
+    @staticmethod
+    def send_rows(
+        ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: DACPPlan
+    ) -> tuple[torch.Tensor | None, Collective]:
+        """What this GPU sends of its pieces (None when nothing is sharded) and the scheme's asynchronous
+        collective that carries it (worker/collectives.py), looked up as the forward runs, so what is bound
+        to the module's name then is what runs."""
+        raise NotImplementedError
+
+    @staticmethod
+    def piece_outputs(
+        ctx: Any, q: torch.Tensor, v: torch.Tensor, plan: DACPPlan, features: Features, received: torch.Tensor | None
+    ) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class _AllGatherCP(_ShardedCP):
     """Llama-3 all-gather context parallelism for the sharded part, varlen attention for the local part."""
 
     @staticmethod
-    def forward(
-        ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: DACPPlan, features: Features
+    def send_rows(
+        ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: DACPPlan
+    ) -> tuple[torch.Tensor | None, Collective]:
+        """This GPU's pieces' K and V, padded to the group's piece size (``[P, 2, H_kv, D]``), all-gathered."""
+        pieces = slice(plan.num_local_tokens, None)
+        send = torch.stack([k[pieces], v[pieces]], dim=1) if plan.has_sharded else None
+        return None if send is None else _pad_rows(send, plan.layout.padded_piece_tokens), all_gather_slots
+
+    @staticmethod
+    def piece_outputs(
+        ctx: Any, q: torch.Tensor, v: torch.Tensor, plan: DACPPlan, features: Features, gathered: torch.Tensor | None
     ) -> torch.Tensor:
         n = plan.num_local_tokens
         num_pieces = q.shape[0] - n
-        send = None
-        if plan.has_sharded:
-            send = _pad_rows(torch.stack([k[n:], v[n:]], dim=1), plan.layout.padded_piece_tokens)  # [P, 2, H_kv, D]
-        gathered, out_local = _overlapped_forward(ctx, q, k, v, plan, features, send=send, collective=all_gather_slots)
         ctx.gathered_shape = None if gathered is None else gathered.shape
-        sharded_saved = None
-        out_pieces = q.new_zeros(0, q.shape[1], v.shape[2])
-        if gathered is not None and num_pieces > 0:
-            # the key prefix of every piece, packed for the varlen kernel, is the leaf: the gathered buffer
-            # itself is not kept to backward (its gradient is the prefixes' gradient summed back by row), so
-            # what this layer keeps of the group's K/V is the prefixes the kernel keeps, once
-            keys = _leaf(gathered.index_select(0, plan.key_index))
-            del gathered
-            with torch.enable_grad():
-                qp = _leaf(q[n:])
-                out = plan.kernel(
-                    qp,
-                    keys[:, 0],
-                    keys[:, 1],
-                    cu_seqlens_q=plan.piece_cu_seqlens_q,
-                    cu_seqlens_k=plan.piece_cu_seqlens_k,
-                    max_seqlen_q=plan.piece_max_q,
-                    max_seqlen_k=plan.piece_max_k,
-                    causal=True,
-                    **_kernel_features(features),
-                )
-            sharded_saved = (qp, keys, out)
-            out_pieces = out.detach()
-        ctx.sharded_saved = sharded_saved
-        return torch.cat([out_local, out_pieces])
+        ctx.sharded_saved = None
+        if gathered is None or num_pieces == 0:
+            return q.new_zeros(0, q.shape[1], v.shape[2])
+        # the key prefix of every piece, packed for the varlen kernel, is the leaf: the gathered buffer
+        # itself is not kept to backward (its gradient is the prefixes' gradient summed back by row), so
+        # what this layer keeps of the group's K/V is the prefixes the kernel keeps, once
+        keys = _leaf(gathered.index_select(0, plan.key_index))
+        del gathered
+        with torch.enable_grad():
+            qp = _leaf(q[n:])
+            out = plan.kernel(
+                qp,
+                keys[:, 0],
+                keys[:, 1],
+                cu_seqlens_q=plan.piece_cu_seqlens_q,
+                cu_seqlens_k=plan.piece_cu_seqlens_k,
+                max_seqlen_q=plan.piece_max_q,
+                max_seqlen_k=plan.piece_max_k,
+                causal=True,
+                **_kernel_features(features),
+            )
+        ctx.sharded_saved = (qp, keys, out)
+        return out.detach()
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        plan: DACPPlan = ctx.plan
-        n = plan.num_local_tokens
+        plan, n, num_pieces, grad = _backward_start(ctx, grad)
         q_shape, k_shape, _ = ctx.shapes
-        num_pieces = q_shape[0] - n
-        grad = grad.contiguous()
         dg = None
         dq_pieces = grad.new_zeros(num_pieces, *q_shape[1:])
         if ctx.gathered_shape is not None:
@@ -363,69 +402,73 @@ def ulysses_kv_copies(kv_heads: int, group_size: int) -> int:
     return math.lcm(kv_heads, group_size) // kv_heads
 
 
-class _UlyssesCP(torch.autograd.Function):
+class _UlyssesCP(_ShardedCP):
     """All-to-all (head-split) context parallelism for the sharded part, varlen for the local part."""
 
     @staticmethod
-    def forward(
-        ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: DACPPlan, features: Features
-    ) -> torch.Tensor:
+    def send_rows(
+        ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: DACPPlan
+    ) -> tuple[torch.Tensor | None, Collective]:
+        """This GPU's pieces' Q, K and V split by heads, one slot per GPU of the group, each padded to the
+        group's piece size (``[N * P, hq + 2 hk, D]``; K/V heads copied ``ulysses_kv_copies`` times),
+        exchanged all-to-all."""
+        if not plan.has_sharded:
+            return None, all_to_all_slots
         n = plan.num_local_tokens
         num_pieces = q.shape[0] - n
         heads, kv_heads, dim = q.shape[1], k.shape[1], q.shape[2]
         size = plan.layout.group_size
-        send = None
-        if plan.has_sharded:
-            if heads % size != 0:
-                raise RequestError("cp_mode", "ulysses", f"needs heads ({heads}) divisible by the group size ({size})")
-            k_rep = ulysses_kv_copies(kv_heads, size)
-            kp, vp = k[n:], v[n:]
-            if k_rep > 1:
-                kp, vp = kp.repeat_interleave(k_rep, dim=1), vp.repeat_interleave(k_rep, dim=1)
-            hq, hk = heads // size, kp.shape[1] // size
-            send = torch.cat(
-                [q[n:].reshape(num_pieces, size, hq, dim), *(t.reshape(num_pieces, size, hk, dim) for t in (kp, vp))],
-                dim=2,
-            )  # [T_p, N, hq + 2 hk, D]
-            padded = plan.layout.padded_piece_tokens
-            send = _pad_rows(send, padded).transpose(0, 1).reshape(size * padded, hq + 2 * hk, dim)
-            ctx.heads_split = (hq, hk, k_rep, padded)
-        recv, out_local = _overlapped_forward(ctx, q, k, v, plan, features, send=send, collective=all_to_all_slots)
+        if heads % size != 0:
+            raise RequestError("cp_mode", "ulysses", f"needs heads ({heads}) divisible by the group size ({size})")
+        k_rep = ulysses_kv_copies(kv_heads, size)
+        kp, vp = k[n:], v[n:]
+        if k_rep > 1:
+            kp, vp = kp.repeat_interleave(k_rep, dim=1), vp.repeat_interleave(k_rep, dim=1)
+        hq, hk = heads // size, kp.shape[1] // size
+        send = torch.cat(
+            [q[n:].reshape(num_pieces, size, hq, dim), *(t.reshape(num_pieces, size, hk, dim) for t in (kp, vp))],
+            dim=2,
+        )  # [T_p, N, hq + 2 hk, D]
+        padded = plan.layout.padded_piece_tokens
+        ctx.heads_split = (hq, hk, k_rep, padded)
+        return _pad_rows(send, padded).transpose(0, 1).reshape(size * padded, hq + 2 * hk, dim), all_to_all_slots
+
+    @staticmethod
+    def piece_outputs(
+        ctx: Any, q: torch.Tensor, v: torch.Tensor, plan: DACPPlan, features: Features, recv: torch.Tensor | None
+    ) -> torch.Tensor:
+        num_pieces = q.shape[0] - plan.num_local_tokens
+        heads, dim = q.shape[1], q.shape[2]
+        size = plan.layout.group_size
         ctx.sharded_saved = None
-        out_pieces = q.new_zeros(0, heads, v.shape[2])
-        if recv is not None:
-            hq, hk, _, padded = ctx.heads_split
-            with torch.enable_grad():
-                r = _leaf(recv)
-                full = r.index_select(0, plan.gather_index)
-                out_full = plan.kernel(
-                    full[:, :hq],
-                    full[:, hq : hq + hk],
-                    full[:, hq + hk :],
-                    cu_seqlens_q=plan.sharded_cu_seqlens,
-                    cu_seqlens_k=plan.sharded_cu_seqlens,
-                    max_seqlen_q=plan.sharded_max_seqlen,
-                    max_seqlen_k=plan.sharded_max_seqlen,
-                    causal=True,
-                    **_kernel_features(features),
-                )
-            ctx.sharded_saved = (r, out_full)
-            back = out_full.new_zeros(size * padded, hq, dim).index_copy(0, plan.gather_index, out_full.detach())
-            back = _exchange(back, plan)
-            out_pieces = (
-                back.reshape(size, padded, hq, dim)[:, :num_pieces].transpose(0, 1).reshape(num_pieces, heads, dim)
+        if recv is None:
+            return q.new_zeros(0, heads, v.shape[2])
+        hq, hk, _, padded = ctx.heads_split
+        with torch.enable_grad():
+            r = _leaf(recv)
+            full = r.index_select(0, plan.gather_index)
+            out_full = plan.kernel(
+                full[:, :hq],
+                full[:, hq : hq + hk],
+                full[:, hq + hk :],
+                cu_seqlens_q=plan.sharded_cu_seqlens,
+                cu_seqlens_k=plan.sharded_cu_seqlens,
+                max_seqlen_q=plan.sharded_max_seqlen,
+                max_seqlen_k=plan.sharded_max_seqlen,
+                causal=True,
+                **_kernel_features(features),
             )
-        return torch.cat([out_local, out_pieces])
+        ctx.sharded_saved = (r, out_full)
+        back = out_full.new_zeros(size * padded, hq, dim).index_copy(0, plan.gather_index, out_full.detach())
+        back = _exchange(back, plan)
+        return back.reshape(size, padded, hq, dim)[:, :num_pieces].transpose(0, 1).reshape(num_pieces, heads, dim)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        plan: DACPPlan = ctx.plan
-        n = plan.num_local_tokens
+        plan, n, num_pieces, grad = _backward_start(ctx, grad)
         q_shape, k_shape, _ = ctx.shapes
-        num_pieces = q_shape[0] - n
         heads, kv_heads, dim = q_shape[1], k_shape[1], q_shape[2]
         size = plan.layout.group_size
-        grad = grad.contiguous()
         g_send = None
         if ctx.sharded_saved is not None:
             hq, hk, k_rep, padded = ctx.heads_split

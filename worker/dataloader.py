@@ -8,7 +8,7 @@ loss need. Behind it:
    is a fixed set of dataset indices from ``seed`` and ``epoch``.
 2. Global batches are planned ``batches_per_plan`` at a time, ``plan_ahead`` iterations ahead of use: by
    default in a planner process of the node that the loader starts and owns (``ProcessPlans``,
-   worker/planner_process.py: one process per node, never in the training interpreter), or by a
+   worker/planner/: one process per node, never in the training interpreter), or by a
    planning service (``client=PlanningClient(url)``), or in this process (``plans=LocalPlans()``). Every
    rank submits the same request, named by its content, and requests are ``deterministic`` by default,
    so the ranks share one plan without sending plans to each other (worker/plan_sources.py). Unless
@@ -81,15 +81,18 @@ import torch.distributed as dist
 from skrull.corpus.order import global_batches
 from skrull.solver.cp_modes import DEFAULT_CP_MODES, ULYSSES, read_cp_modes
 from skrull.solver.errors import RequestError
-from skrull.solver.io import DEFER_SOLVERS, MAX_DEFER, check_cp_modes_profile
+from skrull.solver.io import check_cp_modes_profile
 from skrull.solver.profile import Profile, load_profile, profile_from_dict
-from skrull.solver.types import Parallel, Plan, defers
+from skrull.solver.types import Parallel, Plan
 from skrull.worker.calibration import CalibrationReport, LoaderCalibration
 from skrull.worker.inputs import pack
 from skrull.worker.layout import MicrobatchLayout, layouts_from_view_dict
+from skrull.worker.loader_options import LoaderOptions, options_from_keywords
+from skrull.worker.loader_requests import chunk_lengths, request_document
 from skrull.worker.loss import IGNORE_INDEX
 from skrull.worker.plan_sources import PlanSource, ServicePlans, plan_key
-from skrull.worker.planner_process import PlanningBudget, ProcessPlans, unagreed_budget_s
+from skrull.worker.planner.budget import PlanningBudget, unagreed_budget_s
+from skrull.worker.planner.client import ProcessPlans
 
 if TYPE_CHECKING:  # the client (httpx, the api extra) is the caller's: a [worker] install imports this module
     from torch.distributed.device_mesh import DeviceMesh
@@ -341,10 +344,6 @@ def resolve_rank(*, rank: int | None, dp: int | None, cp: int | None, mesh: Devi
     return rank, dp, cp
 
 
-#: How a dataset's labels are aligned (module doc).
-LABEL_CONVENTIONS = ("next_token", "hf")
-
-
 class PlannedBatches:
     """Iterate ``ReadyIteration`` objects for ``rank`` (see the module docstring)."""
 
@@ -352,80 +351,33 @@ class PlannedBatches:
         self,
         dataset: Any,
         lengths: Sequence[int],
+        options: LoaderOptions | None = None,
         *,
-        global_batch_size: int,
-        profile: str | Mapping[str, Any],
         client: PlanningClient | None = None,
         plans: PlanSource | None = None,
         mesh: DeviceMesh | None = None,
-        rank: int | None = None,
-        dp: int | None = None,
-        cp: int | None = None,
-        seed: int = 0,
-        epoch: int = 0,
-        shuffle: bool = True,
-        solver: str = "auto",
-        batches_per_plan: int = 1,
-        prefetch: int = 1,
-        num_iterations: int | None = None,
-        bucket_tokens: int | None = None,
-        time_budget_s: float | None = None,
-        timeout_s: float = 300.0,
-        supervised_tokens: Callable[[int], int] | None = None,
         device: torch.device | None = None,
-        equal_microbatches: bool = False,
-        deterministic: bool = True,
-        defer_max_sequences: int = 0,
-        defer_max_wait: int = 1,
-        cp_modes: Sequence[str] | None = None,
-        label_convention: str = "next_token",
-        drop_last: bool = False,
-        vocab_size: int | None = None,
-        plan_ahead: int | None = None,
-        planning_share: float = 0.5,
-        calibrate: bool = False,
-        dataset_name: str = "dataset",
+        supervised_tokens: Callable[[int], int] | None = None,
+        **settings: Any,
     ) -> None:
-        rank, dp, cp = resolve_rank(rank=rank, dp=dp, cp=cp, mesh=mesh)
+        """``options`` say what to plan and how to read rows; the keywords wire in live objects: where plans come
+        from (``client``, a planning service, or ``plans``, a ``PlanSource``; neither: the node's planner
+        process), the ``mesh``, the ``device`` tensors land on and ``supervised_tokens(index)``, a row's
+        supervised token count when the loss is normalised by those. ``settings``: the keyword form of the
+        options from before ``LoaderOptions``, mapped onto one with a ``DeprecationWarning``."""
+        options = options_from_keywords(options, settings)
+        #: the settings this loader was made with (``for_evaluation`` derives its loader's from them)
+        self.options = options
+        rank, dp, cp = resolve_rank(rank=options.rank, dp=options.dp, cp=options.cp, mesh=mesh)
         #: what errors call the dataset (``eval_dataset`` for ``for_evaluation``'s loader)
-        self.dataset_name = dataset_name
+        self.dataset_name = name = options.dataset_name
         if len(dataset) == 0:
-            raise RequestError(dataset_name, 0, "is empty: nothing to train on")
-        if not isinstance(drop_last, bool):
-            raise RequestError("drop_last", drop_last, "must be True or False")
-        if vocab_size is not None and (
-            isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1
-        ):
-            raise RequestError("vocab_size", vocab_size, "must be an integer >= 1 (the model's vocabulary)")
-        if batches_per_plan < 1:
-            raise RequestError("batches_per_plan", batches_per_plan, "must be an integer >= 1")
-        if prefetch < 0:
-            raise RequestError("prefetch", prefetch, "must be an integer >= 0")
-        if plan_ahead is None:  # calibrating: plan close to use, so the latest fit reaches the plans soon
-            plan_ahead = 1 if calibrate else PLAN_AHEAD
-        if isinstance(plan_ahead, bool) or not isinstance(plan_ahead, int) or plan_ahead < 0:
-            raise RequestError("plan_ahead", plan_ahead, "must be an integer >= 0 (iterations)")
-        if isinstance(defer_max_sequences, bool) or not isinstance(defer_max_sequences, int) or defer_max_sequences < 0:
-            raise RequestError("defer_max_sequences", defer_max_sequences, "must be an integer >= 0")
-        if defer_max_sequences and solver not in DEFER_SOLVERS:
-            raise RequestError(
-                "defer_max_sequences",
-                defer_max_sequences,
-                f"only solver {' or '.join(map(repr, DEFER_SOLVERS))} defers on request, not {solver!r}",
-            )
-        wait_ok = isinstance(defer_max_wait, int) and not isinstance(defer_max_wait, bool)
-        if not wait_ok or not 1 <= defer_max_wait <= MAX_DEFER:
-            raise RequestError("defer_max_wait", defer_max_wait, f"must be an integer in 1..{MAX_DEFER} (iterations)")
-        if defer_max_wait != 1 and not defer_max_sequences:
-            raise RequestError(
-                "defer_max_wait",
-                defer_max_wait,
-                "bounds how long a deferred sequence waits: give defer_max_sequences > 0",
-            )
+            raise RequestError(name, 0, "is empty: nothing to train on")
         #: how the plans may run sharded attention (the request's ``cp_modes``: all-gather, Ulysses or both, per
         #: microbatch); the worker runs each microbatch in its plan's mode
-        self.cp_modes = read_cp_modes(cp_modes if cp_modes is None or isinstance(cp_modes, str) else list(cp_modes))
-        parsed = parse_profile(profile)
+        modes = options.cp_modes
+        self.cp_modes = read_cp_modes(modes if modes is None or isinstance(modes, str) else list(modes))
+        parsed = parse_profile(options.profile)
         check_cp_modes_profile(self.cp_modes, parsed)
         #: the profile's head counts, which the plans' Ulysses groups divide (``check_model_heads``)
         self.profile_heads = parsed.heads
@@ -437,69 +389,53 @@ class PlannedBatches:
             raise RequestError("plans", type(plans).__name__, "give a client (a service) or plans, not both")
         self.dataset = dataset
         self.lengths = list(lengths)
-        self._check_lengths(self.lengths, cp=cp, bucket_tokens=bucket_tokens or parsed.bucket_tokens, name=dataset_name)
+        self._check_lengths(self.lengths, cp=cp, bucket_tokens=options.bucket_tokens or parsed.bucket_tokens, name=name)
         #: what every rank's loader shares: names the node's planner process and the job's budget keys
         self.job_key = plan_key(
-            {"lengths": self.lengths, "batch": global_batch_size, "seed": seed, "epoch": epoch, "shuffle": shuffle,
-             "dp": dp, "cp": cp, "profile": profile, "solver": solver, "per_plan": batches_per_plan,
-             "iterations": num_iterations}
+            {"lengths": self.lengths, "batch": options.global_batch_size, "seed": options.seed,
+             "epoch": options.epoch, "shuffle": options.shuffle, "dp": dp, "cp": cp, "profile": options.profile,
+             "solver": options.solver, "per_plan": options.batches_per_plan, "iterations": options.num_iterations}
         )  # fmt: skip
         #: where plans come from: the service behind ``client``, else the node's planner process
-        #: (worker/planner_process.py), or the source given (``LocalPlans()``: a thread of this process)
+        #: (worker/planner/), or the source given (``LocalPlans()``: a thread of this process)
         self.plans: PlanSource = (
             plans if plans is not None else ServicePlans(client) if client else ProcessPlans(job_key=self.job_key)
         )
         self._owns_plans = plans is None and client is None
-        #: how many iterations ahead of the loop requests are submitted
-        self.plan_ahead = plan_ahead
-        self.budget = PlanningBudget(share=planning_share)
+        #: how many iterations ahead of the loop requests are submitted (calibrating: close to use, so the
+        #: latest fit reaches the plans soon)
+        default_ahead = 1 if options.calibrate else PLAN_AHEAD
+        self.plan_ahead: int = default_ahead if options.plan_ahead is None else options.plan_ahead
+        self.budget = PlanningBudget(share=options.planning_share)
         self.rank = rank
         self.dp, self.cp = dp, cp
-        self.profile = profile
-        self.solver = solver
-        self.bucket_tokens = bucket_tokens
-        #: The planner's budget per request (None: the planner's default). Plans are prefetched while the
-        #: previous iterations train, so a budget below one step's time costs the loop no waiting.
-        self.time_budget_s = time_budget_s
-        #: every rank the same number of microbatches per iteration (some empty): ask for it when the model is
-        #: sharded (FSDP2 ``fully_shard``, ZeRO-3), whose every forward gathers parameters over all ranks
-        self.equal_microbatches = equal_microbatches
-        #: the same request gives the same plan on any machine and under any load, so every rank (and a
-        #: resumed run) sees the same plan without a broadcast
-        self.deterministic = deterministic
-        if label_convention not in LABEL_CONVENTIONS:
-            raise RequestError(
-                "label_convention", label_convention, f"must be one of {', '.join(LABEL_CONVENTIONS)} (module doc)"
-            )
-        self.label_convention = label_convention
-        #: how many sequences of each global batch a plan may defer to the next iteration (solver/defer.py)
-        self.defer_max_sequences = defer_max_sequences
-        #: how many iterations a deferred sequence may wait (the request's ``defer.max_wait``)
-        self.defer_max_wait = defer_max_wait
-        self.batches_per_plan = batches_per_plan
-        self.prefetch = prefetch
-        self.timeout_s = timeout_s
+        # the settings the loop reads, as attributes (LoaderOptions documents each); ``epoch`` moves with
+        # ``set_epoch`` and ``vocab_size`` with its setter, so these are the loader's state from here on
+        self.profile, self.solver, self.bucket_tokens = options.profile, options.solver, options.bucket_tokens
+        self.time_budget_s, self.timeout_s = options.time_budget_s, options.timeout_s
+        self.equal_microbatches, self.deterministic = options.equal_microbatches, options.deterministic
+        self.label_convention = options.label_convention
+        self.defer_max_sequences, self.defer_max_wait = options.defer_max_sequences, options.defer_max_wait
+        self.batches_per_plan, self.prefetch = options.batches_per_plan, options.prefetch
+        self.seed, self.epoch, self.shuffle = options.seed, options.epoch, options.shuffle
+        self.global_batch_size, self.drop_last = options.global_batch_size, options.drop_last
+        self.num_iterations = options.num_iterations
         self.supervised_tokens = supervised_tokens
         self.device = device or torch.device("cpu")
-        self.seed, self.epoch, self.shuffle = seed, epoch, shuffle
-        self.global_batch_size = global_batch_size
-        #: keep (False, torch's default) or drop the last global batch of an epoch when it is partial
-        self.drop_last = drop_last
         #: the dataset's columns when it is columnar (a ``datasets.Dataset`` or a ``pyarrow.Table``):
         #: checked in one vectorised pass at construction (``check_columnar_rows``)
         self._columns = arrow_columns(dataset)
         #: token ids must be below it when given (the model's ``config.vocab_size``)
-        self.vocab_size = vocab_size
-        self.num_iterations = num_iterations
+        self.vocab_size = options.vocab_size
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=PLANS_IN_FLIGHT, thread_name_prefix="skrull-plans")
-        self._start_epoch(epoch)
+        self._start_epoch(options.epoch)
         if not self.batches:
             raise RequestError(
                 "global_batch_size",
-                global_batch_size,
-                f"leaves no global batch of the {len(lengths)} rows (drop_last={drop_last}, num_iterations="
-                f"{num_iterations})",
+                options.global_batch_size,
+                f"leaves no global batch of the {len(lengths)} rows (drop_last={options.drop_last}, num_iterations="
+                f"{options.num_iterations})",
             )
         with _INSTANCES_LOCK:  # the n-th loader of a job in every process: the keys its ranks agree under
             self.instance = _INSTANCES.get(self.job_key, 0)
@@ -507,7 +443,7 @@ class PlannedBatches:
         self._budget_store, self._budget_key = self._agreement()
         #: calibration from the run (``record_timings``; worker/calibration.py): None when off
         self.calibration: LoaderCalibration | None = None
-        if calibrate:
+        if options.calibrate:
             self.calibration = LoaderCalibration(self, store=self._calibration_store())
 
     @property
@@ -567,7 +503,7 @@ class PlannedBatches:
         Collective: every rank calls it once per iteration. Returns the iteration's report (estimated vs
         measured, median per-microbatch error) and feeds the planner's refit (worker/calibration.py)."""
         if self.calibration is None:
-            raise RequestError("calibrate", False, "record_timings needs PlannedBatches(calibrate=True)")
+            raise RequestError("calibrate", False, "record_timings needs LoaderOptions(calibrate=True)")
         return self.calibration.record(ready, microbatch_ms)
 
     @staticmethod
@@ -589,36 +525,32 @@ class PlannedBatches:
     def for_evaluation(
         self, dataset: Any, lengths: Sequence[int], *, label_convention: str | None = None
     ) -> PlannedBatches:
-        """A loader over an evaluation set with this one's mesh, profile, bucket, solver and plan source:
-        every row exactly once, in dataset order (no shuffling, nothing dropped), each global batch planned
-        alone (``batches_per_plan=1``, so a microbatch's sequence id ``k`` is the iteration's
+        """A loader over an evaluation set with this one's options (mesh, profile, bucket, solver, CP modes)
+        and plan source, changed only where evaluation differs: every row exactly once, in dataset order (no
+        shuffling, nothing dropped, nothing deferred, no calibration), each global batch planned alone
+        (``batches_per_plan=1``, so a microbatch's sequence id ``k`` is the iteration's
         ``sample_indices[k]``) and every rank running the same number of microbatches, which a sharded
         model's forwards need. Rows that no layout holds are refused here, naming their index."""
-        return PlannedBatches(
-            dataset,
-            lengths,
-            global_batch_size=self.global_batch_size,
-            profile=self.profile,
-            plans=self.plans,  # the same plans and cache: IterationGroups reads the whole plan from it
-            rank=self.rank,
+        options = dataclasses.replace(
+            self.options,
+            rank=self.rank,  # resolved here: the evaluation loader needs no mesh
             dp=self.dp,
             cp=self.cp,
-            seed=self.seed,
+            epoch=0,
             shuffle=False,
-            solver=self.solver,
             batches_per_plan=1,
-            prefetch=self.prefetch,
-            bucket_tokens=self.bucket_tokens,
-            time_budget_s=self.time_budget_s,
-            timeout_s=self.timeout_s,
-            device=self.device,
+            num_iterations=None,
             equal_microbatches=True,
-            deterministic=self.deterministic,
+            defer_max_sequences=0,
+            defer_max_wait=1,
             label_convention=self.label_convention if label_convention is None else label_convention,
             drop_last=False,
             vocab_size=self.vocab_size,
+            calibrate=False,
             dataset_name="eval_dataset",
         )
+        # the same plans and cache: IterationGroups reads the whole plan from it
+        return PlannedBatches(dataset, lengths, options, plans=self.plans, device=self.device)
 
     # -- epochs --------------------------------------------------------------------------------------
 
@@ -793,59 +725,39 @@ class PlannedBatches:
         """The request of global batches ``chunk * batches_per_plan ..`` (docs/formats.md "Request"); with
         deferral, the indices the previous plan left pending go first, and the last chunk defers nothing."""
         first = chunk * self.batches_per_plan
-        batches = [[self.lengths[i] for i in b] for b in self.batches[first : first + self.batches_per_plan]]
         carried = self._carried_into(chunk) if self.defer_max_sequences else ()
-        batches[0] = [self.lengths[i] for i in carried] + batches[0]
-        doc: dict[str, Any] = {
-            "batches": batches,
-            "parallel": {"dp": self.dp, "cp": self.cp},
-            "profile": self.profile,
-            "solver": self.solver,
-        }
-        if self.bucket_tokens is not None:
-            doc["bucket_tokens"] = self.bucket_tokens
-        if self.calibration is not None:
-            doc["profile"] = self.calibration.profile_for(f"{self.epoch}/{chunk}")
-        if self.time_budget_s is not None:
-            doc["time_budget_s"] = self.time_budget_s
-        if self.defer_max_sequences:
-            last = chunk == self._num_chunks - 1  # the end of the data: whatever waits runs now
-            doc["defer"] = {"max_sequences": 0 if last else self.defer_max_sequences}
-            if self.defer_max_wait != 1 and not last:
-                doc["defer"]["max_wait"] = self.defer_max_wait
-            if carried:
-                doc["defer"]["carried"] = len(carried)
-        if self.time_budget_s is None and self._budget_key is not None:
-            doc["time_budget_s"] = self.budget.decide(
-                f"{self.epoch}/{chunk}",
-                solver=self.solver,
-                batch_sizes=[len(b) for b in batches],
-                parallel=Parallel(dp=self.dp, cp=self.cp),
-                store=self._budget_store,
-                key=self._budget_key,
-                deferring=defers(doc.get("defer", {}).get("max_sequences")),
-            )
-        if self.time_budget_s is None and self._budget_key is None:
-            # ranks given explicitly, no torch.distributed group, no planner process shared by the whole job
-            # (_agreement): nothing to agree a step-derived budget through, and ranks asking with different
-            # budgets would get different plans. The planner's minimum for the
-            # request is what every rank computes alike from the request itself, and it keeps planning ahead
-            # of a fast step (the planner's 1 s default made such a loop wait 575 ms per iteration)
-            floor = unagreed_budget_s(
-                self.solver,
-                [len(b) for b in batches],
-                Parallel(dp=self.dp, cp=self.cp),
-                deferring=defers(doc.get("defer", {}).get("max_sequences")),
-            )
-            if floor is not None:
-                doc["time_budget_s"] = floor
-        if self.equal_microbatches:
-            doc["equal_microbatches"] = True
-        if self.cp_modes != DEFAULT_CP_MODES:
-            doc["cp_modes"] = list(self.cp_modes)
-        if self.deterministic:
-            doc["deterministic"] = True
-        return doc
+        key = f"{self.epoch}/{chunk}"
+        return request_document(
+            self.options,
+            batches=chunk_lengths(self.lengths, self.batches[first : first + self.batches_per_plan], carried),
+            dp=self.dp,
+            cp=self.cp,
+            cp_modes=self.cp_modes,
+            profile=self.profile if self.calibration is None else self.calibration.profile_for(key),
+            last=chunk == self._num_chunks - 1,
+            carried=len(carried),
+            budget_s=lambda sizes, deferring: self._budget_s(key, sizes, deferring),
+        )
+
+    def _budget_s(self, key: str, batch_sizes: list[int], deferring: bool) -> float | None:
+        """A request's budget when ``time_budget_s`` is not given: the step-derived one the ranks agree on
+        (``PlanningBudget.decide``), or, with nothing to agree it through (ranks given explicitly, no
+        ``torch.distributed`` group, no planner process shared by the whole job: ``_agreement``), the
+        planner's minimum for the request, which every rank computes alike from the request itself and which
+        keeps planning ahead of a fast step (the planner's 1 s default made such a loop wait 575 ms per
+        iteration). Ranks asking with different budgets would get different plans."""
+        parallel = Parallel(dp=self.dp, cp=self.cp)
+        if self._budget_key is None:
+            return unagreed_budget_s(self.solver, batch_sizes, parallel, deferring=deferring)
+        return self.budget.decide(
+            key,
+            solver=self.solver,
+            batch_sizes=batch_sizes,
+            parallel=parallel,
+            store=self._budget_store,
+            key=self._budget_key,
+            deferring=deferring,
+        )
 
     def _plan_id(self, chunk: int) -> str:
         return self._plan_future(chunk).result()
@@ -954,7 +866,7 @@ class PlannedBatches:
                 "label_convention",
                 self.label_convention,
                 f"{self.dataset_name}[{index}].labels equal its input_ids wherever they are supervised: Hugging "
-                "Face's convention (the model shifts); pass PlannedBatches(..., label_convention='hf'), or labels "
+                "Face's convention (the model shifts); pass LoaderOptions(label_convention='hf'), or labels "
                 "that are each position's next token",
             )
         if self.label_convention == "hf" and nxt:
@@ -962,7 +874,7 @@ class PlannedBatches:
                 "label_convention",
                 self.label_convention,
                 f"{self.dataset_name}[{index}].labels are each position's next token (already shifted): "
-                "the 'next_token' convention; pass PlannedBatches(..., label_convention='next_token')",
+                "the 'next_token' convention; pass LoaderOptions(label_convention='next_token')",
             )
 
     def _runs(self, iteration: int, plan_id: str) -> tuple[list[int], dict[int, int]]:

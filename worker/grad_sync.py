@@ -120,13 +120,13 @@ def begin(model: nn.Module, *, microbatches: int, equal_counts: bool = True) -> 
         raise ValueError(
             f"equal_microbatches=False: the loader plans DP ranks with different microbatch counts, which {sync} "
             "cannot run (it needs the same count on every rank, else it hangs); plan with "
-            "PlannedBatches(..., equal_microbatches=True), or sync with grad_sync.wrap(model, 'allreduce')"
+            "LoaderOptions(equal_microbatches=True), or sync with grad_sync.wrap(model, 'allreduce')"
         )
     if most != fewest or fewest == 0:
         raise ValueError(
             f"equal_microbatches: ranks run {fewest} to {most} microbatches in this iteration under "
             f"{sync}, which needs the same count on every rank (else it hangs); "
-            "plan with PlannedBatches(..., equal_microbatches=True)"
+            "plan with LoaderOptions(equal_microbatches=True)"
         )
 
 

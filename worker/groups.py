@@ -3,7 +3,7 @@
 DACP runs a sharded sequence's attention over the microbatch's group of ranks, so every group of ranks
 that shares a sharded sequence needs a ``torch.distributed`` process group. ``dist.new_group`` is a
 collective over the whole world: every process must create every group, members or not, in the same
-order. With the node's planner process (``worker.planner_process.ProcessPlans``, the loader's default)
+order. With the node's planner process (``worker.planner.client.ProcessPlans``, the loader's default)
 or in-process plans (``worker.plan_sources.LocalPlans``) every rank can read the whole plan, so each
 creates the groups of an iteration in one sorted order
 (``GroupRegistry.rank_sets_of``) the first time it meets them; a group is never created twice.
@@ -14,7 +14,7 @@ from __future__ import annotations
 from skrull.worker.collectives import GroupRegistry
 from skrull.worker.dataloader import PlannedBatches, ReadyIteration
 from skrull.worker.plan_sources import LocalPlans
-from skrull.worker.planner_process import ProcessPlans
+from skrull.worker.planner.client import ProcessPlans
 
 
 class IterationGroups:

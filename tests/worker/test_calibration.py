@@ -25,6 +25,7 @@ from skrull.worker.calibration import (
     median_error,
 )
 from skrull.worker.dataloader import PlannedBatches
+from skrull.worker.loader_options import LoaderOptions
 from skrull.worker.profiling.fit import FitError
 
 START = "h100-80g/qwen2.5-0.5b"
@@ -199,8 +200,12 @@ def test_rank_parts_make_one_microbatch_timed_by_its_slowest_member() -> None:
 def test_the_loader_plans_later_requests_with_the_calibrated_profile() -> None:
     dataset = make_dataset(96, max_tokens=64, seed=3)
     loader = PlannedBatches(
-        dataset, [len(s) for s in dataset], global_batch_size=8, profile=TINY_PROFILE, seed=3, rank=0, dp=1, cp=1,
-        calibrate=True, plan_ahead=1, num_iterations=10,
+        dataset,
+        [len(s) for s in dataset],
+        LoaderOptions(
+            global_batch_size=8, profile=TINY_PROFILE, seed=3, rank=0, dp=1, cp=1, calibrate=True, plan_ahead=1,
+            num_iterations=10
+        ),
     )  # fmt: skip
     profiles = []
     for ready in loader:

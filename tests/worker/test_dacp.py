@@ -20,8 +20,8 @@ from skrull.solver.planning import assemble_plan, solve
 from skrull.solver.types import MicrobatchSpec, Plan, Problem
 from skrull.solver.validate import validate_plan
 from skrull.worker.dacp import DACPPlan
-from skrull.worker.execute import ExecuteConfig, LayerConfig, collect, compare, run_rank
 from skrull.worker.launch import launch
+from skrull.worker.layer_check import ExecuteConfig, LayerConfig, collect, compare, run_rank
 from tests.conftest import HAND_PROFILE, make_request
 from tests.worker.modes import run_in
 

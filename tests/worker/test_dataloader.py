@@ -4,6 +4,7 @@ unscheduled loss of the same batch; the varlen adapters spell one layout four wa
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Iterator
@@ -18,6 +19,7 @@ from skrull.corpus.order import global_batches
 from skrull.solver.errors import RequestError
 from skrull.worker.dataloader import PlannedBatches
 from skrull.worker.layout import MicrobatchLayout
+from skrull.worker.loader_options import LoaderOptions
 from skrull.worker.loss import per_token_loss
 from skrull.worker.model import TinyCausalLM, sequence_attention
 from skrull.worker.varlen import flash_attn_kwargs, hf_packed_kwargs, torch_varlen_kwargs
@@ -34,18 +36,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
 def loader(
     server: LiveServer, client: PlanningClient, dataset: list[list[int]], rank: int, **kw: object
 ) -> PlannedBatches:
-    return PlannedBatches(
-        dataset,
-        [len(s) for s in dataset],
-        client=client,
-        rank=rank,
-        dp=2,
-        cp=2,
-        global_batch_size=12,
-        profile=train_tiny.TINY_PROFILE,
-        seed=3,
-        **kw,  # type: ignore[arg-type]
-    )
+    options = LoaderOptions(rank=rank, dp=2, cp=2, global_batch_size=12, profile=train_tiny.TINY_PROFILE, seed=3)
+    return PlannedBatches(dataset, [len(s) for s in dataset], dataclasses.replace(options, **kw), client=client)
 
 
 def test_every_token_of_every_batch_reaches_exactly_one_rank(server: LiveServer) -> None:
@@ -109,8 +101,10 @@ def test_rejects_a_sample_of_another_length(server: LiveServer) -> None:
     lengths[0] -= 1
     with PlanningClient(server.url) as client:
         batches = PlannedBatches(
-            dataset, lengths, client=client, rank=0, dp=1, cp=1, global_batch_size=24, profile=train_tiny.TINY_PROFILE,
-            shuffle=False,
+            dataset,
+            lengths,
+            LoaderOptions(rank=0, dp=1, cp=1, global_batch_size=24, profile=train_tiny.TINY_PROFILE, shuffle=False),
+            client=client,
         )  # fmt: skip
         with pytest.raises(RequestError, match=r"dataset\[0\]"):
             next(iter(batches))
@@ -121,8 +115,10 @@ def test_varlen_adapters_spell_one_layout_and_refuse_shard_pieces(server: LiveSe
     dataset = [[1] * 100, [2] * 7, [3] * 5]  # 100 tokens > bucket 64: sharded over the CP group
     with PlanningClient(server.url) as client:
         batches = PlannedBatches(
-            dataset, [100, 7, 5], client=client, rank=1, dp=1, cp=2, global_batch_size=3,
-            profile=train_tiny.TINY_PROFILE, shuffle=False,
+            dataset,
+            [100, 7, 5],
+            LoaderOptions(rank=1, dp=1, cp=2, global_batch_size=3, profile=train_tiny.TINY_PROFILE, shuffle=False),
+            client=client,
         )  # fmt: skip
         ready = next(iter(batches))
         batches.close()
@@ -172,8 +168,13 @@ def test_a_tokenized_chat_dataset_is_delivered_token_for_token(server: LiveServe
     with PlanningClient(server.url) as client:
         for rank in range(4):
             batches = PlannedBatches(
-                rows, rows.lengths, client=client, rank=rank, dp=2, cp=2, global_batch_size=8,
-                profile=train_tiny.TINY_PROFILE, seed=1, num_iterations=3,
+                rows,
+                rows.lengths,
+                LoaderOptions(
+                    rank=rank, dp=2, cp=2, global_batch_size=8, profile=train_tiny.TINY_PROFILE, seed=1,
+                    num_iterations=3
+                ),
+                client=client,
             )  # fmt: skip
             for ready in batches:
                 for mb in ready.microbatches:  # one batch per plan: sequence ids count from 0 in each

@@ -9,8 +9,9 @@ import random
 
 from skrull.solver.types import Parallel
 from skrull.worker.dataloader import PlannedBatches
+from skrull.worker.loader_options import LoaderOptions
 from skrull.worker.plan_sources import LocalPlans
-from skrull.worker.planner_process import unagreed_budget_s
+from skrull.worker.planner.budget import unagreed_budget_s
 
 
 def test_ranks_without_a_group_ask_every_request_with_the_same_small_budget() -> None:
@@ -20,8 +21,10 @@ def test_ranks_without_a_group_ask_every_request_with_the_same_small_budget() ->
     docs = []
     for rank in range(4):
         planned = PlannedBatches(
-            rows, lengths, rank=rank, dp=2, cp=2, global_batch_size=64, profile="h100-80g/qwen2.5-0.5b",
-            plans=LocalPlans(), prefetch=0,
+            rows,
+            lengths,
+            LoaderOptions(rank=rank, dp=2, cp=2, global_batch_size=64, profile="h100-80g/qwen2.5-0.5b", prefetch=0),
+            plans=LocalPlans(),
         )  # fmt: skip
         docs.append([planned.request_document(chunk) for chunk in range(len(planned.batches))])
         planned.close()
@@ -31,8 +34,12 @@ def test_ranks_without_a_group_ask_every_request_with_the_same_small_budget() ->
         assert want is not None and 0 < want < 1.0  # below the planner's 1 s default
         assert doc["time_budget_s"] == want
     given = PlannedBatches(
-        rows, lengths, rank=0, dp=2, cp=2, global_batch_size=64, profile="h100-80g/qwen2.5-0.5b",
-        plans=LocalPlans(), prefetch=0, time_budget_s=0.5,
+        rows,
+        lengths,
+        LoaderOptions(
+            rank=0, dp=2, cp=2, global_batch_size=64, profile="h100-80g/qwen2.5-0.5b", prefetch=0, time_budget_s=0.5
+        ),
+        plans=LocalPlans(),
     )  # fmt: skip
     assert given.request_document(0)["time_budget_s"] == 0.5  # a budget given is the budget
     given.close()

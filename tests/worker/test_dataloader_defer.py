@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from examples.train_tiny import TINY_PROFILE
 from skrull.solver.errors import RequestError
 from skrull.worker.dataloader import PlannedBatches, ReadyIteration
+from skrull.worker.loader_options import LoaderOptions
 from skrull.worker.plan_sources import LocalPlans
 
 BUCKET = TINY_PROFILE["memory"]["bucket_tokens"]
@@ -28,7 +29,9 @@ def dataset_of(lengths: list[int]) -> list[list[int]]:
 def make_loader(lengths: list[int], *, plans: LocalPlans, rank: int = 0, **kw: Any) -> PlannedBatches:
     options: dict[str, Any] = {"global_batch_size": 6, "seed": 2, "dp": 2, "cp": 1, "time_budget_s": 0.05}
     options.update(kw)
-    return PlannedBatches(dataset_of(lengths), lengths, profile=TINY_PROFILE, plans=plans, rank=rank, **options)
+    return PlannedBatches(
+        dataset_of(lengths), lengths, LoaderOptions(profile=TINY_PROFILE, rank=rank, **options), plans=plans
+    )
 
 
 def run(loader: PlannedBatches, stop: int | None = None) -> Iterator[ReadyIteration]:

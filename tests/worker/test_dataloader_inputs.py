@@ -11,6 +11,7 @@ import torch
 
 from skrull.solver.errors import RequestError
 from skrull.worker.dataloader import PlannedBatches
+from skrull.worker.loader_options import LoaderOptions
 
 PROFILE = "h100-80g/qwen2.5-0.5b"
 
@@ -21,7 +22,7 @@ def make(rows: Any, **kw: Any) -> PlannedBatches:
         "bucket_tokens": 64, "prefetch": 0, **kw,
     }  # fmt: skip
     lengths = options.pop("lengths", None) or [len(r["input_ids"] if isinstance(r, dict) else r) for r in rows]
-    return PlannedBatches(rows, lengths, **options)
+    return PlannedBatches(rows, lengths, LoaderOptions(**options))
 
 
 def rows(n: int) -> list[list[int]]:

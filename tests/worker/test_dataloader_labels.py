@@ -10,6 +10,7 @@ import pytest
 
 from skrull.solver.errors import RequestError
 from skrull.worker.dataloader import PlannedBatches
+from skrull.worker.loader_options import LoaderOptions
 
 PROFILE = "h100-80g/qwen2.5-0.5b"
 
@@ -28,8 +29,12 @@ def rows_both_ways(n: int, seed: int) -> tuple[list[dict[str, list[int]]], list[
 
 def microbatches(rows: list[dict[str, list[int]]], convention: str) -> list[tuple[list[int], list[int]]]:
     loader = PlannedBatches(
-        rows, [len(r["input_ids"]) for r in rows], rank=1, dp=1, cp=2, global_batch_size=8, profile=PROFILE,
-        bucket_tokens=64, shuffle=False, prefetch=0, label_convention=convention,
+        rows,
+        [len(r["input_ids"]) for r in rows],
+        LoaderOptions(
+            rank=1, dp=1, cp=2, global_batch_size=8, profile=PROFILE, bucket_tokens=64, shuffle=False, prefetch=0,
+            label_convention=convention
+        ),
     )  # fmt: skip
     out = [(mb.input_ids.tolist(), mb.labels.tolist()) for ready in loader for mb in ready.microbatches]
     loader.close()
@@ -41,7 +46,6 @@ def test_hugging_face_labels_are_shifted_once_into_the_loaders_targets() -> None
     got = microbatches(hf, "hf")
     assert got == microbatches(targets, "next_token")
     assert any(-100 in labels for _, labels in got) and any(ids for ids, _ in got)
-
 
 
 def test_labels_in_the_other_convention_are_refused_naming_label_convention() -> None:
@@ -64,8 +68,14 @@ def test_labels_of_another_length_and_rows_of_an_eval_set_are_named_so() -> None
     with pytest.raises(RequestError, match=r"dataset\[\d\]\.labels: 2: labels for 3 input_ids: one per token"):
         microbatches(rows, "next_token")
     train, _ = rows_both_ways(8, seed=2)
-    loader = PlannedBatches(train, [len(r["input_ids"]) for r in train], rank=0, dp=1, cp=1, global_batch_size=8,
-                            profile=PROFILE, bucket_tokens=128, prefetch=0, label_convention="hf")  # fmt: skip
+    loader = PlannedBatches(
+        train,
+        [len(r["input_ids"]) for r in train],
+        LoaderOptions(
+            rank=0, dp=1, cp=1, global_batch_size=8, profile=PROFILE, bucket_tokens=128, prefetch=0,
+            label_convention="hf"
+        ),
+    )  # fmt: skip
     with pytest.raises(RequestError, match=r"eval_dataset\[1\]: 500: tokens: no layout holds it"):
         loader.for_evaluation([[1] * 5, [1] * 500], [5, 500])
     loader.close()
@@ -74,6 +84,9 @@ def test_labels_of_another_length_and_rows_of_an_eval_set_are_named_so() -> None
 def test_an_unknown_label_convention_is_refused_naming_the_field() -> None:
     hf, _ = rows_both_ways(4, seed=1)
     with pytest.raises(RequestError) as caught:
-        PlannedBatches(hf, [len(r["input_ids"]) for r in hf], rank=0, dp=1, cp=1, global_batch_size=4,
-                       profile=PROFILE, label_convention="shifted")  # fmt: skip
+        PlannedBatches(
+            hf,
+            [len(r["input_ids"]) for r in hf],
+            LoaderOptions(rank=0, dp=1, cp=1, global_batch_size=4, profile=PROFILE, label_convention="shifted"),
+        )  # fmt: skip
     assert caught.value.field == "label_convention"

@@ -10,6 +10,7 @@ import pytest
 
 from skrull.solver.errors import RequestError
 from skrull.worker.dataloader import PlannedBatches
+from skrull.worker.loader_options import LoaderOptions
 from skrull.worker.plan_sources import LocalPlans
 from tests.examples.mixed_modes import mixed_profile
 
@@ -21,7 +22,7 @@ def make_loader(plans: LocalPlans, **kw: Any) -> PlannedBatches:
         "profile": mixed_profile(), "time_budget_s": 0.2,
     }  # fmt: skip
     options.update(kw)
-    return PlannedBatches([[1] * n for n in lengths], lengths, plans=plans, **options)
+    return PlannedBatches([[1] * n for n in lengths], lengths, LoaderOptions(**options), plans=plans)
 
 
 def test_the_requests_carry_the_modes_and_the_plans_mix_them() -> None:

@@ -13,6 +13,7 @@ from datasets import Dataset
 
 from skrull.solver.errors import RequestError
 from skrull.worker.dataloader import PlannedBatches
+from skrull.worker.loader_options import LoaderOptions
 
 PROFILE = "h100-80g/qwen2.5-0.5b"
 
@@ -24,7 +25,7 @@ def rows(n: int = 24, seed: int = 5) -> list[dict[str, list[int]]]:
 
 def loader(dataset: object, lengths: list[int], *, rank: int = 0, **kw: object) -> PlannedBatches:
     options: dict = {"global_batch_size": 8, "profile": PROFILE, "bucket_tokens": 64, "prefetch": 0, **kw}
-    return PlannedBatches(dataset, lengths, rank=rank, dp=2, cp=2, shuffle=False, **options)
+    return PlannedBatches(dataset, lengths, LoaderOptions(rank=rank, dp=2, cp=2, shuffle=False, **options))
 
 
 def test_a_bad_row_stops_every_rank_at_the_same_iteration_with_the_same_line() -> None:

@@ -13,7 +13,7 @@ from tests.docs.test_links import ROOT
 WORKER_MODULES = [
     "skrull.worker.dataloader",
     "skrull.worker.hf.finetune",
-    "skrull.worker.execute",
+    "skrull.worker.layer_check",
     "skrull.worker.train",
 ]
 

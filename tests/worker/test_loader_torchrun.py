@@ -4,6 +4,7 @@ broadcast, and resuming from ``state_dict``."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from examples.train_tiny import TINY_PROFILE, make_dataset
 from skrull.corpus.order import global_batches
 from skrull.solver.errors import RequestError
 from skrull.worker.dataloader import PlannedBatches, resolve_rank
+from skrull.worker.loader_options import LoaderOptions
 from skrull.worker.plan_sources import LocalPlans
 from tests.launch import run_torchrun
 
@@ -61,9 +63,9 @@ def _run(loader: PlannedBatches) -> list[tuple[int, tuple[int, ...], list[list[i
 
 def test_a_resumed_loader_continues_with_the_very_next_iteration_and_its_plan() -> None:
     dataset = make_dataset(96, max_tokens=128, seed=6)
-    kw: dict[str, Any] = {"global_batch_size": 12, "profile": TINY_PROFILE, "seed": 6, "rank": 3, "dp": 2, "cp": 2}
-    straight = _run(PlannedBatches(dataset, [len(s) for s in dataset], **kw))
-    first = PlannedBatches(dataset, [len(s) for s in dataset], **kw)
+    options = LoaderOptions(global_batch_size=12, profile=TINY_PROFILE, seed=6, rank=3, dp=2, cp=2)
+    straight = _run(PlannedBatches(dataset, [len(s) for s in dataset], options))
+    first = PlannedBatches(dataset, [len(s) for s in dataset], options)
     head = []
     for ready in first:
         head.append((ready.iteration, ready.sample_indices, [mb.input_ids.tolist() for mb in ready.microbatches]))
@@ -72,10 +74,10 @@ def test_a_resumed_loader_continues_with_the_very_next_iteration_and_its_plan() 
     state = first.state_dict()
     first.close()
     assert state["next_iteration"] == 3
-    resumed = PlannedBatches(dataset, [len(s) for s in dataset], **kw)  # a new process would build this
+    resumed = PlannedBatches(dataset, [len(s) for s in dataset], options)  # a new process would build this
     resumed.load_state_dict(state)
     assert head + _run(resumed) == straight
-    other = PlannedBatches(dataset, [len(s) for s in dataset], **{**kw, "seed": 7})
+    other = PlannedBatches(dataset, [len(s) for s in dataset], dataclasses.replace(options, seed=7))
     with pytest.raises(RequestError, match=r"state_dict\.seed"):
         other.load_state_dict(state)
 
@@ -86,7 +88,9 @@ def test_in_process_plans_are_the_services_plans(tmp_path: Path) -> None:
 
     dataset = make_dataset(48, max_tokens=128, seed=8)
     loader = PlannedBatches(
-        dataset, [len(s) for s in dataset], global_batch_size=16, profile=TINY_PROFILE, seed=8, rank=0, dp=2, cp=2
+        dataset,
+        [len(s) for s in dataset],
+        LoaderOptions(global_batch_size=16, profile=TINY_PROFILE, seed=8, rank=0, dp=2, cp=2),
     )
     doc = loader.request_document(0)
     loader.close()

@@ -21,7 +21,9 @@ from skrull.solver.errors import RequestError
 from skrull.solver.search.budget import smallest_budget_s
 from skrull.solver.types import Parallel
 from skrull.worker.dataloader import PlannedBatches
-from skrull.worker.planner_process import PlanningBudget, ProcessPlans
+from skrull.worker.loader_options import LoaderOptions
+from skrull.worker.planner.budget import PlanningBudget
+from skrull.worker.planner.client import ProcessPlans
 from tests.launch import run_torchrun, start_torchrun
 
 HERE = Path(__file__).resolve().parent
@@ -192,8 +194,8 @@ def test_budget_follows_the_measured_step_and_the_first_proposal_is_agreed() -> 
 
 def test_a_single_rank_loader_derives_its_budget_and_resumes_with_the_same_plans() -> None:
     dataset = make_dataset(48, max_tokens=64, seed=2)
-    kw: dict[str, Any] = {"global_batch_size": 8, "profile": TINY_PROFILE, "seed": 2, "rank": 0, "dp": 1, "cp": 1}
-    loader = PlannedBatches(dataset, [len(s) for s in dataset], plan_ahead=2, **kw)
+    options = LoaderOptions(global_batch_size=8, profile=TINY_PROFILE, seed=2, rank=0, dp=1, cp=1, plan_ahead=2)
+    loader = PlannedBatches(dataset, [len(s) for s in dataset], options)
     plan_ids = []
     for ready in loader:
         time.sleep(0.03)
@@ -203,9 +205,9 @@ def test_a_single_rank_loader_derives_its_budget_and_resumes_with_the_same_plans
     state = loader.state_dict()
     loader.close()
     assert state["budgets"] and all(b > 0 for b in state["budgets"].values())
-    resumed = PlannedBatches(dataset, [len(s) for s in dataset], plan_ahead=2, **kw)
+    resumed = PlannedBatches(dataset, [len(s) for s in dataset], options)
     resumed.load_state_dict(state)
-    again = PlannedBatches(dataset, [len(s) for s in dataset], plan_ahead=2, **kw)
+    again = PlannedBatches(dataset, [len(s) for s in dataset], options)
     again.load_state_dict(state)
     first = next(iter(resumed))
     assert first.iteration == 3 and first.plan_id == next(iter(again)).plan_id  # decided budgets kept

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from skrull.worker.dataloader import PlannedBatches, resolve_rank
+from skrull.worker.loader_options import LoaderOptions
 
 #: A CPU-sized profile: every sequence below fits one GPU's bucket or a CP group's.
 PROFILE: dict[str, Any] = {
@@ -49,7 +50,10 @@ def _microbatches(tp_rank: int) -> list[tuple[int, tuple[int, ...], list[list[in
     dataset = [[rng.randrange(97) for _ in range(rng.randint(1, 120))] for _ in range(32)]
     mesh: Any = Mesh({"dp": 2, "cp": 2, "tp": 2}, {"dp": 1, "cp": 0, "tp": tp_rank})
     loader = PlannedBatches(
-        dataset, [len(s) for s in dataset], global_batch_size=8, profile=PROFILE, seed=3, mesh=mesh, num_iterations=2
+        dataset,
+        [len(s) for s in dataset],
+        LoaderOptions(global_batch_size=8, profile=PROFILE, seed=3, num_iterations=2),
+        mesh=mesh,
     )
     try:
         assert loader.rank == 2

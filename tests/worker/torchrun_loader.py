@@ -16,6 +16,7 @@ if str(ROOT) not in sys.path:
 
 from examples.train_tiny import TINY_PROFILE, make_dataset  # noqa: E402
 from skrull.worker.dataloader import PlannedBatches  # noqa: E402
+from skrull.worker.loader_options import LoaderOptions  # noqa: E402
 
 
 def main() -> None:
@@ -24,8 +25,10 @@ def main() -> None:
     mesh = init_device_mesh("cpu", tuple(shape.values()), mesh_dim_names=tuple(shape))
     dataset = make_dataset(64, max_tokens=shape["cp"] * 64, seed=4)
     loader = PlannedBatches(
-        dataset, [len(s) for s in dataset], mesh=mesh, global_batch_size=16, profile=TINY_PROFILE, seed=4,
-        num_iterations=3, time_budget_s=0.2,
+        dataset,
+        [len(s) for s in dataset],
+        LoaderOptions(global_batch_size=16, profile=TINY_PROFILE, seed=4, num_iterations=3, time_budget_s=0.2),
+        mesh=mesh,
     )  # fmt: skip
     got = []
     for ready in loader:

@@ -26,6 +26,7 @@ if str(ROOT) not in sys.path:
 
 from examples.train_tiny import TINY_PROFILE, make_dataset  # noqa: E402
 from skrull.worker.dataloader import PlannedBatches  # noqa: E402
+from skrull.worker.loader_options import LoaderOptions  # noqa: E402
 
 
 def _running(pid: int) -> bool:
@@ -46,10 +47,8 @@ def main() -> None:
     rank = int(os.environ["RANK"])
     dataset = make_dataset(64, max_tokens=world * 64, seed=4)
     ranks = {} if grouped else {"rank": rank, "dp": 1}
-    loader = PlannedBatches(
-        dataset, [len(s) for s in dataset], cp=world, global_batch_size=16, profile=TINY_PROFILE, seed=4,
-        num_iterations=4, **ranks,
-    )  # fmt: skip
+    options = LoaderOptions(cp=world, global_batch_size=16, profile=TINY_PROFILE, seed=4, num_iterations=4, **ranks)
+    loader = PlannedBatches(dataset, [len(s) for s in dataset], options)
     got = []
     if mode == "owner-leaves":
         if dist.get_rank() == 0:

@@ -32,7 +32,6 @@ from skrull.worker import grad_sync
 from skrull.worker.collectives import GroupRegistry
 from skrull.worker.compiling import compile_count
 from skrull.worker.dataloader import ready_microbatch
-from skrull.worker.execute import DTYPES
 from skrull.worker.hf.fast import compile_model
 from skrull.worker.hf.model import build_model
 from skrull.worker.hf.router_loss import router_microbatches
@@ -40,6 +39,7 @@ from skrull.worker.hf.step import dacp_plans, plain_step, refuse_unrunnable_plan
 from skrull.worker.inputs import SyntheticData
 from skrull.worker.kernels import kernel_choice
 from skrull.worker.launch import device_for, launch
+from skrull.worker.layer_check import DTYPES
 from skrull.worker.layout import rank_layouts
 from skrull.worker.progress import progress_bar
 

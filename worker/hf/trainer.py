@@ -206,7 +206,7 @@ def _refusals(args: Any) -> list[tuple[str, Any, str]]:
             (
                 "dataloader_drop_last",
                 True,
-                "set False and pass PlannedBatches(..., drop_last=True) (the planned loader decides the batches)",
+                "set False and pass LoaderOptions(drop_last=True) (the planned loader decides the batches)",
             )
         )
     if (
@@ -331,7 +331,7 @@ class SkrullTrainerMixin(_TrainerBase):
                 # DP4 x CP1, global batch 2); TRL gathers metrics on every microbatch
                 raise ValueError(
                     f"equal_microbatches=False with {mesh} processes: every rank must run the same number of "
-                    "microbatches per step, or the gradient sync hangs; plan with PlannedBatches(..., "
+                    "microbatches per step, or the gradient sync hangs; plan with LoaderOptions("
                     "equal_microbatches=True)"
                 )
             return
@@ -521,7 +521,7 @@ class SkrullTrainerMixin(_TrainerBase):
         self._router_terms = []
         total = torch.zeros((), dtype=torch.float64, device=device)
         last = len(ready.microbatches) - 1
-        # calibration from the run (PlannedBatches(calibrate=True)): each microbatch timed, gathered after
+        # calibration from the run (LoaderOptions(calibrate=True)): each microbatch timed, gathered after
         timer = MicrobatchTimer(torch.device(device)) if self.planned.calibration is not None else None
         for k, (mb, plan) in enumerate(zip(ready.microbatches, plans, strict=True)):
             sync = contextlib.nullcontext() if k == last else self.accelerator.no_sync(model)

@@ -2,7 +2,7 @@
 
 A stock TRL script changes in two places: ``SFTTrainer`` becomes ``SkrullSFTTrainer`` and it is given
 ``planned``, how to build the planned loader (``skrull.worker.dataloader.PlannedBatches``) over the rows
-TRL prepares, typically ``functools.partial(PlannedBatches, mesh=..., global_batch_size=..., ...)``.
+TRL prepares, typically ``functools.partial(PlannedBatches, options=LoaderOptions(...), mesh=...)``.
 
 What stays TRL's: the dataset preparation (a chat through the tokenizer's ``apply_chat_template``, the
 ``assistant_only_loss`` / ``completion_only_loss`` masks turned into ``labels``, truncation to

@@ -74,12 +74,14 @@ LOADER = textwrap.dedent(
     """
     import json, random, torch
     from skrull.worker.dataloader import PlannedBatches
+    from skrull.worker.loader_options import LoaderOptions
     r = random.Random(1)
     lengths = [r.choice([32, 40, 64, 200, 500, 900, 1024]) for _ in range(64)]
     rows = [torch.arange(n) for n in lengths]
     # bench/calibration.py's shape, where the old loader failed in its planner process on a GPU host
-    loader = PlannedBatches(rows, lengths, global_batch_size=16, rank=0, dp=2, cp=2, bucket_tokens=768,
+    options = LoaderOptions(global_batch_size=16, rank=0, dp=2, cp=2, bucket_tokens=768,
                             profile="h100-80g/qwen2.5-0.5b", seed=3, num_iterations=4, time_budget_s=0.2)
+    loader = PlannedBatches(rows, lengths, options)
     seen = [mb.num_tokens for ready in loader for mb in ready.microbatches]
     loader.close()
     print(json.dumps({"microbatches": len(seen), "tokens": sum(seen)}))

@@ -4,6 +4,7 @@ from ``evaluate()`` and from the Trainer's own ``eval_strategy='steps'`` evaluat
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -18,8 +19,15 @@ from skrull.worker.dataloader import PlannedBatches
 from skrull.worker.hf.evaluation import plain_eval_loss
 from skrull.worker.hf.model import build_model, read_model_config
 from skrull.worker.hf.trainer import SkrullTrainer
+from skrull.worker.loader_options import LoaderOptions
 from tests.launch import run_torchrun
 from tests.worker.hf.eval_rows import CONFIG, eval_rows, train_rows
+
+#: One process's loader settings over ``train_rows``, in Hugging Face's label convention.
+OPTIONS = LoaderOptions(
+    rank=0, dp=1, cp=1, global_batch_size=4, solver="skrull", profile="h100-80g/qwen2.5-0.5b", bucket_tokens=128,
+    equal_microbatches=True, prefetch=0, label_convention="hf",
+)  # fmt: skip
 
 HERE = Path(__file__).resolve().parent
 TOLERANCE = 1e-4
@@ -78,9 +86,9 @@ def test_one_batch_is_the_token_mean_and_the_batches_average_their_means(
 def test_one_process_reports_the_plain_trainers_eval_loss(tmp_path: Path, batch_size: int) -> None:
     rows = train_rows()
     planned = PlannedBatches(
-        rows, [len(r["input_ids"]) for r in rows], rank=0, dp=1, cp=1, global_batch_size=4, solver="skrull",
-        profile="h100-80g/qwen2.5-0.5b", bucket_tokens=128, equal_microbatches=True, prefetch=0,
-        label_convention="hf",
+        rows,
+        [len(r["input_ids"]) for r in rows],
+        OPTIONS,
     )  # fmt: skip
     args = TrainingArguments(
         output_dir=str(tmp_path / "out"), use_cpu=True, report_to=[], max_steps=1,
@@ -97,9 +105,9 @@ def test_one_process_reports_the_plain_trainers_eval_loss(tmp_path: Path, batch_
 def test_a_row_no_layout_holds_is_refused_before_training(tmp_path: Path) -> None:
     rows = train_rows()
     planned = PlannedBatches(
-        rows, [len(r["input_ids"]) for r in rows], rank=0, dp=1, cp=1, global_batch_size=4, solver="skrull",
-        profile="h100-80g/qwen2.5-0.5b", bucket_tokens=64, equal_microbatches=True, prefetch=0,
-        label_convention="hf",
+        rows,
+        [len(r["input_ids"]) for r in rows],
+        dataclasses.replace(OPTIONS, bucket_tokens=64),
     )  # fmt: skip
     args = TrainingArguments(
         output_dir=str(tmp_path / "out"), use_cpu=True, report_to=[], max_steps=1, eval_strategy="steps"
@@ -112,8 +120,9 @@ def test_a_row_no_layout_holds_is_refused_before_training(tmp_path: Path) -> Non
 def test_compute_metrics_is_refused_naming_it(tmp_path: Path) -> None:
     rows = train_rows()
     planned = PlannedBatches(
-        rows, [len(r["input_ids"]) for r in rows], rank=0, dp=1, cp=1, global_batch_size=4, solver="skrull",
-        profile="h100-80g/qwen2.5-0.5b", bucket_tokens=128, equal_microbatches=True, prefetch=0,
+        rows,
+        [len(r["input_ids"]) for r in rows],
+        dataclasses.replace(OPTIONS, label_convention="next_token"),
     )  # fmt: skip
     args = TrainingArguments(output_dir=str(tmp_path / "out"), use_cpu=True, report_to=[], max_steps=1)
     model = build_model(read_model_config(str(CONFIG)), seed=0)
@@ -138,9 +147,9 @@ def test_dp2_cp2_under_torchrun_reports_the_plain_trainers_eval_loss(tmp_path: P
 def test_named_eval_sets_each_report_their_loss(tmp_path: Path) -> None:
     rows = train_rows()
     planned = PlannedBatches(
-        rows, [len(r["input_ids"]) for r in rows], rank=0, dp=1, cp=1, global_batch_size=4, solver="skrull",
-        profile="h100-80g/qwen2.5-0.5b", bucket_tokens=128, equal_microbatches=True, prefetch=0,
-        label_convention="hf",
+        rows,
+        [len(r["input_ids"]) for r in rows],
+        OPTIONS,
     )  # fmt: skip
     args = TrainingArguments(
         output_dir=str(tmp_path / "out"), use_cpu=True, report_to=[], max_steps=1, per_device_eval_batch_size=64

@@ -12,6 +12,7 @@ from transformers import TrainingArguments
 from skrull.worker.dataloader import PlannedBatches
 from skrull.worker.hf.model import build_model, read_model_config
 from skrull.worker.hf.trainer import SkrullTrainer
+from skrull.worker.loader_options import LoaderOptions
 from tests.launch import run_torchrun
 
 HERE = Path(__file__).resolve().parent
@@ -71,8 +72,12 @@ def make(
     tmp_path: Path, *, dp: int = 1, cp: int = 1, config: dict | None = None, eval_dataset: object = None, **args: object
 ) -> SkrullTrainer:
     planned = PlannedBatches(
-        ROWS, [len(r["input_ids"]) for r in ROWS], rank=0, dp=dp, cp=cp, global_batch_size=4,
-        profile="h100-80g/qwen2.5-0.5b", bucket_tokens=64, equal_microbatches=True, prefetch=0,
+        ROWS,
+        [len(r["input_ids"]) for r in ROWS],
+        LoaderOptions(
+            rank=0, dp=dp, cp=cp, global_batch_size=4, profile="h100-80g/qwen2.5-0.5b", bucket_tokens=64,
+            equal_microbatches=True, prefetch=0
+        ),
     )  # fmt: skip
     doc = {**read_model_config(str(CONFIG)), **(config or {})}
     model = build_model(doc, seed=0) if config is None else build_model(read_model_config(str(CONFIG)), seed=0)
@@ -115,8 +120,12 @@ def test_evaluation_builds_its_loader_before_training(tmp_path: Path) -> None:
 def test_epochs_reshuffle_count_real_tokens_and_size_the_schedule(tmp_path: Path) -> None:
     rows = [{"input_ids": [(i + t) % 128 for t in range(3 + 5 * i)]} for i in range(8)]
     planned = PlannedBatches(
-        rows, [len(r["input_ids"]) for r in rows], rank=0, dp=1, cp=1, global_batch_size=4, solver="skrull",
-        profile="h100-80g/qwen2.5-0.5b", bucket_tokens=64, equal_microbatches=True, prefetch=0,
+        rows,
+        [len(r["input_ids"]) for r in rows],
+        LoaderOptions(
+            rank=0, dp=1, cp=1, global_batch_size=4, solver="skrull", profile="h100-80g/qwen2.5-0.5b",
+            bucket_tokens=64, equal_microbatches=True, prefetch=0
+        ),
     )  # fmt: skip
     seen: list[tuple[int, ...]] = []
     original = planned._ready

@@ -13,6 +13,7 @@ from transformers import TrainingArguments
 from skrull.worker.dataloader import PlannedBatches
 from skrull.worker.hf.model import build_model, read_model_config
 from skrull.worker.hf.trainer import SkrullTrainer
+from skrull.worker.loader_options import LoaderOptions
 
 CONFIG = Path(__file__).resolve().parents[3] / "examples" / "models" / "qwen2-tiny.json"
 ROWS = [{"input_ids": list(range(n)), "labels": [*range(1, n), -100]} for n in (5, 9, 30, 60)]
@@ -28,8 +29,12 @@ def trainer(
     **args: Any,
 ) -> SkrullTrainer:
     planned = PlannedBatches(
-        ROWS, [len(r["input_ids"]) for r in ROWS], rank=0, dp=1, cp=cp, global_batch_size=4,
-        profile=profile, bucket_tokens=64, equal_microbatches=True, prefetch=0, cp_modes=cp_modes,
+        ROWS,
+        [len(r["input_ids"]) for r in ROWS],
+        LoaderOptions(
+            rank=0, dp=1, cp=cp, global_batch_size=4, profile=profile, bucket_tokens=64, equal_microbatches=True,
+            prefetch=0, cp_modes=cp_modes
+        ),
     )  # fmt: skip
     model = build_model(read_model_config(str(CONFIG)), seed=0, attn_implementation=attention)
     training = TrainingArguments(output_dir=str(tmp_path / "out"), use_cpu=True, report_to=[], max_steps=1, **args)

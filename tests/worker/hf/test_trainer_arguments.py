@@ -17,6 +17,7 @@ from skrull.worker.dataloader import PlannedBatches
 from skrull.worker.hf.model import build_model, read_model_config
 from skrull.worker.hf.step import plain_step, relative_error
 from skrull.worker.hf.trainer import SkrullTrainer
+from skrull.worker.loader_options import LoaderOptions
 
 CONFIG = Path(__file__).resolve().parents[3] / "tests" / "conformance" / "models" / "qwen2.json"
 
@@ -37,8 +38,12 @@ def first_step(tmp_path: Path, **args: Any) -> tuple[dict[str, torch.Tensor], li
     rng = random.Random(7)
     rows = [{"input_ids": [rng.randrange(128) for _ in range(rng.choice([9, 30, 60]))]} for _ in range(8)]
     planned = PlannedBatches(
-        rows, [len(r["input_ids"]) for r in rows], rank=0, dp=1, cp=1, global_batch_size=8, shuffle=False,
-        profile="h100-80g/qwen2.5-0.5b", bucket_tokens=64, equal_microbatches=True, prefetch=0,
+        rows,
+        [len(r["input_ids"]) for r in rows],
+        LoaderOptions(
+            rank=0, dp=1, cp=1, global_batch_size=8, shuffle=False, profile="h100-80g/qwen2.5-0.5b", bucket_tokens=64,
+            equal_microbatches=True, prefetch=0
+        ),
     )  # fmt: skip
     model = build_model(read_model_config(str(CONFIG)), seed=0)
     training = TrainingArguments(

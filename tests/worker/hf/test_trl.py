@@ -17,6 +17,7 @@ from examples import trl_sft
 from skrull.worker.dataloader import PlannedBatches
 from skrull.worker.hf.model import build_model, read_model_config
 from skrull.worker.hf.trl import SkrullSFTTrainer
+from skrull.worker.loader_options import LoaderOptions
 from skrull.worker.loss import IGNORE_INDEX
 from tests.docs.test_links import ROOT
 
@@ -48,10 +49,9 @@ def make_trainer(tmp_path: Any, *, cp: int = 1, **config: Any) -> SkrullSFTTrain
         "output_dir": str(tmp_path / "out"), "max_steps": 1, "use_cpu": True, "bf16": False, "report_to": [],
         "assistant_only_loss": True, "activation_checkpointing": False, **config,
     }  # fmt: skip
-    planned = functools.partial(
-        PlannedBatches, rank=0, dp=1, cp=cp, global_batch_size=2, profile="h100-80g/qwen2.5-0.5b",
-        equal_microbatches=True,
-    )  # fmt: skip
+    options = LoaderOptions(rank=0, dp=1, cp=cp, global_batch_size=2, profile="h100-80g/qwen2.5-0.5b",
+                            equal_microbatches=True)  # fmt: skip
+    planned = functools.partial(PlannedBatches, options=options)
     return SkrullSFTTrainer(
         model=model,
         args=SFTConfig(**fields),
@@ -105,10 +105,9 @@ def test_evaluation_reports_the_plain_sft_trainers_eval_loss(tmp_path: Any, batc
         "max_steps": 1, "use_cpu": True, "bf16": False, "report_to": [], "assistant_only_loss": True,
         "activation_checkpointing": False, "per_device_eval_batch_size": batch_size,
     }  # fmt: skip
-    planned = functools.partial(
-        PlannedBatches, rank=0, dp=1, cp=1, global_batch_size=2, profile="h100-80g/qwen2.5-0.5b",
-        equal_microbatches=True, bucket_tokens=256,
-    )  # fmt: skip
+    options = LoaderOptions(rank=0, dp=1, cp=1, global_batch_size=2, profile="h100-80g/qwen2.5-0.5b",
+                            equal_microbatches=True, bucket_tokens=256)  # fmt: skip
+    planned = functools.partial(PlannedBatches, options=options)
     trainer = SkrullSFTTrainer(
         model=build_model(config, seed=0),
         args=SFTConfig(output_dir=str(tmp_path / "a"), eval_strategy="steps", eval_steps=1, **fields),

@@ -22,6 +22,7 @@ from skrull.worker.groups import IterationGroups  # noqa: E402
 from skrull.worker.hf.model import build_model, read_model_config  # noqa: E402
 from skrull.worker.hf.step import scheduled_step  # noqa: E402
 from skrull.worker.kernels import select_kernel  # noqa: E402
+from skrull.worker.loader_options import LoaderOptions  # noqa: E402
 
 CONFIG = ROOT / "examples" / "models" / "llama-tiny.json"
 ROWS = [[(7 * i + t) % 128 for t in range(4 + 6 * i)] for i in range(8)]
@@ -32,7 +33,7 @@ def loader(mesh: Any, **kw: Any) -> PlannedBatches:
         "global_batch_size": 4, "profile": "h100-80g/qwen2.5-0.5b", "bucket_tokens": 64, "solver": "skrull",
         "prefetch": 0, **kw,
     }  # fmt: skip
-    return PlannedBatches(ROWS, [len(r) for r in ROWS], mesh=mesh, **options)
+    return PlannedBatches(ROWS, [len(r) for r in ROWS], LoaderOptions(**options), mesh=mesh)
 
 
 def report(fn: Any) -> None:

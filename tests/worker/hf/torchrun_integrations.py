@@ -24,6 +24,7 @@ from skrull.worker.groups import IterationGroups  # noqa: E402
 from skrull.worker.hf.model import build_model, read_model_config  # noqa: E402
 from skrull.worker.hf.step import plain_step, relative_error, scheduled_step  # noqa: E402
 from skrull.worker.kernels import select_kernel  # noqa: E402
+from skrull.worker.loader_options import LoaderOptions  # noqa: E402
 from tests.worker.hf.process_group import run_and_destroy_group  # noqa: E402
 
 MODELS = ROOT / "tests" / "conformance" / "models"
@@ -38,9 +39,9 @@ def rows(n: int = 16, seed: int = 3) -> list[dict[str, list[int]]]:
 def loader(mesh: Any, data: list[dict[str, list[int]]], **kw: Any) -> PlannedBatches:
     options: dict[str, Any] = {
         "global_batch_size": 8, "profile": "h100-80g/qwen2.5-0.5b", "bucket_tokens": 64, "prefetch": 0,
-        "equal_microbatches": True, "device": DEVICE, "vocab_size": 128, **kw,
+        "equal_microbatches": True, "vocab_size": 128, **kw,
     }  # fmt: skip
-    return PlannedBatches(data, [len(r["input_ids"]) for r in data], mesh=mesh, **options)
+    return PlannedBatches(data, [len(r["input_ids"]) for r in data], LoaderOptions(**options), mesh=mesh, device=DEVICE)
 
 
 def report(line: str) -> None:

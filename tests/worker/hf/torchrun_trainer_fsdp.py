@@ -32,6 +32,7 @@ from skrull.worker.dataloader import PlannedBatches  # noqa: E402
 from skrull.worker.hf.model import build_model, read_model_config  # noqa: E402
 from skrull.worker.hf.step import plain_step, relative_error  # noqa: E402
 from skrull.worker.hf.trainer import SkrullTrainer  # noqa: E402
+from skrull.worker.loader_options import LoaderOptions  # noqa: E402
 from tests.worker.hf.eval_rows import CONFIG, train_rows  # noqa: E402
 from tests.worker.hf.process_group import run_and_destroy_group  # noqa: E402
 
@@ -68,8 +69,13 @@ def main() -> int:
     mesh = init_device_mesh("cpu", (2, 1), mesh_dim_names=("dp", "cp"))
     rows = train_rows()
     planned = PlannedBatches(
-        rows, [len(r["input_ids"]) for r in rows], mesh=mesh, global_batch_size=4, profile="h100-80g/qwen2.5-0.5b",
-        bucket_tokens=64, solver="skrull", equal_microbatches=True, label_convention="hf", num_iterations=1,
+        rows,
+        [len(r["input_ids"]) for r in rows],
+        LoaderOptions(
+            global_batch_size=4, profile="h100-80g/qwen2.5-0.5b", bucket_tokens=64, solver="skrull",
+            equal_microbatches=True, label_convention="hf", num_iterations=1
+        ),
+        mesh=mesh,
     )  # fmt: skip
     model = build_model(read_model_config(str(CONFIG)), seed=0)
     grads: dict[str, torch.Tensor] = {}
