@@ -184,7 +184,11 @@ class AutoPlanner:
         search_end = deadline if late is None else deadline - LATE_SHARE * (deadline - clock())
         best = self._search(sub, candidates, search_end, clock)
         if late is not None:
-            arrived = [o for _, o in late.collect(until=clock()) if self.allow_pending or _keeps_batches(o, sub)]
+            # a relied-on peer (``hydraulis``, ``dynamic-cp``: docs/auto.md's promise) still running is waited for,
+            # until the time left holds only the pricing of the plans: the search above has had its share
+            pricing_s = EVALUATION_PER_SEQUENCE_S * len(sub.lengths) * (1 + len(late.peers))
+            got = late.wait_relied(until=deadline - pricing_s)
+            arrived = [o for _, o in got if self.allow_pending or _keeps_batches(o, sub)]
             # pricing each plan is O(sequences), and so is setting a search up: a search only when the time left
             # holds it, the pricing when it does or is within LATE_PRICING_S (a plan that arrives at the deadline
             # on a loaded machine is still weighed; one on 65,536 sequences is not, or it would break the budget)

@@ -10,12 +10,15 @@ that start, never the budget.
 
 The starts whose time depends on the lengths (the peers: about 15-60 ms each for a 256-sequence batch,
 as much as the start phase of a 0.1 s budget holds after the cheap starts) run in one forked child,
-launched right after the first (cheapest) start, while this process runs the cheap starts, in
+forked before the first (cheapest) start, while this process runs the cheap starts, in
 ``PEER_ORDER``: the peer whose plan most often beats the others first (``hydraulis``'s heterogeneous
 replicas: on fresh draws it was the plan ``auto`` at 0.1 s was behind when it had not run), each plan sent
-back as soon as it is made; a peer predicted not to fit is passed over for the next (on 512 GPUs
-``hydraulis`` packs 512 replicas and takes 0.35 s for 256 sequences, 20-60 ms on 32 GPUs).
-the child is killed at the end of the start phase. A peer runs whenever its predicted time is within
+back as soon as it is made. The relied-on peers (``Start.relied``: ``hydraulis``, ``dynamic-cp``, planners a
+user may ask for, which ``auto`` promises never to be behind) begin first whatever their prediction, and
+``auto`` waits for their plans until its deadline less pricing them (``PendingPeers.wait_relied``); a
+prediction learnt in a load spike cannot keep them out. Of the others, a peer predicted not to fit is
+passed over for the next (on 512 GPUs ``hydraulis`` packs 512 replicas and takes 0.35 s for 256 sequences,
+20-60 ms on 32 GPUs). A peer runs whenever its predicted time is within
 ``OVERRUN_FACTOR`` of what is left (the child has a core of its own), whatever budget it would need on its
 own (that covers its worst case, e.g. ``hydraulis``'s stage-2 ILP; inside ``auto`` it gets the time left
 and is killed at the deadline): ``auto`` must never be behind a planner the user could have asked for
@@ -61,7 +64,9 @@ OVERRUN_FACTOR = 3.0
 #: Time ``auto`` spends costing each start's plan (iteration times, work), per sequence.
 EVALUATION_PER_SEQUENCE_S = 3e-6
 #: The peers, most valuable first (module doc).
-PEER_ORDER: tuple[str, ...] = ("hydraulis", "wlb-keep", "dynamic-cp", "wlb")
+PEER_ORDER: tuple[str, ...] = ("hydraulis", "dynamic-cp", "wlb-keep", "wlb")
+#: How often a wait for the relied-on peers looks whether they have answered (``PendingPeers.wait_relied``).
+WAIT_SLICE_S = 0.001
 #: Importing a start's solver module (CP-SAT: solver/planners/minmax_ilp.py).
 IMPORT_S = COLD_IMPORT_S
 
@@ -83,6 +88,14 @@ class Start:
     #: Its plans may leave sequences pending (WLB-LLM's outlier queues): ``auto`` runs it only when it
     #: may return such a plan (``AutoPlanner(allow_pending=True)``).
     defers: bool = False
+    #: A planner a user may ask for whose plan ``auto`` promises never to be behind (docs/auto.md:
+    #: ``hydraulis``, ``dynamic-cp``): the peers' child begins it first, whatever its predicted time, and
+    #: ``auto`` waits for its plan until the chunk's deadline (less pricing it) rather than killing it at the
+    #: end of the start phase. Both plan the same at any budget they get there (``hydraulis``'s stage-2 ILP
+    #: rarely moves within 0.1 s; ``dynamic-cp`` has no time limit), in 2-50 ms for 256 sequences: under load
+    #: their predictions, learnt in a spike, had kept ``hydraulis`` out of the child (``wlb-keep`` ran
+    #: instead), and ``auto`` at 0.1 s stayed 12.9% behind ``hydraulis`` run alone in 57-79 ms.
+    relied: bool = False
     #: Runs whatever the time left (in process; in a child with all the time left where it is predicted over
     #: ``ISOLATE_ABOVE_S``, the first one always in process): ``auto`` never returns a plan worse than these
     #: that finish, however little CPU it gets (``packed`` and ``skrull``;
@@ -130,6 +143,7 @@ STARTS: tuple[Start, ...] = (
         per_gpu_s=6e-4,
         fixed_s=0.005,
         imports=CP_SAT_MODULE,
+        relied=True,
     ),
     # WLB-LLM's packing writes a local list per CP rank of each microbatch: 45-62 ms for 256 sequences at
     # CP 16, 77-138 ms at CP 32 (Llama-2-7B TP 8 on H100; the per-sequence prior alone said 28 ms)
@@ -153,6 +167,7 @@ STARTS: tuple[Start, ...] = (
         per_sequence_s=3e-5,
         per_sequence_gpu_s=1e-7,
         fixed_s=0.002,
+        relied=True,
     ),
     # the plain-CP baselines: never better than ``packed`` on the bundled distributions, run last
     Start(name="deepspeed", make=DeepSpeedPlanner, per_sequence_s=2e-6, per_slot_s=1e-6),
@@ -238,7 +253,8 @@ class PendingPeers:
             finished = self.child.read(until=until, on_report=self._receive) is not None
             by_name = {s.name: s for s in self.peers}
             finishing = keep_until is not None and all(
-                began + predicted_s(by_name[name], self.sizes, gpus=self.gpus, cp=self.cp) <= keep_until
+                by_name[name].relied
+                or began + predicted_s(by_name[name], self.sizes, gpus=self.gpus, cp=self.cp) <= keep_until
                 for name, began in self.running
             )
             if finished or not finishing:
@@ -258,6 +274,20 @@ class PendingPeers:
         new = [s.name for s in STARTS if s.name in self.got and s.name not in self.taken]
         self.taken.update(new)
         return [(name, self.got[name]) for name in new]
+
+    @property
+    def awaited(self) -> bool:
+        """Whether a relied-on peer (``Start.relied``) has not reported yet while the child runs."""
+        return not self.closed and any(s.relied and s.name not in self.heard for s in self.peers)
+
+    def wait_relied(self, *, until: float) -> list[tuple[str, PlannerOutput]]:
+        """Wait until every relied-on peer has reported, or ``until``; then ``collect`` (the child killed): the
+        plans that arrived. Read in slices of ``WAIT_SLICE_S``: the child goes on to the other peers after the
+        relied ones, and this returns as soon as those have answered, not when the child ends."""
+        while self.awaited and time.monotonic() < until:
+            if self.child.read(until=min(until, time.monotonic() + WAIT_SLICE_S), on_report=self._receive):
+                break
+        return self.collect(until=time.monotonic())
 
     def _receive(self, report: tuple[str, object, float]) -> None:
         name, output, seconds = report
@@ -297,15 +327,18 @@ def launch_starts(
     peers: list[Start] = []
     child: Child | None = None
     for k, start in enumerate(chosen):
-        if k == 1 and isolate:  # the peers, in a child, while this process runs the cheap starts
-            peers = [s for s in chosen[1:] if s.isolated]
+        # the peers, in a child, while this process runs the cheap starts: forked first, so the relied-on ones
+        # (``Start.relied``) begin at once (forked after ``packed``, ``hydraulis`` began 20-30 ms into a 0.1 s
+        # budget on a loaded machine and took 50-70 ms there)
+        if k == 0 and isolate:
+            peers = [s for s in chosen if s.isolated]
             peers_end = end - evaluation_s * len(peers)
             window = OVERRUN_FACTOR * (peers_end - time.monotonic())
-            if any(predicted_s(s, sizes, gpus=gpus, cp=cp) <= window for s in peers):
+            if any(s.relied or predicted_s(s, sizes, gpus=gpus, cp=cp) <= window for s in peers):
                 child = _start_peers(peers, problem, sizes, peers_end + late_s)
             else:  # none fits: no fork, and no time kept for costing their plans
                 peers = []
-        if k > 0 and start in peers:
+        if start in peers:
             continue
         left = end - time.monotonic() - evaluation_s * (len(out) + 1 + len(peers))
         predicted = predicted_s(start, sizes, gpus=gpus, cp=cp)
@@ -375,12 +408,13 @@ def _start_peers(peers: Sequence[Start], problem: Problem, sizes: Sequence[int],
         while remaining:
             left = end - time.monotonic()
             predicted = {s.name: predicted_s(s, sizes, gpus=gpus, cp=cp) for s in remaining}
+            # the relied-on peers first, whatever their prediction (``Start.relied``): the parent waits for them
             # a peer that fits goes before one that may not (``wlb-keep`` predicted at twice the time left
             # began before ``dynamic-cp``, which fitted: killed, it cost ``dynamic-cp``'s plan, 0.005% better);
             # else optimistic: the child has a core of its own, so a peer predicted up to OVERRUN_FACTOR times
             # the time left is tried (its time varies with the lengths: hydraulis takes 2 s on one batch of
             # 65,536 and 13 s on another); one that does not finish is killed at the phase's end
-            fits = [s for s in remaining if predicted[s.name] <= left]
+            fits = [s for s in remaining if s.relied] or [s for s in remaining if predicted[s.name] <= left]
             start = next(iter(fits or [s for s in remaining if predicted[s.name] <= OVERRUN_FACTOR * left]), None)
             if start is None:
                 return
