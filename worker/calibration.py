@@ -564,7 +564,11 @@ class Calibration:
 
     def add(self, timings: Iterable[RankTiming]) -> None:
         self.timings.extend(timings)
-        del self.timings[: -self.MAX_TIMINGS]  # the latest: a long run refits on its recent steps
+        if len(self.timings) > self.MAX_TIMINGS:  # the latest: a long run refits on its recent steps
+            cut = self.timings[-self.MAX_TIMINGS - 1].iteration
+            del self.timings[: -self.MAX_TIMINGS]
+            # whole iterations only: a member's start in its iteration is the sum of its earlier parts there
+            self.timings = [t for t in self.timings if t.iteration != cut]
 
     @property
     def microbatches(self) -> list[MeasuredMicrobatch]:

@@ -4,10 +4,14 @@ this microbatch."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from skrull.worker.calibration import RankTiming, measured_microbatches
+from skrull.worker.calibration import Calibration, RankTiming, measured_microbatches
+
+START = "h100-80g/qwen2.5-0.5b"
 
 #: one microbatch of a simulated iteration on the group (0, 1): communicating (sharded, both members held
 #: by its collectives) with its true time, or local only with each member's own time (0: an empty part)
@@ -76,3 +80,14 @@ def test_every_microbatch_measures_its_own_time_whatever_the_members_waited(
     expected = [_true_ms(mb) for mbs in iterations for mb in mbs]
     for mb, want in zip(measured, expected, strict=True):
         assert abs(mb.ms - want) <= 1e-9 * max(1.0, want), (mb, want)
+
+
+def test_a_long_run_keeps_whole_iterations_so_no_start_loses_its_earlier_parts(monkeypatch: Any) -> None:
+    monkeypatch.setattr(Calibration, "MAX_TIMINGS", 6)
+    calibration = Calibration(START)
+    plan: list[Microbatch] = [(False, 30.0, 0.0), (True, 10.0, 10.0)]  # 4 rank timings an iteration
+    for iteration in range(3):
+        calibration.add(_timings(iteration, plan))
+    # 12 timings, the latest 6 hold iteration 1's sharded microbatch without its local one: dropped whole, else
+    # both members' starts would be 0 and it would read GPU 1's wait for GPU 0's local part (40 ms, not 10)
+    assert [(mb.iteration, mb.ms) for mb in calibration.microbatches] == [(2, 30.0), (2, 10.0)]
