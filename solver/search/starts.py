@@ -15,10 +15,10 @@ forked before the first (cheapest) start, while this process runs the cheap star
 replicas: on fresh draws it was the plan ``auto`` at 0.1 s was behind when it had not run), each plan sent
 back as soon as it is made. The relied-on peers (``Start.relied``: ``hydraulis``, ``dynamic-cp``, planners a
 user may ask for, which ``auto`` promises never to be behind) begin first whatever their prediction, and
-``auto`` waits for their plans until its deadline less pricing them (``PendingPeers.wait_relied``); a
-prediction learnt in a load spike cannot keep them out. Of the others, a peer predicted not to fit is
-passed over for the next (on 512 GPUs ``hydraulis`` packs 512 replicas and takes 0.35 s for 256 sequences,
-20-60 ms on 32 GPUs). A peer runs whenever its predicted time is within
+``auto`` waits for their plans before its search spends the budget, until its deadline less pricing them
+(``PendingPeers.wait_relied``); a prediction learnt in a load spike cannot keep them out. Of the others, a
+peer predicted not to fit is passed over for the next (on 512 GPUs ``hydraulis`` packs 512 replicas and
+takes 0.35 s for 256 sequences, 20-60 ms on 32 GPUs). A peer runs whenever its predicted time is within
 ``OVERRUN_FACTOR`` of what is left (the child has a core of its own), whatever budget it would need on its
 own (that covers its worst case, e.g. ``hydraulis``'s stage-2 ILP; inside ``auto`` it gets the time left
 and is killed at the deadline): ``auto`` must never be behind a planner the user could have asked for
@@ -280,14 +280,13 @@ class PendingPeers:
         """Whether a relied-on peer (``Start.relied``) has not reported yet while the child runs."""
         return not self.closed and any(s.relied and s.name not in self.heard for s in self.peers)
 
-    def wait_relied(self, *, until: float) -> list[tuple[str, PlannerOutput]]:
-        """Wait until every relied-on peer has reported, or ``until``; then ``collect`` (the child killed): the
-        plans that arrived. Read in slices of ``WAIT_SLICE_S``: the child goes on to the other peers after the
+    def wait_relied(self, *, until: float) -> None:
+        """Wait until every relied-on peer has reported, or ``until``, leaving the child running (``collect``
+        takes the plans). Read in slices of ``WAIT_SLICE_S``: the child goes on to the other peers after the
         relied ones, and this returns as soon as those have answered, not when the child ends."""
         while self.awaited and time.monotonic() < until:
             if self.child.read(until=min(until, time.monotonic() + WAIT_SLICE_S), on_report=self._receive):
                 break
-        return self.collect(until=time.monotonic())
 
     def _receive(self, report: tuple[str, object, float]) -> None:
         name, output, seconds = report
