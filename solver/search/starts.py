@@ -95,6 +95,9 @@ class Start:
     #: rarely moves within 0.1 s; ``dynamic-cp`` has no time limit), in 2-50 ms for 256 sequences: under load
     #: their predictions, learnt in a spike, had kept ``hydraulis`` out of the child (``wlb-keep`` ran
     #: instead), and ``auto`` at 0.1 s stayed 12.9% behind ``hydraulis`` run alone in 57-79 ms.
+    #: Only where its prior (``unit_s``: the same on any machine, not the time learnt here) fits the time to the
+    #: chunk's deadline (``relied_on``): ``hydraulis`` on 65,536 sequences takes seconds, and waiting for it
+    #: would take the whole budget from the search.
     relied: bool = False
     #: Runs whatever the time left (in process; in a child with all the time left where it is predicted over
     #: ``ISOLATE_ABOVE_S``, the first one always in process): ``auto`` never returns a plan worse than these
@@ -218,6 +221,8 @@ class PendingPeers:
     end: float
     gpus: int
     cp: int = 1
+    #: the relied-on peers of this call (``relied_on``): begun first, never killed at the end of the start phase
+    relied: frozenset[str] = frozenset()
     #: peers begun and not finished: (name, when it began, on the system-wide ``time.monotonic``)
     running: list[tuple[str, float]] = dataclasses.field(default_factory=list)
     got: dict[str, PlannerOutput] = dataclasses.field(default_factory=dict)
@@ -253,7 +258,7 @@ class PendingPeers:
             finished = self.child.read(until=until, on_report=self._receive) is not None
             by_name = {s.name: s for s in self.peers}
             finishing = keep_until is not None and all(
-                by_name[name].relied
+                name in self.relied
                 or began + predicted_s(by_name[name], self.sizes, gpus=self.gpus, cp=self.cp) <= keep_until
                 for name, began in self.running
             )
@@ -278,7 +283,7 @@ class PendingPeers:
     @property
     def awaited(self) -> bool:
         """Whether a relied-on peer (``Start.relied``) has not reported yet while the child runs."""
-        return not self.closed and any(s.relied and s.name not in self.heard for s in self.peers)
+        return not self.closed and any(name not in self.heard for name in self.relied)
 
     def wait_relied(self, *, until: float) -> None:
         """Wait until every relied-on peer has reported, or ``until``, leaving the child running (``collect``
@@ -324,6 +329,7 @@ def launch_starts(
     evaluation_s = EVALUATION_PER_SEQUENCE_S * sum(sizes)
     out: dict[str, PlannerOutput] = {}
     peers: list[Start] = []
+    relied: frozenset[str] = frozenset()
     child: Child | None = None
     for k, start in enumerate(chosen):
         # the peers, in a child, while this process runs the cheap starts: forked first, so the relied-on ones
@@ -331,10 +337,11 @@ def launch_starts(
         # budget on a loaded machine and took 50-70 ms there)
         if k == 0 and isolate:
             peers = [s for s in chosen if s.isolated]
+            relied = relied_on(peers, sizes, gpus=gpus, cp=cp, span_s=deadline - time.monotonic())
             peers_end = end - evaluation_s * len(peers)
             window = OVERRUN_FACTOR * (peers_end - time.monotonic())
-            if any(s.relied or predicted_s(s, sizes, gpus=gpus, cp=cp) <= window for s in peers):
-                child = _start_peers(peers, problem, sizes, peers_end + late_s)
+            if relied or any(predicted_s(s, sizes, gpus=gpus, cp=cp) <= window for s in peers):
+                child = _start_peers(peers, problem, sizes, peers_end + late_s, relied=relied)
             else:  # none fits: no fork, and no time kept for costing their plans
                 peers = []
         if start in peers:
@@ -362,7 +369,7 @@ def launch_starts(
     if child is None:
         return outputs, None
     return outputs, PendingPeers(
-        child=child, peers=peers, sizes=sizes, end=end - evaluation_s * len(out), gpus=gpus, cp=cp
+        child=child, peers=peers, sizes=sizes, end=end - evaluation_s * len(out), gpus=gpus, cp=cp, relied=relied
     )
 
 
@@ -393,7 +400,14 @@ def run_starts(
     return [(s.name, got[s.name]) for s in STARTS if s.name in got]
 
 
-def _start_peers(peers: Sequence[Start], problem: Problem, sizes: Sequence[int], end: float) -> Child:
+def relied_on(peers: Sequence[Start], sizes: Sequence[int], *, gpus: int, cp: int, span_s: float) -> frozenset[str]:
+    """The relied-on peers (``Start.relied``) whose prior fits ``span_s``, the time to the chunk's deadline."""
+    return frozenset(s.name for s in peers if s.relied and s.unit_s(sizes, gpus=gpus, cp=cp) <= span_s)
+
+
+def _start_peers(
+    peers: Sequence[Start], problem: Problem, sizes: Sequence[int], end: float, *, relied: frozenset[str] = frozenset()
+) -> Child:
     """A child that runs ``peers`` in ``PEER_ORDER`` (their times vary with the lengths, 10-60 ms on 256
     sequences and 32 GPUs), each told the time left: next, the first not yet run whose prediction fits the
     time left before ``end``, else the first within ``OVERRUN_FACTOR`` of it. This process searches
@@ -407,13 +421,13 @@ def _start_peers(peers: Sequence[Start], problem: Problem, sizes: Sequence[int],
         while remaining:
             left = end - time.monotonic()
             predicted = {s.name: predicted_s(s, sizes, gpus=gpus, cp=cp) for s in remaining}
-            # the relied-on peers first, whatever their prediction (``Start.relied``): the parent waits for them
+            # the relied-on peers first, whatever their learnt prediction (``relied_on``): the parent waits for them
             # a peer that fits goes before one that may not (``wlb-keep`` predicted at twice the time left
             # began before ``dynamic-cp``, which fitted: killed, it cost ``dynamic-cp``'s plan, 0.005% better);
             # else optimistic: the child has a core of its own, so a peer predicted up to OVERRUN_FACTOR times
             # the time left is tried (its time varies with the lengths: hydraulis takes 2 s on one batch of
             # 65,536 and 13 s on another); one that does not finish is killed at the phase's end
-            fits = [s for s in remaining if s.relied] or [s for s in remaining if predicted[s.name] <= left]
+            fits = [s for s in remaining if s.name in relied] or [s for s in remaining if predicted[s.name] <= left]
             start = next(iter(fits or [s for s in remaining if predicted[s.name] <= OVERRUN_FACTOR * left]), None)
             if start is None:
                 return
