@@ -57,3 +57,12 @@ def test_a_search_given_no_time_and_told_no_peer_fits_still_returns_at_least_the
     monkeypatch.setattr(auto, "search_iteration", lambda alternatives, **_: alternatives[0])
     plan = solve(dataclasses.replace(request, solver="auto", time_budget_s=2.0))
     assert _per_work(plan, request) <= min(peers.values()) * (1 + 1e-9), peers
+
+
+def test_a_peer_is_relied_on_only_where_its_prior_fits_the_time_to_the_deadline() -> None:
+    # hydraulis on one batch of 256 over 64 GPUs: about 64 ms by its prior, inside 0.1 s; on 65,536 sequences
+    # seconds, where waiting for it would take the whole budget from the search (the prior, not the time
+    # learnt here: the same on any machine, under any load)
+    peers = [s for s in starts.STARTS if s.isolated]
+    assert starts.relied_on(peers, [256], gpus=64, cp=16, span_s=0.1) == {"hydraulis", "dynamic-cp"}
+    assert "hydraulis" not in starts.relied_on(peers, [4096] * 16, gpus=64, cp=16, span_s=2.0)
