@@ -18,7 +18,12 @@ calibrated) and the fitted communication coefficient against what the delay impl
 
     python bench/calibration_comm.py [--steps 10] [--delay 400] [--seed 0]
 
-Timings on a shared machine move with its load: run it on a quiet one, and give the load with the figures.
+Then, per run and kind of microbatch (local only, sharded only, mixed: ``--calibration-records-out``), how
+many there were and the median of measured / estimated under the calibrated profile (in sample): a kind the
+model misses shows here, where the one-line medians hide it.
+
+Timings on a shared machine move with its load: run it on a quiet one, and give the load with the figures
+(the load is printed before and after each run).
 """
 
 from __future__ import annotations
@@ -29,10 +34,12 @@ import math
 import os
 import random
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = ROOT / "examples" / "models" / "qwen2-tiny.json"
@@ -87,10 +94,13 @@ def run(mode: str, delay: float, steps: int, seed: int, tmp: Path) -> dict[str, 
     req = tmp / f"{mode}.json"
     req.write_text(json.dumps(request(mode, steps, seed)))
     out_profile = tmp / f"{mode}-{delay}.json"
+    out_records = tmp / f"{mode}-{delay}-records.json"
+    load_before = os.getloadavg()[0]
     env = {**os.environ, "SKRULL_TEST_COLLECTIVE_DELAY_MS_PER_MIB": str(delay)}
     out = subprocess.run(
         [str(ROOT / ".venv/bin/skrull"), "finetune", "--model-config", str(MODEL), "--request", str(req),
-         "--world-size", "2", "--steps", str(steps), "--calibrate", "--calibrated-profile-out", str(out_profile)],
+         "--world-size", "2", "--steps", str(steps), "--calibrate", "--calibrated-profile-out", str(out_profile),
+         "--calibration-records-out", str(out_records)],
         capture_output=True, text=True, env=env, check=False,
     )  # fmt: skip
     if out.returncode != 0:
@@ -103,7 +113,28 @@ def run(mode: str, delay: float, steps: int, seed: int, tmp: Path) -> dict[str, 
         "mode": mode, "delay": delay, "mb_before": float(match[1]), "mb_after": float(match[2]),
         "it_before": float(match[3]), "it_after": float(match[4]), "term": name, "fitted": fitted,
         "kept": profile["calibrated"].get("kept_starting", {}),
+        "kinds": by_kind(json.loads(out_records.read_text()), profile),
+        "load": (load_before, os.getloadavg()[0]),
     }  # fmt: skip
+
+
+def kind_of(record: dict[str, Any]) -> str:
+    local = any(record["local"][j] for j in range(len(record["ranks"])))
+    sharded = bool(record["sharded"]) and len(record["ranks"]) > 1
+    return "mixed" if local and sharded else "sharded" if sharded else "local"
+
+
+def by_kind(records: list[dict[str, Any]], profile: dict[str, Any]) -> dict[str, tuple[int, float]]:
+    """Per kind of microbatch: (count, median of measured / estimated under ``profile``)."""
+    from skrull.solver.cost import CostModel
+    from skrull.solver.profile import profile_from_dict
+
+    model = CostModel(profile_from_dict(profile))
+    ratios: dict[str, list[float]] = {}
+    for r in records:
+        estimated = model.microbatch_time_ms(r["local"], r["sharded"], r["mode"])
+        ratios.setdefault(kind_of(r), []).append(r["ms"] / estimated)
+    return {kind: (len(v), statistics.median(v)) for kind, v in sorted(ratios.items())}
 
 
 def main() -> None:
@@ -135,6 +166,13 @@ def main() -> None:
             f"| {r['it_before']:.1f}% -> {r['it_after']:.1f}% | {r['term']} | {r['fitted']:.4g} "
             f"| {exp if exp is None else f'{exp:.4g}'} | {off} |"
         )
+    print()
+    print("| mode | injected ms/MiB | load before, after | kind | microbatches | measured / estimated, median |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        for kind, (count, ratio) in r["kinds"].items():  # type: ignore[attr-defined]
+            load = r["load"]
+            print(f"| {r['mode']} | {r['delay']:g} | {load[0]:.1f}, {load[1]:.1f} | {kind} | {count} | {ratio:.2f} |")  # type: ignore[index]
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1), encoding="utf-8")
 

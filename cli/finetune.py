@@ -73,6 +73,13 @@ def add_parser(sub: Any) -> None:
         "--calibrated-profile-out", default=None, metavar="PATH", help="with --calibrate: write the calibrated profile"
     )
     p.add_argument(
+        "--calibration-records-out",
+        default=None,
+        metavar="PATH",
+        help="with --calibrate: write every measured microbatch (ranks, local and sharded lengths, mode, ms, the "
+        "profile its plan was made with) as JSON, to see where the model is off",
+    )
+    p.add_argument(
         "--router-aux-loss",
         choices=("per-microbatch",),
         default=None,
@@ -161,6 +168,9 @@ def _print_calibration(calibration: dict[str, Any], args: argparse.Namespace) ->
         else:
             Path(args.calibrated_profile_out).write_text(dumps(calibration["profile"]) + "\n", encoding="utf-8")
             print(f"wrote {args.calibrated_profile_out}: {calibration['profile']['name']}")
+    if args.calibration_records_out:
+        Path(args.calibration_records_out).write_text(dumps(calibration["measured"]) + "\n", encoding="utf-8")
+        print(f"wrote {args.calibration_records_out}: {len(calibration['measured'])} measured microbatches")
     print(calibration["summary"])
 
 
@@ -207,6 +217,8 @@ def cmd_finetune(args: argparse.Namespace) -> int:
         ) from None
     if args.calibrated_profile_out and not args.calibrate:
         raise RequestError("--calibrated-profile-out", args.calibrated_profile_out, "needs --calibrate")
+    if args.calibration_records_out and not args.calibrate:
+        raise RequestError("--calibration-records-out", args.calibration_records_out, "needs --calibrate")
     router_aux_loss = args.router_aux_loss.replace("-", "_") if args.router_aux_loss else None
     model_config = read_model_config(args.model_config, router_aux_loss=router_aux_loss)
     request, world_size = request_for_processes(args)

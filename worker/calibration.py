@@ -6,8 +6,14 @@ whole planned steps took 11-15% longer than estimated). Here every rank times ea
 (CUDA events on a GPU, ``perf_counter`` after a device synchronisation on a CPU; ``MicrobatchTimer``)
 and reports, with each time, what the reference cost model prices (docs/formats.md): the group of the
 microbatch, the lengths kept whole on each of its GPUs and the lengths sharded over it. Gathered over
-the job, the ranks' parts of one microbatch make one measurement, its time the slowest member's (the
-group waits for it in its collectives, as the model's ``max_j`` says).
+the job, the ranks' parts of one microbatch make one measurement: from when its last member starts it to
+when its last member ends it (``measured_microbatches``). Not the slowest member's own time: a member that
+arrives early, e.g. GPU 1 after its empty parts of GPU 0's local-only microbatches, waits inside the first
+collective for the others, and its timer counts that wait, which is the others' earlier microbatches, not
+this one. Taken as the slowest member's time, in a DP1 x CP2 run on 2 CPU cores (bench/calibration_comm.py)
+the first sharded microbatch after four local ones measured 189 ms where the next three took 26-35 ms, and
+the fit, trying to explain the waits, missed every microbatch by a median 62%. The model's group starts a
+microbatch together (``max_j``), so its time is the group's from the moment it is together.
 
 The fit (``fit_profile``) is ``fit_nonnegative`` of worker/profiling/fit.py, the same relative,
 non-negative least squares ``skrull profile`` fits its compute with, over one row per microbatch, with
@@ -166,8 +172,34 @@ class MeasuredMicrobatch:
         return len(self.ranks) > 1 and bool(self.sharded)
 
 
+def _start_offsets_ms(timings: Sequence[RankTiming]) -> dict[tuple[int, int, tuple[int, ...], int], float]:
+    """When each rank started each of its timed microbatches, in ms from the start of its iteration: the sum
+    of its earlier microbatches' times in step order. A rank's timed microbatches run back to back, and its
+    ranks start an iteration together (``scheduled_step`` starts timing right after the world's all-reduce of
+    the target count), so these offsets of different ranks are on one clock, with no clock shared between
+    processes or nodes (CUDA events give durations only)."""
+    per_rank: dict[tuple[int, int], list[RankTiming]] = {}
+    for t in timings:
+        per_rank.setdefault((t.iteration, t.ranks[t.position]), []).append(t)
+    out = {}
+    for (iteration, _), parts in per_rank.items():
+        clock = 0.0
+        for t in sorted(parts, key=lambda t: t.step):
+            out[(iteration, t.step, t.ranks, t.position)] = clock
+            clock += t.ms
+    return out
+
+
 def measured_microbatches(timings: Iterable[RankTiming]) -> list[MeasuredMicrobatch]:
-    """Group the ranks' parts by microbatch; a microbatch some member did not report is left out."""
+    """Group the ranks' parts by microbatch; a microbatch some member did not report is left out.
+
+    A communicating microbatch's time is ``max_j (start_j + ms_j) - max_j start_j`` over its members j,
+    ``start_j`` when member j started it (``_start_offsets_ms``): the group's time from the moment its last
+    member arrived, since its collectives hold the early ones until then (module doc). One that does not
+    communicate holds nobody: its members run their parts independently, and its time is the slowest
+    member's own. With every member starting together the two are the same."""
+    timings = list(timings)
+    starts = _start_offsets_ms(timings)
     groups: dict[tuple[int, int, tuple[int, ...]], dict[int, RankTiming]] = {}
     for t in timings:
         groups.setdefault((t.iteration, t.step, t.ranks), {})[t.position] = t
@@ -176,11 +208,18 @@ def measured_microbatches(timings: Iterable[RankTiming]) -> list[MeasuredMicroba
         if len(parts) != len(ranks):
             continue
         first = parts[0]
+        begin = {p: starts[(iteration, step, ranks, p)] for p in parts}
+        together = max(begin.values()) if len(ranks) > 1 and first.sharded_lengths else None
         out.append(
             MeasuredMicrobatch(
                 iteration=iteration, step=step, ranks=ranks,
                 local=tuple(parts[p].local_lengths for p in range(len(ranks))), sharded=first.sharded_lengths,
-                ms=max(p.ms for p in parts.values()), mode=first.mode,
+                ms=(
+                    max(t.ms for t in parts.values())
+                    if together is None
+                    else max(begin[p] + t.ms for p, t in parts.items()) - together
+                ),
+                mode=first.mode,
             )
         )  # fmt: skip
     return out
@@ -525,7 +564,11 @@ class Calibration:
 
     def add(self, timings: Iterable[RankTiming]) -> None:
         self.timings.extend(timings)
-        del self.timings[: -self.MAX_TIMINGS]  # the latest: a long run refits on its recent steps
+        if len(self.timings) > self.MAX_TIMINGS:  # the latest: a long run refits on its recent steps
+            cut = self.timings[-self.MAX_TIMINGS - 1].iteration
+            del self.timings[: -self.MAX_TIMINGS]
+            # whole iterations only: a member's start in its iteration is the sum of its earlier parts there
+            self.timings = [t for t in self.timings if t.iteration != cut]
 
     @property
     def microbatches(self) -> list[MeasuredMicrobatch]:

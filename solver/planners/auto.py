@@ -165,6 +165,12 @@ class AutoPlanner:
                 sub, deadline=deadline, keep_s=SEARCH_SHARE * span, names=names, late_s=late_s
             )
             if peers is not None:  # search the best start so far while the peers run, then pool them all
+                # the relied-on peers (``hydraulis``, ``dynamic-cp``: docs/auto.md's promise) first: their plans are
+                # waited for before the search spends the budget, until only pricing them is left (searching
+                # meanwhile, on a loaded machine, took the CPU their child needed and ran past the deadline)
+                peers.wait_relied(
+                    until=deadline - EVALUATION_PER_SEQUENCE_S * len(sub.lengths) * (2 + len(peers.peers))
+                )
                 found = choose_starts(sub, [o for _, o in starts if self.allow_pending or _keeps_batches(o, sub)])[0]
                 searched = self._improve(sub, found[1], peers.end, clock, exact_model=False)
                 interim = PlannerOutput(iterations=tuple(searched), pending=tuple(found[2]))
@@ -184,7 +190,11 @@ class AutoPlanner:
         search_end = deadline if late is None else deadline - LATE_SHARE * (deadline - clock())
         best = self._search(sub, candidates, search_end, clock)
         if late is not None:
-            arrived = [o for _, o in late.collect(until=clock()) if self.allow_pending or _keeps_batches(o, sub)]
+            # a relied-on peer still running (it began late on a loaded machine) is waited for, until the time
+            # left holds only the pricing of the plans
+            late.wait_relied(until=deadline - EVALUATION_PER_SEQUENCE_S * len(sub.lengths) * (1 + len(late.peers)))
+            got = late.collect(until=clock())
+            arrived = [o for _, o in got if self.allow_pending or _keeps_batches(o, sub)]
             # pricing each plan is O(sequences), and so is setting a search up: a search only when the time left
             # holds it, the pricing when it does or is within LATE_PRICING_S (a plan that arrives at the deadline
             # on a loaded machine is still weighed; one on 65,536 sequences is not, or it would break the budget)

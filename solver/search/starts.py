@@ -10,12 +10,15 @@ that start, never the budget.
 
 The starts whose time depends on the lengths (the peers: about 15-60 ms each for a 256-sequence batch,
 as much as the start phase of a 0.1 s budget holds after the cheap starts) run in one forked child,
-launched right after the first (cheapest) start, while this process runs the cheap starts, in
+forked before the first (cheapest) start, while this process runs the cheap starts, in
 ``PEER_ORDER``: the peer whose plan most often beats the others first (``hydraulis``'s heterogeneous
 replicas: on fresh draws it was the plan ``auto`` at 0.1 s was behind when it had not run), each plan sent
-back as soon as it is made; a peer predicted not to fit is passed over for the next (on 512 GPUs
-``hydraulis`` packs 512 replicas and takes 0.35 s for 256 sequences, 20-60 ms on 32 GPUs).
-the child is killed at the end of the start phase. A peer runs whenever its predicted time is within
+back as soon as it is made. The relied-on peers (``Start.relied``: ``hydraulis``, ``dynamic-cp``, planners a
+user may ask for, which ``auto`` promises never to be behind) begin first whatever their prediction, and
+``auto`` waits for their plans before its search spends the budget, until its deadline less pricing them
+(``PendingPeers.wait_relied``); a prediction learnt in a load spike cannot keep them out. Of the others, a
+peer predicted not to fit is passed over for the next (on 512 GPUs ``hydraulis`` packs 512 replicas and
+takes 0.35 s for 256 sequences, 20-60 ms on 32 GPUs). A peer runs whenever its predicted time is within
 ``OVERRUN_FACTOR`` of what is left (the child has a core of its own), whatever budget it would need on its
 own (that covers its worst case, e.g. ``hydraulis``'s stage-2 ILP; inside ``auto`` it gets the time left
 and is killed at the deadline): ``auto`` must never be behind a planner the user could have asked for
@@ -61,7 +64,9 @@ OVERRUN_FACTOR = 3.0
 #: Time ``auto`` spends costing each start's plan (iteration times, work), per sequence.
 EVALUATION_PER_SEQUENCE_S = 3e-6
 #: The peers, most valuable first (module doc).
-PEER_ORDER: tuple[str, ...] = ("hydraulis", "wlb-keep", "dynamic-cp", "wlb")
+PEER_ORDER: tuple[str, ...] = ("hydraulis", "dynamic-cp", "wlb-keep", "wlb")
+#: How often a wait for the relied-on peers looks whether they have answered (``PendingPeers.wait_relied``).
+WAIT_SLICE_S = 0.001
 #: Importing a start's solver module (CP-SAT: solver/planners/minmax_ilp.py).
 IMPORT_S = COLD_IMPORT_S
 
@@ -83,6 +88,17 @@ class Start:
     #: Its plans may leave sequences pending (WLB-LLM's outlier queues): ``auto`` runs it only when it
     #: may return such a plan (``AutoPlanner(allow_pending=True)``).
     defers: bool = False
+    #: A planner a user may ask for whose plan ``auto`` promises never to be behind (docs/auto.md:
+    #: ``hydraulis``, ``dynamic-cp``): the peers' child begins it first, whatever its predicted time, and
+    #: ``auto`` waits for its plan until the chunk's deadline (less pricing it) rather than killing it at the
+    #: end of the start phase. Both plan the same at any budget they get there (``hydraulis``'s stage-2 ILP
+    #: rarely moves within 0.1 s; ``dynamic-cp`` has no time limit), in 2-50 ms for 256 sequences: under load
+    #: their predictions, learnt in a spike, had kept ``hydraulis`` out of the child (``wlb-keep`` ran
+    #: instead), and ``auto`` at 0.1 s stayed 12.9% behind ``hydraulis`` run alone in 57-79 ms.
+    #: Only where its prior (``unit_s``: the same on any machine, not the time learnt here) fits the time to the
+    #: chunk's deadline (``relied_on``): ``hydraulis`` on 65,536 sequences takes seconds, and waiting for it
+    #: would take the whole budget from the search.
+    relied: bool = False
     #: Runs whatever the time left (in process; in a child with all the time left where it is predicted over
     #: ``ISOLATE_ABOVE_S``, the first one always in process): ``auto`` never returns a plan worse than these
     #: that finish, however little CPU it gets (``packed`` and ``skrull``;
@@ -130,6 +146,7 @@ STARTS: tuple[Start, ...] = (
         per_gpu_s=6e-4,
         fixed_s=0.005,
         imports=CP_SAT_MODULE,
+        relied=True,
     ),
     # WLB-LLM's packing writes a local list per CP rank of each microbatch: 45-62 ms for 256 sequences at
     # CP 16, 77-138 ms at CP 32 (Llama-2-7B TP 8 on H100; the per-sequence prior alone said 28 ms)
@@ -153,6 +170,7 @@ STARTS: tuple[Start, ...] = (
         per_sequence_s=3e-5,
         per_sequence_gpu_s=1e-7,
         fixed_s=0.002,
+        relied=True,
     ),
     # the plain-CP baselines: never better than ``packed`` on the bundled distributions, run last
     Start(name="deepspeed", make=DeepSpeedPlanner, per_sequence_s=2e-6, per_slot_s=1e-6),
@@ -203,6 +221,8 @@ class PendingPeers:
     end: float
     gpus: int
     cp: int = 1
+    #: the relied-on peers of this call (``relied_on``): begun first, never killed at the end of the start phase
+    relied: frozenset[str] = frozenset()
     #: peers begun and not finished: (name, when it began, on the system-wide ``time.monotonic``)
     running: list[tuple[str, float]] = dataclasses.field(default_factory=list)
     got: dict[str, PlannerOutput] = dataclasses.field(default_factory=dict)
@@ -238,7 +258,8 @@ class PendingPeers:
             finished = self.child.read(until=until, on_report=self._receive) is not None
             by_name = {s.name: s for s in self.peers}
             finishing = keep_until is not None and all(
-                began + predicted_s(by_name[name], self.sizes, gpus=self.gpus, cp=self.cp) <= keep_until
+                name in self.relied
+                or began + predicted_s(by_name[name], self.sizes, gpus=self.gpus, cp=self.cp) <= keep_until
                 for name, began in self.running
             )
             if finished or not finishing:
@@ -258,6 +279,19 @@ class PendingPeers:
         new = [s.name for s in STARTS if s.name in self.got and s.name not in self.taken]
         self.taken.update(new)
         return [(name, self.got[name]) for name in new]
+
+    @property
+    def awaited(self) -> bool:
+        """Whether a relied-on peer (``Start.relied``) has not reported yet while the child runs."""
+        return not self.closed and any(name not in self.heard for name in self.relied)
+
+    def wait_relied(self, *, until: float) -> None:
+        """Wait until every relied-on peer has reported, or ``until``, leaving the child running (``collect``
+        takes the plans). Read in slices of ``WAIT_SLICE_S``: the child goes on to the other peers after the
+        relied ones, and this returns as soon as those have answered, not when the child ends."""
+        while self.awaited and time.monotonic() < until:
+            if self.child.read(until=min(until, time.monotonic() + WAIT_SLICE_S), on_report=self._receive):
+                break
 
     def _receive(self, report: tuple[str, object, float]) -> None:
         name, output, seconds = report
@@ -295,17 +329,22 @@ def launch_starts(
     evaluation_s = EVALUATION_PER_SEQUENCE_S * sum(sizes)
     out: dict[str, PlannerOutput] = {}
     peers: list[Start] = []
+    relied: frozenset[str] = frozenset()
     child: Child | None = None
     for k, start in enumerate(chosen):
-        if k == 1 and isolate:  # the peers, in a child, while this process runs the cheap starts
-            peers = [s for s in chosen[1:] if s.isolated]
+        # the peers, in a child, while this process runs the cheap starts: forked first, so the relied-on ones
+        # (``Start.relied``) begin at once (forked after ``packed``, ``hydraulis`` began 20-30 ms into a 0.1 s
+        # budget on a loaded machine and took 50-70 ms there)
+        if k == 0 and isolate:
+            peers = [s for s in chosen if s.isolated]
+            relied = relied_on(peers, sizes, gpus=gpus, cp=cp, span_s=deadline - time.monotonic())
             peers_end = end - evaluation_s * len(peers)
             window = OVERRUN_FACTOR * (peers_end - time.monotonic())
-            if any(predicted_s(s, sizes, gpus=gpus, cp=cp) <= window for s in peers):
-                child = _start_peers(peers, problem, sizes, peers_end + late_s)
+            if relied or any(predicted_s(s, sizes, gpus=gpus, cp=cp) <= window for s in peers):
+                child = _start_peers(peers, problem, sizes, peers_end + late_s, relied=relied)
             else:  # none fits: no fork, and no time kept for costing their plans
                 peers = []
-        if k > 0 and start in peers:
+        if start in peers:
             continue
         left = end - time.monotonic() - evaluation_s * (len(out) + 1 + len(peers))
         predicted = predicted_s(start, sizes, gpus=gpus, cp=cp)
@@ -330,7 +369,7 @@ def launch_starts(
     if child is None:
         return outputs, None
     return outputs, PendingPeers(
-        child=child, peers=peers, sizes=sizes, end=end - evaluation_s * len(out), gpus=gpus, cp=cp
+        child=child, peers=peers, sizes=sizes, end=end - evaluation_s * len(out), gpus=gpus, cp=cp, relied=relied
     )
 
 
@@ -361,7 +400,14 @@ def run_starts(
     return [(s.name, got[s.name]) for s in STARTS if s.name in got]
 
 
-def _start_peers(peers: Sequence[Start], problem: Problem, sizes: Sequence[int], end: float) -> Child:
+def relied_on(peers: Sequence[Start], sizes: Sequence[int], *, gpus: int, cp: int, span_s: float) -> frozenset[str]:
+    """The relied-on peers (``Start.relied``) whose prior fits ``span_s``, the time to the chunk's deadline."""
+    return frozenset(s.name for s in peers if s.relied and s.unit_s(sizes, gpus=gpus, cp=cp) <= span_s)
+
+
+def _start_peers(
+    peers: Sequence[Start], problem: Problem, sizes: Sequence[int], end: float, *, relied: frozenset[str] = frozenset()
+) -> Child:
     """A child that runs ``peers`` in ``PEER_ORDER`` (their times vary with the lengths, 10-60 ms on 256
     sequences and 32 GPUs), each told the time left: next, the first not yet run whose prediction fits the
     time left before ``end``, else the first within ``OVERRUN_FACTOR`` of it. This process searches
@@ -375,12 +421,13 @@ def _start_peers(peers: Sequence[Start], problem: Problem, sizes: Sequence[int],
         while remaining:
             left = end - time.monotonic()
             predicted = {s.name: predicted_s(s, sizes, gpus=gpus, cp=cp) for s in remaining}
+            # the relied-on peers first, whatever their learnt prediction (``relied_on``): the parent waits for them
             # a peer that fits goes before one that may not (``wlb-keep`` predicted at twice the time left
             # began before ``dynamic-cp``, which fitted: killed, it cost ``dynamic-cp``'s plan, 0.005% better);
             # else optimistic: the child has a core of its own, so a peer predicted up to OVERRUN_FACTOR times
             # the time left is tried (its time varies with the lengths: hydraulis takes 2 s on one batch of
             # 65,536 and 13 s on another); one that does not finish is killed at the phase's end
-            fits = [s for s in remaining if predicted[s.name] <= left]
+            fits = [s for s in remaining if s.name in relied] or [s for s in remaining if predicted[s.name] <= left]
             start = next(iter(fits or [s for s in remaining if predicted[s.name] <= OVERRUN_FACTOR * left]), None)
             if start is None:
                 return

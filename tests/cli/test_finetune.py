@@ -201,6 +201,7 @@ def test_calibrate_replans_with_the_run_profile_passes_the_check_and_ends_with_t
     out = skrull(
         "finetune", "--model-config", str(MODELS / "qwen2-tiny.json"), "--request", str(request), "--world-size", "2",
         "--steps", "6", "--check", "--calibrate", "--calibrated-profile-out", str(out_profile),
+        "--calibration-records-out", str(tmp_path / "records.json"),
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-2000:]
     lines = out.stdout.strip().splitlines()
@@ -214,6 +215,10 @@ def test_calibrate_replans_with_the_run_profile_passes_the_check_and_ends_with_t
     profile = json.loads(out_profile.read_text())
     assert profile["calibrated"]["from"] == "h100-80g/qwen2.5-0.5b" and profile["calibrated"]["microbatches"] >= 6
     assert profile_from_dict(profile).microbatch_ms >= 0  # an ordinary profile the planners read
+    # every measured microbatch, with the profile its plan was made with: the starting one, then the fits
+    records = json.loads((tmp_path / "records.json").read_text())
+    assert len(records) >= 6 and all(r["ms"] > 0 and len(r["local"]) == len(r["ranks"]) for r in records)
+    assert records[0]["profile"] == "h100-80g/qwen2.5-0.5b" and records[-1]["profile"].endswith("+calibrated")
 
 
 def test_calibrated_profile_out_needs_calibrate(tmp_path: Path) -> None:

@@ -292,6 +292,20 @@ class _StepCalibration:
             "reports": [dataclasses.asdict(r) for r in self.reports],
             "summary": summary_line(self.start, self.measured, self.reports, fitted.profile if fitted else None),
             "profile": fitted.profile if fitted else None,
+            # every measured microbatch with the name of the profile its plan was made with: what the fit and
+            # the summary line were computed from, for a reader who wants to see where the model is off
+            "measured": [
+                {
+                    "iteration": mb.iteration,
+                    "ranks": list(mb.ranks),
+                    "local": [list(x) for x in mb.local],
+                    "sharded": list(mb.sharded),
+                    "mode": mb.mode,
+                    "ms": mb.ms,
+                    "profile": profile if isinstance(profile, str) else profile.get("name"),
+                }
+                for mb, profile in self.measured
+            ],
         }
 
 

@@ -36,7 +36,7 @@ def test_the_peers_run_most_valuable_first_and_hydraulis_costs_more_on_more_gpus
 ) -> None:
     monkeypatch.setattr(starts, "_scale", {})  # the priors, not what earlier tests taught this process
     peers = [s for s in starts.STARTS if s.isolated]
-    assert [s.name for s in starts.peer_order(peers)] == ["hydraulis", "wlb-keep", "dynamic-cp", "wlb"]
+    assert [s.name for s in starts.peer_order(peers)] == ["hydraulis", "dynamic-cp", "wlb-keep", "wlb"]
     hydraulis = next(s for s in peers if s.name == "hydraulis")
     # packing 512 replicas: about 0.35 s measured for 256 sequences, against 20-60 ms on 32 GPUs
     assert hydraulis.unit_s([256], gpus=512) > 5 * hydraulis.unit_s([256], gpus=32)
