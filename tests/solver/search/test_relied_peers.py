@@ -10,14 +10,14 @@ import numpy as np
 import pytest
 
 from skrull.solver.cost import CostModel
-from skrull.solver.datasets import load_distribution
-from skrull.solver.derive import MODELS, TrainingSetup, derive_profile
-from skrull.solver.gpus import GPUS
+from skrull.solver.lengths.datasets import load_distribution
 from skrull.solver.metrics import work_ms
 from skrull.solver.planners import auto
 from skrull.solver.planners.minmax_ilp import preload_cp_sat
 from skrull.solver.planning import solve
 from skrull.solver.profile import profile_from_dict
+from skrull.solver.profiles.derive import MODELS, TrainingSetup, derive_profile
+from skrull.solver.profiles.gpus import GPUS
 from skrull.solver.search import starts
 from skrull.solver.types import Parallel, Plan, Request
 
