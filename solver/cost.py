@@ -610,20 +610,27 @@ class CostModel:
         hidden = comm - exposed
         hidden_fwd = self.hidden_forward_share(group_size, mode) * hidden
         hidden_bwd = hidden - hidden_fwd
-        fixed_fwd, fixed_bwd = self.hiding_fixed_split_ms()
+        whole_compute = self._overlap_scope == OVERLAP_LOCAL_COMPUTE
         worst = 0.0
         for lens in local_lengths:
             if not lens:
                 worst = max(worst, comm)
                 continue
-            local_flops = 0.0
-            hides_fwd, hides_bwd = fixed_fwd, fixed_bwd
+            tokens = 0
+            square = 0
             for s in lens:
-                local_flops += self._fpt * s + self._fpt_sq * s * s
-                fwd, bwd = self.hiding_split_ms(s)
-                hides_fwd += fwd
-                hides_bwd += bwd
-            local = self.t_comp_ms(local_flops)
+                tokens += s
+                square += s * s
+            local = self.t_comp_ms(self._fpt * tokens + self._fpt_sq * square)
+            # the sums of hiding_split_ms over the sequences (and hiding_fixed_split_ms), in one step
+            attention = self._ms_per_flop * self._fpt_sq * square
+            hides_fwd = self._attention_forward_share * attention
+            hides_bwd = attention - hides_fwd
+            if whole_compute:
+                linear = self._ms_per_flop * self._fpt * tokens + self._comp_fixed_ms
+                linear_fwd = self._linear_forward_share * linear
+                hides_fwd += linear_fwd
+                hides_bwd += linear - linear_fwd
             rest = local - hides_fwd - hides_bwd
             worst = max(worst, max(hidden_fwd, hides_fwd) + max(hidden_bwd, hides_bwd) + exposed + rest)
         return worst
