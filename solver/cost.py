@@ -58,16 +58,40 @@ group size (a planner reasoning about sizes) prices the link an aligned group of
 and ``comm_a2a.ms_per_mib`` price every group as above.
 
 Overlap (the profile's optional ``overlap``, a refinement the contract allows): the worker (worker/dacp.py)
-overlaps each layer's collective with that layer's local attention call only, and runs Ulysses' second
-all-to-all in each direction after the attention. For GPU j, with C the communication, ``X = e*C`` for a
-Ulysses microbatch (``e = ulysses_exposed``; 0 for all-gather), ``H = C - X`` and ``A_j`` what hides it
-(``a * flops_per_token_sq * sum_{local[j]} S^2`` with ``with: local_attention``, ``T_comp(local_j)`` with
-``local_compute``)::
+overlaps each layer's collective with that layer's local attention call only, per direction: forward's
+collective (the K/V all-gather; Ulysses' Q/K/V all-to-all) with forward's local attention, backward's (the
+dK/dV reduce-scatter; Ulysses' grad-output all-to-all) with backward's; Ulysses' second all-to-all in each
+direction (outputs back, dQ/dK/dV back) runs after the attention, behind nothing. For GPU j, with C the
+communication, ``X = e*C`` for a Ulysses microbatch (``e = ulysses_exposed``; 0 for all-gather), ``H = C - X``
+and ``A_j`` what hides it (``a * flops_per_token_sq * sum_{local[j]} S^2`` with ``with: local_attention``,
+``T_comp(local_j)`` with ``local_compute``), each split into a forward and a backward share::
 
-    t_j = max(H, A_j) + X + (T_comp(local_j) - A_j) + T_comp(sum_{sharded} FLOPs(S) / N)
+    t_j = max(H_f, A_f) + max(H_b, A_b) + X + (T_comp(local_j) - A_j) + T_comp(sum_{sharded} FLOPs(S) / N)
+    H_f = h * H,  H_b = H - H_f;   A_f = alpha * A_attn + lambda * A_rest,  A_b = A_j - A_f
 
-and ``Time = microbatch_ms + max_j t_j``. It is ``max(C + T_comp(local_j) - A_j, T_comp(local_j) + X) + dist``,
-never below the plain form's ``max(C, T_comp(local_j)) + dist``: every lower bound of the plain form holds.
+and ``Time = microbatch_ms + max_j t_j``. The shares come from what runs (``hidden_forward_share``,
+``hiding_split_ms``):
+
+- ``h``, forward's share of the hidden communication: all-gather 1/2 (the forward all-gather and the
+  backward reduce-scatter move the same K/V bytes); Ulysses ``(H_q + 2 H_kv c) / (2 H_q + 2 H_kv c)``
+  in head units (forward hides the Q/K/V exchange, ``H_q + 2 H_kv c`` heads with ``c = lcm(kv, N)/kv`` K/V
+  copies, backward the grad-output exchange, ``H_q`` heads; the two exposed exchanges are their mirror
+  images, so the hidden half is exactly ``ulysses_exposed = 0.5`` of the volume);
+- ``alpha = 1 / (1 + 2.5) = 2/7``, forward's share of attention: FlashAttention-2 (Dao 2023, sec. 4;
+  ``flops()`` of flash-attention's benchmarks/benchmark_flash_attention.py) counts the backward pass as
+  2.5x the forward's FLOPs, five matmuls of the forward's shape (S = QK^T recomputed, dV, dP, dQ, dK) to
+  its two (``ATTENTION_BACKWARD_PER_FORWARD``);
+- ``lambda = 1 / (1 + 2) = 1/3`` for the rest (``local_compute`` only: ``a * flops_per_token * sum S`` and
+  ``compute.fixed_ms``): a dense layer's backward computes dX and dW, two matmuls to the forward's one,
+  Skrull eq. 13's x3 (``LINEAR_BACKWARD_PER_FORWARD``).
+
+Since ``max(p, q) + max(r, s) >= max(p + r, q + s)``, it is never below the one-max form
+``max(H, A_j) + X + (T_comp(local_j) - A_j) + dist`` (equal when one side wins in both directions), which is
+``max(C + T_comp(local_j) - A_j, T_comp(local_j) + X) + dist``, never below the plain form's
+``max(C, T_comp(local_j)) + dist``: every lower bound of the plain form holds. The gap is widest at the
+crossover ``H = A_j``: for all-gather (``H_f = H_b = H/2`` against ``A_f = 2A/7``, ``A_b = 5A/7``) the
+per-direction sum is ``H/2 + 5H/7 = 17H/14`` against the one max's ``H``, which is 3/17 (18%) low before
+the rest of the local compute and the sharded compute, which both forms add alike.
 
 The model's coefficients are public (``CostModel.coefficients``, one ``CostCoefficients`` in ms per FLOP
 and ms per token), and so are the derived terms planners reason with, so no planner re-derives them
@@ -102,6 +126,11 @@ from skrull.solver.sharding import DEFAULT_SHARDING, max_position_tokens, positi
 MIB = float(2**20)
 #: The profile gives compute speed in ms per TFLOP (10^12 FLOPs).
 FLOPS_PER_TFLOP = 1e12
+#: Backward FLOPs of an attention call per forward FLOP: FlashAttention-2 (Dao 2023, sec. 4) counts 2.5, five
+#: matmuls of the forward's shape (QK^T recomputed, dV, dP, dQ, dK) to its two (module doc, "Overlap").
+ATTENTION_BACKWARD_PER_FORWARD = 2.5
+#: Backward FLOPs of a dense layer per forward FLOP: dX and dW, two matmuls to one (Skrull eq. 13's x3).
+LINEAR_BACKWARD_PER_FORWARD = 2.0
 
 
 class Placement(Protocol):
@@ -271,6 +300,7 @@ class CostModel:
         "_a2a_fixed_ms",
         "_a2a_kv_ms_per_token",
         "_a2a_ms_per_token",
+        "_attention_forward_share",
         "_attention_heads",
         "_bound_a2a",
         "_choose_from",
@@ -283,6 +313,7 @@ class CostModel:
         "_kv_den",
         "_kv_heads",
         "_kv_num",
+        "_linear_forward_share",
         "_mb_ms",
         "_ms_per_flop",
         "_overlap_scope",
@@ -326,6 +357,8 @@ class CostModel:
         overlap = profile.overlap
         self._overlap_scope: str | None = None if overlap is None else overlap.scope
         self._ulysses_exposed = 0.0 if overlap is None else overlap.ulysses_exposed
+        self._attention_forward_share = 1.0 / (1.0 + ATTENTION_BACKWARD_PER_FORWARD)
+        self._linear_forward_share = 1.0 / (1.0 + LINEAR_BACKWARD_PER_FORWARD)
         self._kv_num, self._kv_den = gathered_kv_fraction(profile)
         self._coef = self._make_coefficients()
 
@@ -567,27 +600,76 @@ class CostModel:
     def _overlapped_ms(
         self, local_lengths: Sequence[Sequence[int]], sharded_tokens: int, mode: str, link: str | None
     ) -> float:
-        """``max_j [max(H, A_j) + X + (T_comp(local_j) - A_j)]`` (module doc, "Overlap"): H the hidden part
-        of the communication, X the exposed part (``ulysses_exposed`` of a Ulysses all-to-all), A_j what
-        hides it on GPU j (its local attention, or its whole local compute)."""
-        comm = self._mode_comm_ms(sharded_tokens, len(local_lengths), mode, link)
+        """``max_j [max(H_f, A_f) + max(H_b, A_b) + X + (T_comp(local_j) - A_j)]`` (module doc, "Overlap"): H the
+        hidden part of the communication, X the exposed part (``ulysses_exposed`` of a Ulysses all-to-all),
+        A_j what hides it on GPU j (its local attention, or its whole local compute), each of H and A_j split
+        into what forward and backward run (``hidden_forward_share``, ``hiding_split_ms``)."""
+        group_size = len(local_lengths)
+        comm = self._mode_comm_ms(sharded_tokens, group_size, mode, link)
         exposed = self._ulysses_exposed * comm if mode == ULYSSES else 0.0
         hidden = comm - exposed
-        attention_only = self._overlap_scope != OVERLAP_LOCAL_COMPUTE
+        hidden_fwd = self.hidden_forward_share(group_size, mode) * hidden
+        hidden_bwd = hidden - hidden_fwd
+        whole_compute = self._overlap_scope == OVERLAP_LOCAL_COMPUTE
         worst = 0.0
         for lens in local_lengths:
             if not lens:
                 worst = max(worst, comm)
                 continue
-            local_flops = 0.0
-            square = 0.0
+            tokens = 0
+            square = 0
             for s in lens:
-                local_flops += self._fpt * s + self._fpt_sq * s * s
-                square += self._fpt_sq * s * s
-            local = self.t_comp_ms(local_flops)
-            hides = self._ms_per_flop * square if attention_only else local
-            worst = max(worst, max(hidden, hides) + exposed + (local - hides))
+                tokens += s
+                square += s * s
+            local = self.t_comp_ms(self._fpt * tokens + self._fpt_sq * square)
+            # the sums of hiding_split_ms over the sequences (and hiding_fixed_split_ms), in one step
+            attention = self._ms_per_flop * self._fpt_sq * square
+            hides_fwd = self._attention_forward_share * attention
+            hides_bwd = attention - hides_fwd
+            if whole_compute:
+                linear = self._ms_per_flop * self._fpt * tokens + self._comp_fixed_ms
+                linear_fwd = self._linear_forward_share * linear
+                hides_fwd += linear_fwd
+                hides_bwd += linear - linear_fwd
+            rest = local - hides_fwd - hides_bwd
+            worst = max(worst, max(hidden_fwd, hides_fwd) + max(hidden_bwd, hides_bwd) + exposed + rest)
         return worst
+
+    def hidden_forward_share(self, group_size: int, mode: str) -> float:
+        """Forward's share ``h`` of a microbatch's hidden communication (module doc, "Overlap"): 1/2 for
+        all-gather (the forward K/V all-gather and the backward dK/dV reduce-scatter move the same bytes);
+        for Ulysses the forward Q/K/V exchange against the backward grad-output exchange, in heads:
+        ``(H_q + 2 H_kv c) / (2 H_q + 2 H_kv c)``, ``c = lcm(H_kv, N) / H_kv`` the K/V copies
+        (worker/dacp.py ``ulysses_kv_copies``)."""
+        heads = self.profile.heads
+        if mode != ULYSSES or heads is None:
+            return 0.5
+        forward = heads.attention + 2 * heads.kv * (math.lcm(heads.kv, group_size) // heads.kv)
+        return forward / (forward + heads.attention)
+
+    def hiding_split_ms(self, num_tokens: int) -> tuple[float, float]:
+        """``(forward, backward)`` of what a local sequence of ``num_tokens`` hides communication behind
+        (module doc, "Overlap"): its attention ``a * flops_per_token_sq * S^2`` split 2/7 : 5/7
+        (``ATTENTION_BACKWARD_PER_FORWARD``), and with ``with: local_compute`` also its linear compute
+        ``a * flops_per_token * S`` split 1/3 : 2/3 (``LINEAR_BACKWARD_PER_FORWARD``)."""
+        attention = self._ms_per_flop * self._fpt_sq * num_tokens * num_tokens
+        fwd = self._attention_forward_share * attention
+        bwd = attention - fwd
+        if self._overlap_scope == OVERLAP_LOCAL_COMPUTE:
+            linear = self._ms_per_flop * self._fpt * num_tokens
+            linear_fwd = self._linear_forward_share * linear
+            fwd += linear_fwd
+            bwd += linear - linear_fwd
+        return fwd, bwd
+
+    def hiding_fixed_split_ms(self) -> tuple[float, float]:
+        """``(forward, backward)`` of the fixed compute cost a GPU with local sequences hides communication
+        behind: with ``with: local_compute``, ``compute.fixed_ms`` split as the linear compute (1/3 : 2/3);
+        none with ``local_attention`` (the attention call's share of launches is in the rest)."""
+        if self._overlap_scope != OVERLAP_LOCAL_COMPUTE:
+            return 0.0, 0.0
+        fwd = self._linear_forward_share * self._comp_fixed_ms
+        return fwd, self._comp_fixed_ms - fwd
 
     @property
     def gathered_kv_ratio(self) -> Fraction:

@@ -112,12 +112,14 @@ class Overlap:
     """What the worker hides communication behind (CONTRACT.md allows this refinement of the reference form).
 
     ``scope`` (the section's ``with``): ``local_attention``, each collective overlaps only the local
-    attention of the same layer, ``A_j = ms_per_flop * flops_per_token_sq * sum_{local[j]} S^2``, so a GPU
-    with local sequences takes ``max(T_hidden, A_j) + T_exposed + (T_comp(local_j) - A_j) + T_comp(sharded/N)``;
-    ``local_compute``, all of the local compute (``A_j = T_comp(local_j)``, the plain form when nothing is
-    exposed). ``ulysses_exposed`` (e in [0, 1]): the share of a Ulysses microbatch's all-to-all that runs
-    after the attention, hidden behind nothing (worker/dacp.py: the output's all-to-all back in forward and
-    dQ/dK/dV's back in backward, half the volume: 0.5); all-gather hides its whole gather.
+    attention of the same layer, ``A_j = ms_per_flop * flops_per_token_sq * sum_{local[j]} S^2``;
+    ``local_compute``, all of the local compute (``A_j = T_comp(local_j)``). Each direction overlaps on its
+    own (forward's collective with forward's share of ``A_j``, backward's with backward's), so a GPU with
+    local sequences takes ``max(H_f, A_f) + max(H_b, A_b) + T_exposed + (T_comp(local_j) - A_j) +
+    T_comp(sharded/N)``, the shares read from what runs (solver/cost.py, "Overlap"). ``ulysses_exposed``
+    (e in [0, 1]): the share of a Ulysses microbatch's all-to-all that runs after the attention, hidden
+    behind nothing (worker/dacp.py: the output's all-to-all back in forward and dQ/dK/dV's back in backward,
+    half the volume: 0.5); all-gather hides its whole gather.
     ``source`` says how the figures were found."""
 
     scope: str = OVERLAP_LOCAL_ATTENTION

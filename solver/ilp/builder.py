@@ -40,6 +40,11 @@ no allowed mode runs (Ulysses alone on a group not dividing the heads) shards no
 the bound are over plans whose microbatches each run their cheaper allowed mode, which is how the plan
 runs (``planning.with_modes`` assigns that mode after the solve).
 
+With the profile's ``overlap`` (solver/cost.py, "Overlap"), W also meets, per GPU j and mode, what the
+worker waits for when it overlaps each direction on its own: ``max(H_f, A_f) + max(H_b, A_b)`` is the
+largest of four sums, each one row (``_time_comm``: both directions communication-bound; ``_time_local``:
+both compute-bound; ``_time_directions``: one of each), so no variable per direction is needed.
+
 Memory per GPU is eq. 7 in integers, ``N*local_j + T <= N*C``, exact. With the gathered K/V
 (CONTRACT.md; ``CostModel.gathered_kv_tokens``, r = p/q) an all-gather microbatch also needs
 ``local_j + ceil(T/N) + ceil(r*a*T/b) <= C``, with ``a/b = CostModel.gathered_kv_factor(N)`` (``(N-1)/N``
@@ -167,6 +172,13 @@ class _Comm:
     #: hidden behind nothing (``ulysses_exposed`` of a Ulysses all-to-all); empty: none
     exposed: tuple[int, ...] = ()
     exposed_fixed: int = 0
+    #: with the profile's ``overlap``: what a GPU waits for when one direction's communication outlasts what
+    #: hides it and the other's does not (solver/cost.py, "Overlap"): ``H_f + X`` (``fwd``) and ``H_b + X``
+    #: (``bwd``) per sequence and fixed; empty: no overlap
+    fwd: tuple[int, ...] = ()
+    fwd_fixed: int = 0
+    bwd: tuple[int, ...] = ()
+    bwd_fixed: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,6 +192,13 @@ class _Coeffs:
     #: with ``overlap.with == local_attention``: each sequence's local compute that is not attention
     #: (``ms_per_flop * flops_per_token * S``), which runs after the hidden communication; empty: none
     lin: tuple[int, ...] = ()
+    #: with the profile's ``overlap`` (N > 1): each sequence's local compute less forward's (``rest_fwd``) or
+    #: backward's (``rest_bwd``) share of what hides communication, ``T_comp(S) - A_f(S)``, and of the fixed
+    #: cost (``CostModel.hiding_split_ms``, ``hiding_fixed_split_ms``); empty: no overlap
+    rest_fwd: tuple[int, ...] = ()
+    rest_fwd_fixed: int = 0
+    rest_bwd: tuple[int, ...] = ()
+    rest_bwd_fixed: int = 0
 
     @property
     def shards(self) -> bool:
@@ -192,8 +211,10 @@ class _Coeffs:
 
     def mode_times(self, local: Sequence[Sequence[int]], sharded: Sequence[int]) -> list[int]:
         """W of a microbatch (model indices) in each of ``comms``' modes (one entry when nothing is sharded):
-        ``max_j max(C + L_j, T_local_j + X) + dist`` (``C`` the mode's communication, ``X`` its exposed part,
-        ``L_j`` GPU j's non-attention local compute with ``lin``, else 0; the plain form without overlap)."""
+        ``max_j max(C + L_j, T_local_j + X, H_f + X + T_local_j - A_f, H_b + X + T_local_j - A_b) + dist``
+        (``C`` the mode's communication, ``X`` its exposed part, ``L_j`` GPU j's non-attention local compute
+        with ``lin``, else 0; the last two with ``overlap``, one direction's communication against the
+        other's compute; the plain form without overlap)."""
         dist = sum(self.dist[k] for k in sharded) + (self.comp_fixed if sharded else 0)
         comms = self.comms if sharded else ()
         if sharded:
@@ -210,6 +231,12 @@ class _Coeffs:
                 worst = max(worst, own + exposed + dist)
                 if sharded and self.lin:
                     worst = max(worst, comm + sum(self.lin[k] for k in ks) + self.comp_fixed + dist)
+                if sharded and c is not None and c.fwd and self.rest_fwd:
+                    fwd = sum(c.fwd[k] for k in sharded) + c.fwd_fixed
+                    bwd = sum(c.bwd[k] for k in sharded) + c.bwd_fixed
+                    rest_fwd = sum(self.rest_fwd[k] for k in ks) + self.rest_fwd_fixed
+                    rest_bwd = sum(self.rest_bwd[k] for k in ks) + self.rest_bwd_fixed
+                    worst = max(worst, fwd + rest_fwd + dist, bwd + rest_bwd + dist)
             out.append(worst)
         return out
 
@@ -230,6 +257,18 @@ def _coefficients(
     overlap = model.profile.overlap
     exposed_share = overlap.ulysses_exposed if overlap is not None else 0.0
     lin: tuple[int, ...] = ()
+    directions = overlap is not None and group_size > 1
+    rest_fwd: tuple[int, ...] = ()
+    rest_bwd: tuple[int, ...] = ()
+    rest_fwd_fixed = rest_bwd_fixed = 0
+    if directions:
+        splits = [model.hiding_split_ms(s) for s in lengths]
+        local_ms = [ms_per_flop * model.flops(s) for s in lengths]
+        rest_fwd = tuple(floor(TIME_SCALE * (t - fb[0])) for t, fb in zip(local_ms, splits, strict=True))
+        rest_bwd = tuple(floor(TIME_SCALE * (t - fb[1])) for t, fb in zip(local_ms, splits, strict=True))
+        fixed_fwd, fixed_bwd = model.hiding_fixed_split_ms()
+        rest_fwd_fixed = floor(TIME_SCALE * (p.compute.fixed_ms - fixed_fwd))
+        rest_bwd_fixed = floor(TIME_SCALE * (p.compute.fixed_ms - fixed_bwd))
     if overlap is not None and overlap.scope == OVERLAP_LOCAL_ATTENTION and group_size > 1:
         lin = tuple(floor(TIME_SCALE * ms_per_flop * p.compute.flops_per_token * s) for s in lengths)
     # with ``lin``, a mode's time-comm rows also carry a GPU's non-attention local compute (at most a bucket)
@@ -246,9 +285,20 @@ def _coefficients(
         most = min(sum(coeffs), math.ceil(TIME_SCALE * per_token[mode] * capacity))
         exposed: tuple[int, ...] = ()
         exposed_fixed = 0
-        if mode == ULYSSES and exposed_share > 0:
-            exposed = tuple(floor(TIME_SCALE * exposed_share * per_token[mode] * s) for s in lengths)
-            exposed_fixed = floor(TIME_SCALE * exposed_share * fixed[mode])
+        share = exposed_share if mode == ULYSSES else 0.0
+        if share > 0:
+            exposed = tuple(floor(TIME_SCALE * share * per_token[mode] * s) for s in lengths)
+            exposed_fixed = floor(TIME_SCALE * share * fixed[mode])
+        sides: dict[str, tuple[tuple[int, ...], int]] = {}
+        if directions:
+            # forward's (backward's) hidden share H_f = h (1 - e) C (H_b), plus the exposed X = e C
+            h = model.hidden_forward_share(group_size, mode)
+            for side, part in (("fwd", h), ("bwd", 1.0 - h)):
+                k_side = part * (1.0 - share) + share
+                sides[side] = (
+                    tuple(floor(TIME_SCALE * k_side * per_token[mode] * s) for s in lengths),
+                    floor(TIME_SCALE * k_side * fixed[mode]),
+                )
         comms.append(
             _Comm(
                 mode=mode,
@@ -257,6 +307,10 @@ def _coefficients(
                 big_m=most + fixed_units + dist_max + lin_max,
                 exposed=exposed,
                 exposed_fixed=exposed_fixed,
+                fwd=sides["fwd"][0] if sides else (),
+                fwd_fixed=sides["fwd"][1] if sides else 0,
+                bwd=sides["bwd"][0] if sides else (),
+                bwd_fixed=sides["bwd"][1] if sides else 0,
             )
         )
     return _Coeffs(
@@ -266,6 +320,10 @@ def _coefficients(
         microbatch=floor(TIME_SCALE * p.microbatch_ms),
         comms=tuple(comms),
         lin=lin,
+        rest_fwd=rest_fwd,
+        rest_fwd_fixed=rest_fwd_fixed,
+        rest_bwd=rest_bwd,
+        rest_bwd_fixed=rest_bwd_fixed,
     )
 
 
@@ -349,6 +407,7 @@ def build_joint_model(
         _memory(m_, data, v, g, m)
         _time_local(m_, data, v, g, m)
         _time_comm(m_, data, v, g, m)
+        _time_directions(m_, data, v, g, m)
         _indicators(m_, data, v, g, m)
         _redundant_microbatch(m_, data, v, g, m)
     _loads(m_, data, v)
@@ -610,6 +669,38 @@ def _time_comm(m_: LinearModel, d: _Data, v: _Vars, g: int, m: int) -> None:
         # Redundant: whichever mode runs, its communication is at least the per-sequence cheaper one
         cheapest = [min(a, b) for a, b in zip(ag.coeffs, ul.coeffs, strict=True)]
         m_.add(row(cheapest, min(ag.fixed, ul.fixed), j), family="redundant-time-comm-cheapest", lower=0)
+
+
+def _time_directions(m_: LinearModel, d: _Data, v: _Vars, g: int, m: int) -> None:
+    """With the profile's ``overlap``, the worker overlaps per direction (solver/cost.py, "Overlap"):
+    ``max(H_f, A_f) + max(H_b, A_b)`` is the largest of its four sums, two of which ``_time_comm`` (both
+    directions communication-bound) and ``_time_local`` (both compute-bound) already bound; the other two
+    are a row each per GPU and mode, ``W >= H_f + X + T_local_j - A_f + dist`` and the same backward,
+    switched off by the mode decision as ``_time_comm``'s rows are. W, minimised, meets the largest, so the
+    model's time is the cost model's (with floored coefficients) and needs no variable per direction."""
+    c = d.coeffs[g]
+    if not d.shards(g) or not c.rest_fwd:
+        return
+    dist = _sharded_compute(d, v, g, m)
+    comms = c.comms
+    for j in range(d.layout.sizes[g]):
+        for x in comms:
+            for side, fixed, rest, rest_fixed in ((x.fwd, x.fwd_fixed, c.rest_fwd, c.rest_fwd_fixed),
+                                                  (x.bwd, x.bwd_fixed, c.rest_bwd, c.rest_bwd_fixed)):  # fmt: skip
+                row = {v.work[g, m]: 1, v.has_shard[g, m]: -fixed, v.has_local[g, m, j]: -rest_fixed}
+                for k in range(len(d.ids)):
+                    row[v.z[k, g, m]] = -side[k]
+                    row[v.y[k, g, m, j]] = -rest[k]
+                for var, coef in dist.items():
+                    row[var] = row.get(var, 0) - coef
+                if len(comms) == 1:
+                    m_.add(row, family="time-direction", lower=0)
+                elif x.mode == ULYSSES:  # W - ... - M (1 - ul) >= 0: holds when the microbatch runs Ulysses
+                    row[v.ulysses[g, m]] = -x.big_m
+                    m_.add(row, family="time-direction", lower=-x.big_m)
+                else:  # off when it runs Ulysses (ul = 1)
+                    row[v.ulysses[g, m]] = x.big_m
+                    m_.add(row, family="time-direction", lower=0)
 
 
 def _indicators(m_: LinearModel, d: _Data, v: _Vars, g: int, m: int) -> None:

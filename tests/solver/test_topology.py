@@ -61,11 +61,29 @@ def reference_comm_ms(doc: dict[str, Any], ranks: list[int], tokens: int, mode: 
     return ms_per_mib * (n - 1) / n * (tokens / n) * volume / MIB + a2a["fixed_ms"]
 
 
+#: forward's share of an attention call's FLOPs (FlashAttention-2: backward 2.5x forward) and of a dense
+#: layer's (backward 2x forward)
+ATTENTION_FORWARD = 2.0 / 7.0
+LINEAR_FORWARD = 1.0 / 3.0
+
+
+def reference_hidden_forward_share(doc: dict[str, Any], n: int, mode: str) -> float:
+    """What runs forward of the hidden communication: all-gather's gather against its reduce-scatter (the
+    same bytes); Ulysses' Q/K/V exchange (with ``lcm(kv, N)/kv`` copies of each K/V head) against the
+    grad-output exchange, in heads."""
+    if mode != "ulysses":
+        return 0.5
+    q, kv = doc["heads"]["attention"], doc["heads"]["kv"]
+    qkv = q + 2 * kv * (math.lcm(kv, n) // kv)
+    return qkv / (qkv + q)
+
+
 def reference_microbatch_ms(
     doc: dict[str, Any], ranks: list[int], local: list[list[int]], sharded: list[int], mode: str = "allgather"
 ) -> float:
-    """The contract's DACP form, or with ``overlap`` the worker's: ``max(H, A_j) + X + (T_comp(local_j) - A_j)
-    + T_comp(sharded / N)``, H the hidden and X the exposed part of the communication."""
+    """The contract's DACP form, or with ``overlap`` the worker's, per direction: ``max(H_f, A_f) + max(H_b,
+    A_b) + X + (T_comp(local_j) - A_j) + T_comp(sharded / N)``, H the hidden and X the exposed part of the
+    communication, A_j what hides it, each split into forward and backward."""
     c = doc["compute"]
     a = c["ms_per_tflop"] / 1e12
 
@@ -87,13 +105,18 @@ def reference_microbatch_ms(
             continue
         exposed = overlap.get("ulysses_exposed", 0.0) * comm if mode == "ulysses" else 0.0
         hidden = comm - exposed
+        h_fwd = reference_hidden_forward_share(doc, n, mode) * hidden
+        attention = a * c["flops_per_token_sq"] * sum(s * s for s in lens)
         if not lens:
-            hides = 0.0
+            a_fwd = a_bwd = 0.0
         elif overlap.get("with", "local_attention") == "local_attention":
-            hides = a * sum(c["flops_per_token_sq"] * s * s for s in lens)
+            a_fwd, a_bwd = ATTENTION_FORWARD * attention, (1 - ATTENTION_FORWARD) * attention
         else:
-            hides = own
-        worst = max(worst, max(hidden, hides) + exposed + (own - hides) + dist)
+            rest = own - attention  # the linear compute and the fixed cost
+            a_fwd = ATTENTION_FORWARD * attention + LINEAR_FORWARD * rest
+            a_bwd = own - a_fwd
+        t_j = max(h_fwd, a_fwd) + max(hidden - h_fwd, a_bwd) + exposed + (own - a_fwd - a_bwd) + dist
+        worst = max(worst, t_j)
     return doc["microbatch_ms"] + worst
 
 
@@ -252,11 +275,40 @@ def test_the_overlap_section_round_trips_and_bad_values_name_the_field() -> None
         profile_from_dict({**HAND_PROFILE, "overlap": [0.5]})
 
 
-def test_local_compute_with_nothing_exposed_is_the_plain_form() -> None:
+def test_local_compute_with_nothing_exposed_is_the_plain_form_where_one_side_wins_both_directions() -> None:
     plain = CostModel(profile_from_dict(HAND_PROFILE))
     same = CostModel(profile_from_dict({**HAND_PROFILE, "overlap": {"with": "local_compute"}}))
+    # communication far below (or far above) the local compute in forward and in backward alike
     for local, sharded in (([[30, 5], []], [70]), ([[90], [10, 10]], [40, 3]), ([[9], [8]], [])):
-        assert same.microbatch_time_ms(local, sharded) == plain.microbatch_time_ms(local, sharded)
+        assert same.microbatch_time_ms(local, sharded) == pytest.approx(plain.microbatch_time_ms(local, sharded))
+    slow = {**HAND_PROFILE, "comm": {"bytes_per_token": 2**20, "ms_per_mib": 1.0, "fixed_ms": 0.0}}
+    plain, same = (
+        CostModel(profile_from_dict(slow)),
+        CostModel(profile_from_dict({**slow, "overlap": {"with": "local_compute"}})),
+    )
+    assert same.microbatch_time_ms([[5], [5]], [400]) == pytest.approx(plain.microbatch_time_ms([[5], [5]], [400]))
+
+
+def test_at_the_crossover_each_direction_hides_its_own_share_only() -> None:
+    # all-gather of C = 50 ms against local attention of A = 50 ms on each GPU: the worker hides C/2 behind
+    # forward's 2/7 of A and C/2 behind backward's 5/7, so the GPU waits 25 + 250/7 ms, not max(C, A) = 50
+    doc = {
+        **HAND_PROFILE,
+        "compute": {"flops_per_token": 0.0, "flops_per_token_sq": 1e10, "ms_per_tflop": 2.0, "fixed_ms": 0.0},
+        "comm": {"bytes_per_token": 2**20, "ms_per_mib": 0.5, "fixed_ms": 0.0},
+        "microbatch_ms": 0.0,
+        "overlap": {"with": "local_attention"},
+    }
+    model = CostModel(profile_from_dict(doc))
+    a = 2.0 / 1e12
+    attention = a * 1e10 * 50 * 50  # 50 ms
+    comm = 0.5 * 100  # 50 ms
+    dist = a * 1e10 * 100 * 100 / 2
+    got = model.microbatch_time_ms([[50], [50]], [100])
+    assert got == pytest.approx(comm / 2 + attention * 5 / 7 + dist)
+    one_max = max(comm, attention) + dist
+    assert got - one_max == pytest.approx(attention * 3 / 14)  # 17/14 of the one max before the sharded compute
+    assert got == pytest.approx(reference_microbatch_ms(doc, [0, 1], [[50], [50]], [100]))
 
 
 def test_local_attention_exposes_the_non_attention_local_compute() -> None:
@@ -496,3 +548,98 @@ def mixed_mode_requests(draw: st.DrawFn) -> Request:
 @given(mixed_mode_requests(), st.sampled_from(["skrull", "auto", "xtuner", "ilp", "ilp-flex"]))
 def test_planners_choosing_modes_with_topology_and_overlap_match_the_reference(request: Request, solver: str) -> None:
     check_plan_against_reference(request, solver)
+
+
+# --- the exact models against exhaustive enumeration, near the crossover ----------------------------------
+#: Attention, linear compute and communication of the same order for sequences of tens of tokens (attention
+#: 0.02 * S^2 ms, linear 0.2 * S ms, all-gather 2 ms per sharded token, the all-to-all 4 per token of T/N) and
+#: a small overhead, so the per-direction overlap decides which plan is best; hundreds of ms a microbatch, so
+#: the exact models' integer coefficients (TIME_SCALE units of 0.1 us) round far below their tolerance.
+CROSSOVER_PROFILE: dict[str, Any] = {
+    "name": "crossover",
+    "compute": {"flops_per_token": 1e8, "flops_per_token_sq": 1e7, "ms_per_tflop": 2000.0, "fixed_ms": 10.0},
+    "comm": {"bytes_per_token": 2**20, "ms_per_mib": 2.0, "fixed_ms": 10.0},
+    "heads": {"attention": 8, "kv": 2},
+    "comm_a2a": {"bytes_per_token": 2**20, "ms_per_mib": 4.0, "fixed_ms": 20.0},
+    "memory": {"bucket_tokens": 100},
+    "microbatch_ms": 50.0,
+}
+
+
+class ReferencePricing:
+    """The enumeration's pricing (tests/solver/ilp/brute_force.py) by this file's reference, not the cost
+    model: memory and which modes run from ``CostModel``, every time from ``reference_microbatch_ms``."""
+
+    def __init__(self, doc: dict[str, Any], model: CostModel) -> None:
+        self.doc, self.model = doc, model
+
+    def mode_fits(self, group_size: int, mode: str) -> bool:
+        return self.model.mode_fits(group_size, mode)
+
+    def fits(self, local: list[list[int]], sharded: list[int]) -> bool:
+        return self.model.fits(local, sharded)
+
+    def link_of(self, ranks: Any) -> None:
+        return None
+
+    def microbatch_time_ms(self, local: list[list[int]], sharded: list[int], mode: str, *, link: None) -> float:
+        return reference_microbatch_ms(self.doc, list(range(len(local))), local, sharded, mode)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(st.integers(1, 200), min_size=1, max_size=4),
+    st.sampled_from([(1, 2), (2, 2), (1, 4)]),
+    st.integers(60, 100),
+    st.sampled_from([("allgather",), ("allgather", "ulysses")]),
+    st.sampled_from(["local_attention", "local_compute"]),
+    st.sampled_from(["ilp", "ilp-flex"]),
+)
+def test_the_exact_models_optimum_with_per_direction_overlap_equals_exhaustive_enumeration(
+    lengths: list[int], layout: tuple[int, int], bucket: int, modes: tuple[str, ...], scope: str, solver: str
+) -> None:
+    from skrull.solver.planners.exact_flexible import flexible_groups
+    from tests.solver.ilp.brute_force import flexible_optimum_ms, optimum_ms
+
+    dp, cp = layout
+    lengths = [min(s, cp * bucket) for s in lengths]
+    doc = {**CROSSOVER_PROFILE, "memory": {"bucket_tokens": bucket}, "overlap": {"with": scope, "ulysses_exposed": 0.5}}
+    request = request_from_dict(
+        {"batches": [lengths], "parallel": {"dp": dp, "cp": cp}, "profile": doc, "solver": solver,
+         "cp_modes": list(modes), "time_budget_s": 30.0, "deterministic": True}
+    )  # fmt: skip
+    plan = solve(request)
+    assert plan_problems(plan, request) == []
+    check_plan_against_reference(request, solver)
+    pricing: Any = ReferencePricing(doc, CostModel(request.profile, bucket_tokens=bucket))
+    if solver == "ilp":
+        best = optimum_ms(lengths, pricing, dp=dp, cp=cp, modes=modes)
+    else:
+        # the aligned blocks and any group the warm start brought in (the exact model's groups)
+        used = {mb.ranks for it in plan.iterations for mb in it.microbatches}
+        groups = sorted(set(flexible_groups(request.parallel)) | used)
+        best = flexible_optimum_ms(lengths, pricing, groups, dp * cp, modes=modes)
+    assert plan.solve.status == "optimal"
+    # the exact model's answer is the cost model's estimate of its plan, and that is the enumerated optimum
+    assert plan.solve.objective_ms == pytest.approx(plan.estimated_ms, rel=1e-9)
+    assert plan.estimated_ms == pytest.approx(best, rel=1e-6, abs=1e-6)
+    assert plan.solve.bound_ms is not None and plan.solve.bound_ms <= best + 1e-9
+
+
+def test_the_overlap_worked_example_of_docs_profiles_is_what_the_cost_model_computes() -> None:
+    text = (ROOT / "docs" / "profiles.md").read_text(encoding="utf-8").split("<!-- overlap-example -->", 1)[1]
+    text = " ".join(text.split("\n\n### ", 1)[0].split())
+    doc = read_json(ROOT / "profiles" / "h100-80g__llama2-7b.json")
+    model = CostModel(profile_from_dict(doc))
+    ranks = list(range(8))
+    local, sharded = [[2880]] * 8, [16384]
+    got = model.microbatch_time_ms(local, sharded, link=model.link_of(ranks))
+    assert got == pytest.approx(reference_microbatch_ms(doc, ranks, local, sharded), rel=1e-12)
+    c = doc["compute"]
+    attention = c["ms_per_tflop"] / 1e12 * c["flops_per_token_sq"] * 2880**2
+    comm = reference_comm_ms(doc, ranks, 16384, "allgather")
+    for figure in (attention, comm, attention * 2 / 7, attention * 5 / 7, comm / 2, got):
+        assert f"{figure:.2f} ms" in text, figure
+    # the single max over both directions, what the model priced before
+    one_max = got - (max(comm / 2, attention * 2 / 7) + max(comm / 2, attention * 5 / 7) - max(comm, attention))
+    assert f"{one_max:.2f} ms" in text
