@@ -43,8 +43,9 @@ the loaded 2-core VM with sharded microbatches of 1.0-1.3 MiB, a free fit put th
 in the fixed cost and none per MiB; the per-MiB term is then fitted alone, as the bandwidth a planner
 scales by); a mode the run never ran. It is never scaled by another
 coefficient's ratio (a slower compute says nothing of a link). Each row follows the overlap the worker
-runs (worker/dacp.py): a collective hides behind the local attention of its layer only, and Ulysses'
-second exchange in each direction behind nothing (``ULYSSES_EXPOSED``, or the profile's ``overlap``); of
+runs (worker/dacp.py): a collective hides behind the local attention of its layer only, forward's
+behind forward's attention and backward's behind backward's (two ``max``, as solver/cost.py prices them),
+and Ulysses' second exchange in each direction behind nothing (``ULYSSES_EXPOSED``, or the profile's ``overlap``); of
 each ``max`` the row keeps the side that dominates at the previous round's coefficients.
 
 Recency: a microbatch measured ``k`` iterations before the latest weighs ``2^(-k / half_life_iterations)``
@@ -82,7 +83,7 @@ from typing import Any
 
 import numpy as np
 
-from skrull.solver.cost import CostModel
+from skrull.solver.cost import ATTENTION_BACKWARD_PER_FORWARD, CostModel
 from skrull.solver.cp_modes import ALLGATHER, ULYSSES
 from skrull.solver.profile import Profile, load_profile, profile_from_dict
 from skrull.worker.profiling.fit import MIB, FitError, fit_nonnegative
@@ -96,6 +97,8 @@ MIN_COMMUNICATING = 4
 #: The share of Ulysses' all-to-all volume no local work hides (worker/dacp.py: outputs back in forward,
 #: dQ/dK/dV back in backward), where the profile has no ``overlap`` section to say it.
 ULYSSES_EXPOSED = 0.5
+#: Forward's share of a local attention's time (solver/cost.py: backward runs 2.5x forward's FLOPs).
+ATTENTION_FWD = 1.0 / (1.0 + ATTENTION_BACKWARD_PER_FORWARD)
 #: Largest over smallest MiB of a collective's microbatches from which its fixed cost is fitted too.
 MIN_MIB_SPREAD = 2.0
 #: Reweighting rounds of the least-absolute-error fit (each picks the critical GPU anew).
@@ -320,14 +323,18 @@ def _columns(
     MiB, or an indicator for a fixed cost), linearised at ``coef`` (the previous round's fit; None: the
     first round, which takes every collective as showing).
 
-    The rows follow the overlap the worker runs (worker/dacp.py; the profile section ``overlap``):
-    ``max((1-e) T_comm, A_j) + e T_comm + (T_comp(local_j) - A_j) + T_comp(sharded / N)``, ``A_j`` the local
-    attention, ``e`` the exposed share (0 for all-gather, the profile's ``overlap.ulysses_exposed`` or
-    ``ULYSSES_EXPOSED`` for Ulysses). Of the ``max``, the row keeps the side that dominates at ``coef``, on
+    The rows follow the overlap the worker runs (worker/dacp.py; the profile section ``overlap``), each
+    direction on its own as solver/cost.py prices it (module doc there, "Overlap"):
+    ``sum_d max(h_d (1-e) T_comm, s_d A_j) + e T_comm + (T_comp(local_j) - A_j) + T_comp(sharded / N)``,
+    ``d`` forward and backward, ``A_j`` the local attention, ``s_d`` its share in direction ``d`` (2/7 : 5/7,
+    ``ATTENTION_BACKWARD_PER_FORWARD``), ``h_d`` the hidden communication's (``hidden_forward_share``: 1/2 for
+    all-gather), ``e`` the exposed share (0 for all-gather, the profile's ``overlap.ulysses_exposed`` or
+    ``ULYSSES_EXPOSED`` for Ulysses). Of each ``max``, the row keeps the side that dominates at ``coef``, on
     the GPU whose time is the largest there (module doc)."""
     # the overlap the worker runs (worker/dacp.py), whatever the starting profile prices: a collective hides
     # behind the local attention only, and half of Ulysses' exchanges (the second in each direction) never do
     overlap = getattr(start, "overlap", None)
+    shares = CostModel(start)
     rows = []
     for mb in mbs:
         n = len(mb.ranks)
@@ -344,20 +351,23 @@ def _columns(
             for term in terms
         ]
         exposed = float(getattr(overlap, "ulysses_exposed", ULYSSES_EXPOSED)) if mb.mode == ULYSSES else 0.0
+        comm_fwd = shares.hidden_forward_share(n, mb.mode)
         best: list[float] | None = None
         best_ms = -1.0
         for lens in mb.local:
             tok_l, sq_l = float(sum(lens)), float(sum(s * s for s in lens))
-            if coef is None:  # first round: the collective shows (the local attention under it is short)
-                hidden = not mb.communicates
-            else:
-                comm = float(np.dot(coef[3:], comm_cols))
-                covering = coef[1] * sq_l
-                hidden = (1 - exposed) * comm <= covering
-            if hidden:  # communication under the local work: only its exposed share shows
-                row = [tok_l + tok_sh, sq_l + sq_sh, 1.0, *(exposed * c for c in comm_cols)]
-            else:  # it shows whole; the local attention under it does not
-                row = [tok_l + tok_sh, sq_sh, 1.0, *comm_cols]
+            # per direction: (hidden communication share, local attention share) of the worker's two overlaps
+            sq_shown, comm_shown = sq_l, exposed
+            for comm_share, attention_share in ((comm_fwd, ATTENTION_FWD), (1.0 - comm_fwd, 1.0 - ATTENTION_FWD)):
+                if coef is None:  # first round: the collective shows (the local attention under it is short)
+                    hidden = not mb.communicates
+                else:
+                    comm = float(np.dot(coef[3:], comm_cols))
+                    hidden = comm_share * (1 - exposed) * comm <= attention_share * coef[1] * sq_l
+                if not hidden:  # this direction's exchange shows whole; its local attention under it does not
+                    sq_shown -= attention_share * sq_l
+                    comm_shown += comm_share * (1 - exposed)
+            row = [tok_l + tok_sh, sq_shown + sq_sh, 1.0, *(comm_shown * c for c in comm_cols)]
             ms = float(np.dot(coef, row)) if coef is not None else tok_l
             if ms > best_ms:
                 best, best_ms = row, ms

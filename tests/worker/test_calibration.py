@@ -243,3 +243,32 @@ def test_a_fixed_cost_the_run_cannot_tell_from_the_per_mib_one_keeps_its_start()
     fit = fit_profile(start, data, half_life_iterations=None)
     assert "varied too little" in fit.kept["comm.fixed_ms"] and fit.profile["comm"]["fixed_ms"] == start.comm.fixed_ms
     assert fit.profile["comm"]["ms_per_mib"] == pytest.approx(20.0, rel=0.05)
+
+
+def test_rows_follow_the_overlap_per_direction_near_the_crossover() -> None:
+    """With ``overlap`` in the profile the worker hides forward's exchange behind forward's local attention and
+    backward's behind backward's (solver/cost.py prices the two ``max``); near the crossover, where one
+    direction's exchange shows and the other's hides, only rows of that form recover the truth."""
+    overlap = {"with": "local_attention", "ulysses_exposed": 0.5, "source": "worker/dacp.py"}
+    truth = {**TRUTH_BOTH, "overlap": overlap}
+    model = CostModel(profile_from_dict(truth))
+    rng = random.Random(31)
+    data = []
+    for k in range(180):
+        mode = ("allgather", "ulysses", "allgather")[k % 3]
+        # local attention of 600-1,400 tokens against 1,000-3,000 sharded tokens: comparable times; one in
+        # three microbatches keeps its sequences whole (as a plan's local-only ones do)
+        local = tuple((rng.randint(600, 1400),) for _ in range(2))
+        sharded = (rng.randint(1000, 3000),) if k % 3 < 2 else ()
+        ms = model.microbatch_time_ms(local, sharded, mode)  # exact: the single max's rows miss by 0.35%
+        data.append(MeasuredMicrobatch(iteration=k // 4, step=k % 4, ranks=(0, 1), local=local, sharded=sharded,
+                                       ms=ms, mode=mode))  # fmt: skip
+    start = profile_from_dict({**_start().to_dict(), "overlap": overlap})
+    fit = fit_profile(start, data, half_life_iterations=None)
+    fitted = CostModel(profile_from_dict(fit.profile))
+    assert not fit.kept, fit.kept
+    assert fit.profile["comm"]["ms_per_mib"] == pytest.approx(20.0, rel=1e-6)
+    assert fit.profile["comm"]["fixed_ms"] == pytest.approx(40.0, rel=1e-6)
+    assert fit.profile["comm_a2a"]["ms_per_mib"] == pytest.approx(5.0, rel=1e-6)
+    assert fit.profile["comm_a2a"]["fixed_ms"] == pytest.approx(60.0, rel=1e-6)
+    assert median_error(data, fitted) < 1e-6
