@@ -92,6 +92,14 @@ def test_a_file_listed_for_a_tier_puts_each_of_its_tests_there() -> None:
     assert tiers_of(fake_item(_plain), "tests/api/store/test_postgres.py") == {"postgres"}
 
 
+def test_every_file_listed_for_a_tier_is_in_the_tree() -> None:
+    """A listed test file that moved would leave its tests in the unit tier unseen."""
+    from tests import tiers
+
+    listed = [*tiers.TORCHRUN_PATHS, *tiers.SERVER_PATHS, *tiers.POSTGRES_PATHS, *tiers.SLOW_PATHS]
+    assert [p for p in listed if not (ROOT / p).exists()] == []
+
+
 def test_this_test_is_in_the_unit_tier(request: pytest.FixtureRequest) -> None:
     assert not [m.name for m in request.node.iter_markers() if m.name in TIERS]
 

@@ -9,7 +9,9 @@ file, with the same fixture or through the same helper is classified without a m
   solver-worker``, a browser).
 - ``postgres``: needs the PostgreSQL server on 127.0.0.1:5432 (tests/api/pg.py).
 - ``slow``: any other test that takes seconds each: one that starts a Python process (a CLI run, an
-  example, a fresh interpreter importing the package), and the files measured to take tens of seconds.
+  example, a fresh interpreter importing the package), the files measured to take tens of seconds, and a
+  test measured at seconds in a file of quick ones, which carries ``@pytest.mark.slow`` itself (the
+  marker moves with the test; the measurements are in docs/testing.md).
 
 A test is in a tier when any of these holds: its file is listed below (``*_PATHS``), it uses a fixture
 listed below (``*_FIXTURES``), a parametrized fixture it uses has the tier's name as its value (the store
@@ -45,6 +47,8 @@ POSTGRES_PATHS = ("tests/api/store/test_postgres.py",)
 SLOW_PATHS = (
     "tests/api/solvers/test_pool.py",  # solver processes killed, retried and timed out: 5-25 s each
     "tests/api/test_retention.py",  # waits out a retention
+    "tests/worker/hf/test_trainer_arguments.py",  # Trainer steps against the plain step: 10-40 s each
+    "tests/worker/test_gathered_kv_memory.py",  # models run per case to read what they keep: 4-18 s each
 )
 
 SERVER_FIXTURES = frozenset({"live_server", "live_server_factory", "solver_worker_factory"})

@@ -43,13 +43,16 @@ def gate(marker_dir: str | Path, lengths: tuple[int, ...] | list[int]) -> Path:
 
 
 class SlowPlanner:
-    """Skrull, after sleeping ``$SKRULL_TEST_SLEEP_S`` (default 0.3 s) per call."""
+    """Skrull, after sleeping ``$SKRULL_TEST_SLEEP_S`` (default 0.3 s) per call; with
+    ``$SKRULL_TEST_MARKER_DIR`` set, it creates ``slow-started`` there as its sleep begins."""
 
     name = "test-slow"
     #: Skrull after a sleep: streams as Skrull does
     streams_iterations = True
 
     def plan(self, problem: Problem) -> PlannerOutput:
+        if MARKER_ENV in os.environ:
+            (Path(os.environ[MARKER_ENV]) / "slow-started").touch()
         time.sleep(float(os.environ.get(SLEEP_ENV, "0.3")))
         return SkrullPlanner().plan(problem)
 

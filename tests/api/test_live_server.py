@@ -165,6 +165,14 @@ def test_solver_processes_exit_once_their_server_is_gone(live_server_factory: An
         time.sleep(0.1)
 
 
+def _cmdline(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return fh.read()
+    except FileNotFoundError:
+        return b""
+
+
 def test_a_server_that_ran_a_compare_shuts_down_without_leaking_semaphores(live_server_factory: Any) -> None:
     # the compare process's planners register semaphores with multiprocessing's resource tracker; the
     # server must let that process exit cleanly, or the tracker warns of leaked semaphores at exit
@@ -173,7 +181,13 @@ def test_a_server_that_ran_a_compare_shuts_down_without_leaking_semaphores(live_
     solvers = ["skrull", "ilp", "ilp-flex", "auto", "hydraulis"]  # the ones that start solver processes
     r = httpx.post(f"{server.url}/v1/compare", json={**doc, "solvers": solvers}, timeout=120)
     assert r.status_code == 200, r.text
+    # the tracker, a child of the server, writes its warning to the server's log as it exits, after it
+    trackers = [pid for pid in server.solver_pids() if b"resource_tracker" in _cmdline(pid)]
+    assert trackers, "no resource tracker under the server: nothing to check"
     assert server.stop() in GRACEFUL
-    time.sleep(3)  # the tracker (a process of its own) writes its warning as it exits, after the server
+    deadline = time.monotonic() + 60
+    while any(running(pid) for pid in trackers):
+        assert time.monotonic() < deadline, "the resource tracker outlived its server by a minute"
+        time.sleep(0.05)
     log = server.log.read_text()
     assert "leaked semaphore" not in log, log

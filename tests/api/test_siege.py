@@ -282,7 +282,8 @@ def test_sigterm_stops_a_running_compare_and_answers_problem_json(tmp_path: Path
 
     from tests.api.conftest import _children
 
-    live = LiveServer(tmp_path / "skrull.db", solver_processes=0, env={"SKRULL_TEST_SLEEP_S": "120"}).start()
+    env = {"SKRULL_TEST_SLEEP_S": "120", "SKRULL_TEST_MARKER_DIR": str(tmp_path)}
+    live = LiveServer(tmp_path / "skrull.db", solver_processes=0, env=env).start()
     answer: dict[str, httpx.Response | BaseException] = {}
 
     def compare() -> None:
@@ -298,18 +299,9 @@ def test_sigterm_stops_a_running_compare_and_answers_problem_json(tmp_path: Path
     thread.start()
     assert live.process is not None
     deadline = time.monotonic() + 60
-    while True:  # the compare process has started (spawned on the first compare)
-        cmdlines = []
-        for pid in _children(live.process.pid):
-            try:
-                cmdlines.append(Path(f"/proc/{pid}/cmdline").read_bytes())
-            except FileNotFoundError:
-                continue
-        if any(b"spawn_main" in c for c in cmdlines):
-            break
+    while not (tmp_path / "slow-started").exists():  # the compare process is in the planner's sleep
         assert time.monotonic() < deadline, "the compare never started"
-        time.sleep(0.1)
-    time.sleep(2.0)  # into the planner's sleep
+        time.sleep(0.05)
     compare_pids = _children(live.process.pid)
     live.process.terminate()
     try:

@@ -23,14 +23,23 @@ from tests.launch import run_torchrun
 HERE = Path(__file__).resolve().parent
 
 
-def torchrun(out: Path, shape: dict[str, int]) -> list[dict[str, Any]]:
-    done = run_torchrun(HERE / "torchrun_loader.py", [str(out), json.dumps(shape)], nproc=4, cwd=out, timeout_s=300)
+#: The meshes the loader runs under, all in one launch of 4 processes (each launch costs its start-up).
+SHAPES = {"dp2-cp2": {"dp": 2, "cp": 2}, "dp2-cp1-tp2": {"dp": 2, "cp": 1, "tp": 2}}
+
+
+@pytest.fixture(scope="module")
+def torchrun(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, Any]]]:
+    """What each rank got under each of ``SHAPES``, by shape."""
+    out = tmp_path_factory.mktemp("loader-torchrun")
+    done = run_torchrun(HERE / "torchrun_loader.py", [str(out), json.dumps(SHAPES)], nproc=4, cwd=out, timeout_s=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(4)]
+    return {name: [json.loads((out / f"{name}-rank{r}.json").read_text()) for r in range(4)] for name in SHAPES}
 
 
-def test_four_torchrun_processes_share_one_plan_and_train_every_token_once(tmp_path: Path) -> None:
-    results = torchrun(tmp_path, {"dp": 2, "cp": 2})
+def test_four_torchrun_processes_share_one_plan_and_train_every_token_once(
+    torchrun: dict[str, list[dict[str, Any]]],
+) -> None:
+    results = torchrun["dp2-cp2"]
     assert sorted(r["rank"] for r in results) == [0, 1, 2, 3]
     plans = {(g["iteration"], g["plan"]) for r in results for g in r["got"]}
     assert len({it for it, _ in plans}) == len(plans) == 3  # one plan per iteration, the same on every rank
@@ -45,9 +54,9 @@ def test_four_torchrun_processes_share_one_plan_and_train_every_token_once(tmp_p
     assert seen == {(s, p): 1 for b in order for s in b for p in range(len(dataset[s]))}
 
 
-def test_tensor_parallel_peers_get_the_same_view(tmp_path: Path) -> None:
-    results = torchrun(tmp_path, {"dp": 2, "cp": 1, "tp": 2})
-    by_rank = {r["rank"]: [] for r in results}
+def test_tensor_parallel_peers_get_the_same_view(torchrun: dict[str, list[dict[str, Any]]]) -> None:
+    results = torchrun["dp2-cp1-tp2"]
+    by_rank: dict[int, list[Any]] = {r["rank"]: [] for r in results}
     for r in results:
         by_rank[r["rank"]].append(r["got"])
     assert sorted(by_rank) == [0, 1]  # plan ranks: dp_rank * cp + cp_rank; tp peers share theirs

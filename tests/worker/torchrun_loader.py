@@ -1,5 +1,6 @@
-"""Run by tests/worker/test_loader_torchrun.py under ``torchrun``: every process builds a DeviceMesh from
-the env:// rendezvous, iterates the planned loader with in-process plans, and writes what it got."""
+"""Run by tests/worker/test_loader_torchrun.py under ``torchrun``: for each mesh shape given, in turn in the
+same process group, every process builds a DeviceMesh from the env:// rendezvous, iterates the planned loader
+with in-process plans, and writes what it got to ``<name>-rank<rank>.json``."""
 
 from __future__ import annotations
 
@@ -19,9 +20,7 @@ from skrull.worker.dataloader import PlannedBatches  # noqa: E402
 from skrull.worker.loader_options import LoaderOptions  # noqa: E402
 
 
-def main() -> None:
-    out_dir, shape = Path(sys.argv[1]), json.loads(sys.argv[2])  # {"dp": 2, "cp": 2} or with "tp"
-    dist.init_process_group("gloo")  # env:// from torchrun
+def run_shape(out_dir: Path, name: str, shape: dict[str, int]) -> None:
     mesh = init_device_mesh("cpu", tuple(shape.values()), mesh_dim_names=tuple(shape))
     dataset = make_dataset(64, max_tokens=shape["cp"] * 64, seed=4)
     loader = PlannedBatches(
@@ -38,7 +37,15 @@ def main() -> None:
                 {"iteration": ready.iteration, "plan": ready.plan_id, "rows": rows, "ids": mb.input_ids.tolist()}
             )
     loader.close()
-    (out_dir / f"rank{dist.get_rank()}.json").write_text(json.dumps({"rank": loader.rank, "got": got}))
+    (out_dir / f"{name}-rank{dist.get_rank()}.json").write_text(json.dumps({"rank": loader.rank, "got": got}))
+
+
+def main() -> None:
+    # {"name": {"dp": 2, "cp": 2}, "other": {"dp": 2, "cp": 1, "tp": 2}}: one launch for every shape
+    out_dir, shapes = Path(sys.argv[1]), json.loads(sys.argv[2])
+    dist.init_process_group("gloo")  # env:// from torchrun
+    for name, shape in shapes.items():
+        run_shape(out_dir, name, shape)
     dist.destroy_process_group()
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -57,24 +57,38 @@ def test_a_compare_past_its_deadline_is_killed_and_the_next_starts_at_once(pool:
     assert _ended(first_pid)
 
 
-def test_compares_beyond_the_waiting_bound_are_refused_at_once(pool: ComparePool) -> None:
-    async def scenario() -> tuple[list[object], float]:
-        await pool.run(30, time.sleep, 0)
-        running = asyncio.create_task(pool.run(30, time.sleep, 6.0))  # holds the slot far longer than a refusal takes
-        await asyncio.sleep(0.1)
-        waiting = asyncio.create_task(pool.run(30, time.sleep, 0))
-        await asyncio.sleep(0.1)
-        start = time.monotonic()
+def _hold_until(path: str) -> None:
+    """A compare that holds its slot until the test creates ``path`` (bounded by HUNG_S)."""
+    deadline = time.monotonic() + HUNG_S
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+async def _until(condition: Callable[[], bool]) -> None:
+    while not condition():
+        await asyncio.sleep(0.005)
+
+
+def test_compares_beyond_the_waiting_bound_are_refused_at_once(pool: ComparePool, tmp_path: Path) -> None:
+    release = tmp_path / "release"
+
+    async def scenario() -> tuple[list[object], bool]:
+        await pool.run(HUNG_S, time.sleep, 0)
+        running = asyncio.create_task(pool.run(HUNG_S, _hold_until, str(release)))  # holds the only slot
+        await _until(lambda: pool.running == 1)
+        waiting = asyncio.create_task(pool.run(HUNG_S, time.sleep, 0))
+        await _until(lambda: pool.waiting == 1)
         with pytest.raises(ApiProblem) as err:
-            await pool.run(30, time.sleep, 0)
-        refused_after = time.monotonic() - start
+            await pool.run(HUNG_S, time.sleep, 0)
+        held_meanwhile = not running.done()  # refused while the slot was still held: not queued behind it
+        release.touch()
         results = await asyncio.gather(running, waiting)
         assert err.value.status == 503 and err.value.headers["Retry-After"]
-        return list(results), refused_after
+        return list(results), held_meanwhile
 
-    results, refused_after = asyncio.run(scenario())
+    results, held_meanwhile = asyncio.run(scenario())
     assert results == [None, None]  # the running and the waiting compare both finished
-    assert refused_after < 3.0  # not queued behind the 6 s compare
+    assert held_meanwhile
 
 
 def test_a_tenant_holds_at_most_its_share_of_compares(pool: ComparePool) -> None:

@@ -37,6 +37,7 @@ def test_an_iteration_past_its_deadline_keeps_its_warm_start_and_prepares_no_mod
     assert specs == start
 
 
+@pytest.mark.slow  # 12 iterations, each spending its whole (smallest) budget: seconds of wall time
 def test_a_request_whose_budget_runs_out_early_is_still_planned_whole() -> None:
     batches = [[20 + (7 * k + 3 * b) % 150 for k in range(12)] for b in range(12)]
     request = make_request(batches, dp=2, cp=2, solver="ilp-flex")

@@ -87,6 +87,7 @@ def test_every_row_of_every_bundled_request_is_consistent_and_exact_rows_beat_th
     assert_invariants(request, rows, plans)
 
 
+@pytest.mark.slow  # every planner on 15 requests: tens of seconds on 2 cores
 @settings(max_examples=15)
 @given(
     batches=st.lists(st.lists(st.integers(min_value=1, max_value=400), min_size=1, max_size=8), min_size=1, max_size=2),

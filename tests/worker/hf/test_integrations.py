@@ -7,6 +7,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 from tests.launch import run_torchrun
 
 HERE = Path(__file__).resolve().parent
@@ -15,17 +17,28 @@ ROOT = HERE.parents[2]
 BF16_TOLERANCE = 3e-2
 
 
-def torchrun(case: str, tmp_path: Path) -> list[list[str]]:
-    out = run_torchrun(HERE / "torchrun_integrations.py", [case], nproc=2, cwd=tmp_path, timeout_s=600)
+CASES = ("autocast", "guards")
+
+
+@pytest.fixture(scope="module")
+def torchrun(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[list[str]]]:
+    """Each case's lines by rank, from one launch running every case in turn (one start-up, not two)."""
+    cwd = tmp_path_factory.mktemp("integrations")
+    out = run_torchrun(HERE / "torchrun_integrations.py", CASES, nproc=2, cwd=cwd, timeout_s=900)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "Connection closed" not in out.stderr
-    return [(tmp_path / f"report-{rank}.txt").read_text(encoding="utf-8").splitlines() for rank in (0, 1)]
+    return {
+        case: [(cwd / f"{case}-report-{rank}.txt").read_text(encoding="utf-8").splitlines() for rank in (0, 1)]
+        for case in CASES
+    }
 
 
-def test_autocast_with_several_microbatches_per_rank_is_exact_under_fsdp2_and_ddp(tmp_path: Path) -> None:
+def test_autocast_with_several_microbatches_per_rank_is_exact_under_fsdp2_and_ddp(
+    torchrun: dict[str, list[list[str]]],
+) -> None:
     """Found: FSDP2 under one autocast around the step, 0.56 (DP1xCP4) and 0.87 (DP4xCP1) once a rank ran more
     than one microbatch (autocast's weight cache reused an earlier microbatch's cast); DDP 5.3e-03."""
-    lines, _ = torchrun("autocast", tmp_path)
+    lines, _ = torchrun["autocast"]
     assert len(lines) == 4, lines
     for line in lines:
         match = re.fullmatch(r"DP(\d)xCP(\d) (fsdp|ddp) (\d+) microbatches (\S+)", line)
@@ -34,8 +47,10 @@ def test_autocast_with_several_microbatches_per_rank_is_exact_under_fsdp2_and_dd
         assert float(match.group(5)) <= BF16_TOLERANCE, line
 
 
-def test_compile_after_wrap_the_router_loss_and_a_bad_row_stop_every_rank_alike(tmp_path: Path) -> None:
-    by_rank = torchrun("guards", tmp_path)
+def test_compile_after_wrap_the_router_loss_and_a_bad_row_stop_every_rank_alike(
+    torchrun: dict[str, list[list[str]]],
+) -> None:
+    by_rank = torchrun["guards"]
     assert by_rank[0] == by_rank[1], by_rank  # the same line on every rank, in every case
     ddp, fsdp, router, bad = by_rank[0]
     for line, kind in ((ddp, "DistributedDataParallel"), (fsdp, "FSDP2")):

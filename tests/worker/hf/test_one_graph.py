@@ -95,6 +95,7 @@ def test_the_whole_stack_under_fsdp2_is_refused_naming_the_setting(runs: Path) -
         assert "compile='stack' with FSDP2" in text and "compile='fullgraph'" in text, text
 
 
+@pytest.mark.slow  # compiles the model twice per style: minutes on 2 cores
 @pytest.mark.parametrize("style", ["fullgraph", "stack"])
 def test_one_graph_layers_under_activation_checkpointing_equal_the_eager_step(style: str) -> None:
     """Checkpointed layers run the attention operator again in backward: it keeps no state, so the

@@ -70,6 +70,7 @@ def test_padding_rows_carry_token_0_position_0_and_no_target() -> None:
     assert (padded_labels[19:] == IGNORE_INDEX).all() and torch.equal(padded_labels[:19], labels)
 
 
+@pytest.mark.slow  # compiles the model: tens of seconds on 2 cores
 def test_padding_to_a_bucket_changes_neither_loss_nor_gradients_eager_or_in_one_graph() -> None:
     eager = build_model(CONFIG, seed=0, device=CPU)
     fast = build_model(CONFIG, seed=0, device=CPU)

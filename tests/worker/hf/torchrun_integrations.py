@@ -1,6 +1,7 @@
 """Run by tests/worker/hf/test_integrations.py under ``torchrun`` (2 gloo processes): an own loop as the docs
-write it, in the settings that trained silently wrong or crashed. Each case writes one line per outcome to
-``report-<rank>.txt``: ``refused: <message>``, ``trained``, or ``<mode> <relative error>``."""
+write it, in the settings that trained silently wrong or crashed. The cases named on the command line run in
+turn in one launch; each writes one line per outcome to ``<case>-report-<rank>.txt``: ``refused: <message>``,
+``trained``, or ``<mode> <relative error>``."""
 
 from __future__ import annotations
 
@@ -44,8 +45,12 @@ def loader(mesh: Any, data: list[dict[str, list[int]]], **kw: Any) -> PlannedBat
     return PlannedBatches(data, [len(r["input_ids"]) for r in data], LoaderOptions(**options), mesh=mesh, device=DEVICE)
 
 
+#: The case running, which names the report file.
+CASE = ""
+
+
 def report(line: str) -> None:
-    with open(f"report-{dist.get_rank()}.txt", "a", encoding="utf-8") as f:
+    with open(f"{CASE}-report-{dist.get_rank()}.txt", "a", encoding="utf-8") as f:
         f.write(line.replace("\n", " ") + "\n")
     print(f"{dist.get_rank()} {line}", flush=True)
 
@@ -140,8 +145,14 @@ def bad_row(mesh: Any) -> str:
 
 
 def main() -> int:
+    global CASE
     dist.init_process_group("gloo")
-    case = sys.argv[1]
+    for CASE in sys.argv[1:]:
+        run_case(CASE)
+    return 0
+
+
+def run_case(case: str) -> None:
     if case == "autocast":
         for dp, cp in ((1, 2), (2, 1)):
             mesh = init_device_mesh("cpu", (dp, cp), mesh_dim_names=("dp", "cp"))
@@ -155,7 +166,6 @@ def main() -> int:
         attempt(lambda: bad_row(init_device_mesh("cpu", (2, 1), mesh_dim_names=("dp", "cp"))))
     else:
         raise SystemExit(f"unknown case {case!r}")
-    return 0
 
 
 if __name__ == "__main__":

@@ -119,6 +119,7 @@ def test_gpu_peak_memory_is_measured() -> None:
     assert sample.peak_bytes is not None and sample.peak_bytes > 0
 
 
+@pytest.mark.slow  # compiles a layer: seconds on 2 cores
 def test_a_compiled_layer_matches_the_eager_one_and_times_every_part_shape_with_one_compile() -> None:
     from skrull.worker.compiling import compile_count, is_compiled
     from skrull.worker.profiling.measure import _PartAttention
