@@ -53,7 +53,7 @@ def test_a_request_without_a_budget_that_needs_more_than_the_server_allows_is_re
 def test_auto_with_defer_is_refused_a_budget_that_only_covers_auto_without_it(tmp_path: Path) -> None:
     """With ``defer`` ``auto`` plans each batch alone (solver/defer.py): the service checks the budget it
     needs then, not the smaller one ``auto`` needs without deferral."""
-    from skrull.solver.search.budget import smallest_budget_s
+    from skrull.solver.budget import smallest_budget_s
     from skrull.solver.types import Parallel
 
     batches = [[50] * 64 for _ in range(64)]

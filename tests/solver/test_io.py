@@ -187,7 +187,7 @@ def test_non_finite_numbers_given_in_process_are_named(value: float, says: str) 
 
 
 def test_a_request_without_a_budget_plans_with_its_planners_default_and_writes_none() -> None:
-    from skrull.solver.search.budget import default_budget_s
+    from skrull.solver.budget import default_budget_s
 
     # 16,384 sequences at CP 64: deepspeed needs more than the one-second default, and is not refused for it
     doc = {

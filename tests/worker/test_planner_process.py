@@ -17,8 +17,8 @@ import pytest
 
 from examples.train_tiny import TINY_PROFILE, make_dataset
 from skrull.corpus.order import global_batches
+from skrull.solver.budget import smallest_budget_s
 from skrull.solver.errors import RequestError
-from skrull.solver.search.budget import smallest_budget_s
 from skrull.solver.types import Parallel
 from skrull.worker.dataloader import PlannedBatches
 from skrull.worker.loader_options import LoaderOptions

@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from skrull.solver import planning
+from skrull.solver.budget import smallest_budget_s
 from skrull.solver.cost import CostModel
 from skrull.solver.errors import RequestError
 from skrull.solver.lengths.datasets import synthesize_request
@@ -22,7 +23,6 @@ from skrull.solver.profile import Profile, load_profile
 from skrull.solver.profiles.derive import MODELS, TrainingSetup, derive_profile
 from skrull.solver.profiles.gpus import GPUS
 from skrull.solver.search import starts as starts_module
-from skrull.solver.search.budget import smallest_budget_s
 from skrull.solver.types import Parallel, Plan, Problem, Request
 from skrull.solver.validate import plan_problems
 from tests.conftest import cpu_seconds, make_request

@@ -8,9 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from skrull.solver.errors import RequestError
-from skrull.solver.planners.registry import planner_names
-from skrull.solver.search.budget import (
+from skrull.solver.budget import (
     COSTS,
     SAFETY,
     batch_needs_s,
@@ -20,6 +18,8 @@ from skrull.solver.search.budget import (
     plans_batch_by_batch,
     smallest_budget_s,
 )
+from skrull.solver.errors import RequestError
+from skrull.solver.planners.registry import planner_names
 from skrull.solver.types import Parallel
 
 
@@ -80,7 +80,7 @@ def test_a_budget_accepted_for_a_request_is_enough_for_each_batch_as_solved(
 
 
 def test_a_request_without_a_budget_gets_what_its_planner_needs() -> None:
-    from skrull.solver.search.budget import (
+    from skrull.solver.budget import (
         EXACT_DEFAULT_TIME_BUDGET_S,
         MAX_DEFAULT_TIME_BUDGET_S,
         default_budget_s,
@@ -126,12 +126,18 @@ def test_auto_with_deferral_needs_what_each_batch_needs_and_the_request_asks_for
     batches = tuple(tuple([512] * 256) for _ in range(256))
     profile = load_profile("h100-80g/qwen2.5-7b")
     base = Request(batches=batches, parallel=parallel, profile=profile, solver="auto")
-    assert Request(
-        batches=batches, parallel=parallel, profile=profile, solver="auto", defer=Defer(max_sequences=2)
-    ).resolved_time_budget_s >= deferring
-    assert Request(
-        batches=batches, parallel=parallel, profile=profile, solver="auto", defer=Defer(max_sequences=0)
-    ).resolved_time_budget_s == base.resolved_time_budget_s
+    assert (
+        Request(
+            batches=batches, parallel=parallel, profile=profile, solver="auto", defer=Defer(max_sequences=2)
+        ).resolved_time_budget_s
+        >= deferring
+    )
+    assert (
+        Request(
+            batches=batches, parallel=parallel, profile=profile, solver="auto", defer=Defer(max_sequences=0)
+        ).resolved_time_budget_s
+        == base.resolved_time_budget_s
+    )
 
 
 def test_skrulls_estimate_grows_with_the_share_of_a_dp_rank_and_the_cp_group() -> None:

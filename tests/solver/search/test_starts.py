@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from skrull.solver.budget import smallest_budget_s
 from skrull.solver.lengths.datasets import synthesize_request
 from skrull.solver.planners.base import PlannerOutput
 from skrull.solver.planners.baselines import PackedPlanner
@@ -19,7 +20,6 @@ from skrull.solver.planners.skrull import SkrullPlanner
 from skrull.solver.planning import solve
 from skrull.solver.profile import load_profile
 from skrull.solver.search import starts
-from skrull.solver.search.budget import smallest_budget_s
 from skrull.solver.types import Parallel, Problem
 
 

@@ -193,12 +193,14 @@ def _trainer(tmp_path: Path, *, router_aux_loss: str | None, eval_dataset: objec
 
     from skrull.worker.dataloader import PlannedBatches
     from skrull.worker.hf.trainer import SkrullTrainer
+    from skrull.worker.loader_options import LoaderOptions
 
-    planned = PlannedBatches(
-        [{"input_ids": r["input_ids"], "labels": r["input_ids"]} for r in ROWS], [len(r["input_ids"]) for r in ROWS],
+    options = LoaderOptions(
         rank=0, dp=1, cp=1, global_batch_size=4, profile="h100-80g/qwen2.5-0.5b", bucket_tokens=64,
         equal_microbatches=True, prefetch=0, label_convention="hf",
     )  # fmt: skip
+    rows = [{"input_ids": r["input_ids"], "labels": r["input_ids"]} for r in ROWS]
+    planned = PlannedBatches(rows, [len(r["input_ids"]) for r in ROWS], options)
     doc = read_model_config(MODELS / "qwen2-moe-router-aux.json", router_aux_loss="per_microbatch")
     model = build_model(doc, seed=3, router_aux_loss="per_microbatch")
     args = TrainingArguments(
