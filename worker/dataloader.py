@@ -331,7 +331,11 @@ def resolve_rank(*, rank: int | None, dp: int | None, cp: int | None, mesh: Devi
             rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         else:
             raise RequestError("rank", None, "give rank, a DeviceMesh, or run under torchrun (torch.distributed)")
-        if cp is None or cp < 1 or world % cp:
+        if cp is None:
+            raise RequestError(
+                "cp", None, f"is needed under torch.distributed (world size {world}): LoaderOptions(cp=...) or a mesh"
+            )
+        if cp < 1 or world % cp:
             raise RequestError("cp", cp, f"must divide the world size {world}")
         if dp is None:
             dp = world // cp

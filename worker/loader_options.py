@@ -16,6 +16,8 @@ work: ``options_from_keywords`` maps them here with a ``DeprecationWarning`` nam
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -29,7 +31,7 @@ LABEL_CONVENTIONS = ("next_token", "hf")
 
 
 def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -89,6 +91,7 @@ class LoaderOptions:
     dataset_name: str = "dataset"
 
     def __post_init__(self) -> None:
+        self._check_sizes()
         if not isinstance(self.drop_last, bool):
             raise RequestError("drop_last", self.drop_last, "must be True or False")
         if self.vocab_size is not None and (not _is_int(self.vocab_size) or self.vocab_size < 1):
@@ -104,8 +107,30 @@ class LoaderOptions:
             raise RequestError(
                 "label_convention",
                 self.label_convention,
-                f"must be one of {', '.join(LABEL_CONVENTIONS)} (worker/dataloader.py's module doc)",
+                f"must be one of {', '.join(LABEL_CONVENTIONS)} (worker/loader_options.py and docs/worker.md)",
             )
+
+    def _check_sizes(self) -> None:
+        """The counts and sizes, each named as the field it is (a later error would name the request's)."""
+        if not _is_int(self.global_batch_size) or self.global_batch_size < 1:
+            raise RequestError("global_batch_size", self.global_batch_size, "must be an integer >= 1 (rows per step)")
+        if self.profile is None or self.profile == "":
+            raise RequestError("profile", self.profile, "must be a bundled profile's name or a profile document")
+        for name in ("rank", "dp", "cp", "num_iterations", "bucket_tokens"):
+            value = getattr(self, name)
+            least = 0 if name == "rank" else 1
+            if value is not None and (not _is_int(value) or value < least):
+                raise RequestError(name, value, f"must be an integer >= {least}, or None")
+        for name in ("seed", "epoch", "batches_per_plan", "prefetch"):
+            value = getattr(self, name)
+            if not _is_int(value):
+                raise RequestError(name, value, "must be an integer")
+        if self.time_budget_s is not None and not (
+            isinstance(self.time_budget_s, (int, float))
+            and self.time_budget_s > 0
+            and math.isfinite(self.time_budget_s)
+        ):
+            raise RequestError("time_budget_s", self.time_budget_s, "must be a number of seconds > 0, or None")
 
     def _check_deferral(self) -> None:
         """``defer_max_sequences`` only where the planner defers (solver/defer.py), ``defer_max_wait`` only with it."""

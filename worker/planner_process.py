@@ -33,7 +33,8 @@ else:
     warnings.warn(
         "skrull.worker.planner_process is deprecated: import from skrull.worker.planner.client (ProcessPlans, "
         "PlannerError), skrull.worker.planner.budget (PlanningBudget, unagreed_budget_s) or "
-        "skrull.worker.planner.server (Planner, serve, main)",
+        "skrull.worker.planner.server (Planner, serve, main), "
+        "skrull.worker.planner.wire (MAX_MESSAGE_BYTES)",
         DeprecationWarning,
         stacklevel=2,
     )

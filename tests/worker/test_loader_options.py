@@ -45,6 +45,14 @@ def test_the_options_are_frozen_and_keyword_only() -> None:
         ("defer_max_sequences", -2),
         ("defer_max_wait", 3),
         ("label_convention", "shifted"),
+        ("global_batch_size", 0),
+        ("global_batch_size", "16"),
+        ("bucket_tokens", -1),
+        ("cp", 0),
+        ("rank", -1),
+        ("num_iterations", 2.5),
+        ("time_budget_s", float("nan")),
+        ("profile", ""),
     ],
 )
 def test_a_bad_option_is_refused_when_the_options_are_made_naming_it(field: str, value: object) -> None:

@@ -141,6 +141,8 @@ def test_the_rank_comes_from_the_mesh_or_torchrun_or_is_named_when_missing(monke
     assert resolve_rank(rank=None, dp=None, cp=4, mesh=None) == (5, 2, 4)
     with pytest.raises(RequestError, match="must divide the world size 8"):
         resolve_rank(rank=None, dp=None, cp=3, mesh=None)
+    with pytest.raises(RequestError, match=r"is needed under torch.distributed \(world size 8\): LoaderOptions\(cp="):
+        resolve_rank(rank=None, dp=None, cp=None, mesh=None)
     monkeypatch.delenv("RANK")
     with pytest.raises(RequestError, match="run under torchrun"):
         resolve_rank(rank=None, dp=None, cp=4, mesh=None)
