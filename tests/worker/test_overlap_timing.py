@@ -105,18 +105,18 @@ def comm_ms(profile: dict[str, Any], group_size: int, sharded: list[int], *, mod
     return spec_time_ms(bare, [[] for _ in range(group_size)], sharded, mode=mode)
 
 
+def t_comp_ms(profile: dict[str, Any], lens: list[int], share: float = 1.0) -> float:
+    """Eq. 14 over ``lens`` (a ``share`` of its FLOPs: ``1/N`` for the sharded part), the fixed cost once."""
+    c = profile["compute"]
+    flops = c["flops_per_token"] * sum(lens) + c["flops_per_token_sq"] * sum(s * s for s in lens)
+    return float(c["ms_per_tflop"] / 1e12 * flops * share + c["fixed_ms"])
+
+
 def unrefined_time_ms(profile: dict[str, Any], local: list[list[int]], sharded: list[int], *, mode: str) -> float:
     """The contract's form before the refinement: communication hidden behind ALL local compute."""
-    c = profile["compute"]
-    a = c["ms_per_tflop"] / 1e12
-
-    def t_comp(lens: list[int], share: float = 1.0) -> float:
-        flops = c["flops_per_token"] * sum(lens) + c["flops_per_token_sq"] * sum(s * s for s in lens)
-        return float(a * flops * share + c["fixed_ms"])
-
     comm = comm_ms(profile, len(local), sharded, mode=mode)
-    shard = t_comp(sharded, 1 / len(local))
-    return float(profile["microbatch_ms"] + max(max(comm, t_comp(lens)) + shard for lens in local))
+    shard = t_comp_ms(profile, sharded, 1 / len(local))
+    return float(profile["microbatch_ms"] + max(max(comm, t_comp_ms(profile, lens)) + shard for lens in local))
 
 
 # --- the paced layer ----------------------------------------------------------------------------------
@@ -321,17 +321,13 @@ def one_max_time_ms(profile: dict[str, Any], local: list[list[int]], sharded: li
     c = profile["compute"]
     a = c["ms_per_tflop"] / 1e12
 
-    def t_comp(lens: list[int], share: float = 1.0) -> float:
-        flops = c["flops_per_token"] * sum(lens) + c["flops_per_token_sq"] * sum(s * s for s in lens)
-        return float(a * flops * share + c["fixed_ms"])
-
     comm = comm_ms(profile, len(local), sharded, mode=mode)
     exposed = ULYSSES_EXPOSED * comm if mode == "ulysses" else 0.0
-    shard = t_comp(sharded, 1 / len(local))
+    shard = t_comp_ms(profile, sharded, 1 / len(local))
     worst = 0.0
     for lens in local:
         hides = a * c["flops_per_token_sq"] * sum(s * s for s in lens)
-        worst = max(worst, max(comm - exposed, hides) + exposed + (t_comp(lens) - hides) + shard)
+        worst = max(worst, max(comm - exposed, hides) + exposed + (t_comp_ms(profile, lens) - hides) + shard)
     return float(profile["microbatch_ms"] + worst)
 
 
