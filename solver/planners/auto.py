@@ -165,13 +165,17 @@ class AutoPlanner:
                 sub, deadline=deadline, keep_s=SEARCH_SHARE * span, names=names, late_s=late_s
             )
             if peers is not None:  # search the best start so far while the peers run, then pool them all
+                cheap = choose_starts(sub, [o for _, o in starts if self.allow_pending or _keeps_batches(o, sub)])
                 # the relied-on peers (``hydraulis``, ``dynamic-cp``: docs/auto.md's promise) first: their plans are
-                # waited for before the search spends the budget, until only pricing them is left (searching
-                # meanwhile, on a loaded machine, took the CPU their child needed and ran past the deadline)
+                # waited for before the search spends the budget, until only pricing them and finishing the plan
+                # are left (searching meanwhile, on a loaded machine, took the CPU their child needed and ran past
+                # the deadline; waiting into the finish reserve ran 65,536 sequences 1.6 s past a 10 s budget)
                 peers.wait_relied(
-                    until=deadline - EVALUATION_PER_SEQUENCE_S * len(sub.lengths) * (2 + len(peers.peers))
+                    until=deadline
+                    - finish_reserve_s(cheap)
+                    - EVALUATION_PER_SEQUENCE_S * len(sub.lengths) * (2 + len(peers.peers))
                 )
-                found = choose_starts(sub, [o for _, o in starts if self.allow_pending or _keeps_batches(o, sub)])[0]
+                found = cheap[0]
                 searched = self._improve(sub, found[1], peers.end, clock, exact_model=False)
                 interim = PlannerOutput(iterations=tuple(searched), pending=tuple(found[2]))
                 keep_until = deadline - LATE_SHARE * (deadline - clock())
