@@ -171,6 +171,8 @@ def _print_calibration(calibration: dict[str, Any], args: argparse.Namespace) ->
     if args.calibration_records_out:
         Path(args.calibration_records_out).write_text(dumps(calibration["measured"]) + "\n", encoding="utf-8")
         print(f"wrote {args.calibration_records_out}: {len(calibration['measured'])} measured microbatches")
+    if calibration.get("noise_floor_line"):
+        print(calibration["noise_floor_line"])
     print(calibration["summary"])
 
 

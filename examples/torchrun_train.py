@@ -179,6 +179,9 @@ def main(argv: list[str] | None = None) -> int:
         fitted = planned.calibration.fitted_profile()
         if args.calibrated_profile_out and fitted is not None:
             Path(args.calibrated_profile_out).write_text(json.dumps(fitted, indent=2) + "\n")
+        floor = planned.calibration.noise_floor()  # what no fit explains of this run's timings
+        if floor is not None:
+            print(floor.line())
         print(planned.calibration.summary_line())
     units = router_microbatches(planned.plan_of(0).iterations[0]) if router_aux_loss else None
     planned.close()

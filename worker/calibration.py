@@ -548,6 +548,51 @@ def fit_profile(
     )
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NoiseFloor:
+    """How far the model's best fit to a run misses that same run: the machine's spread, not the model's.
+
+    The model fitted to every measured microbatch after warm-up, weighing every iteration alike, and judged on
+    those same microbatches (in sample): no coefficient of the contract's form does better on them, so an
+    out-of-sample error near these figures is timing the model cannot explain (a preempted core, a collective
+    that waited on a busy peer, a whole iteration run on a slower machine), and only an error well above them
+    says the fit is wrong. On a 2-core VM with 2 gloo processes and 3-35 ms microbatches, quiet (load about 1;
+    bench/calibration_comm.py without an injected delay, 27 runs), the floor was a median 12.5% per microbatch
+    (8.7-23.1%) and 8.4% per iteration (2.7-17.6%): whole iterations of one run ran at speeds up to 1.2-2.3x
+    apart, while one process timing one microbatch alone on that machine varied by 1.5%."""
+
+    microbatch_error: float  # median over the microbatches of |estimated - measured| / measured
+    iteration_error: float  # median over the iterations, the slowest GPU's sums (``iteration_times``)
+    microbatches: int
+
+    def line(self) -> str:
+        return (
+            f"calibration noise floor: {self.microbatch_error:.1%} per microbatch, {self.iteration_error:.1%} per "
+            f"iteration (the model fitted to this run's {self.microbatches} microbatches and judged on them: "
+            "errors near these are the machine's spread, not a term the model lacks)"
+        )
+
+
+def noise_floor(
+    start: Profile | str | Mapping[str, Any],
+    mbs: Sequence[MeasuredMicrobatch],
+    *,
+    warmup_iterations: int = WARMUP_ITERATIONS,
+) -> NoiseFloor | None:
+    """The run's noise floor (``NoiseFloor``); None when too few microbatches were measured to fit."""
+    first = min((mb.iteration for mb in mbs), default=0)
+    data = [mb for mb in mbs if mb.iteration >= first + warmup_iterations and mb.ms > 0]
+    base = start if isinstance(start, Profile) else starting_profile(start)
+    try:
+        fit = fit_profile(base, data, warmup_iterations=0, half_life_iterations=None)
+    except FitError:
+        return None
+    model = CostModel(profile_from_dict(fit.profile))
+    return NoiseFloor(
+        microbatch_error=median_error(data, model), iteration_error=iteration_error(data, model), microbatches=len(data)
+    )
+
+
 def starting_profile(profile: str | Mapping[str, Any]) -> Profile:
     return load_profile(profile) if isinstance(profile, str) else profile_from_dict(dict(profile))
 
@@ -717,6 +762,10 @@ class LoaderCalibration:
     def summary_line(self) -> str:
         """The run's one-line summary (``summary_line``)."""
         return summary_line(self.start, self.measured, self.reports, self.fitted_profile())
+
+    def noise_floor(self) -> NoiseFloor | None:
+        """The run's noise floor (``noise_floor``): what no fit of the model's form explains of these timings."""
+        return noise_floor(self.start, [mb for mb, _ in self.measured])
 
 
 def summary_line(

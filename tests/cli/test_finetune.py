@@ -210,6 +210,8 @@ def test_calibrate_replans_with_the_run_profile_passes_the_check_and_ends_with_t
         r"iteration estimate error \d+\.\d% -> \d+\.\d%",
         lines[-1],
     )
+    # before it, what no fit of the model's form explains of this run's timings
+    assert re.fullmatch(r"calibration noise floor: \d+\.\d% per microbatch, \d+\.\d% per iteration \(.*\)", lines[-2])
     assert "check passed" in out.stdout  # re-planned steps train the same global batches exactly
     assert "+calibrated" in out.stdout  # later steps ran plans made with the calibrated profile
     profile = json.loads(out_profile.read_text())

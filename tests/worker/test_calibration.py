@@ -23,6 +23,7 @@ from skrull.worker.calibration import (
     fit_profile,
     measured_microbatches,
     median_error,
+    noise_floor,
 )
 from skrull.worker.dataloader import PlannedBatches
 from skrull.worker.loader_options import LoaderOptions
@@ -272,3 +273,26 @@ def test_rows_follow_the_overlap_per_direction_near_the_crossover() -> None:
     assert fit.profile["comm_a2a"]["ms_per_mib"] == pytest.approx(5.0, rel=1e-6)
     assert fit.profile["comm_a2a"]["fixed_ms"] == pytest.approx(60.0, rel=1e-6)
     assert median_error(data, fitted) < 1e-6
+
+
+def test_the_noise_floor_is_zero_on_exact_timings_and_finds_whole_iterations_run_at_other_speeds() -> None:
+    """Exact timings leave nothing unexplained; whole iterations run at speeds 0.8-1.25x (what a shared machine
+    does to them) leave an in-sample floor no coefficient removes, near the spread put in."""
+    truth = CostModel(profile_from_dict(TRUTH))
+    exact = [
+        dataclasses.replace(mb, ms=truth.microbatch_time_ms(mb.local, mb.sharded))  # the model's own times
+        for mb in _microbatches(random.Random(11), 100)
+    ]
+    floor = noise_floor(_start(), exact)
+    assert floor is not None and floor.microbatch_error < 1e-3 and floor.iteration_error < 1e-3
+    speeds = (0.8, 0.9, 1.0, 1.1, 1.25)
+    uneven = [dataclasses.replace(mb, ms=mb.ms * speeds[mb.iteration % len(speeds)]) for mb in exact]
+    floor = noise_floor(_start(), uneven)
+    assert floor is not None
+    # fitted to the typical speed (1.0), the iterations miss by 0-25%: a median about 10%
+    assert 0.05 < floor.iteration_error < 0.2 and 0.05 < floor.microbatch_error < 0.2
+    assert floor.microbatches == len([mb for mb in uneven if mb.iteration >= 1])  # the warm-up left out
+    assert re.fullmatch(
+        r"calibration noise floor: \d+\.\d% per microbatch, \d+\.\d% per iteration \(.*\)", floor.line()
+    )
+    assert noise_floor(_start(), exact[:3]) is None  # too few to fit

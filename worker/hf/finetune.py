@@ -285,12 +285,15 @@ class _StepCalibration:
         self.reports.append(iteration_report(step, mbs, profile, CostModel(starting_profile(profile))))
 
     def result(self) -> dict[str, Any]:
-        from skrull.worker.calibration import summary_line
+        from skrull.worker.calibration import noise_floor, summary_line
 
         fitted = self.calibration.fitted
+        floor = noise_floor(self.start, [mb for mb, _ in self.measured])
         return {
             "reports": [dataclasses.asdict(r) for r in self.reports],
             "summary": summary_line(self.start, self.measured, self.reports, fitted.profile if fitted else None),
+            "noise_floor": dataclasses.asdict(floor) if floor is not None else None,
+            "noise_floor_line": floor.line() if floor is not None else None,
             "profile": fitted.profile if fitted else None,
             # every measured microbatch with the name of the profile its plan was made with: what the fit and
             # the summary line were computed from, for a reader who wants to see where the model is off
