@@ -23,7 +23,7 @@ xtuner/dataset/huggingface.py; no code of it here):
 * the attention dispatch (xtuner/model/modules/dispatch/, e.g. llama.py, qwen2.py) repeats the K/V heads
   to the query heads before the all-to-all and sends Q, K and V in separate all-to-alls, the output back
   in a fourth: per token ``4 * q_hidden`` values out and back instead of ``2*q + 2*kv``, and 8 all-to-alls
-  a layer with the backward pass instead of the 4 ``comm_a2a.fixed_ms`` counts (solver/derive.py
+  a layer with the backward pass instead of the 4 ``comm_a2a.fixed_ms`` counts (solver/profiles/derive.py
   ``A2A_COLLECTIVES_PER_LAYER``). ``xtuner_profile`` charges both: ``bytes_per_token +
   kv_bytes_per_token * (heads.attention / heads.kv - 1)`` and twice the fixed cost.
 
@@ -49,7 +49,7 @@ from skrull.solver.types import Request
 #: Samples per ``datasets.map`` batch, the unit the ``Packer`` concatenates (the library's default).
 MAP_BATCH_SAMPLES = 1000
 #: All-to-alls per layer XTuner runs (Q, K, V and the output, forward and backward) over those the
-#: reference model's ``comm_a2a.fixed_ms`` counts (4: solver/derive.py).
+#: reference model's ``comm_a2a.fixed_ms`` counts (4: solver/profiles/derive.py).
 COLLECTIVES_RATIO = 2.0
 
 

@@ -463,8 +463,8 @@ def derive_profile(
             "zero_stage": setup.zero_stage,
             "mfu": setup.mfu,
             "reserve_fraction": setup.reserve_fraction,
-            "source": "Skrull section 5.1 (DeepSpeed ZeRO-2, DP=4) unless noted in solver/derive.py SETUPS; "
-            "MFU 0.30 and 10% reserve assumed",
+            "source": "Skrull section 5.1 (DeepSpeed ZeRO-2, DP=4) unless noted in solver/profiles/derive.py "
+            "SETUPS; MFU 0.30 and 10% reserve assumed",
         },
         "compute": {
             "source": "flops: Skrull eq. 13 x layers x 3; ms_per_tflop = 1e3 / (peak * mfu); "
@@ -502,7 +502,7 @@ def derive_profile(
                 "free memory / that bucket"
                 if use_paper
                 else "bucket_tokens: derived from the model's shape and the training setup (bucket_rule derived; "
-                "solver/derive.py); activation_bytes_per_token: the derivation's per-token activations"
+                "solver/profiles/derive.py); activation_bytes_per_token: the derivation's per-token activations"
             )
             + "; kv_bytes_per_token: 2 (K, V) x layers x K/V heads per TP rank x head_dim x 2 B; gathered_kv: "
             "key_prefixes, the worker (worker/dacp.py, all-gather) keeps for each of its own pieces of a sharded "

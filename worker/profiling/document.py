@@ -119,7 +119,8 @@ def _memory_section(
         "r2": round(memory_r2, 6),
         "source": "per layer: the larger of the slopes of bytes saved for backward (unique storages) and of "
         "the allocator's forward peak (GPU) vs tokens; x layers, + logits; "
-        "static: weights, gradients and Adam states under the setup's ZeRO stage (solver/derive.py)",
+        "static: weights, gradients and Adam states under the setup's ZeRO stage "
+        "(solver/profiles/derive.py)",
         "samples": [dataclasses.asdict(s) for s in memory_samples],
     }
 
@@ -134,7 +135,7 @@ def _timed_or_derived(
             "ms_per_mib": derived["ms_per_mib"],
             "fixed_ms": derived["fixed_ms"],
             "measured": False,
-            "source": "one GPU: no collective to time; derived values kept (solver/derive.py)",
+            "source": "one GPU: no collective to time; derived values kept (solver/profiles/derive.py)",
         }
     ms_per_mib, per_collective_ms, r2 = fit_comm(samples)
     return {
@@ -250,5 +251,6 @@ def profile_document(
         **ulysses,
         "memory": _memory_section(model, memory_samples, capacity_bytes=capacity_bytes, setup=setup),
         "microbatch_ms": derived_microbatch_ms,
-        "microbatch_source": "derived (solver/derive.py): framework overhead is outside a one-layer measurement",
+        "microbatch_source": "derived (solver/profiles/derive.py): framework overhead is outside a one-layer "
+        "measurement",
     }
