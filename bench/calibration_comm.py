@@ -196,8 +196,8 @@ def main() -> None:
     print()
     print(
         "noise floor: the model fitted to the run's own microbatches and judged on them (in sample; "
-        "worker/calibration.py noise_floor): no coefficient does better on this run, so an error near it is the "
-        "machine's spread"
+        "worker/calibration.py noise_floor): with every timing of the run in hand, the model's form comes about "
+        "that close and no closer, so an error near it is the machine's spread"
     )
     print()
     print(
@@ -226,7 +226,7 @@ def main() -> None:
         print(
             f"Over {args.repeat} runs each: how many met the issue's figures (median microbatch error <= "
             f"{MB_TARGET:.0f}%, iteration estimate error <= {IT_TARGET:.0f}%), and how many runs' own noise floor "
-            "did (no fit of the model's form meets a figure its run's floor misses)"
+            "did (a figure the floor misses, the fit missed even in sample)"
         )
         print()
         print("| mode | injected ms/MiB | microbatch, met | its floor, met | iteration, met | its floor, met |")

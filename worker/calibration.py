@@ -550,16 +550,18 @@ def fit_profile(
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class NoiseFloor:
-    """How far the model's best fit to a run misses that same run: the machine's spread, not the model's.
+    """How far the calibration's fit misses the very run it was fitted on: the machine's spread, not the model's.
 
-    The model fitted to every measured microbatch after warm-up, weighing every iteration alike, and judged on
-    those same microbatches (in sample): no coefficient of the contract's form does better on them, so an
-    out-of-sample error near these figures is timing the model cannot explain (a preempted core, a collective
-    that waited on a busy peer, a whole iteration run on a slower machine), and only an error well above them
-    says the fit is wrong. On a 2-core VM with 2 gloo processes and 3-35 ms microbatches, quiet (load about 1;
-    bench/calibration_comm.py without an injected delay, 27 runs), the floor was a median 12.5% per microbatch
-    (8.7-23.1%) and 8.4% per iteration (2.7-17.6%): whole iterations of one run ran at speeds up to 1.2-2.3x
-    apart, while one process timing one microbatch alone on that machine varied by 1.5%."""
+    The calibration's fit (``fit_profile``: least absolute relative error per microbatch) made on every measured
+    microbatch after warm-up, weighing every iteration alike, and judged on those same microbatches (in sample):
+    with every timing of the run in hand, that is about as close as coefficients of the contract's form come to
+    it (the fit does not minimise the iteration error itself, so an out-of-sample iteration figure can land a
+    little under it). An out-of-sample error near these figures is timing the model cannot explain (a preempted
+    core, a collective that waited on a busy peer, a whole iteration run on a slower machine); only an error well
+    above them says the fit is wrong. On a 2-core VM with 2 gloo processes and 3-35 ms microbatches, quiet
+    (load about 1; bench/calibration_comm.py without an injected delay, 27 runs), the floor was a median 12.5%
+    per microbatch (8.7-23.1%) and 8.4% per iteration (2.7-17.6%): whole iterations of one run ran at speeds
+    up to 1.2-2.3x apart, while one process timing one microbatch alone on that machine varied by 1.5%."""
 
     microbatch_error: float  # median over the microbatches of |estimated - measured| / measured
     iteration_error: float  # median over the iterations, the slowest GPU's sums (``iteration_times``)
@@ -764,7 +766,7 @@ class LoaderCalibration:
         return summary_line(self.start, self.measured, self.reports, self.fitted_profile())
 
     def noise_floor(self) -> NoiseFloor | None:
-        """The run's noise floor (``noise_floor``): what no fit of the model's form explains of these timings."""
+        """The run's noise floor (``noise_floor``): what the model, fitted to these very timings, still misses."""
         return noise_floor(self.start, [mb for mb, _ in self.measured])
 
 
