@@ -22,8 +22,9 @@ Then, per run and kind of microbatch (local only, sharded only, mixed: ``--calib
 many there were and the median of measured / estimated under the calibrated profile (in sample): a kind the
 model misses shows here, where the one-line medians hide it. Each run's noise floor (the model fitted to its
 own microbatches and judged on them, worker/calibration.py ``noise_floor``) stands beside its errors: an
-error near the floor is the machine's spread, one well above it a fit that is wrong. With ``--repeat N``, a
-last table counts the runs that met the issue's figures and the runs whose own floor did.
+error near the floor was there even in sample (the machine's spread, or a term the model lacks: the table by
+kind tells them apart), one well above it a fit that did not carry over. With ``--repeat N``, a last table
+counts the runs that met the issue's figures and the runs whose own floor did.
 
 Timings on a shared machine move with its load: run it on a quiet one, and give the load with the figures
 (the load is printed before and after each run).
@@ -196,8 +197,8 @@ def main() -> None:
     print()
     print(
         "noise floor: the model fitted to the run's own microbatches and judged on them (in sample; "
-        "worker/calibration.py noise_floor): with every timing of the run in hand, the model's form comes about "
-        "that close and no closer, so an error near it is the machine's spread"
+        "worker/calibration.py noise_floor): what the model's form misses of the run with every timing in hand, "
+        "the machine's spread or a term it lacks (the table by kind below tells them apart)"
     )
     print()
     print(

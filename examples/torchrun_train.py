@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         fitted = planned.calibration.fitted_profile()
         if args.calibrated_profile_out and fitted is not None:
             Path(args.calibrated_profile_out).write_text(json.dumps(fitted, indent=2) + "\n")
-        floor = planned.calibration.noise_floor()  # what no fit explains of this run's timings
+        floor = planned.calibration.noise_floor()  # what the fit still misses of this run, in sample
         if floor is not None:
             print(floor.line())
         print(planned.calibration.summary_line())

@@ -30,8 +30,9 @@ def links(page: Path) -> list[str]:
 
 
 def slug(heading: str) -> str:
-    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces to hyphens."""
-    text = re.sub(r"[`*_]", "", heading.strip().lower())
+    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces to hyphens; an underscore inside a
+    word stays (`cp_modes` -> cp_modes), one that marks emphasis (_word_) goes with the markup."""
+    text = re.sub(r"[`*]|(?<!\w)_|_(?!\w)", "", heading.strip().lower())
     text = re.sub(r"[^\w\- ]", "", text)
     return text.replace(" ", "-")
 
@@ -94,3 +95,9 @@ def test_the_endpoint_table_lists_every_operation_of_the_service() -> None:
     table = (ROOT / "docs" / "service.md").read_text(encoding="utf-8")
     listed = set(_re.findall(r"`(\w+)`", table))
     assert operations and operations - listed == set()
+
+
+def test_anchors_keep_an_underscore_inside_a_word_as_github_does() -> None:
+    assert slug("Context-parallel modes (`cp_modes`)") == "context-parallel-modes-cp_modes"
+    assert slug("## `bench/cp_modes.py`".lstrip("# ")) == "benchcp_modespy"
+    assert slug("_Why_ it *matters*") == "why-it-matters"

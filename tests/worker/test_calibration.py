@@ -5,8 +5,10 @@ with it."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import random
 import re
+import statistics
 import time
 from typing import Any
 
@@ -292,7 +294,42 @@ def test_the_noise_floor_is_zero_on_exact_timings_and_finds_whole_iterations_run
     # fitted to the typical speed (1.0), the iterations miss by 0-25%: a median about 10%
     assert 0.05 < floor.iteration_error < 0.2 and 0.05 < floor.microbatch_error < 0.2
     assert floor.microbatches == len([mb for mb in uneven if mb.iteration >= 1])  # the warm-up left out
+    assert floor.iterations == 24 and not floor.optimistic
     assert re.fullmatch(
-        r"calibration noise floor: \d+\.\d% per microbatch, \d+\.\d% per iteration \(.*\)", floor.line()
+        r"calibration noise floor: \d+\.\d% per microbatch, \d+\.\d% per iteration \(the model's \d "
+        r"coefficients fitted to this run's 96 microbatches of 24 iterations .*\)",
+        floor.line(),
     )
     assert noise_floor(_start(), exact[:3]) is None  # too few to fit
+
+
+def _noisy(rng: random.Random, count: int) -> list[MeasuredMicrobatch]:
+    """The truth's own times with 10% noise per iteration and 12% per microbatch (log-normal): the model's
+    form exactly right, the machine noisy."""
+    truth = CostModel(profile_from_dict(TRUTH))
+    speed: dict[int, float] = {}
+    return [
+        dataclasses.replace(
+            mb,
+            ms=truth.microbatch_time_ms(mb.local, mb.sharded)
+            * speed.setdefault(mb.iteration, math.exp(rng.gauss(0, 0.10)))
+            * math.exp(rng.gauss(0, 0.12)),
+        )
+        for mb in _microbatches(rng, count)
+    ]
+
+
+def test_the_noise_floor_of_a_right_model_is_the_noise_and_a_short_run_says_it_is_optimistic() -> None:
+    """With the form right, the floor of a long run is what the true coefficients themselves miss; a short run
+    fits its noise with its coefficients (in sample), so its floor is lower and the line says so."""
+    truth = CostModel(profile_from_dict(TRUTH))
+    floors, true_errors = [], []
+    for seed in range(8):
+        data = _noisy(random.Random(seed), 124)
+        floor = noise_floor(_start(), data)
+        assert floor is not None and not floor.optimistic
+        floors.append(floor.microbatch_error)
+        true_errors.append(median_error([mb for mb in data if mb.iteration >= 1], truth))
+    assert abs(statistics.median(floors) - statistics.median(true_errors)) < 0.02
+    short = noise_floor(_start(), _noisy(random.Random(3), 12))  # 8 microbatches after warm-up, 2 iterations
+    assert short is not None and short.optimistic and "optimistic" in short.line()
