@@ -67,7 +67,7 @@ def add_parser(sub: Any) -> None:
         "--calibrate",
         action="store_true",
         help="time every microbatch, refit the profile after each step and plan the next steps with it; ends "
-        "with one 'calibration: ...' line (docs/profiles.md)",
+        "with the run's 'calibration noise floor: ...' and one 'calibration: ...' line (docs/profiles.md)",
     )
     p.add_argument(
         "--calibrated-profile-out", default=None, metavar="PATH", help="with --calibrate: write the calibrated profile"
