@@ -119,6 +119,7 @@ def run(mode: str, delay: float, steps: int, seed: int, tmp: Path) -> dict[str, 
     assert match is not None, out.stdout[-2000:]
     last = [m for m in ITERATION_ROW.finditer(out.stdout) if m[2].endswith("+calibrated")][-LAST_ITERATIONS:]
     profile = json.loads(out_profile.read_text())
+    records = json.loads(out_records.read_text())
     name, fitted = fitted_ms_per_mib(mode, profile)
     return {
         "mode": mode, "delay": delay, "mb_before": float(match[1]), "mb_after": float(match[2]),
@@ -126,8 +127,8 @@ def run(mode: str, delay: float, steps: int, seed: int, tmp: Path) -> dict[str, 
         "mb_last": statistics.median(float(m[5]) for m in last) if last else math.nan,
         "it_last": statistics.mean(abs(float(m[3]) / float(m[4]) - 1) * 100 for m in last) if last else math.nan,
         "kept": profile["calibrated"].get("kept_starting", {}),
-        "kinds": by_kind(json.loads(out_records.read_text()), profile),
-        "floor": floor_of(json.loads(out_records.read_text())),
+        "kinds": by_kind(records, profile),
+        "floor": floor_of(records),
         "load": (load_before, os.getloadavg()[0]),
     }  # fmt: skip
 
@@ -137,32 +138,26 @@ def floor_of(records: list[dict[str, Any]]) -> tuple[float, float]:
     microbatches and judged on them, (median microbatch error, median iteration error)."""
     from skrull.worker.calibration import MeasuredMicrobatch, noise_floor
 
-    mbs = [
-        MeasuredMicrobatch(iteration=r["iteration"], step=k, ranks=tuple(r["ranks"]),
-                           local=tuple(tuple(x) for x in r["local"]), sharded=tuple(r["sharded"]), ms=r["ms"],
-                           mode=r["mode"])
-        for k, r in enumerate(records)
-    ]  # fmt: skip
-    floor = noise_floor(START, mbs)
+    floor = noise_floor(START, [MeasuredMicrobatch.from_record(r) for r in records])
     return (math.nan, math.nan) if floor is None else (floor.microbatch_error * 100, floor.iteration_error * 100)
 
 
-def kind_of(record: dict[str, Any]) -> str:
-    local = any(record["local"][j] for j in range(len(record["ranks"])))
-    sharded = bool(record["sharded"]) and len(record["ranks"]) > 1
-    return "mixed" if local and sharded else "sharded" if sharded else "local"
+def kind_of(mb: Any) -> str:
+    """local (no sequence sharded over a group), sharded, or mixed (local sequences beside sharded ones)."""
+    local = any(mb.local)
+    return "mixed" if local and mb.communicates else "sharded" if mb.communicates else "local"
 
 
 def by_kind(records: list[dict[str, Any]], profile: dict[str, Any]) -> dict[str, tuple[int, float]]:
     """Per kind of microbatch: (count, median of measured / estimated under ``profile``)."""
     from skrull.solver.cost import CostModel
     from skrull.solver.profile import profile_from_dict
+    from skrull.worker.calibration import MeasuredMicrobatch, estimate_ms
 
     model = CostModel(profile_from_dict(profile))
     ratios: dict[str, list[float]] = {}
-    for r in records:
-        estimated = model.microbatch_time_ms(r["local"], r["sharded"], r["mode"])
-        ratios.setdefault(kind_of(r), []).append(r["ms"] / estimated)
+    for mb in map(MeasuredMicrobatch.from_record, records):
+        ratios.setdefault(kind_of(mb), []).append(mb.ms / estimate_ms(model, mb))
     return {kind: (len(v), statistics.median(v)) for kind, v in sorted(ratios.items())}
 
 

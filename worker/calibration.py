@@ -101,6 +101,9 @@ ULYSSES_EXPOSED = 0.5
 ATTENTION_FWD = 1.0 / (1.0 + ATTENTION_BACKWARD_PER_FORWARD)
 #: Largest over smallest MiB of a collective's microbatches from which its fixed cost is fitted too.
 MIN_MIB_SPREAD = 2.0
+#: Shortest timing a fit takes as a measurement (1 ns): below it, a clock's rounding or a corrupt value (a
+#: denormal timing made the least squares fail to converge, which no training run should stop on).
+MIN_TIMING_MS = 1e-6
 #: Reweighting rounds of the least-absolute-error fit (each picks the critical GPU anew).
 IRLS_ROUNDS = 8
 #: Iterations over which a microbatch's weight in the fit halves: the fit follows the machine as it is now.
@@ -173,6 +176,24 @@ class MeasuredMicrobatch:
     @property
     def communicates(self) -> bool:
         return len(self.ranks) > 1 and bool(self.sharded)
+
+    def to_record(self, profile: str) -> dict[str, Any]:
+        """One row of ``skrull finetune --calibration-records-out``, with the name of the profile its plan was
+        made with (``from_record`` reads it back)."""
+        return {
+            "iteration": self.iteration, "step": self.step, "ranks": list(self.ranks),
+            "local": [list(x) for x in self.local], "sharded": list(self.sharded), "mode": self.mode,
+            "ms": self.ms, "profile": profile,
+        }  # fmt: skip
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any]) -> MeasuredMicrobatch:
+        return cls(
+            iteration=int(record["iteration"]), step=int(record["step"]),
+            ranks=tuple(int(r) for r in record["ranks"]),
+            local=tuple(tuple(int(n) for n in x) for x in record["local"]),
+            sharded=tuple(int(n) for n in record["sharded"]), ms=float(record["ms"]), mode=str(record["mode"]),
+        )  # fmt: skip
 
 
 def _start_offsets_ms(timings: Sequence[RankTiming]) -> dict[tuple[int, int, tuple[int, ...], int], float]:
@@ -394,6 +415,17 @@ class CalibrationFit:
     kept: Mapping[str, str] = field(default_factory=dict)
 
 
+def fittable(mbs: Sequence[MeasuredMicrobatch], warmup_iterations: int) -> list[MeasuredMicrobatch]:
+    """The microbatches a fit uses: those after the first ``warmup_iterations`` iterations, with a finite
+    timing of at least ``MIN_TIMING_MS``."""
+    first = min((mb.iteration for mb in mbs), default=0)
+    return [
+        mb
+        for mb in mbs
+        if mb.iteration >= first + warmup_iterations and math.isfinite(mb.ms) and mb.ms >= MIN_TIMING_MS
+    ]
+
+
 def fit_profile(
     start: Profile,
     mbs: Sequence[MeasuredMicrobatch],
@@ -408,8 +440,7 @@ def fit_profile(
     ``half_life_iterations``: the recency weighting (module doc); None weighs every iteration alike."""
     if half_life_iterations is not None and not half_life_iterations > 0:
         raise ValueError(f"half_life_iterations must be > 0 or None, got {half_life_iterations}")
-    first = min((mb.iteration for mb in mbs), default=0)
-    data = [mb for mb in mbs if mb.iteration >= first + warmup_iterations and mb.ms > 0]
+    data = fittable(mbs, warmup_iterations)
     if len(data) < MIN_MICROBATCHES:
         raise FitError(f"calibration: need at least {MIN_MICROBATCHES} microbatches after warm-up, got {len(data)}")
     ys = np.asarray([mb.ms for mb in data])
@@ -553,6 +584,9 @@ def fit_profile(
 #: microbatches came out at 5.7-7.3% where the true model missed 9.5%; from 40 on it was within 0.5 point.
 FLOOR_MICROBATCHES_PER_COEFFICIENT = 4
 FLOOR_MIN_ITERATIONS = 5
+#: Most microbatches a noise floor is fitted on, the latest (1.5 s for 16,384 on a 2-core VM): a long run's
+#: whole history would make the run's last line wait on one large fit.
+FLOOR_MAX_MICROBATCHES = 16384
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -610,10 +644,12 @@ def noise_floor(
     *,
     warmup_iterations: int = WARMUP_ITERATIONS,
 ) -> NoiseFloor | None:
-    """The run's noise floor (``NoiseFloor``); None when fewer than ``MIN_MICROBATCHES`` were measured after
-    warm-up (no fit)."""
-    first = min((mb.iteration for mb in mbs), default=0)
-    data = [mb for mb in mbs if mb.iteration >= first + warmup_iterations and mb.ms > 0]
+    """The run's noise floor (``NoiseFloor``) over its latest ``FLOOR_MAX_MICROBATCHES`` microbatches (whole
+    iterations); None when fewer than ``MIN_MICROBATCHES`` were measured after warm-up (no fit)."""
+    data = fittable(mbs, warmup_iterations)
+    if len(data) > FLOOR_MAX_MICROBATCHES:  # one fit is linear in its rows: 6 s for 65,536 on a 2-core VM
+        cut = sorted(mb.iteration for mb in data)[-FLOOR_MAX_MICROBATCHES]
+        data = [mb for mb in data if mb.iteration > cut] or [mb for mb in data if mb.iteration == cut]
     base = start if isinstance(start, Profile) else starting_profile(start)
     try:
         fit = fit_profile(base, data, warmup_iterations=0, half_life_iterations=None)

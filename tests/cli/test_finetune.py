@@ -221,6 +221,10 @@ def test_calibrate_replans_with_the_run_profile_passes_the_check_and_ends_with_t
     records = json.loads((tmp_path / "records.json").read_text())
     assert len(records) >= 6 and all(r["ms"] > 0 and len(r["local"]) == len(r["ranks"]) for r in records)
     assert records[0]["profile"] == "h100-80g/qwen2.5-0.5b" and records[-1]["profile"].endswith("+calibrated")
+    # read back whole: what the bench and a reader rebuild is what was measured
+    from skrull.worker.calibration import MeasuredMicrobatch
+
+    assert [MeasuredMicrobatch.from_record(r).to_record(r["profile"]) for r in records] == records
 
 
 def test_calibrated_profile_out_needs_calibrate(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ with it."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import random
 import re
@@ -17,6 +18,7 @@ import pytest
 from examples.train_tiny import TINY_PROFILE, make_dataset
 from skrull.solver.cost import CostModel
 from skrull.solver.profile import Profile, load_profile, profile_from_dict
+from skrull.worker import calibration
 from skrull.worker.calibration import (
     MIN_COMMUNICATING,
     Calibration,
@@ -333,3 +335,33 @@ def test_the_noise_floor_of_a_right_model_is_the_noise_and_a_short_run_says_it_i
     assert abs(statistics.median(floors) - statistics.median(true_errors)) < 0.02
     short = noise_floor(_start(), _noisy(random.Random(3), 12))  # 8 microbatches after warm-up, 2 iterations
     assert short is not None and short.optimistic and "optimistic" in short.line()
+
+
+def test_a_record_reads_back_as_the_measured_microbatch_it_was() -> None:
+    for mb in _microbatches(random.Random(21), 40):
+        mb = dataclasses.replace(mb, mode="ulysses" if mb.step % 2 else "allgather")
+        record = mb.to_record("h100-80g/qwen2.5-0.5b+calibrated")
+        assert MeasuredMicrobatch.from_record(json.loads(json.dumps(record))) == mb
+        assert record["profile"] == "h100-80g/qwen2.5-0.5b+calibrated"
+
+
+@pytest.mark.parametrize("bad_ms", [math.inf, math.nan, 5e-324, 0.0, -3.0])
+def test_a_timing_that_is_no_measurement_is_left_out_of_every_fit(bad_ms: float) -> None:
+    """Infinite, denormal (it made the least squares fail to converge), zero or negative timings: left out,
+    the fit and the noise floor as without them, never an exception that would stop a training run."""
+    data = _microbatches(random.Random(23), 120)
+    spoiled = [dataclasses.replace(mb, ms=bad_ms) if k % 13 == 0 else mb for k, mb in enumerate(data)]
+    clean = [mb for k, mb in enumerate(data) if k % 13]
+    assert fit_profile(_start(), spoiled).profile["compute"] == fit_profile(_start(), clean).profile["compute"]
+    assert noise_floor(_start(), spoiled) == noise_floor(_start(), clean)
+
+
+def test_the_noise_floor_of_a_long_run_is_fitted_on_its_latest_whole_iterations(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(calibration, "FLOOR_MAX_MICROBATCHES", 30)
+    data = _microbatches(random.Random(25), 200)  # 4 a iteration, iterations 0-49
+    floor = noise_floor(_start(), data)
+    latest = [mb for mb in data if mb.iteration >= 43]  # 7 whole iterations: 28 microbatches, at most 30
+    assert floor is not None and floor.microbatches == 28 and floor.iterations == 7
+    assert floor == noise_floor(_start(), latest, warmup_iterations=0)

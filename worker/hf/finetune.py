@@ -298,15 +298,7 @@ class _StepCalibration:
             # every measured microbatch with the name of the profile its plan was made with: what the fit and
             # the summary line were computed from, for a reader who wants to see where the model is off
             "measured": [
-                {
-                    "iteration": mb.iteration,
-                    "ranks": list(mb.ranks),
-                    "local": [list(x) for x in mb.local],
-                    "sharded": list(mb.sharded),
-                    "mode": mb.mode,
-                    "ms": mb.ms,
-                    "profile": profile if isinstance(profile, str) else profile.get("name"),
-                }
+                mb.to_record(profile if isinstance(profile, str) else str(profile.get("name")))
                 for mb, profile in self.measured
             ],
         }

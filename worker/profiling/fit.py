@@ -140,13 +140,19 @@ def fit_nonnegative(
     """
     ys = np.asarray(ms, dtype=np.float64)
     cols = np.asarray(columns, dtype=np.float64)
-    w = 1.0 / ys if weights is None else np.asarray(weights, dtype=np.float64) / ys
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+        w = 1.0 / ys if weights is None else np.asarray(weights, dtype=np.float64) / ys
+    if not (np.all(np.isfinite(w)) and np.all(np.isfinite(cols)) and np.all(np.isfinite(ys))):
+        raise FitError(f"{what}: a timing, weight or column is not a finite number (a timing of 0 or a denormal?)")
     k = cols.shape[1]
     best: tuple[float, np.ndarray] | None = None
     for mask in range(1 << (k - 1)):
         keep = [0, *(j + 1 for j in range(k - 1) if mask >> j & 1)]
         a = cols[:, keep] * w[:, None]
-        coef, *_ = np.linalg.lstsq(a, ys * w, rcond=None)
+        try:
+            coef, *_ = np.linalg.lstsq(a, ys * w, rcond=None)
+        except np.linalg.LinAlgError as exc:  # non-finite weights or columns: no fit, said as one
+            raise FitError(f"{what}: the least squares did not converge ({exc})") from exc
         if np.any(coef < 0.0):
             continue
         full = np.zeros(k)

@@ -24,6 +24,7 @@ from skrull.worker.profiling.fit import (
     fit_compute,
     fit_compute_terms,
     fit_line,
+    fit_nonnegative,
     r_squared,
 )
 
@@ -276,3 +277,11 @@ def test_measured_profile_estimates_equal_the_fit() -> None:
             for n in s.lengths
         )
         assert estimate + block["fixed_ms"] == pytest.approx(s.ms, rel=1e-5)
+
+
+def test_a_least_squares_that_cannot_converge_is_a_fit_error() -> None:
+    """A denormal timing overflows the relative weights (1 / ms), and numpy's least squares then fails to
+    converge: one FitError naming the fit instead, which the calibration's refit catches."""
+    cols = np.asarray([[100.0, 1e4, 1.0], [200.0, 4e4, 1.0], [300.0, 9e4, 1.0]])
+    with pytest.raises(FitError, match="calibration: a timing, weight or column is not a finite number"):
+        fit_nonnegative(cols, np.asarray([5e-324, 2.0, 3.0]), what="calibration")
