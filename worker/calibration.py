@@ -650,9 +650,8 @@ def noise_floor(
     if len(data) > FLOOR_MAX_MICROBATCHES:  # one fit is linear in its rows: 6 s for 65,536 on a 2-core VM
         cut = sorted(mb.iteration for mb in data)[-FLOOR_MAX_MICROBATCHES]
         data = [mb for mb in data if mb.iteration > cut] or [mb for mb in data if mb.iteration == cut]
-    base = start if isinstance(start, Profile) else starting_profile(start)
     try:
-        fit = fit_profile(base, data, warmup_iterations=0, half_life_iterations=None)
+        fit = fit_profile(starting_profile(start), data, warmup_iterations=0, half_life_iterations=None)
     except FitError:
         return None
     model = CostModel(profile_from_dict(fit.profile))
@@ -666,7 +665,10 @@ def noise_floor(
     )
 
 
-def starting_profile(profile: str | Mapping[str, Any]) -> Profile:
+def starting_profile(profile: str | Mapping[str, Any] | Profile) -> Profile:
+    """A profile given by bundled name, document or as read."""
+    if isinstance(profile, Profile):
+        return profile
     return load_profile(profile) if isinstance(profile, str) else profile_from_dict(dict(profile))
 
 

@@ -288,7 +288,8 @@ class _StepCalibration:
         from skrull.worker.calibration import noise_floor, summary_line
 
         fitted = self.calibration.fitted
-        floor = noise_floor(self.start, [mb for mb, _ in self.measured])
+        # one fit over the run (1.5 s at most): rank 0's, the part ``result_from_parts`` reads
+        floor = noise_floor(self.start, [mb for mb, _ in self.measured]) if dist.get_rank() == 0 else None
         return {
             "reports": [dataclasses.asdict(r) for r in self.reports],
             "summary": summary_line(self.start, self.measured, self.reports, fitted.profile if fitted else None),
